@@ -1,0 +1,466 @@
+#!/usr/bin/env bash
+# A real, private Kubernetes API server (etcd + kube-apiserver) on 127.0.0.1 for the demo
+# and the tests, built from pinned upstream sources through the Go module proxy.
+#
+#   k8s.sh ensure                      build missing tools into the cache (locked)
+#   k8s.sh up [DIR]                    start etcd + kube-apiserver, wait for /readyz
+#   k8s.sh down [DIR]                  stop everything `up` started in DIR
+#   k8s.sh env [DIR]                   print `export KUBECONFIG=...` and PATH
+#   k8s.sh start COMPONENT [DIR]       (re)start etcd or kube-apiserver with its old flags
+#   k8s.sh stop COMPONENT [DIR] [SIG]  stop one component (SIG: TERM default, or KILL)
+#   k8s.sh sa-kubeconfig NAMESPACE SA OUT [DIR]
+#                                      mint a kubeconfig for a ServiceAccount (TokenRequest)
+#   k8s.sh netns up NAME SUBNET        test host: netns NAME, veth, SUBNET = a.b.c (a /24)
+#   k8s.sh netns down NAME             remove it and every process inside
+#   k8s.sh netns gc                    remove netns left behind by dead owners
+#   k8s.sh tools-dir                   print the cache's bin directory
+#
+# Environment: HOLDFAST_TOOLS_DIR (cache root for this pin set), HOLDFAST_K8S_DIR (default
+# DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=versions.env
+. "$HERE/versions.env"
+
+PIN="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_grpcurl-${GRPCURL_VERSION}"
+TOOLS_DIR=${HOLDFAST_TOOLS_DIR:-$HOME/.cache/holdfast/tools/$PIN}
+BIN=$TOOLS_DIR/bin
+DEFAULT_DIR=${HOLDFAST_K8S_DIR:-$REPO/.holdfast/k8s}
+READY_TIMEOUT=${HOLDFAST_READY_TIMEOUT:-60}
+
+log() { printf 'k8s.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------------------------------
+# ensure: build etcd, kube-apiserver, kubectl and grpcurl from pinned module versions.
+
+have_all_tools() {
+  [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]]
+}
+
+build_etcd() {
+  local work=$TOOLS_DIR/src/etcd
+  rm -rf "$work" && mkdir -p "$work"
+  # etcd's server module has relative replaces, so `go install` refuses it; a wrapper
+  # module that requires it (replaces of dependencies are ignored) builds the real server.
+  cat >"$work/go.mod" <<EOF
+module holdfast.local/tools/etcd
+
+go 1.24
+EOF
+  cat >"$work/main.go" <<'EOF'
+// The etcd server, built through a wrapper module (see deploy/local/k8s.sh).
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+  (cd "$work" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy &&
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/.etcd.tmp" .)
+  mv "$BIN/.etcd.tmp" "$BIN/etcd"
+}
+
+build_kubernetes() {
+  local work=$TOOLS_DIR/src/kubernetes gomod staging minor ldflags now pkg
+  rm -rf "$work" && mkdir -p "$work"
+  # k8s.io/kubernetes replaces its staging modules with ./staging paths, so `go install`
+  # refuses it. A wrapper module requires it and points each staging module at its
+  # published version of the same release (what kubernetes/autoscaler's e2e go.mod does).
+  gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  [[ -f $gomod ]] || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION"
+  staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/.*#\1#p' "$gomod")
+  [[ -n $staging ]] || die "found no staging replaces in $gomod"
+  {
+    echo "module holdfast.local/tools/kubernetes"
+    echo
+    sed -n 's/^\(go [0-9.]*\)$/\1/p; s/^\(godebug .*\)$/\1/p' "$gomod"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    for m in $staging; do echo "	$m => $m $KUBERNETES_STAGING_VERSION"; done
+    echo ")"
+  } >"$work/go.mod"
+  minor=${KUBERNETES_VERSION#v1.}
+  minor=${minor%%.*}
+  now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$now"
+  done
+  (cd "$work" &&
+    go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
+      "k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION" &&
+    CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BIN/.kube-apiserver.tmp" \
+      k8s.io/kubernetes/cmd/kube-apiserver &&
+    CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BIN/.kubectl.tmp" \
+      k8s.io/kubernetes/cmd/kubectl)
+  mv "$BIN/.kube-apiserver.tmp" "$BIN/kube-apiserver"
+  mv "$BIN/.kubectl.tmp" "$BIN/kubectl"
+}
+
+build_grpcurl() {
+  local work=$TOOLS_DIR/src/grpcurl
+  rm -rf "$work" && mkdir -p "$work"
+  (cd "$work" && CGO_ENABLED=0 GOBIN="$work" go install -trimpath \
+    -ldflags "-s -w -X main.version=$GRPCURL_VERSION" \
+    "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION")
+  mv "$work/grpcurl" "$BIN/grpcurl"
+}
+
+cmd_ensure() {
+  command -v go >/dev/null || die "go is not installed; the tools are built from source with it"
+  mkdir -p "$BIN"
+  have_all_tools && return 0
+  # Parallel test binaries call ensure at once: one builds, the others wait for it.
+  exec 9>"$TOOLS_DIR/.lock"
+  flock 9
+  local start=$SECONDS
+  [[ -x $BIN/etcd ]] || { log "building etcd $ETCD_VERSION"; build_etcd; }
+  [[ -x $BIN/grpcurl ]] || { log "building grpcurl $GRPCURL_VERSION"; build_grpcurl; }
+  if [[ ! -x $BIN/kube-apiserver || ! -x $BIN/kubectl ]]; then
+    log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first time: many minutes)"
+    build_kubernetes
+  fi
+  rm -rf "$TOOLS_DIR/src"
+  log "tools ready in $BIN ($((SECONDS - start)) s)"
+  flock -u 9
+}
+
+# ---------------------------------------------------------------------------------------
+# up / down / start / stop
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+write_certs() {
+  local dir=$1 pki=$1/pki
+  [[ -f $pki/admin.crt ]] && return 0
+  mkdir -p "$pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout ca.key -out ca.crt \
+      -subj "/CN=holdfast-local-ca" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr \
+      -subj "/CN=kube-apiserver" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    # O=system:masters: the admin identity bypasses RBAC, like kubeadm's admin.conf.
+    openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr \
+      -subj "/O=system:masters/CN=holdfast-admin" 2>/dev/null
+    printf 'extendedKeyUsage=clientAuth\n' >admin.ext
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile admin.ext -out admin.crt 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ./*.csr ./*.ext
+  )
+}
+
+write_args() {
+  local dir=$1 etcd_port peer_port api_port
+  etcd_port=$(free_port)
+  peer_port=$(free_port)
+  api_port=$(free_port)
+  rm -rf "$dir/etcd-data"
+  mkdir -p "$dir/etcd-data"
+  # One argument per line, so `start` (and the Rust test helpers) can restart a component
+  # with exactly the flags it had.
+  cat >"$dir/etcd.args" <<EOF
+$BIN/etcd
+--name=holdfast-local
+--data-dir=$dir/etcd-data
+--listen-client-urls=http://127.0.0.1:$etcd_port
+--advertise-client-urls=http://127.0.0.1:$etcd_port
+--listen-peer-urls=http://127.0.0.1:$peer_port
+--initial-advertise-peer-urls=http://127.0.0.1:$peer_port
+--initial-cluster=holdfast-local=http://127.0.0.1:$peer_port
+--unsafe-no-fsync=true
+--log-level=warn
+EOF
+  cat >"$dir/kube-apiserver.args" <<EOF
+$BIN/kube-apiserver
+--etcd-servers=http://127.0.0.1:$etcd_port
+--bind-address=127.0.0.1
+--advertise-address=127.0.0.1
+--secure-port=$api_port
+--tls-cert-file=$dir/pki/apiserver.crt
+--tls-private-key-file=$dir/pki/apiserver.key
+--client-ca-file=$dir/pki/ca.crt
+--authorization-mode=RBAC
+--service-cluster-ip-range=10.96.0.0/16
+--service-account-issuer=https://kubernetes.default.svc.cluster.local
+--service-account-key-file=$dir/pki/sa.pub
+--service-account-signing-key-file=$dir/pki/sa.key
+--api-audiences=https://kubernetes.default.svc.cluster.local
+--enable-priority-and-fairness=false
+--profiling=false
+--v=0
+EOF
+  echo "$etcd_port" >"$dir/etcd.port"
+  echo "$api_port" >"$dir/kube-apiserver.port"
+}
+
+write_kubeconfig() {
+  local dir=$1 port
+  port=$(cat "$dir/kube-apiserver.port")
+  cat >"$dir/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: holdfast-local
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority: $dir/pki/ca.crt
+users:
+- name: holdfast-admin
+  user:
+    client-certificate: $dir/pki/admin.crt
+    client-key: $dir/pki/admin.key
+contexts:
+- name: holdfast-local
+  context:
+    cluster: holdfast-local
+    user: holdfast-admin
+current-context: holdfast-local
+EOF
+}
+
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+cmd_start() {
+  local component=$1 dir=$2
+  [[ $component == etcd || $component == kube-apiserver ]] || die "unknown component $component"
+  [[ -f $dir/$component.args ]] || die "$dir has no $component.args; run 'up' first"
+  pid_alive "$dir/$component.pid" && die "$component is already running"
+  local -a argv
+  mapfile -t argv <"$dir/$component.args"
+  # setsid: a Ctrl-C meant for the caller's terminal must not reach the server directly;
+  # `down` (or the owner watchdog) stops it.
+  setsid "${argv[@]}" >>"$dir/$component.log" 2>&1 </dev/null &
+  echo $! >"$dir/$component.pid"
+}
+
+cmd_stop() {
+  local component=$1 dir=$2 sig=${3:-TERM} pid i
+  [[ -f $dir/$component.pid ]] || return 0
+  pid=$(cat "$dir/$component.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -s "$sig" "$pid" 2>/dev/null || true
+    for ((i = 0; i < 150; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -s KILL "$pid" 2>/dev/null || true
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    fi
+  fi
+  rm -f "$dir/$component.pid"
+}
+
+wait_ready() {
+  local dir=$1 deadline=$((SECONDS + READY_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    pid_alive "$dir/kube-apiserver.pid" || {
+      tail -n 20 "$dir/kube-apiserver.log" >&2
+      return 1
+    }
+    if [[ $("$BIN/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz 2>/dev/null) == ok ]]; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "kube-apiserver not ready after ${READY_TIMEOUT}s; last log lines:"
+  tail -n 20 "$dir/kube-apiserver.log" >&2
+  return 1
+}
+
+start_watchdog() {
+  local dir=$1 owner=$2
+  # Tears the cluster down when the owner (a test binary, the demo) dies, even by SIGKILL.
+  setsid bash -c '
+    while kill -0 "$1" 2>/dev/null && [[ -f "$2/etcd.args" ]]; do sleep 1; done
+    [[ -f "$2/etcd.args" ]] && exec "$3" down "$2"
+  ' watchdog "$owner" "$dir" "$HERE/k8s.sh" >/dev/null 2>&1 </dev/null &
+  echo $! >"$dir/watchdog.pid"
+}
+
+cmd_up() {
+  local dir=$1 attempt
+  cmd_ensure
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  if pid_alive "$dir/kube-apiserver.pid" || pid_alive "$dir/etcd.pid"; then
+    die "a cluster is already running in $dir; run 'down $dir' first"
+  fi
+  write_certs "$dir"
+  # Ports are picked free and then bound by another process: retry if one was taken.
+  for attempt in 1 2 3; do
+    write_args "$dir"
+    write_kubeconfig "$dir"
+    : >"$dir/etcd.log"
+    : >"$dir/kube-apiserver.log"
+    cmd_start etcd "$dir"
+    cmd_start kube-apiserver "$dir"
+    if wait_ready "$dir"; then
+      [[ -n ${HOLDFAST_OWNER_PID:-} ]] && start_watchdog "$dir" "$HOLDFAST_OWNER_PID"
+      echo "kubeconfig: $dir/kubeconfig"
+      echo "etcd: pid $(cat "$dir/etcd.pid") port $(cat "$dir/etcd.port")"
+      echo "kube-apiserver: pid $(cat "$dir/kube-apiserver.pid") port $(cat "$dir/kube-apiserver.port")"
+      return 0
+    fi
+    log "attempt $attempt failed; retrying with new ports"
+    cmd_stop kube-apiserver "$dir" KILL
+    cmd_stop etcd "$dir" KILL
+  done
+  die "kube-apiserver did not become ready (logs in $dir)"
+}
+
+cmd_down() {
+  local dir=$1
+  [[ -d $dir ]] || return 0
+  cmd_stop kube-apiserver "$dir"
+  cmd_stop etcd "$dir"
+  rm -f "$dir/etcd.args" "$dir/kube-apiserver.args"
+  if [[ -f $dir/watchdog.pid ]]; then
+    local w
+    w=$(cat "$dir/watchdog.pid")
+    [[ $w != "$$" ]] && kill "$w" 2>/dev/null || true
+    rm -f "$dir/watchdog.pid"
+  fi
+  rm -rf "$dir/etcd-data"
+}
+
+cmd_env() {
+  local dir=$1
+  dir=$(cd "$dir" 2>/dev/null && pwd) || die "no cluster directory $1"
+  echo "export KUBECONFIG=$dir/kubeconfig"
+  echo "export PATH=$BIN:\$PATH"
+}
+
+cmd_sa_kubeconfig() {
+  local ns=$1 sa=$2 out=$3 dir=$4 token port
+  port=$(cat "$dir/kube-apiserver.port")
+  token=$("$BIN/kubectl" --kubeconfig "$dir/kubeconfig" -n "$ns" create token "$sa" --duration=24h)
+  cat >"$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: holdfast-local
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority: $dir/pki/ca.crt
+users:
+- name: $ns-$sa
+  user:
+    token: $token
+contexts:
+- name: $ns-$sa
+  context:
+    cluster: holdfast-local
+    user: $ns-$sa
+    namespace: $ns
+current-context: $ns-$sa
+EOF
+  echo "$out"
+}
+
+# ---------------------------------------------------------------------------------------
+# netns: test hosts with real (non-loopback) addresses, because the API server rejects
+# loopback addresses in EndpointSlices. NAME is hf-<owner pid>-<suffix>; the host side of
+# the veth gets SUBNET.1/24 and the namespace side SUBNET.2/24 (add more addresses inside
+# with `ip netns exec NAME ip addr add`).
+
+netns_links() {
+  # Interface names are at most 15 bytes: derive short ones from a hash of NAME.
+  local h
+  h=$(printf '%s' "$1" | sha1sum | cut -c1-8)
+  echo "hf${h}h hf${h}n"
+}
+
+cmd_netns_up() {
+  local name=$1 subnet=$2 host_if ns_if
+  [[ $name =~ ^hf-[0-9]+-[A-Za-z0-9-]+$ ]] || die "netns name must be hf-<owner pid>-<suffix>"
+  [[ $subnet =~ ^10\.[0-9]+\.[0-9]+$ ]] || die "subnet must be 10.X.Y (a /24 in 10.0.0.0/8)"
+  cmd_netns_gc
+  read -r host_if ns_if < <(netns_links "$name")
+  ip netns add "$name"
+  ip link add "$host_if" type veth peer name "$ns_if"
+  ip link set "$ns_if" netns "$name"
+  ip addr add "$subnet.1/24" dev "$host_if"
+  ip link set "$host_if" up
+  ip netns exec "$name" ip addr add "$subnet.2/24" dev "$ns_if"
+  ip netns exec "$name" ip link set "$ns_if" up
+  ip netns exec "$name" ip link set lo up
+  ip netns exec "$name" ip route add default via "$subnet.1"
+  echo "$name host=$subnet.1 ns=$subnet.2"
+}
+
+cmd_netns_down() {
+  local name=$1 host_if ns_if pids
+  read -r host_if ns_if < <(netns_links "$name")
+  if ip netns list | grep -qw "^$name"; then
+    pids=$(ip netns pids "$name" 2>/dev/null || true)
+    [[ -n $pids ]] && kill -9 $pids 2>/dev/null || true
+    ip netns del "$name" 2>/dev/null || true
+  fi
+  ip link del "$host_if" 2>/dev/null || true
+}
+
+cmd_netns_gc() {
+  local name owner
+  for name in $(ip netns list | awk '{print $1}' | grep -E '^hf-[0-9]+-' || true); do
+    owner=$(echo "$name" | cut -d- -f2)
+    kill -0 "$owner" 2>/dev/null || cmd_netns_down "$name"
+  done
+}
+
+# ---------------------------------------------------------------------------------------
+
+main() {
+  local cmd=${1:-}
+  shift || true
+  case $cmd in
+  ensure) cmd_ensure ;;
+  tools-dir) echo "$BIN" ;;
+  up) cmd_up "${1:-$DEFAULT_DIR}" ;;
+  down) cmd_down "${1:-$DEFAULT_DIR}" ;;
+  env) cmd_env "${1:-$DEFAULT_DIR}" ;;
+  start) cmd_start "${1:?component}" "${2:-$DEFAULT_DIR}"; wait_ready_if_api "${1}" "${2:-$DEFAULT_DIR}" ;;
+  stop) cmd_stop "${1:?component}" "${2:-$DEFAULT_DIR}" "${3:-TERM}" ;;
+  sa-kubeconfig) cmd_sa_kubeconfig "${1:?namespace}" "${2:?serviceaccount}" "${3:?output path}" "${4:-$DEFAULT_DIR}" ;;
+  netns)
+    case ${1:-} in
+    up) cmd_netns_up "${2:?name}" "${3:?subnet}" ;;
+    down) cmd_netns_down "${2:?name}" ;;
+    gc) cmd_netns_gc ;;
+    *) die "usage: k8s.sh netns up NAME SUBNET | down NAME | gc" ;;
+    esac
+    ;;
+  *)
+    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    [[ -z $cmd ]] && exit 2
+    die "unknown command '$cmd'"
+    ;;
+  esac
+}
+
+wait_ready_if_api() {
+  # Starting kube-apiserver waits for /readyz; starting etcd returns at once.
+  [[ $1 == kube-apiserver ]] && wait_ready "$2"
+  return 0
+}
+
+main "$@"

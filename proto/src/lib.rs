@@ -1,0 +1,17 @@
+//! holdfast's gRPC protocol, generated from `proto/holdfast/v1/holdfast.proto`.
+//!
+//! # Layout
+//! - [`v1`]: messages plus the `RouteDiscovery` and `Admin` clients and servers.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (with `google/protobuf` imports) that
+//!   the control plane registers with server reflection, so `grpcurl list` and `describe`
+//!   work without proto files.
+
+/// Version 1 of the protocol.
+pub mod v1 {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("holdfast.v1");
+}
+
+/// Encoded `FileDescriptorSet` of the protocol, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/holdfast_descriptor.bin"));

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: installs what the suite needs, builds the pinned Kubernetes tools if
+# they are not cached yet, checks formatting and lints, and runs every test against the
+# real kube-apiserver and etcd. Needs root (network namespaces for test hosts).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
+missing=()
+for pair in curl:curl openssl:openssl ip:iproute2 jq:jq flock:util-linux setsid:util-linux \
+  python3:python3 sha1sum:coreutils; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if ((${#missing[@]})); then
+  echo "tests/run.sh: installing ${missing[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+start=$SECONDS
+deploy/local/k8s.sh ensure
+echo "tests/run.sh: tools ready after $((SECONDS - start)) s" >&2
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo build --workspace --bins --locked
+cargo test --workspace --locked "$@"

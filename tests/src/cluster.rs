@@ -1,0 +1,226 @@
+//! A private, real Kubernetes API server (etcd + kube-apiserver) for tests.
+//!
+//! All process management lives in `deploy/local/k8s.sh`; this module only calls it, so the
+//! demo, the tests and a person at a terminal start the cluster the same way.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tempfile::TempDir;
+
+/// One of the two server processes `k8s.sh up` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Etcd,
+    KubeApiserver,
+}
+
+impl Component {
+    fn name(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::KubeApiserver => "kube-apiserver",
+        }
+    }
+}
+
+/// Path of `deploy/local/k8s.sh`.
+pub fn script() -> PathBuf {
+    crate::repo_root().join("deploy/local/k8s.sh")
+}
+
+/// Runs `k8s.sh ARGS…` and returns its stdout, or an error with its stderr.
+pub fn run_script(args: &[&str]) -> Result<String> {
+    let out = Command::new("bash")
+        .arg(script())
+        .args(args)
+        // Owner of everything `up` / `netns up` start: if this test binary dies without
+        // unwinding, a watchdog tears its cluster down.
+        .env("HOLDFAST_OWNER_PID", std::process::id().to_string())
+        .output()
+        .with_context(|| format!("running k8s.sh {args:?}"))?;
+    check(out, &format!("k8s.sh {}", args.join(" ")))
+}
+
+fn check(out: Output, what: &str) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Directory holding the pinned tools (`etcd`, `kube-apiserver`, `kubectl`, `grpcurl`),
+/// built on first use.
+pub fn tools_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(bin) = BIN.get() {
+        return Ok(bin.clone());
+    }
+    run_script(&["ensure"])?;
+    let bin = PathBuf::from(run_script(&["tools-dir"])?.trim());
+    Ok(BIN.get_or_init(|| bin).clone())
+}
+
+/// A running local cluster. Dropping it stops both processes and removes its directory.
+#[derive(Debug)]
+pub struct LocalCluster {
+    dir: TempDir,
+}
+
+impl LocalCluster {
+    /// Starts a private etcd + kube-apiserver in a fresh directory and waits for `/readyz`.
+    pub fn start() -> Result<Self> {
+        tools_bin()?;
+        let root = std::env::temp_dir().join("holdfast-tests");
+        std::fs::create_dir_all(&root)?;
+        remove_stale_clusters(&root);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("k8s-{}-", std::process::id()))
+            .tempdir_in(root)?;
+        let cluster = LocalCluster { dir };
+        run_script(&["up", cluster.dir_str()])?;
+        Ok(cluster)
+    }
+
+    /// One cluster shared by every test in this test binary; give each test its own
+    /// namespace with [`LocalCluster::namespace`]. Fault tests that stop or kill a component
+    /// must use [`LocalCluster::start`] instead. The shared cluster is torn down by the
+    /// watchdog when the test binary exits.
+    pub fn shared() -> &'static LocalCluster {
+        static SHARED: OnceLock<LocalCluster> = OnceLock::new();
+        SHARED.get_or_init(|| LocalCluster::start().expect("starting the shared local cluster"))
+    }
+
+    /// The cluster's directory (certificates, logs, pid files).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn dir_str(&self) -> &str {
+        self.dir.path().to_str().expect("temp dir path is UTF-8")
+    }
+
+    /// Admin kubeconfig (system:masters).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir().join("kubeconfig")
+    }
+
+    /// Port kube-apiserver listens on (127.0.0.1).
+    pub fn apiserver_port(&self) -> Result<u16> {
+        let s = std::fs::read_to_string(self.dir().join("kube-apiserver.port"))?;
+        Ok(s.trim().parse()?)
+    }
+
+    /// Pid of a component, if it is running.
+    pub fn pid(&self, component: Component) -> Option<u32> {
+        let s =
+            std::fs::read_to_string(self.dir().join(format!("{}.pid", component.name()))).ok()?;
+        let pid: u32 = s.trim().parse().ok()?;
+        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+
+    /// An admin `kube::Client` (create one per test: a client belongs to its runtime).
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_from_kubeconfig(&self.kubeconfig()).await
+    }
+
+    /// `kubectl --kubeconfig <admin>` ready for arguments.
+    pub fn kubectl(&self) -> Result<Command> {
+        let mut cmd = Command::new(tools_bin()?.join("kubectl"));
+        cmd.arg("--kubeconfig").arg(self.kubeconfig());
+        Ok(cmd)
+    }
+
+    /// Runs kubectl with `args`, failing with its output if it fails.
+    pub fn kubectl_run(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl()?.args(args).output()?;
+        check(out, &format!("kubectl {}", args.join(" ")))
+    }
+
+    /// Stops a component with SIGTERM (or SIGKILL when `kill`) and waits until it is gone.
+    pub fn stop(&self, component: Component, kill: bool) -> Result<()> {
+        let sig = if kill { "KILL" } else { "TERM" };
+        run_script(&["stop", component.name(), self.dir_str(), sig]).map(drop)
+    }
+
+    /// Starts a stopped component again with the same flags, ports and data; for
+    /// kube-apiserver this waits for `/readyz`.
+    pub fn restart(&self, component: Component) -> Result<()> {
+        run_script(&["start", component.name(), self.dir_str()]).map(drop)
+    }
+
+    /// Creates a fresh namespace named `<prefix>-<n>` and returns its name.
+    pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> Result<String> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed));
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        kube::Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(name)
+    }
+
+    /// Writes a kubeconfig for ServiceAccount `sa` in `namespace` (a TokenRequest token)
+    /// and returns its path.
+    pub fn service_account_kubeconfig(&self, namespace: &str, sa: &str) -> Result<PathBuf> {
+        let out = self.dir().join(format!("sa-{namespace}-{sa}.kubeconfig"));
+        let out_str = out.to_str().expect("UTF-8 path");
+        run_script(&["sa-kubeconfig", namespace, sa, out_str, self.dir_str()])?;
+        Ok(out)
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if let Err(e) = run_script(&["down", self.dir_str()]) {
+            eprintln!("tearing down {}: {e:#}", self.dir().display());
+        }
+    }
+}
+
+/// Removes cluster directories of test binaries that are gone (their watchdog already
+/// stopped the processes; `down` again is harmless).
+fn remove_stale_clusters(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owner = name
+            .strip_prefix("k8s-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = owner
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let path = entry.path();
+            let _ = run_script(&["down", &path.to_string_lossy()]);
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// A `kube::Client` from a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let kubeconfig = Kubeconfig::read_from(path)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}

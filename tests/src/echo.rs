@@ -1,0 +1,78 @@
+//! A small echo upstream: answers every request with its own name, so a test can see which
+//! backend served. It speaks HTTP/1.1 and h2c, and reports what it received in headers:
+//! `x-echo-name`, `x-echo-path` (path and query) and `x-echo-host`; forwarded headers
+//! (`x-forwarded-*`) are copied back as `x-echo-<name>`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+/// Serves the echo backend `name` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, name: String) -> std::io::Result<()> {
+    let name: std::sync::Arc<str> = name.into();
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let name = name.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| respond(name.clone(), req));
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Binds `addr` and serves; returns the bound address and the serving task.
+pub async fn spawn(
+    addr: SocketAddr,
+    name: &str,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((local, tokio::spawn(serve(listener, name.to_owned()))))
+}
+
+async fn respond(
+    name: std::sync::Arc<str>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().host().map(str::to_owned))
+        .unwrap_or_default();
+    let mut resp = Response::builder()
+        .header("x-echo-name", &*name)
+        .header("x-echo-path", path)
+        .header("x-echo-host", host);
+    for (k, v) in req.headers() {
+        if k.as_str().starts_with("x-forwarded-") {
+            resp = resp.header(format!("x-echo-{}", k.as_str()), v.clone());
+        }
+    }
+    // Drain the request body so the connection stays reusable; report its length.
+    let len = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes().len(),
+        Err(_) => 0,
+    };
+    let resp = resp
+        .header("x-echo-body-len", len.to_string())
+        .body(Full::new(Bytes::from(format!("{name}\n"))))
+        .expect("static response parts are valid");
+    Ok(resp)
+}

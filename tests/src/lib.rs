@@ -1,0 +1,50 @@
+//! End-to-end test support for holdfast: real processes, real sockets, real API server.
+//!
+//! # Layout
+//! - [`cluster`]: a private etcd + kube-apiserver per test (or one shared per test binary),
+//!   started through `deploy/local/k8s.sh`, with helpers to stop, SIGKILL and restart each
+//!   component and to mint ServiceAccount kubeconfigs.
+//! - [`netns`]: test hosts with real, non-loopback addresses inside a network namespace the
+//!   test creates (the API server rejects loopback addresses in EndpointSlices), and echo
+//!   backends running inside them.
+//! - [`echo`]: the echo server those backends run (binary `holdfast-echo`): it answers every
+//!   request with its own name, so a test sees which backend served.
+//! - [`wait`]: waiting for a condition with a deadline (tests never sleep to synchronise).
+//!
+//! Everything here cleans up after itself on drop, including when a test panics; processes
+//! left by a test binary that was killed outright are removed by watchdogs and by the next
+//! start (see `k8s.sh`).
+
+pub mod cluster;
+pub mod echo;
+pub mod netns;
+pub mod wait;
+
+use std::path::PathBuf;
+
+/// The repository root (the workspace this crate sits in).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Path of a binary built by this workspace (`cargo build --workspace --bins` builds them
+/// all; cargo builds this crate's own binaries before running its tests).
+///
+/// Integration tests run from `target/<profile>/deps/`, and the binaries sit one level up.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("exe has a directory").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}

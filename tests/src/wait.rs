@@ -1,0 +1,48 @@
+//! Waiting for a condition with a deadline.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How often a condition is polled.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Polls `check` until it returns `Some`, or fails with `what` and the last observation
+/// once `timeout` has passed.
+pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => "condition not met".to_owned(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}: {last}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Blocking variant of [`until`] for synchronous helpers.
+pub fn until_blocking<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<Option<T>, String>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => "condition not met".to_owned(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}: {last}");
+        }
+        std::thread::sleep(POLL);
+    }
+}
