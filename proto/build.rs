@@ -18,6 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Hand-written (see src/wire.rs) so snapshot bytes are shared across streams.
+        .extern_path(
+            ".holdfast.v1.DiscoveryResponse",
+            "crate::wire::DiscoveryResponse",
+        )
         .compile_fds(fds)?;
     Ok(())
 }

@@ -2,9 +2,16 @@
 //!
 //! # Layout
 //! - [`v1`]: messages plus the `RouteDiscovery` and `Admin` clients and servers.
+//! - [`wire`]: `DiscoveryResponse`, hand-written so a snapshot is encoded once and its
+//!   bytes shared by every stream.
+//! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
+//!   planes.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (with `google/protobuf` imports) that
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
+
+pub mod snapshot;
+pub mod wire;
 
 /// Version 1 of the protocol.
 pub mod v1 {

@@ -1,0 +1,567 @@
+//! `cluster objects → snapshot`: a pure function with the route semantics of DESIGN.md.
+//!
+//! Rules, in the order they apply:
+//! - **Class.** An Ingress is ours when `spec.ingressClassName` (or the legacy
+//!   `kubernetes.io/ingress.class` annotation) names an IngressClass whose
+//!   `spec.controller` is ours, or when it names none and one of our classes is the cluster
+//!   default (`ingressclass.kubernetes.io/is-default-class: "true"`). `--ingress-class`
+//!   narrows "ours" to that one class name.
+//! - **Order.** Ingresses are taken oldest first (creation time, then namespace/name); on a
+//!   true conflict the earlier one wins and the later one gets a [`Problem`].
+//! - **Hosts.** Lower-cased; `*.example.com` is a one-label wildcard; a rule without a
+//!   host goes to the virtual host `""`. An invalid host skips that rule.
+//! - **Paths.** `Exact` and `Prefix` as written; `ImplementationSpecific` is treated as
+//!   `Prefix`. A path must start with `/` and contain no whitespace, `?` or `#`. A Prefix
+//!   path loses its trailing `/` (`/foo/` ≡ `/foo`; `/` stays). An invalid path skips
+//!   that path only.
+//! - **Merge.** Rules for one host from several Ingresses merge. The same host, path and
+//!   kind twice is a conflict: the older Ingress wins.
+//! - **defaultBackend.** The oldest Ingress's wins; later ones get a [`Problem`].
+//! - **Backends.** One per (namespace, Service, port as written), named
+//!   `ns/service:port`. The Service port is found by number or name; endpoints come from
+//!   the EndpointSlices labelled `kubernetes.io/service-name`, on the slice port named like
+//!   the Service port (falling back to a numeric targetPort), per slice. Only ready
+//!   endpoints (`ready` unset counts as ready), first address, deduplicated and sorted.
+//!   An ExternalName Service resolves to its DNS name.
+//! - **Unknown is not absent.** A missing Service, a missing port or no ready endpoints
+//!   keeps the route, with a backend that has no endpoints and an `unavailable_reason`
+//!   (the proxy answers 503). Routes are removed only when their Ingress rule is.
+//! - A resource backend (not a Service) is not supported: that path is skipped with a
+//!   [`Problem`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use holdfast_proto::snapshot::is_valid_host;
+use holdfast_proto::v1::{
+    Backend, DefaultBackend, Endpoint, IngressRef, MatchKind, Route, Snapshot, VirtualHost,
+};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The annotation that marks the cluster's default IngressClass.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// The legacy annotation that names an Ingress's class.
+pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Everything translation reads: the contents of the watch-fed caches.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// All IngressClasses.
+    pub ingress_classes: Vec<Arc<IngressClass>>,
+    /// All Ingresses (ours or not).
+    pub ingresses: Vec<Arc<Ingress>>,
+    /// All Services.
+    pub services: Vec<Arc<Service>>,
+    /// All EndpointSlices.
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+}
+
+/// What makes an Ingress ours.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Our `spec.controller` value.
+    pub controller: String,
+    /// Only this IngressClass name, if set.
+    pub ingress_class: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            controller: "holdfast.dev/ingress-controller".into(),
+            ingress_class: None,
+        }
+    }
+}
+
+/// An Ingress rule that was skipped or lost a conflict; it becomes a Kubernetes Event on
+/// that Ingress and a warning log line.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Problem {
+    /// The Ingress concerned.
+    pub namespace: String,
+    /// The Ingress concerned.
+    pub name: String,
+    /// Short machine-readable reason (Event reason).
+    pub reason: &'static str,
+    /// What was skipped and why.
+    pub message: String,
+}
+
+/// The result of translation: an unsealed snapshot (no version yet) and the problems.
+#[derive(Debug, Clone, Default)]
+pub struct Translation {
+    /// The snapshot content; seal it with `holdfast_proto::snapshot::seal`.
+    pub snapshot: Snapshot,
+    /// Skipped rules and lost conflicts, sorted.
+    pub problems: Vec<Problem>,
+}
+
+/// The Ingress's namespace and name.
+fn ingress_ref(ing: &Ingress) -> IngressRef {
+    IngressRef {
+        namespace: ing.metadata.namespace.clone().unwrap_or_default(),
+        name: ing.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The set of IngressClass names that are ours, and whether one of them is the default.
+fn our_classes(classes: &[Arc<IngressClass>], opts: &Options) -> (HashSet<String>, bool) {
+    let mut ours = HashSet::new();
+    let mut default_is_ours = false;
+    for class in classes {
+        let Some(name) = class.metadata.name.as_deref() else {
+            continue;
+        };
+        let controller = class.spec.as_ref().and_then(|s| s.controller.as_deref());
+        if controller != Some(opts.controller.as_str()) {
+            continue;
+        }
+        if opts
+            .ingress_class
+            .as_deref()
+            .is_some_and(|only| only != name)
+        {
+            continue;
+        }
+        ours.insert(name.to_owned());
+        let is_default = class
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true");
+        default_is_ours |= is_default;
+    }
+    (ours, default_is_ours)
+}
+
+/// Is this Ingress ours?
+pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) -> bool {
+    let named = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .or_else(|| {
+            ing.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+                .map(String::as_str)
+        });
+    match named {
+        Some(class) => classes.contains(class),
+        None => default_is_ours,
+    }
+}
+
+/// Normalises an Ingress path for its kind, or says why it is invalid.
+pub fn normalise_path(path: Option<&str>, kind: MatchKind) -> Result<String, String> {
+    let path = path.unwrap_or("/");
+    let path = if path.is_empty() { "/" } else { path };
+    if !path.starts_with('/') {
+        return Err(format!("path {path:?} does not start with '/'"));
+    }
+    if path
+        .chars()
+        .any(|c| c.is_whitespace() || c == '?' || c == '#')
+    {
+        return Err(format!("path {path:?} contains whitespace, '?' or '#'"));
+    }
+    Ok(match kind {
+        MatchKind::Prefix => {
+            let trimmed = path.trim_end_matches('/');
+            if trimmed.is_empty() {
+                "/".to_owned()
+            } else {
+                trimmed.to_owned()
+            }
+        }
+        _ => path.to_owned(),
+    })
+}
+
+/// The match kind for an Ingress `pathType`.
+pub fn match_kind(path_type: &str) -> Result<MatchKind, String> {
+    match path_type {
+        "Exact" => Ok(MatchKind::Exact),
+        "Prefix" | "ImplementationSpecific" => Ok(MatchKind::Prefix),
+        other => Err(format!("unknown pathType {other:?}")),
+    }
+}
+
+/// A Service port as an Ingress backend names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum PortRef {
+    Number(i32),
+    Name(String),
+}
+
+impl std::fmt::Display for PortRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortRef::Number(n) => write!(f, "{n}"),
+            PortRef::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+/// (namespace, service, port): one backend.
+type BackendKey = (String, String, PortRef);
+
+fn backend_name((ns, svc, port): &BackendKey) -> String {
+    format!("{ns}/{svc}:{port}")
+}
+
+/// The backend an Ingress backend refers to, or why it cannot be used.
+fn backend_key(ns: &str, backend: &IngressBackend) -> Result<BackendKey, String> {
+    if backend.resource.is_some() {
+        return Err("resource backends are not supported; use a Service backend".into());
+    }
+    let svc = backend.service.as_ref().ok_or("backend names no Service")?;
+    let port = svc.port.as_ref().ok_or("backend names no Service port")?;
+    let port = match (port.number, port.name.as_deref()) {
+        (Some(n), _) if (1..=65535).contains(&n) => PortRef::Number(n),
+        (Some(n), _) => return Err(format!("Service port {n} is out of range")),
+        (None, Some(name)) if !name.is_empty() => PortRef::Name(name.to_owned()),
+        _ => return Err("backend names no Service port".into()),
+    };
+    Ok((ns.to_owned(), svc.name.clone(), port))
+}
+
+/// Resolves one backend against the Services and EndpointSlices.
+fn resolve_backend(
+    key: &BackendKey,
+    services: &HashMap<(&str, &str), &Service>,
+    slices: &HashMap<(&str, &str), Vec<&EndpointSlice>>,
+) -> Backend {
+    let (ns, svc_name, port_ref) = key;
+    let mut backend = Backend {
+        name: backend_name(key),
+        ..Default::default()
+    };
+    let Some(svc) = services.get(&(ns.as_str(), svc_name.as_str())) else {
+        backend.unavailable_reason = format!("service {ns}/{svc_name} not found");
+        return backend;
+    };
+    let spec = svc.spec.clone().unwrap_or_default();
+    if spec.type_.as_deref() == Some("ExternalName") {
+        let Some(external) = spec.external_name.filter(|n| !n.is_empty()) else {
+            backend.unavailable_reason =
+                format!("ExternalName service {ns}/{svc_name} has no externalName");
+            return backend;
+        };
+        let port = match port_ref {
+            PortRef::Number(n) => Some(*n),
+            PortRef::Name(name) => spec
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .map(|p| p.port),
+        };
+        match port {
+            Some(p) => {
+                backend.external_name = external.to_ascii_lowercase();
+                backend.external_port = p as u32;
+            }
+            None => {
+                backend.unavailable_reason =
+                    format!("service {ns}/{svc_name} has no port {port_ref}")
+            }
+        }
+        return backend;
+    }
+    let service_port = spec.ports.iter().flatten().find(|p| match port_ref {
+        PortRef::Number(n) => p.port == *n,
+        PortRef::Name(name) => p.name.as_deref() == Some(name.as_str()),
+    });
+    let Some(service_port) = service_port else {
+        backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");
+        return backend;
+    };
+    let port_name = service_port.name.clone().unwrap_or_default();
+    let numeric_target = match &service_port.target_port {
+        Some(IntOrString::Int(n)) => Some(*n),
+        Some(IntOrString::String(_)) => None,
+        None => Some(service_port.port),
+    };
+    let mut endpoints = BTreeSet::new();
+    for slice in slices
+        .get(&(ns.as_str(), svc_name.as_str()))
+        .into_iter()
+        .flatten()
+    {
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            continue;
+        }
+        // Named target ports are resolved per slice: its port named like the Service port.
+        let slice_port = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.clone().unwrap_or_default() == port_name)
+            .and_then(|p| p.port)
+            .or(numeric_target);
+        let Some(port) = slice_port.filter(|p| (1..=65535).contains(p)) else {
+            continue;
+        };
+        for ep in &slice.endpoints {
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let Some(address) = ep.addresses.first() else {
+                continue;
+            };
+            if !ready || address.parse::<std::net::IpAddr>().is_err() {
+                continue;
+            }
+            endpoints.insert((
+                address.clone(),
+                port as u32,
+                ep.zone.clone().unwrap_or_default(),
+            ));
+        }
+    }
+    if endpoints.is_empty() {
+        backend.unavailable_reason = format!("no ready endpoints for service {ns}/{svc_name}");
+    }
+    // One entry per address and port (a pod listed in two slices counts once).
+    let mut seen = HashSet::new();
+    backend.endpoints = endpoints
+        .into_iter()
+        .filter(|(a, p, _)| seen.insert((a.clone(), *p)))
+        .map(|(address, port, zone)| Endpoint {
+            address,
+            port,
+            zone,
+            ready: true,
+        })
+        .collect();
+    backend
+}
+
+/// Translates the cluster state into a snapshot (unsealed) and the problems found.
+pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
+    let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
+    let mut ingresses: Vec<&Ingress> = state
+        .ingresses
+        .iter()
+        .map(|i| &**i)
+        .filter(|i| is_ours(i, &classes, default_is_ours))
+        .collect();
+    ingresses.sort_by(|a, b| {
+        let key = |i: &Ingress| {
+            (
+                i.metadata.creation_timestamp.clone().map(|t| t.0),
+                i.metadata.namespace.clone(),
+                i.metadata.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+
+    let mut problems = BTreeSet::new();
+    let mut problem = |ing: &Ingress, reason: &'static str, message: String| {
+        let r = ingress_ref(ing);
+        problems.insert(Problem {
+            namespace: r.namespace,
+            name: r.name,
+            reason,
+            message,
+        });
+    };
+
+    // host -> (kind, path) -> route; the first (oldest) writer of a key wins.
+    let mut hosts: BTreeMap<String, BTreeMap<(i32, String), Route>> = BTreeMap::new();
+    let mut backend_keys: BTreeSet<BackendKey> = BTreeSet::new();
+    let mut default_backend: Option<DefaultBackend> = None;
+
+    for ing in ingresses {
+        let source = ingress_ref(ing);
+        let ns = source.namespace.as_str();
+        let Some(spec) = &ing.spec else { continue };
+        if let Some(db) = &spec.default_backend {
+            match backend_key(ns, db) {
+                Err(e) => problem(
+                    ing,
+                    "InvalidDefaultBackend",
+                    format!("defaultBackend skipped: {e}"),
+                ),
+                Ok(_) if default_backend.is_some() => {
+                    let winner = default_backend
+                        .as_ref()
+                        .and_then(|d| d.source.as_ref())
+                        .cloned()
+                        .unwrap_or_default();
+                    problem(
+                        ing,
+                        "ConflictingDefaultBackend",
+                        format!(
+                            "defaultBackend ignored: {}/{} (older) already sets one",
+                            winner.namespace, winner.name
+                        ),
+                    );
+                }
+                Ok(key) => {
+                    default_backend = Some(DefaultBackend {
+                        backend: backend_name(&key),
+                        source: Some(source.clone()),
+                    });
+                    backend_keys.insert(key);
+                }
+            }
+        }
+        for rule in spec.rules.iter().flatten() {
+            let host = rule.host.clone().unwrap_or_default().to_ascii_lowercase();
+            if !is_valid_host(&host) {
+                problem(
+                    ing,
+                    "InvalidHost",
+                    format!(
+                        "rule for host {host:?} skipped: not a valid host name or one-label wildcard"
+                    ),
+                );
+                continue;
+            }
+            let Some(http) = &rule.http else { continue };
+            for p in &http.paths {
+                let kind = match match_kind(&p.path_type) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        problem(
+                            ing,
+                            "InvalidPath",
+                            format!(
+                                "path {:?} on host {host:?} skipped: {e}",
+                                p.path.as_deref().unwrap_or("")
+                            ),
+                        );
+                        continue;
+                    }
+                };
+                let path = match normalise_path(p.path.as_deref(), kind) {
+                    Ok(path) => path,
+                    Err(e) => {
+                        problem(
+                            ing,
+                            "InvalidPath",
+                            format!("path on host {host:?} skipped: {e}"),
+                        );
+                        continue;
+                    }
+                };
+                let key = match backend_key(ns, &p.backend) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        problem(
+                            ing,
+                            "InvalidBackend",
+                            format!("path {path:?} on host {host:?} skipped: {e}"),
+                        );
+                        continue;
+                    }
+                };
+                let routes = hosts.entry(host.clone()).or_default();
+                if let Some(existing) = routes.get(&(kind as i32, path.clone())) {
+                    let winner = existing.source.clone().unwrap_or_default();
+                    if winner != source {
+                        problem(
+                            ing,
+                            "ConflictingRoute",
+                            format!(
+                                "{kind:?} path {path:?} on host {host:?} ignored: {}/{} (older) already routes it",
+                                winner.namespace, winner.name
+                            ),
+                        );
+                    }
+                    continue;
+                }
+                routes.insert(
+                    (kind as i32, path.clone()),
+                    Route {
+                        match_kind: kind as i32,
+                        path,
+                        backend: backend_name(&key),
+                        source: Some(source.clone()),
+                    },
+                );
+                backend_keys.insert(key);
+            }
+        }
+    }
+
+    let services: HashMap<(&str, &str), &Service> = state
+        .services
+        .iter()
+        .filter_map(|s| {
+            Some((
+                (
+                    s.metadata.namespace.as_deref()?,
+                    s.metadata.name.as_deref()?,
+                ),
+                &**s,
+            ))
+        })
+        .collect();
+    let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for slice in &state.endpoint_slices {
+        let ns = slice.metadata.namespace.as_deref();
+        let svc = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL));
+        if let (Some(ns), Some(svc)) = (ns, svc) {
+            slices.entry((ns, svc.as_str())).or_default().push(slice);
+        }
+    }
+
+    let virtual_hosts = hosts
+        .into_iter()
+        .map(|(host, routes)| {
+            let mut routes: Vec<Route> = routes.into_values().collect();
+            sort_routes(&mut routes);
+            VirtualHost { host, routes }
+        })
+        .collect();
+    let backends = backend_keys
+        .iter()
+        .map(|k| resolve_backend(k, &services, &slices))
+        .collect::<Vec<_>>();
+    let mut backends = backends;
+    backends.sort_by(|a, b| a.name.cmp(&b.name));
+
+    Translation {
+        snapshot: Snapshot {
+            virtual_hosts,
+            backends,
+            default_backend,
+            ..Default::default()
+        },
+        problems: problems.into_iter().collect(),
+    }
+}
+
+/// Exact before Prefix, then longer paths first, then by path: the order a matcher tries.
+pub fn sort_routes(routes: &mut [Route]) {
+    routes.sort_by(|a, b| {
+        let rank = |r: &Route| {
+            if r.match_kind == MatchKind::Exact as i32 {
+                0
+            } else {
+                1
+            }
+        };
+        rank(a)
+            .cmp(&rank(b))
+            .then(b.path.len().cmp(&a.path.len()))
+            .then(a.path.cmp(&b.path))
+    });
+}
+
+#[cfg(test)]
+mod tests;

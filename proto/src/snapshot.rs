@@ -1,0 +1,386 @@
+//! Rules both planes apply to a snapshot: its identity (content hash and version), its
+//! ordering, and its consistency. The control plane seals and validates a snapshot before
+//! publishing it; the proxy validates it again before applying it (DESIGN invariant 4).
+//!
+//! # Version rule
+//! - `content_hash` = SHA-256 (hex) of the protobuf encoding of the snapshot with
+//!   `version`, `content_hash`, `cluster_revision` and `created_at` cleared. prost encodes
+//!   fields in tag order and the translator sorts every list, so the same content gives
+//!   the same hash on every replica.
+//! - `cluster_revision` = the highest Kubernetes resourceVersion the control plane had
+//!   observed (across every watched kind) when it built the snapshot.
+//! - `version` = `"<cluster_revision>-<first 16 hex digits of content_hash>"`.
+//! - Ordering: a proxy accepts a snapshot only if its `cluster_revision` is not lower than
+//!   the one it serves ([`check_not_older`]), so it never moves back to an older cluster
+//!   state, even after reconnecting to a lagging control-plane replica.
+
+use std::collections::HashSet;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::v1::{MatchKind, Snapshot};
+
+/// Why a snapshot is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSnapshot {
+    /// A route (or the default backend) names a backend the snapshot does not contain.
+    #[error("route {host}{path} names backend {backend:?}, which is not in the snapshot")]
+    MissingBackend {
+        /// Virtual host of the route ("" for the default backend).
+        host: String,
+        /// Path of the route.
+        path: String,
+        /// The missing backend's name.
+        backend: String,
+    },
+    /// Two backends share a name.
+    #[error("backend {0:?} appears twice")]
+    DuplicateBackend(String),
+    /// Two virtual hosts share a host.
+    #[error("virtual host {0:?} appears twice")]
+    DuplicateHost(String),
+    /// A host is not a lower-case DNS name, a one-label wildcard or "".
+    #[error("virtual host {0:?} is not a valid host")]
+    BadHost(String),
+    /// A route's path or match kind is malformed.
+    #[error("route {host}{path}: {reason}")]
+    BadRoute {
+        /// Virtual host of the route.
+        host: String,
+        /// Path of the route.
+        path: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The stated hash does not match the content.
+    #[error("content hash {stated} does not match the content ({computed})")]
+    HashMismatch {
+        /// Hash the snapshot states.
+        stated: String,
+        /// Hash of its content.
+        computed: String,
+    },
+    /// The version is not `<cluster_revision>-<hash prefix>`.
+    #[error("version {version:?} does not match revision {revision} and the content hash")]
+    BadVersion {
+        /// Version the snapshot states.
+        version: String,
+        /// Its cluster revision.
+        revision: u64,
+    },
+    /// The snapshot reflects an older cluster state than the one being served.
+    #[error(
+        "snapshot {offered} is older than the one in use ({held}): cluster revision {offered_revision} < {held_revision}"
+    )]
+    Older {
+        /// Offered version.
+        offered: String,
+        /// Offered cluster revision.
+        offered_revision: u64,
+        /// Version in use.
+        held: String,
+        /// Cluster revision in use.
+        held_revision: u64,
+    },
+}
+
+/// SHA-256 (hex) of the snapshot's content (identity fields cleared).
+pub fn content_hash(snapshot: &Snapshot) -> String {
+    let content = Snapshot {
+        version: String::new(),
+        content_hash: String::new(),
+        cluster_revision: 0,
+        created_at: None,
+        ..snapshot.clone()
+    };
+    let digest = Sha256::digest(content.encode_to_vec());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The version string for a revision and content hash.
+pub fn version_string(cluster_revision: u64, content_hash: &str) -> String {
+    let prefix = content_hash.get(..16).unwrap_or(content_hash);
+    format!("{cluster_revision}-{prefix}")
+}
+
+/// Stamps the snapshot's identity: content hash, revision and version.
+pub fn seal(snapshot: &mut Snapshot, cluster_revision: u64) {
+    snapshot.content_hash = content_hash(snapshot);
+    snapshot.cluster_revision = cluster_revision;
+    snapshot.version = version_string(cluster_revision, &snapshot.content_hash);
+}
+
+/// Number of routes, counting the default backend as one.
+pub fn route_count(snapshot: &Snapshot) -> usize {
+    snapshot
+        .virtual_hosts
+        .iter()
+        .map(|v| v.routes.len())
+        .sum::<usize>()
+        + usize::from(snapshot.default_backend.is_some())
+}
+
+/// Is `host` a lower-case DNS name (labels of `a-z0-9-`), `*.` + such a name, or ""?
+pub fn is_valid_host(host: &str) -> bool {
+    if host.is_empty() {
+        return true;
+    }
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// Checks that the snapshot is internally consistent and that its identity matches its
+/// content.
+pub fn validate(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
+    let mut backends = HashSet::new();
+    for b in &snapshot.backends {
+        if !backends.insert(b.name.as_str()) {
+            return Err(InvalidSnapshot::DuplicateBackend(b.name.clone()));
+        }
+    }
+    let mut hosts = HashSet::new();
+    for vhost in &snapshot.virtual_hosts {
+        if !hosts.insert(vhost.host.as_str()) {
+            return Err(InvalidSnapshot::DuplicateHost(vhost.host.clone()));
+        }
+        if !is_valid_host(&vhost.host) {
+            return Err(InvalidSnapshot::BadHost(vhost.host.clone()));
+        }
+        for route in &vhost.routes {
+            let bad = |reason| InvalidSnapshot::BadRoute {
+                host: vhost.host.clone(),
+                path: route.path.clone(),
+                reason,
+            };
+            if !route.path.starts_with('/') {
+                return Err(bad("path does not start with '/'"));
+            }
+            match MatchKind::try_from(route.match_kind) {
+                Ok(MatchKind::Exact) => {}
+                Ok(MatchKind::Prefix) => {
+                    if route.path.len() > 1 && route.path.ends_with('/') {
+                        return Err(bad("prefix path is not normalised (trailing '/')"));
+                    }
+                }
+                _ => return Err(bad("match kind is not Exact or Prefix")),
+            }
+            if !backends.contains(route.backend.as_str()) {
+                return Err(InvalidSnapshot::MissingBackend {
+                    host: vhost.host.clone(),
+                    path: route.path.clone(),
+                    backend: route.backend.clone(),
+                });
+            }
+        }
+    }
+    if let Some(default) = &snapshot.default_backend
+        && !backends.contains(default.backend.as_str())
+    {
+        return Err(InvalidSnapshot::MissingBackend {
+            host: String::new(),
+            path: "(default backend)".into(),
+            backend: default.backend.clone(),
+        });
+    }
+    let computed = content_hash(snapshot);
+    if computed != snapshot.content_hash {
+        return Err(InvalidSnapshot::HashMismatch {
+            stated: snapshot.content_hash.clone(),
+            computed,
+        });
+    }
+    if snapshot.version != version_string(snapshot.cluster_revision, &snapshot.content_hash) {
+        return Err(InvalidSnapshot::BadVersion {
+            version: snapshot.version.clone(),
+            revision: snapshot.cluster_revision,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses `offered` if it reflects an older cluster state than `held`.
+pub fn check_not_older(offered: &Snapshot, held: &Snapshot) -> Result<(), InvalidSnapshot> {
+    if offered.cluster_revision < held.cluster_revision {
+        return Err(InvalidSnapshot::Older {
+            offered: offered.version.clone(),
+            offered_revision: offered.cluster_revision,
+            held: held.version.clone(),
+            held_revision: held.cluster_revision,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{Backend, DefaultBackend, Route, VirtualHost};
+
+    fn sample() -> Snapshot {
+        let mut s = Snapshot {
+            virtual_hosts: vec![VirtualHost {
+                host: "a.example.com".into(),
+                routes: vec![Route {
+                    match_kind: MatchKind::Prefix as i32,
+                    path: "/api".into(),
+                    backend: "default/web:80".into(),
+                    source: None,
+                }],
+            }],
+            backends: vec![Backend {
+                name: "default/web:80".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        seal(&mut s, 42);
+        s
+    }
+
+    #[test]
+    fn identical_content_has_identical_hash_whatever_the_identity_fields() {
+        let a = sample();
+        let mut b = sample();
+        b.created_at = Some(prost_types::Timestamp {
+            seconds: 99,
+            nanos: 0,
+        });
+        seal(&mut b, 43);
+        assert_eq!(a.content_hash, b.content_hash);
+        assert_ne!(a.version, b.version);
+        assert_eq!(a.version, format!("42-{}", &a.content_hash[..16]));
+    }
+
+    #[test]
+    fn different_content_has_a_different_hash() {
+        let a = sample();
+        let mut b = sample();
+        b.virtual_hosts[0].routes[0].path = "/other".into();
+        seal(&mut b, 42);
+        assert_ne!(a.content_hash, b.content_hash);
+    }
+
+    #[test]
+    fn a_sealed_consistent_snapshot_is_valid() {
+        assert_eq!(validate(&sample()), Ok(()));
+    }
+
+    #[test]
+    fn a_route_to_a_missing_backend_is_refused() {
+        let mut s = sample();
+        s.backends.clear();
+        seal(&mut s, 42);
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::MissingBackend { .. })
+        ));
+    }
+
+    #[test]
+    fn a_default_backend_that_is_missing_is_refused() {
+        let mut s = sample();
+        s.default_backend = Some(DefaultBackend {
+            backend: "nope".into(),
+            source: None,
+        });
+        seal(&mut s, 42);
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::MissingBackend { .. })
+        ));
+    }
+
+    #[test]
+    fn tampered_content_fails_the_hash() {
+        let mut s = sample();
+        s.virtual_hosts[0].host = "b.example.com".into();
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::HashMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_routes_and_hosts_are_refused() {
+        let mut s = sample();
+        s.virtual_hosts[0].routes[0].path = "api".into();
+        seal(&mut s, 1);
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::BadRoute { .. })
+        ));
+        let mut s = sample();
+        s.virtual_hosts[0].routes[0].match_kind = 0;
+        seal(&mut s, 1);
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::BadRoute { .. })
+        ));
+        let mut s = sample();
+        s.virtual_hosts[0].host = "A.example.com".into();
+        seal(&mut s, 1);
+        assert!(matches!(validate(&s), Err(InvalidSnapshot::BadHost(_))));
+        let mut s = sample();
+        s.virtual_hosts.push(s.virtual_hosts[0].clone());
+        seal(&mut s, 1);
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::DuplicateHost(_))
+        ));
+    }
+
+    #[test]
+    fn a_version_that_does_not_match_is_refused() {
+        let mut s = sample();
+        s.version = "41-whatever".into();
+        assert!(matches!(
+            validate(&s),
+            Err(InvalidSnapshot::BadVersion { .. })
+        ));
+    }
+
+    #[test]
+    fn older_revisions_are_refused_equal_and_newer_accepted() {
+        let held = sample();
+        let mut older = sample();
+        seal(&mut older, 41);
+        let mut newer = sample();
+        seal(&mut newer, 43);
+        assert!(matches!(
+            check_not_older(&older, &held),
+            Err(InvalidSnapshot::Older { .. })
+        ));
+        assert_eq!(check_not_older(&held, &held), Ok(()));
+        assert_eq!(check_not_older(&newer, &held), Ok(()));
+    }
+
+    #[test]
+    fn host_validation() {
+        for ok in ["", "a.example.com", "*.example.com", "localhost", "a-b.c1"] {
+            assert!(is_valid_host(ok), "{ok}");
+        }
+        for bad in [
+            "A.com",
+            "*",
+            "*.",
+            "a..b",
+            "-a.com",
+            "a_b.com",
+            "a.*.com",
+            "1.2.3.4:80",
+        ] {
+            assert!(!is_valid_host(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! `holdfast.v1.DiscoveryResponse`, written by hand so that a snapshot is encoded once and
+//! its bytes are shared by every stream (DESIGN: "encode each snapshot once").
+//!
+//! On the wire it is exactly the message in `holdfast.proto`: field 3 holds the encoded
+//! `Snapshot`. The control plane builds it from [`EncodedSnapshot`] (a cheap `Bytes` clone
+//! per stream); the proxy decodes field 3 into a [`Snapshot`] as usual.
+
+use bytes::{Buf, BufMut, Bytes};
+use prost::encoding::{DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint};
+use prost::{DecodeError, Message};
+
+use crate::v1::Snapshot;
+
+const SNAPSHOT_TAG: u32 = 3;
+
+/// A snapshot encoded once, shared by reference count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EncodedSnapshot {
+    bytes: Bytes,
+}
+
+impl EncodedSnapshot {
+    /// Encodes `snapshot` once.
+    pub fn new(snapshot: &Snapshot) -> Self {
+        EncodedSnapshot {
+            bytes: snapshot.encode_to_vec().into(),
+        }
+    }
+
+    /// The encoded bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+}
+
+/// The snapshot a response carries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum SnapshotPayload {
+    /// No snapshot.
+    #[default]
+    None,
+    /// Decoded (what a receiver sees).
+    Decoded(Box<Snapshot>),
+    /// Pre-encoded and shared (what the control plane sends).
+    Encoded(EncodedSnapshot),
+}
+
+/// Control plane → proxy: one version of the route table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DiscoveryResponse {
+    /// Equal to the snapshot's version.
+    pub version_info: String,
+    /// Unique per response on a stream; echoed in the proxy's ACK or NACK.
+    pub nonce: String,
+    /// The complete snapshot.
+    pub snapshot: SnapshotPayload,
+}
+
+impl DiscoveryResponse {
+    /// Takes the decoded snapshot out of a received response.
+    pub fn into_snapshot(self) -> Option<Snapshot> {
+        match self.snapshot {
+            SnapshotPayload::None => None,
+            SnapshotPayload::Decoded(s) => Some(*s),
+            SnapshotPayload::Encoded(e) => Snapshot::decode(e.bytes.clone()).ok(),
+        }
+    }
+}
+
+impl Message for DiscoveryResponse {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if !self.version_info.is_empty() {
+            prost::encoding::string::encode(1, &self.version_info, buf);
+        }
+        if !self.nonce.is_empty() {
+            prost::encoding::string::encode(2, &self.nonce, buf);
+        }
+        match &self.snapshot {
+            SnapshotPayload::None => {}
+            SnapshotPayload::Decoded(s) => {
+                prost::encoding::message::encode(SNAPSHOT_TAG, &**s, buf)
+            }
+            SnapshotPayload::Encoded(e) => {
+                encode_key(SNAPSHOT_TAG, WireType::LengthDelimited, buf);
+                encode_varint(e.bytes.len() as u64, buf);
+                buf.put_slice(&e.bytes);
+            }
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            1 => prost::encoding::string::merge(wire_type, &mut self.version_info, buf, ctx),
+            2 => prost::encoding::string::merge(wire_type, &mut self.nonce, buf, ctx),
+            SNAPSHOT_TAG => {
+                let mut snapshot = match std::mem::take(&mut self.snapshot) {
+                    SnapshotPayload::Decoded(s) => s,
+                    _ => Box::default(),
+                };
+                let merged = prost::encoding::message::merge(wire_type, &mut *snapshot, buf, ctx);
+                self.snapshot = SnapshotPayload::Decoded(snapshot);
+                merged
+            }
+            _ => prost::encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let mut len = 0;
+        if !self.version_info.is_empty() {
+            len += prost::encoding::string::encoded_len(1, &self.version_info);
+        }
+        if !self.nonce.is_empty() {
+            len += prost::encoding::string::encoded_len(2, &self.nonce);
+        }
+        len += match &self.snapshot {
+            SnapshotPayload::None => 0,
+            SnapshotPayload::Decoded(s) => {
+                prost::encoding::message::encoded_len(SNAPSHOT_TAG, &**s)
+            }
+            SnapshotPayload::Encoded(e) => {
+                prost::encoding::key_len(SNAPSHOT_TAG)
+                    + encoded_len_varint(e.bytes.len() as u64)
+                    + e.bytes.len()
+            }
+        };
+        len
+    }
+
+    fn clear(&mut self) {
+        *self = DiscoveryResponse::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::VirtualHost;
+
+    #[test]
+    fn pre_encoded_and_decoded_forms_are_the_same_bytes_on_the_wire() {
+        let snapshot = Snapshot {
+            version: "7-abc".into(),
+            virtual_hosts: vec![VirtualHost {
+                host: "a.example.com".into(),
+                routes: vec![],
+            }],
+            ..Default::default()
+        };
+        let encoded = DiscoveryResponse {
+            version_info: "7-abc".into(),
+            nonce: "1".into(),
+            snapshot: SnapshotPayload::Encoded(EncodedSnapshot::new(&snapshot)),
+        };
+        let decoded_form = DiscoveryResponse {
+            snapshot: SnapshotPayload::Decoded(Box::new(snapshot.clone())),
+            ..encoded.clone()
+        };
+        let wire = encoded.encode_to_vec();
+        assert_eq!(wire, decoded_form.encode_to_vec());
+        assert_eq!(wire.len(), encoded.encoded_len());
+
+        let back = DiscoveryResponse::decode(wire.as_slice()).unwrap();
+        assert_eq!(back.version_info, "7-abc");
+        assert_eq!(back.nonce, "1");
+        assert_eq!(back.into_snapshot(), Some(snapshot));
+    }
+}
