@@ -1,5 +1,46 @@
-//! holdfast's control plane.
+//! holdfast's control plane: Ingresses, IngressClasses, Services and EndpointSlices in;
+//! complete, versioned route snapshots out, streamed to every proxy over gRPC.
 //!
 //! # Layout
 //! - [`translate`]: the pure function `cluster objects → snapshot` (route semantics).
+//! - [`guard`]: bounded destruction: which snapshots are held back (pure).
+//! - [`caches`]: watch-fed reflector caches and their sync state (no API calls at build).
+//! - [`publisher`]: the reconcile loop: coalesce, build from complete caches, validate,
+//!   guard, publish; Events for skipped rules; fresh-read confirmation of holds.
+//! - [`state`]: what the parts share: the published snapshot, status, holds, proxies.
+//! - [`discovery`]: the `RouteDiscovery` gRPC stream (ACK/NACK, nonces, shared bytes).
+//! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`], [`config`], [`server`] (wiring).
+
+pub mod admin;
+pub mod caches;
+pub mod config;
+pub mod discovery;
+pub mod guard;
+pub mod metrics;
+pub mod publisher;
+pub mod server;
+pub mod state;
 pub mod translate;
+
+use tokio_util::sync::CancellationToken;
+
+/// Cancels `token` on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down");
+    token.cancel();
+}

@@ -160,10 +160,14 @@ impl LocalCluster {
         run_script(&["start", component.name(), self.dir_str()]).map(drop)
     }
 
-    /// Creates a fresh namespace named `<prefix>-<n>` and returns its name.
+    /// Creates a fresh namespace named `<prefix>-<pid>-<n>` and returns its name.
     pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> Result<String> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),

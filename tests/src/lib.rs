@@ -9,6 +9,12 @@
 //!   backends running inside them.
 //! - [`echo`]: the echo server those backends run (binary `holdfast-echo`): it answers every
 //!   request with its own name, so a test sees which backend served.
+//! - [`process`]: our binaries as child processes (logs, signals, restart);
+//!   [`control_plane`]: `holdfast-control-plane` on free ports.
+//! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
+//! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
+//! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
+//! - [`http`]: a small HTTP client for admin endpoints and traffic.
 //! - [`wait`]: waiting for a condition with a deadline (tests never sleep to synchronise).
 //!
 //! Everything here cleans up after itself on drop, including when a test panics; processes
@@ -16,8 +22,15 @@
 //! start (see `k8s.sh`).
 
 pub mod cluster;
+pub mod control_plane;
 pub mod echo;
+pub mod faultproxy;
+pub mod grpcurl;
+pub mod http;
 pub mod netns;
+pub mod objects;
+pub mod process;
+pub mod subscriber;
 pub mod wait;
 
 use std::path::PathBuf;

@@ -1,0 +1,167 @@
+//! Operators' interfaces: the `holdfast.v1.Admin` gRPC service and the HTTP admin
+//! listener (`/healthz`, `/readyz`, `/metrics`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use holdfast_proto::v1::admin_server::Admin;
+use holdfast_proto::v1::{
+    ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetSnapshotRequest, GetStatusRequest,
+    GetStatusResponse, ListProxiesRequest, ListProxiesResponse, Snapshot,
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tonic::Status;
+
+use crate::state::{ApproveError, Shared};
+
+/// The admin gRPC service.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    shared: Shared,
+}
+
+impl AdminService {
+    /// Reports on `shared`.
+    pub fn new(shared: Shared) -> Self {
+        AdminService { shared }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn get_snapshot(
+        &self,
+        _: tonic::Request<GetSnapshotRequest>,
+    ) -> Result<tonic::Response<Snapshot>, Status> {
+        match self.shared.published() {
+            Some(p) => Ok(tonic::Response::new(p.snapshot.clone())),
+            None => Err(Status::unavailable(format!(
+                "no complete snapshot yet; caches not complete: {:?}",
+                self.shared.unsynced()
+            ))),
+        }
+    }
+
+    async fn list_proxies(
+        &self,
+        _: tonic::Request<ListProxiesRequest>,
+    ) -> Result<tonic::Response<ListProxiesResponse>, Status> {
+        Ok(tonic::Response::new(ListProxiesResponse {
+            proxies: self.shared.proxies(),
+        }))
+    }
+
+    async fn get_status(
+        &self,
+        _: tonic::Request<GetStatusRequest>,
+    ) -> Result<tonic::Response<GetStatusResponse>, Status> {
+        Ok(tonic::Response::new(self.shared.status()))
+    }
+
+    async fn approve_held_snapshot(
+        &self,
+        request: tonic::Request<ApproveHeldSnapshotRequest>,
+    ) -> Result<tonic::Response<ApproveHeldSnapshotResponse>, Status> {
+        let version = request.into_inner().version;
+        if version.is_empty() {
+            return Err(Status::invalid_argument(
+                "name the held version (see GetStatus: held.version)",
+            ));
+        }
+        match self.shared.approve(&version) {
+            Ok(published_version) => Ok(tonic::Response::new(ApproveHeldSnapshotResponse {
+                published_version,
+            })),
+            Err(e @ ApproveError::NothingHeld) => Err(Status::failed_precondition(e.to_string())),
+            Err(e @ ApproveError::VersionMismatch { .. }) => {
+                Err(Status::failed_precondition(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` resolves.
+pub async fn serve_http(
+    listener: TcpListener,
+    shared: Shared,
+    registry: Arc<Registry>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(%error, "admin accept failed");
+                    continue;
+                }
+            },
+        };
+        let shared = shared.clone();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let response = route(&req, &shared, &registry);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => match shared.published() {
+            Some(p) => text(
+                StatusCode::OK,
+                format!("ready: serving {}\n", p.snapshot.version),
+            ),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "not ready: no complete snapshot yet; caches not complete: {:?}\n",
+                    shared.unsynced()
+                ),
+            ),
+        },
+        "/metrics" => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => Response::builder()
+                    .header(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("static response parts are valid"),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("encoding metrics: {e}\n"),
+                ),
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz, /metrics\n".into(),
+        ),
+    }
+}

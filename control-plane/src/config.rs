@@ -1,0 +1,177 @@
+//! Command line and environment, validated once into [`Config`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// holdfast control plane: watches Ingresses, IngressClasses, Services and EndpointSlices,
+/// and streams complete, versioned route snapshots to holdfast proxies over gRPC.
+/// Kubernetes access comes from KUBECONFIG or the in-cluster ServiceAccount.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "holdfast-control-plane", version)]
+pub struct Args {
+    /// Address of the gRPC listener (RouteDiscovery, Admin, health, reflection).
+    #[arg(long, env = "HOLDFAST_GRPC_LISTEN", default_value = "0.0.0.0:18000")]
+    pub grpc_listen: SocketAddr,
+    /// Address of the HTTP admin listener (/healthz, /readyz, /metrics).
+    #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:18001")]
+    pub admin_listen: SocketAddr,
+    /// Serve only Ingresses of this IngressClass (which must name our controller).
+    /// Default: every IngressClass whose spec.controller is --controller-name.
+    #[arg(long, env = "HOLDFAST_INGRESS_CLASS")]
+    pub ingress_class: Option<String>,
+    /// The spec.controller value of our IngressClasses.
+    #[arg(
+        long,
+        env = "HOLDFAST_CONTROLLER_NAME",
+        default_value = "holdfast.dev/ingress-controller"
+    )]
+    pub controller_name: String,
+    /// Quiet period before building after a change (bursts coalesce).
+    #[arg(long, env = "HOLDFAST_DEBOUNCE", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub debounce: Duration,
+    /// Longest a burst of changes can delay a build.
+    #[arg(long, env = "HOLDFAST_MAX_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub max_delay: Duration,
+    /// Share of published routes (0 to 1) a new snapshot may remove without being held
+    /// for confirmation. Removing all routes is always held.
+    #[arg(long, env = "HOLDFAST_MAX_REMOVAL_SHARE", default_value_t = 0.5)]
+    pub max_removal_share: f64,
+    /// A held snapshot is published once unchanged for this long and confirmed by a fresh
+    /// read of Ingresses and IngressClasses (or at once by ApproveHeldSnapshot).
+    #[arg(long, env = "HOLDFAST_HOLD_CONFIRM_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub hold_confirm_after: Duration,
+    /// Timeout for connecting to the Kubernetes API server.
+    #[arg(long, env = "HOLDFAST_API_CONNECT_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub api_connect_timeout: Duration,
+    /// Timeout for a read from the Kubernetes API server; a watch that stays silent this
+    /// long is considered dead and re-established (watches are renewed before it).
+    #[arg(long, env = "HOLDFAST_API_READ_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub api_read_timeout: Duration,
+    /// Name of this replica in Kubernetes Events (default: the host name).
+    #[arg(long, env = "HOLDFAST_INSTANCE")]
+    pub instance: Option<String>,
+    /// Log format (filter with RUST_LOG, default info).
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The parsed arguments, all checked.
+    pub args: Args,
+    /// This replica's name.
+    pub instance: String,
+}
+
+/// A flag value that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag}: {reason}")]
+pub struct ConfigError {
+    /// The flag.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Args {
+    /// Checks the values together.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let err = |flag, reason: &str| ConfigError {
+            flag,
+            reason: reason.to_owned(),
+        };
+        if !(0.0..=1.0).contains(&self.max_removal_share) {
+            return Err(err("max-removal-share", "must be between 0 and 1"));
+        }
+        if self.max_delay.is_zero() {
+            return Err(err("max-delay", "must be more than 0"));
+        }
+        if self.debounce > self.max_delay {
+            return Err(err("debounce", "must not exceed --max-delay"));
+        }
+        if self.api_read_timeout < Duration::from_secs(2) {
+            return Err(err("api-read-timeout", "must be at least 2s"));
+        }
+        if self.controller_name.is_empty() {
+            return Err(err("controller-name", "must not be empty"));
+        }
+        if self.ingress_class.as_deref() == Some("") {
+            return Err(err("ingress-class", "must not be empty"));
+        }
+        let instance = self.instance.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "holdfast-control-plane".into())
+        });
+        Ok(Config {
+            args: self,
+            instance,
+        })
+    }
+
+    /// Server-side timeout for each watch request: renewed before the read timeout fires.
+    pub fn watch_timeout_secs(&self) -> u32 {
+        ((self.api_read_timeout.as_secs() * 3) / 4).max(1) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Config, String> {
+        let args = Args::try_parse_from(
+            std::iter::once("holdfast-control-plane").chain(extra.iter().copied()),
+        )
+        .map_err(|e| e.to_string())?;
+        args.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.args.grpc_listen.port(), 18000);
+        assert_eq!(c.args.max_removal_share, 0.5);
+        assert_eq!(c.args.watch_timeout_secs(), 45);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_named() {
+        assert_eq!(
+            parse(&["--max-removal-share", "1.5"]).unwrap_err(),
+            "invalid --max-removal-share: must be between 0 and 1"
+        );
+        assert!(
+            parse(&["--debounce", "2s", "--max-delay", "1s"])
+                .unwrap_err()
+                .contains("--debounce")
+        );
+        assert!(
+            parse(&["--grpc-listen", "nope"])
+                .unwrap_err()
+                .contains("--grpc-listen")
+        );
+        assert!(
+            parse(&["--debounce", "soon"])
+                .unwrap_err()
+                .contains("--debounce")
+        );
+        assert!(
+            parse(&["--api-read-timeout", "1s"])
+                .unwrap_err()
+                .contains("--api-read-timeout")
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! Prometheus metrics of the control plane (served on the admin listener's `/metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label for per-kind metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// "Ingress", "IngressClass", "Service" or "EndpointSlice".
+    pub kind: String,
+}
+
+/// Every control-plane metric. Cheap to clone (metrics are shared handles).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Cluster revision of the published snapshot.
+    pub snapshot_revision: Gauge,
+    /// Routes in the published snapshot.
+    pub snapshot_routes: Gauge,
+    /// Time to read the caches, translate, seal and validate.
+    pub build_duration: Histogram,
+    /// Snapshots published.
+    pub published: Counter,
+    /// Builds whose content equalled the published snapshot (nothing sent).
+    pub unchanged: Counter,
+    /// 1 while a snapshot is held back.
+    pub held: Gauge,
+    /// Snapshots held back.
+    pub holds: Counter,
+    /// Connected proxy streams.
+    pub proxies_connected: Gauge,
+    /// ACKs received.
+    pub acks: Counter,
+    /// NACKs received.
+    pub nacks: Counter,
+    /// 1 when a kind's cache holds a complete list and is not re-listing.
+    pub cache_synced: Family<KindLabel, Gauge>,
+    /// Errors from the watch of a kind.
+    pub watch_errors: Family<KindLabel, Counter>,
+    /// Ingress rules skipped (invalid or losing a conflict) in the last build.
+    pub skipped_rules: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under `holdfast_`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            snapshot_revision: Gauge::default(),
+            snapshot_routes: Gauge::default(),
+            build_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            published: Counter::default(),
+            unchanged: Counter::default(),
+            held: Gauge::default(),
+            holds: Counter::default(),
+            proxies_connected: Gauge::default(),
+            acks: Counter::default(),
+            nacks: Counter::default(),
+            cache_synced: Family::default(),
+            watch_errors: Family::default(),
+            skipped_rules: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("holdfast");
+        r.register(
+            "snapshot_cluster_revision",
+            "Cluster revision of the published snapshot",
+            m.snapshot_revision.clone(),
+        );
+        r.register(
+            "snapshot_routes",
+            "Routes in the published snapshot",
+            m.snapshot_routes.clone(),
+        );
+        r.register(
+            "snapshot_build_duration_seconds",
+            "Time to build, seal and validate a snapshot",
+            m.build_duration.clone(),
+        );
+        r.register(
+            "snapshots_published",
+            "Snapshots published to proxies",
+            m.published.clone(),
+        );
+        r.register(
+            "snapshot_builds_unchanged",
+            "Builds whose content equalled the published snapshot",
+            m.unchanged.clone(),
+        );
+        r.register(
+            "snapshot_held",
+            "1 while a snapshot is held back for confirmation",
+            m.held.clone(),
+        );
+        r.register(
+            "snapshot_holds",
+            "Snapshots held back (bounded destruction)",
+            m.holds.clone(),
+        );
+        r.register(
+            "proxies_connected",
+            "Connected proxy streams",
+            m.proxies_connected.clone(),
+        );
+        r.register("proxy_acks", "ACKs received from proxies", m.acks.clone());
+        r.register(
+            "proxy_nacks",
+            "NACKs received from proxies",
+            m.nacks.clone(),
+        );
+        r.register(
+            "cache_synced",
+            "1 when the cache of a kind is complete",
+            m.cache_synced.clone(),
+        );
+        r.register(
+            "watch_errors",
+            "Errors from the watch of a kind",
+            m.watch_errors.clone(),
+        );
+        r.register(
+            "ingress_rules_skipped",
+            "Ingress rules skipped in the last build",
+            m.skipped_rules.clone(),
+        );
+        m
+    }
+}

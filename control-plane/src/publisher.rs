@@ -1,0 +1,280 @@
+//! The reconcile loop: coalesce cache changes, build a snapshot only from complete caches,
+//! seal and validate it, apply the bounded-destruction guard, publish.
+//!
+//! Building is `build()`: a pure function over the cache contents (translate → seal →
+//! validate). Everything here that talks to the API server is off the build path: Events
+//! for skipped rules, and the fresh read that confirms a held snapshot.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use holdfast_proto::snapshot::{InvalidSnapshot, seal, validate};
+use holdfast_proto::v1::Snapshot;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use tokio::sync::Notify;
+
+use crate::caches::{Caches, identity};
+use crate::guard::{Verdict, assess};
+use crate::state::{Held, Shared};
+use crate::translate::{self, ClusterState, Problem};
+
+/// Settings of the reconcile loop.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// What makes an Ingress ours.
+    pub translate: translate::Options,
+    /// Quiet period: build once no change has arrived for this long.
+    pub debounce: Duration,
+    /// Build at the latest this long after the first change of a burst.
+    pub max_delay: Duration,
+    /// Share of published routes a snapshot may remove without being held.
+    pub max_removal_share: f64,
+    /// A held snapshot is released once its content has been stable this long and a fresh
+    /// read confirms it.
+    pub confirm_after: Duration,
+}
+
+/// Translates, seals and validates: the whole build, with no I/O.
+pub fn build(
+    state: &ClusterState,
+    opts: &translate::Options,
+    revision: u64,
+) -> Result<(Snapshot, Vec<Problem>), InvalidSnapshot> {
+    let translation = translate::translate(state, opts);
+    let mut snapshot = translation.snapshot;
+    seal(&mut snapshot, revision);
+    snapshot.created_at = Some(SystemTime::now().into());
+    validate(&snapshot)?;
+    Ok((snapshot, translation.problems))
+}
+
+/// Reports skipped Ingress rules as Kubernetes Events, each once per process.
+pub struct ProblemReporter {
+    recorder: Option<Recorder>,
+    reported: BTreeSet<Problem>,
+}
+
+impl ProblemReporter {
+    /// Events are recorded through `client` (None: log only).
+    pub fn new(client: Option<Client>, instance: String) -> Self {
+        let recorder = client.map(|c| {
+            Recorder::new(
+                c,
+                Reporter {
+                    controller: "holdfast-control-plane".into(),
+                    instance: Some(instance),
+                },
+            )
+        });
+        ProblemReporter {
+            recorder,
+            reported: BTreeSet::new(),
+        }
+    }
+
+    fn report(&mut self, problems: &[Problem], state: &ClusterState) {
+        let current: BTreeSet<Problem> = problems.iter().cloned().collect();
+        for p in current.difference(&self.reported) {
+            tracing::warn!(
+                ingress = %format!("{}/{}", p.namespace, p.name),
+                reason = p.reason,
+                "{}", p.message
+            );
+            let Some(recorder) = self.recorder.clone() else {
+                continue;
+            };
+            let Some(ing) = state.ingresses.iter().find(|i| {
+                i.metadata.namespace.as_deref() == Some(&p.namespace)
+                    && i.metadata.name.as_deref() == Some(&p.name)
+            }) else {
+                continue;
+            };
+            let reference = ing.object_ref(&());
+            let event = Event {
+                type_: EventType::Warning,
+                reason: p.reason.into(),
+                note: Some(p.message.clone()),
+                action: "Translate".into(),
+                secondary: None,
+            };
+            // Off the build path: an API outage must not slow publishing.
+            tokio::spawn(async move {
+                if let Err(error) = recorder.publish(&event, &reference).await {
+                    tracing::debug!(%error, "could not record Event");
+                }
+            });
+        }
+        self.reported = current;
+    }
+}
+
+/// Confirms a held snapshot with a fresh, consistent (quorum) read of the objects routes
+/// come from. "Could not read" is never confirmation.
+pub struct FreshRead {
+    client: Client,
+}
+
+impl FreshRead {
+    /// Reads through `client`.
+    pub fn new(client: Client) -> Self {
+        FreshRead { client }
+    }
+
+    /// True when the API server's Ingresses and IngressClasses are exactly the cached ones.
+    pub async fn confirms(&self, caches: &Caches) -> Result<bool, kube::Error> {
+        let lp = Default::default();
+        let ingresses = Api::<Ingress>::all(self.client.clone()).list(&lp).await?;
+        let classes = Api::<IngressClass>::all(self.client.clone())
+            .list(&lp)
+            .await?;
+        let fresh: Vec<(String, String)> = identity(ingresses.items.iter())
+            .into_iter()
+            .chain(identity(classes.items.iter()))
+            .collect();
+        Ok(fresh == caches.routing_objects())
+    }
+}
+
+/// Runs the loop until `shutdown` resolves.
+pub async fn run(
+    caches: Caches,
+    shared: Shared,
+    changed: Arc<Notify>,
+    settings: Settings,
+    mut reporter: ProblemReporter,
+    fresh: Option<FreshRead>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut confirm_tick = tokio::time::interval(
+        Duration::from_millis(250).min(settings.confirm_after.max(Duration::from_millis(10))),
+    );
+    let mut last_confirm_attempt: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = changed.notified() => {
+                coalesce(&changed, settings.debounce, settings.max_delay).await;
+                rebuild(&caches, &shared, &settings, &mut reporter);
+            }
+            _ = confirm_tick.tick() => {
+                let Some(held) = shared.held() else { continue };
+                if held.since_instant.elapsed() < settings.confirm_after {
+                    continue;
+                }
+                if last_confirm_attempt.is_some_and(|t| t.elapsed() < settings.confirm_after) {
+                    continue;
+                }
+                last_confirm_attempt = Some(Instant::now());
+                try_confirm(&caches, &shared, fresh.as_ref(), &held).await;
+            }
+        }
+    }
+}
+
+/// Waits until no change has arrived for `debounce`, or `max_delay` has passed.
+async fn coalesce(changed: &Notify, debounce: Duration, max_delay: Duration) {
+    let deadline = tokio::time::Instant::now() + max_delay;
+    loop {
+        let quiet_until = (tokio::time::Instant::now() + debounce).min(deadline);
+        tokio::select! {
+            _ = changed.notified() => {
+                if tokio::time::Instant::now() >= deadline { return; }
+            }
+            _ = tokio::time::sleep_until(quiet_until) => return,
+        }
+    }
+}
+
+fn rebuild(caches: &Caches, shared: &Shared, settings: &Settings, reporter: &mut ProblemReporter) {
+    if !shared.all_synced() {
+        tracing::debug!(unsynced = ?shared.unsynced(), "not building: caches incomplete");
+        return;
+    }
+    let started = Instant::now();
+    let state = caches.state();
+    let built = build(&state, &settings.translate, caches.revision());
+    shared
+        .metrics()
+        .build_duration
+        .observe(started.elapsed().as_secs_f64());
+    let (candidate, problems) = match built {
+        Ok(b) => b,
+        Err(error) => {
+            // A bug, not bad input: translation only emits consistent snapshots.
+            tracing::error!(%error, "built snapshot failed validation; not publishing");
+            return;
+        }
+    };
+    shared.metrics().skipped_rules.set(problems.len() as i64);
+    reporter.report(&problems, &state);
+    // The caches may have started a re-list while we read them; the stores still held the
+    // last complete lists, but stay conservative and wait for the next InitDone.
+    if !shared.all_synced() {
+        return;
+    }
+    offer(shared, candidate, settings.max_removal_share);
+}
+
+/// Publishes, holds or drops a sealed, valid candidate.
+pub fn offer(shared: &Shared, candidate: Snapshot, max_removal_share: f64) {
+    let published = shared.published();
+    if published
+        .as_ref()
+        .is_some_and(|p| p.snapshot.content_hash == candidate.content_hash)
+    {
+        shared.metrics().unchanged.inc();
+        shared.clear_hold();
+        return;
+    }
+    match assess(
+        published.as_ref().map(|p| &p.snapshot),
+        &candidate,
+        max_removal_share,
+    ) {
+        Verdict::Publish => {
+            shared.clear_hold();
+            shared.publish(candidate);
+        }
+        Verdict::Hold {
+            reason,
+            routes_published,
+            routes_held,
+        } => {
+            let version = candidate.version.clone();
+            let new = shared.hold(Held {
+                snapshot: Arc::new(candidate),
+                reason: reason.clone(),
+                routes_published,
+                routes_held,
+                since: SystemTime::now(),
+                since_instant: Instant::now(),
+            });
+            if new {
+                tracing::warn!(
+                    %version, %reason, routes_published, routes_held,
+                    "holding snapshot back until confirmed or approved (ApproveHeldSnapshot)"
+                );
+            }
+        }
+    }
+}
+
+async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>, held: &Held) {
+    let Some(fresh) = fresh else { return };
+    match fresh.confirms(caches).await {
+        Ok(true) => {
+            if shared.release_hold_if(&held.snapshot.content_hash) {
+                tracing::warn!(
+                    version = %held.snapshot.version, reason = %held.reason,
+                    "held snapshot confirmed by a fresh read; published"
+                );
+            }
+        }
+        Ok(false) => tracing::info!("fresh read disagrees with the caches; still holding"),
+        Err(error) => tracing::warn!(%error, "fresh read failed; still holding"),
+    }
+}

@@ -1,0 +1,136 @@
+//! Wires the parts together: Kubernetes client, caches, reconcile loop, gRPC server (route
+//! discovery, admin, health, reflection) and the HTTP admin listener.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use holdfast_proto::v1::admin_server::AdminServer;
+use holdfast_proto::v1::route_discovery_server::RouteDiscoveryServer;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+
+use crate::admin::{AdminService, serve_http};
+use crate::caches::{self, WatchSettings};
+use crate::config::Config;
+use crate::discovery::Discovery;
+use crate::metrics::Metrics;
+use crate::publisher::{self, FreshRead, ProblemReporter, Settings};
+use crate::state::Shared;
+use crate::translate;
+
+/// Runs the control plane until `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let args = &config.args;
+    let mut kube_config = kube::Config::infer()
+        .await
+        .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
+    kube_config.connect_timeout = Some(args.api_connect_timeout);
+    kube_config.read_timeout = Some(args.api_read_timeout);
+    let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+
+    let grpc_listener = TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("binding --grpc-listen {}", args.grpc_listen))?;
+    let admin_listener = TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    tracing::info!(
+        grpc = %grpc_listener.local_addr()?,
+        admin = %admin_listener.local_addr()?,
+        "listening"
+    );
+
+    let mut registry = Registry::default();
+    let shared = Shared::new(Metrics::new(&mut registry));
+    let registry = Arc::new(registry);
+    let changed = Arc::new(Notify::new());
+    let mut tasks = JoinSet::new();
+
+    let caches = caches::start(
+        client.clone(),
+        shared.clone(),
+        changed.clone(),
+        WatchSettings {
+            watch_timeout_secs: args.watch_timeout_secs(),
+        },
+        &mut tasks,
+    );
+    let settings = Settings {
+        translate: translate::Options {
+            controller: args.controller_name.clone(),
+            ingress_class: args.ingress_class.clone(),
+        },
+        debounce: args.debounce,
+        max_delay: args.max_delay,
+        max_removal_share: args.max_removal_share,
+        confirm_after: args.hold_confirm_after,
+    };
+    tasks.spawn(publisher::run(
+        caches,
+        shared.clone(),
+        changed,
+        settings,
+        ProblemReporter::new(Some(client.clone()), config.instance.clone()),
+        Some(FreshRead::new(client)),
+        shutdown.clone().cancelled_owned(),
+    ));
+
+    // Health: NOT_SERVING until the first complete snapshot exists.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_not_serving::<RouteDiscoveryServer<Discovery>>()
+        .await;
+    let mut published = shared.subscribe();
+    tasks.spawn(async move {
+        if published.wait_for(|p| p.is_some()).await.is_ok() {
+            reporter
+                .set_service_status("", ServingStatus::Serving)
+                .await;
+            reporter
+                .set_serving::<RouteDiscoveryServer<Discovery>>()
+                .await;
+        }
+    });
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(holdfast_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(holdfast_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    tasks.spawn(serve_http(
+        admin_listener,
+        shared.clone(),
+        registry,
+        shutdown.clone().cancelled_owned(),
+    ));
+
+    let grpc = tonic::transport::Server::builder()
+        // Detect proxies that vanished without closing their stream.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(RouteDiscoveryServer::new(Discovery::new(shared.clone())))
+        .add_service(AdminServer::new(AdminService::new(shared)))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    let result = grpc.await.context("gRPC server");
+    shutdown.cancel();
+    tasks.abort_all();
+    result
+}

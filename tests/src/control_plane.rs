@@ -1,0 +1,106 @@
+//! `holdfast-control-plane` as a real process for end-to-end tests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::process::{Proc, addr_in};
+
+/// How long a control plane may take to start listening.
+const START: Duration = Duration::from_secs(30);
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// The process.
+    pub proc: Proc,
+    /// gRPC address (RouteDiscovery, Admin, health, reflection).
+    pub grpc: SocketAddr,
+    /// HTTP admin address (/healthz, /readyz, /metrics).
+    pub admin: SocketAddr,
+}
+
+impl ControlPlane {
+    /// Starts one with `kubeconfig`, on free ports, with `extra` flags; logs go to
+    /// `<log_dir>/<name>.log`.
+    pub fn start(name: &str, kubeconfig: &Path, log_dir: &Path, extra: &[&str]) -> Result<Self> {
+        let mut args: Vec<String> = [
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .map(String::from)
+        .collect();
+        args.extend(["--instance".to_string(), name.to_string()]);
+        let mut proc = Proc::spawn(
+            name,
+            &crate::workspace_bin("holdfast-control-plane"),
+            args,
+            vec![(
+                "KUBECONFIG".into(),
+                kubeconfig.to_string_lossy().into_owned(),
+            )],
+            log_dir.join(format!("{name}.log")),
+        )?;
+        let line = proc.wait_log("listening", 0, START)?;
+        let grpc = addr_in(&line, "grpc")?;
+        let admin = addr_in(&line, "admin")?;
+        // Restarts reuse the same ports, so proxies find it again.
+        let mut fixed = proc.args().to_vec();
+        for (flag, addr) in [("--grpc-listen", grpc), ("--admin-listen", admin)] {
+            if let Some(i) = fixed.iter().position(|a| a == flag) {
+                fixed[i + 1] = addr.to_string();
+            }
+        }
+        proc.restart_with_args_later(fixed);
+        Ok(ControlPlane { proc, grpc, admin })
+    }
+
+    /// `http://<grpc>` for clients.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// GET on the admin listener: (status, body).
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        crate::http::get(self.admin, "localhost", path).await
+    }
+
+    /// The value of a metric (first sample whose line starts with `name`), if present.
+    pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
+        let (_, body) = self.admin_get("/metrics").await?;
+        Ok(crate::http::metric(&body, name))
+    }
+
+    /// Restarts the process (same ports) and waits until it listens again.
+    pub fn restart(&mut self) -> Result<()> {
+        let skip = self.proc.log().len();
+        self.proc.restart()?;
+        self.proc.wait_log("listening", skip, START)?;
+        Ok(())
+    }
+}
+
+/// Writes a copy of `kubeconfig` whose server is `https://<addr>` (through a fault proxy,
+/// for example) and returns its path.
+pub fn kubeconfig_via(kubeconfig: &Path, addr: SocketAddr, out: PathBuf) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(kubeconfig)?;
+    let rewritten: String = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("server: ") {
+                format!("    server: https://{addr}")
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&out, rewritten + "\n")?;
+    Ok(out)
+}

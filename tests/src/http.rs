@@ -1,0 +1,53 @@
+//! A minimal HTTP/1.1 client for tests (admin endpoints, traffic through proxies).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+/// GET `path` with `Host: host` from `addr` on a fresh connection: (status, body).
+pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String)> {
+    let (status, _, body) = get_full(addr, host, path).await?;
+    Ok((status, body))
+}
+
+/// Like [`get`], also returning the response headers.
+pub async fn get_full(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+) -> Result<(u16, http::HeaderMap, String)> {
+    let fut = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header(http::header::HOST, host)
+            .body(Empty::<Bytes>::new())?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok::<_, anyhow::Error>((status, headers, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .with_context(|| format!("GET http://{addr}{path} (Host {host}) timed out"))?
+}
+
+/// The value of the first sample of metric `name` in Prometheus text `body` (a line
+/// starting with `name` followed by a space or `{`).
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

@@ -1,0 +1,105 @@
+//! Kubernetes objects the tests create, and small API helpers.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// Our controller name.
+pub const CONTROLLER: &str = "holdfast.dev/ingress-controller";
+
+fn typed<T: DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).expect("valid object")
+}
+
+/// An IngressClass of our controller.
+pub fn ingress_class(name: &str) -> IngressClass {
+    typed(json!({ "metadata": { "name": name }, "spec": { "controller": CONTROLLER } }))
+}
+
+/// A Service `name` with one port `port` named "http" targeting `target`.
+pub fn service(name: &str, port: i32, target: i32) -> Service {
+    typed(json!({
+        "metadata": { "name": name },
+        "spec": { "ports": [{ "name": "http", "port": port, "targetPort": target }] }
+    }))
+}
+
+/// An EndpointSlice for Service `svc` with ready `addresses` on port "http" = `port`.
+pub fn endpoint_slice(name: &str, svc: &str, port: i32, addresses: &[&str]) -> EndpointSlice {
+    typed(json!({
+        "metadata": { "name": name, "labels": { "kubernetes.io/service-name": svc } },
+        "addressType": "IPv4",
+        "ports": [{ "name": "http", "port": port, "protocol": "TCP" }],
+        "endpoints": addresses.iter().map(|a| json!({
+            "addresses": [a], "conditions": { "ready": true }
+        })).collect::<Vec<_>>()
+    }))
+}
+
+/// An Ingress of class `class` routing `host` + Prefix `/` to `svc`:`port`.
+pub fn ingress(name: &str, class: &str, host: &str, svc: &str, port: i32) -> Ingress {
+    ingress_paths(name, class, host, &[("/", "Prefix", svc, port)])
+}
+
+/// An Ingress of class `class` with paths `(path, pathType, service, port)` on `host`.
+pub fn ingress_paths(
+    name: &str,
+    class: &str,
+    host: &str,
+    paths: &[(&str, &str, &str, i32)],
+) -> Ingress {
+    typed(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "ingressClassName": class,
+            "rules": [{ "host": host, "http": { "paths": paths.iter().map(|(p, t, s, port)| json!({
+                "path": p, "pathType": t,
+                "backend": { "service": { "name": s, "port": { "number": port } } }
+            })).collect::<Vec<_>>() } }]
+        }
+    }))
+}
+
+/// Creates `obj` in `ns` (or cluster-wide when `ns` is None).
+pub async fn create<K>(client: &kube::Client, ns: Option<&str>, obj: &K) -> anyhow::Result<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::default_namespaced(client.clone()),
+    };
+    Ok(api.create(&PostParams::default(), obj).await?)
+}
+
+/// Creates a cluster-scoped IngressClass of our controller.
+pub async fn create_class(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    Api::<IngressClass>::all(client.clone())
+        .create(&PostParams::default(), &ingress_class(name))
+        .await?;
+    Ok(())
+}
+
+/// Deletes `name` of kind `K` in `ns`.
+pub async fn delete<K>(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! A route-discovery client that behaves like a proxy: names its node, states what it
+//! holds, ACKs or NACKs each response.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
+use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
+use holdfast_proto::wire::DiscoveryResponse;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+/// One subscriber stream.
+#[derive(Debug)]
+pub struct Subscriber {
+    node: Node,
+    tx: mpsc::Sender<DiscoveryRequest>,
+    rx: Streaming<DiscoveryResponse>,
+    /// The snapshot it serves (last ACKed).
+    pub serving: Option<Snapshot>,
+}
+
+impl Subscriber {
+    /// Connects to `url` as node `id`, stating that it serves `holds`.
+    pub async fn connect(url: &str, id: &str, holds: Option<Snapshot>) -> Result<Self> {
+        let mut client = RouteDiscoveryClient::connect(url.to_owned()).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let node = Node {
+            id: id.into(),
+            zone: "test-zone".into(),
+        };
+        tx.send(DiscoveryRequest {
+            node: Some(node.clone()),
+            version_info: holds
+                .as_ref()
+                .map(|s| s.version.clone())
+                .unwrap_or_default(),
+            content_hash: holds
+                .as_ref()
+                .map(|s| s.content_hash.clone())
+                .unwrap_or_default(),
+            ..Default::default()
+        })
+        .await?;
+        let rx = client
+            .stream_routes(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Subscriber {
+            node,
+            tx,
+            rx,
+            serving: holds,
+        })
+    }
+
+    /// The next response, or None if none arrives within `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<DiscoveryResponse>> {
+        match tokio::time::timeout(timeout, self.rx.message()).await {
+            Err(_) => Ok(None),
+            Ok(Ok(Some(r))) => Ok(Some(r)),
+            Ok(Ok(None)) => bail!("stream closed by the control plane"),
+            Ok(Err(status)) => Err(status.into()),
+        }
+    }
+
+    /// ACKs `response`: it now serves its snapshot.
+    pub async fn ack(&mut self, response: DiscoveryResponse) -> Result<Snapshot> {
+        let nonce = response.nonce.clone();
+        let snapshot = response
+            .into_snapshot()
+            .context("response without a snapshot")?;
+        self.tx
+            .send(DiscoveryRequest {
+                node: Some(self.node.clone()),
+                version_info: snapshot.version.clone(),
+                response_nonce: nonce,
+                content_hash: snapshot.content_hash.clone(),
+                error_detail: None,
+            })
+            .await?;
+        self.serving = Some(snapshot.clone());
+        Ok(snapshot)
+    }
+
+    /// NACKs `response` with `message`; keeps serving what it served.
+    pub async fn nack(&mut self, response: &DiscoveryResponse, message: &str) -> Result<()> {
+        self.tx
+            .send(DiscoveryRequest {
+                node: Some(self.node.clone()),
+                version_info: self
+                    .serving
+                    .as_ref()
+                    .map(|s| s.version.clone())
+                    .unwrap_or_default(),
+                response_nonce: response.nonce.clone(),
+                content_hash: self
+                    .serving
+                    .as_ref()
+                    .map(|s| s.content_hash.clone())
+                    .unwrap_or_default(),
+                error_detail: Some(ErrorDetail {
+                    message: message.into(),
+                }),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Receives and ACKs snapshots until one satisfies `pred`; fails after `timeout`.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut pred: impl FnMut(&Snapshot) -> bool,
+    ) -> Result<Snapshot> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let Some(response) = self.next(left).await? else {
+                bail!(
+                    "no snapshot with {what} within {timeout:?}; serving {:?}",
+                    self.serving.as_ref().map(|s| &s.version)
+                );
+            };
+            let snapshot = self.ack(response).await?;
+            if pred(&snapshot) {
+                return Ok(snapshot);
+            }
+        }
+    }
+}
+
+/// Routes of a snapshot as `(host, path, backend)`.
+pub fn routes(s: &Snapshot) -> Vec<(String, String, String)> {
+    s.virtual_hosts
+        .iter()
+        .flat_map(|v| {
+            v.routes
+                .iter()
+                .map(move |r| (v.host.clone(), r.path.clone(), r.backend.clone()))
+        })
+        .collect()
+}

@@ -1,0 +1,706 @@
+//! The control plane against the real kube-apiserver: snapshots, versions, health,
+//! reflection, 503 backends, held mass deletions, coalescing, Events, proxies' status.
+//!
+//! Each test gets its own namespace and its own IngressClass (`--ingress-class`), so tests
+//! share one API server without seeing each other's routes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use holdfast_proto::v1::Snapshot;
+use holdfast_tests::cluster::LocalCluster;
+use holdfast_tests::control_plane::{ControlPlane, kubeconfig_via};
+use holdfast_tests::faultproxy::{FaultProxy, Mode};
+use holdfast_tests::grpcurl::{call, grpcurl};
+use holdfast_tests::objects::{self, create, create_class, delete};
+use holdfast_tests::subscriber::{Subscriber, routes};
+use holdfast_tests::wait;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(30);
+
+struct Setup {
+    cluster: &'static LocalCluster,
+    client: kube::Client,
+    ns: String,
+    class: String,
+    logs: PathBuf,
+}
+
+async fn setup(prefix: &str) -> anyhow::Result<Setup> {
+    let cluster = LocalCluster::shared();
+    let client = cluster.client().await?;
+    let ns = cluster.namespace(&client, prefix).await?;
+    let class = format!("hf-{ns}");
+    create_class(&client, &class).await?;
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    Ok(Setup {
+        cluster,
+        client,
+        ns,
+        class,
+        logs,
+    })
+}
+
+impl Setup {
+    fn control_plane(&self, extra: &[&str]) -> anyhow::Result<ControlPlane> {
+        let mut args = vec!["--ingress-class", self.class.as_str()];
+        args.extend_from_slice(extra);
+        for (flag, value) in [("--debounce", "50ms"), ("--max-delay", "500ms")] {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
+        ControlPlane::start(
+            "control-plane",
+            &self.cluster.kubeconfig(),
+            &self.logs,
+            &args,
+        )
+    }
+
+    fn host(&self, name: &str) -> String {
+        format!("{name}.{}.test", self.ns)
+    }
+
+    /// Service `web` (80 → 8080) with one ready endpoint, and Ingress `name` to it.
+    async fn web_and_ingress(&self, name: &str) -> anyhow::Result<()> {
+        let ns = Some(self.ns.as_str());
+        if Api::<Service>::namespaced(self.client.clone(), &self.ns)
+            .get_opt("web")
+            .await?
+            .is_none()
+        {
+            create(&self.client, ns, &objects::service("web", 80, 8080)).await?;
+            create(
+                &self.client,
+                ns,
+                &objects::endpoint_slice("web-1", "web", 8080, &["10.200.0.10"]),
+            )
+            .await?;
+        }
+        create(
+            &self.client,
+            ns,
+            &objects::ingress(name, &self.class, &self.host(name), "web", 80),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+fn route_hosts(s: &Snapshot) -> Vec<String> {
+    routes(s).into_iter().map(|r| r.0).collect()
+}
+
+#[tokio::test]
+async fn grpcurl_lists_and_describes_services_and_reflection_v1alpha_answers() -> anyhow::Result<()>
+{
+    let s = setup("reflect").await?;
+    let cp = s.control_plane(&[])?;
+    let listed = wait::until("grpcurl list", T, || async {
+        grpcurl(cp.grpc, None, &["list"])
+            .map(Some)
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+    for service in [
+        "holdfast.v1.Admin",
+        "holdfast.v1.RouteDiscovery",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+    ] {
+        assert!(
+            listed.lines().any(|l| l == service),
+            "{service} not in:\n{listed}"
+        );
+    }
+    let described = grpcurl(cp.grpc, None, &["describe", "holdfast.v1.Admin"])?;
+    assert!(described.contains("rpc ApproveHeldSnapshot"), "{described}");
+    let described = grpcurl(cp.grpc, None, &["describe", "holdfast.v1.Snapshot"])?;
+    assert!(described.contains("cluster_revision"), "{described}");
+
+    // Older clients speak reflection v1alpha.
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    let channel = tonic::transport::Channel::from_shared(cp.grpc_url())?
+        .connect()
+        .await?;
+    let mut client = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client
+        .server_reflection_info(futures::stream::iter([request]))
+        .await?
+        .into_inner();
+    let response = responses.next().await.expect("a reflection response")?;
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected v1alpha response {response:?}");
+    };
+    assert!(
+        list.service
+            .iter()
+            .any(|s| s.name == "holdfast.v1.RouteDiscovery"),
+        "{list:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn subscriber_gets_a_snapshot_of_created_objects_and_a_new_version_per_change()
+-> anyhow::Result<()> {
+    let s = setup("versions").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let first = sub
+        .wait_for("the route to web", T, |snap| !routes(snap).is_empty())
+        .await?;
+    assert_eq!(
+        routes(&first),
+        [(s.host("a"), "/".into(), format!("{}/web:80", s.ns))]
+    );
+    let backend = &first.backends[0];
+    let eps: Vec<_> = backend
+        .endpoints
+        .iter()
+        .map(|e| (e.address.as_str(), e.port))
+        .collect();
+    assert_eq!(eps, [("10.200.0.10", 8080)]);
+    let source = first.virtual_hosts[0].routes[0].source.clone().unwrap();
+    assert_eq!(
+        (source.namespace.as_str(), source.name.as_str()),
+        (s.ns.as_str(), "a")
+    );
+    assert_eq!(
+        first.version,
+        format!("{}-{}", first.cluster_revision, &first.content_hash[..16])
+    );
+
+    // An Ingress change: a second path.
+    let ingresses: Api<Ingress> = Api::namespaced(s.client.clone(), &s.ns);
+    let two_paths = objects::ingress_paths(
+        "a",
+        &s.class,
+        &s.host("a"),
+        &[("/", "Prefix", "web", 80), ("/v2", "Exact", "web", 80)],
+    );
+    let mut current = ingresses.get("a").await?;
+    current.spec = two_paths.spec;
+    ingresses
+        .replace("a", &Default::default(), &current)
+        .await?;
+    let second = sub
+        .wait_for("two routes", T, |snap| routes(snap).len() == 2)
+        .await?;
+    assert!(second.cluster_revision > first.cluster_revision);
+    assert_ne!(second.content_hash, first.content_hash);
+
+    // A Service port change: the Ingress's port 80 no longer exists -> 503 backend, route kept.
+    let services: Api<Service> = Api::namespaced(s.client.clone(), &s.ns);
+    let patch =
+        json!({ "spec": { "ports": [{ "name": "http", "port": 81, "targetPort": 8080 }] } });
+    services
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let third = sub
+        .wait_for("the port change", T, |snap| {
+            !snap.backends[0].unavailable_reason.is_empty()
+        })
+        .await?;
+    assert_eq!(
+        third.backends[0].unavailable_reason,
+        format!("service {}/web has no port 80", s.ns)
+    );
+    assert_eq!(routes(&third).len(), 2, "routes are kept");
+    assert!(third.cluster_revision > second.cluster_revision);
+    let patch =
+        json!({ "spec": { "ports": [{ "name": "http", "port": 80, "targetPort": 8080 }] } });
+    services
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let fourth = sub
+        .wait_for("the port restored", T, |snap| {
+            snap.backends[0].unavailable_reason.is_empty()
+        })
+        .await?;
+
+    // An EndpointSlice change: a second ready endpoint.
+    let slices: Api<EndpointSlice> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut slice = slices.get("web-1").await?;
+    slice.endpoints =
+        objects::endpoint_slice("web-1", "web", 8080, &["10.200.0.10", "10.200.0.11"]).endpoints;
+    slices.replace("web-1", &Default::default(), &slice).await?;
+    let fifth = sub
+        .wait_for("two endpoints", T, |snap| {
+            snap.backends[0].endpoints.len() == 2
+        })
+        .await?;
+    assert!(fifth.cluster_revision > fourth.cluster_revision);
+
+    // GetSnapshot through grpcurl shows the same version, in readable JSON.
+    let got = call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;
+    assert_eq!(got["version"], fifth.version.as_str());
+    assert_eq!(
+        got["virtualHosts"][0]["routes"][1]["matchKind"],
+        "MATCH_KIND_PREFIX"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn cold_start_with_the_api_server_unreachable_sends_nothing_and_is_not_serving()
+-> anyhow::Result<()> {
+    let s = setup("cold").await?;
+    s.web_and_ingress("a").await?;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], s.cluster.apiserver_port()?).into()).await?;
+    proxy.set(Mode::Refuse);
+    let kubeconfig = kubeconfig_via(
+        &s.cluster.kubeconfig(),
+        proxy.addr(),
+        s.logs.join("via-proxy.kubeconfig"),
+    )?;
+    let cp = ControlPlane::start(
+        "control-plane",
+        &kubeconfig,
+        &s.logs,
+        &[
+            "--ingress-class",
+            &s.class,
+            "--debounce",
+            "50ms",
+            "--max-delay",
+            "500ms",
+            "--api-connect-timeout",
+            "1s",
+        ],
+    )?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "early-proxy", None).await?;
+
+    // Wait until the control plane has tried and failed, then look for a while.
+    wait::until("a recorded watch error", T, || async {
+        let status =
+            call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let failed = status["caches"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["lastError"].is_string()));
+        Ok(failed.then_some(()))
+    })
+    .await?;
+    assert!(
+        sub.next(Duration::from_secs(3)).await?.is_none(),
+        "a snapshot was sent without a complete cache"
+    );
+    let health = call(cp.grpc, "grpc.health.v1.Health/Check", "{}")?;
+    assert_eq!(health["status"], "NOT_SERVING");
+    let rd = call(
+        cp.grpc,
+        "grpc.health.v1.Health/Check",
+        r#"{"service":"holdfast.v1.RouteDiscovery"}"#,
+    )?;
+    assert_eq!(rd["status"], "NOT_SERVING");
+    let (code, body) = cp.admin_get("/readyz").await?;
+    assert_eq!(code, 503, "{body}");
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    assert_ne!(status["ready"], true);
+    assert!(grpcurl(cp.grpc, Some("{}"), &["holdfast.v1.Admin/GetSnapshot"]).is_err());
+
+    // The API server comes back: the first snapshot is complete.
+    proxy.set(Mode::Pass);
+    let first = sub
+        .next(T)
+        .await?
+        .expect("a snapshot once the API server is reachable");
+    let first = sub.ack(first).await?;
+    assert_eq!(route_hosts(&first), [s.host("a")]);
+    assert_eq!(first.backends[0].endpoints.len(), 1);
+    wait::until("health SERVING", T, || async {
+        let h = call(cp.grpc, "grpc.health.v1.Health/Check", "{}").map_err(|e| e.to_string())?;
+        Ok((h["status"] == "SERVING").then_some(()))
+    })
+    .await?;
+    assert_eq!(cp.admin_get("/readyz").await?.0, 200);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_service_gives_a_503_backend_and_never_removes_the_route() -> anyhow::Result<()> {
+    let s = setup("missing").await?;
+    s.web_and_ingress("a").await?;
+    let ns = Some(s.ns.as_str());
+    create(
+        &s.client,
+        ns,
+        &objects::ingress("ghost", &s.class, &s.host("ghost"), "ghost", 80),
+    )
+    .await?;
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let snap = sub
+        .wait_for("both routes", T, |snap| routes(snap).len() == 2)
+        .await?;
+    let ghost = snap
+        .backends
+        .iter()
+        .find(|b| b.name.ends_with("/ghost:80"))
+        .expect("ghost backend");
+    assert!(ghost.endpoints.is_empty());
+    assert_eq!(
+        ghost.unavailable_reason,
+        format!("service {}/ghost not found", s.ns)
+    );
+
+    // Deleting a Service that exists keeps its route too.
+    delete::<Service>(&s.client, &s.ns, "web").await?;
+    let snap = sub
+        .wait_for("web unavailable", T, |snap| {
+            snap.backends
+                .iter()
+                .any(|b| b.name.ends_with("/web:80") && !b.unavailable_reason.is_empty())
+        })
+        .await?;
+    assert_eq!(route_hosts(&snap), [s.host("a"), s.host("ghost")]);
+    Ok(())
+}
+
+/// Deletes every Ingress in the namespace at once.
+async fn delete_all_ingresses(s: &Setup) -> anyhow::Result<()> {
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    Ok(())
+}
+
+async fn held_version(cp: &ControlPlane) -> anyhow::Result<String> {
+    wait::until("a held snapshot in GetStatus", T, || async {
+        let status =
+            call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok(status["held"]["version"].as_str().map(str::to_owned))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn removing_all_ingresses_is_held_until_approved_with_grpcurl() -> anyhow::Result<()> {
+    let s = setup("heldapprove").await?;
+    s.web_and_ingress("a").await?;
+    s.web_and_ingress("b").await?;
+    let cp = s.control_plane(&["--hold-confirm-after", "1h"])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let before = sub
+        .wait_for("two routes", T, |snap| routes(snap).len() == 2)
+        .await?;
+
+    delete_all_ingresses(&s).await?;
+    let held = held_version(&cp).await?;
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    assert_eq!(status["held"]["routesPublished"], 2);
+    assert_eq!(status["held"]["routesHeld"].as_u64().unwrap_or(0), 0);
+    assert!(
+        status["held"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("removes all 2 routes"),
+        "{status}"
+    );
+    assert_eq!(status["publishedVersion"], before.version.as_str());
+    assert_eq!(cp.metric("holdfast_snapshot_held").await?, Some(1.0));
+    assert!(
+        cp.proc.log().contains("holding snapshot back"),
+        "no log line for the hold"
+    );
+    assert!(
+        sub.next(Duration::from_secs(2)).await?.is_none(),
+        "the held snapshot was sent"
+    );
+
+    // Approving another version is refused; approving the held one publishes it.
+    let wrong = grpcurl(
+        cp.grpc,
+        Some(r#"{"version":"1-0000000000000000"}"#),
+        &["holdfast.v1.Admin/ApproveHeldSnapshot"],
+    );
+    assert!(
+        wrong
+            .unwrap_err()
+            .to_string()
+            .contains("FailedPrecondition")
+    );
+    let approved = call(
+        cp.grpc,
+        "holdfast.v1.Admin/ApproveHeldSnapshot",
+        &json!({ "version": held }).to_string(),
+    )?;
+    assert_eq!(approved["publishedVersion"], held.as_str());
+    let after = sub
+        .wait_for("the approved snapshot", T, |snap| routes(snap).is_empty())
+        .await?;
+    assert_eq!(after.version, held);
+    assert_eq!(cp.metric("holdfast_snapshot_held").await?, Some(0.0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn removing_all_ingresses_is_released_after_a_stable_period_and_a_fresh_read()
+-> anyhow::Result<()> {
+    let s = setup("heldconfirm").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&["--hold-confirm-after", "2s"])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    sub.wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+
+    delete_all_ingresses(&s).await?;
+    let held = held_version(&cp).await?;
+    let after = sub
+        .wait_for("the confirmed snapshot", T, |snap| routes(snap).is_empty())
+        .await?;
+    assert_eq!(after.version, held);
+    assert!(
+        cp.proc.log().contains("confirmed by a fresh read"),
+        "{}",
+        cp.proc.log()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_burst_of_1000_changes_yields_a_handful_of_snapshots() -> anyhow::Result<()> {
+    let s = setup("burst").await?;
+    // One Ingress with 1,000 paths to 1,000 Services that do not exist yet.
+    let paths: Vec<(String, String)> = (0..1000)
+        .map(|i| (format!("/p{i}"), format!("s{i}")))
+        .collect();
+    let path_refs: Vec<(&str, &str, &str, i32)> = paths
+        .iter()
+        .map(|(p, svc)| (p.as_str(), "Prefix", svc.as_str(), 80))
+        .collect();
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::ingress_paths("many", &s.class, &s.host("many"), &path_refs),
+    )
+    .await?;
+    let cp = s.control_plane(&["--debounce", "100ms", "--max-delay", "1s"])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    sub.wait_for("1,000 routes", T, |snap| routes(snap).len() == 1000)
+        .await?;
+    let published_before = cp
+        .metric("holdfast_snapshots_published_total")
+        .await?
+        .unwrap_or(0.0);
+
+    // 1,000 changes: every Service appears, each one changing its backend.
+    let services: Api<Service> = Api::namespaced(s.client.clone(), &s.ns);
+    futures::stream::iter(0..1000)
+        .map(|i| {
+            let services = services.clone();
+            async move {
+                let svc: Service = serde_json::from_value(json!({
+                    "metadata": { "name": format!("s{i}") },
+                    "spec": { "clusterIP": "None", "ports": [{ "port": 80 }] }
+                }))?;
+                services.create(&Default::default(), &svc).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    sub.wait_for("every Service resolved", T, |snap| {
+        snap.backends
+            .iter()
+            .all(|b| b.unavailable_reason.starts_with("no ready endpoints"))
+    })
+    .await?;
+    let published = cp
+        .metric("holdfast_snapshots_published_total")
+        .await?
+        .unwrap_or(0.0)
+        - published_before;
+    eprintln!("1,000 changes produced {published} snapshots");
+    assert!(
+        (1.0..=20.0).contains(&published),
+        "1,000 changes produced {published} snapshots"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_conflicting_rule_is_skipped_with_an_event_and_other_routes_are_unaffected()
+-> anyhow::Result<()> {
+    let s = setup("conflict").await?;
+    s.web_and_ingress("alpha").await?;
+    let ns = Some(s.ns.as_str());
+    // Created after "alpha" (or in the same second: then namespace/name decides, and
+    // "alpha" < "beta" too). Same host and path as "alpha", plus a path of its own.
+    let beta = objects::ingress_paths(
+        "beta",
+        &s.class,
+        &s.host("alpha"),
+        &[("/", "Prefix", "web", 80), ("/mine", "Prefix", "web", 80)],
+    );
+    create(&s.client, ns, &beta).await?;
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let snap = sub
+        .wait_for("both paths", T, |snap| routes(snap).len() == 2)
+        .await?;
+    let sources: Vec<_> = snap.virtual_hosts[0]
+        .routes
+        .iter()
+        .map(|r| (r.path.clone(), r.source.clone().unwrap().name))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            ("/mine".to_string(), "beta".to_string()),
+            ("/".into(), "alpha".into())
+        ]
+    );
+
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
+    let event = wait::until("a ConflictingRoute Event on the newer Ingress", T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("ConflictingRoute")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("beta")
+            }))
+        }
+    })
+    .await?;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.note.unwrap_or_default().contains("alpha"));
+    assert!(cp.proc.log().contains("ConflictingRoute"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn list_proxies_shows_acked_versions_and_the_last_nack() -> anyhow::Result<()> {
+    let s = setup("proxies").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut good = Subscriber::connect(&cp.grpc_url(), "good-proxy", None).await?;
+    let snap = good
+        .wait_for("the route", T, |snap| !routes(snap).is_empty())
+        .await?;
+    let mut bad = Subscriber::connect(&cp.grpc_url(), "bad-proxy", None).await?;
+    let response = bad.next(T).await?.expect("a snapshot");
+    bad.nack(&response, "route table rejected: test NACK")
+        .await?;
+
+    let proxies = wait::until("both proxies reported", T, || async {
+        let list =
+            call(cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let proxies = list["proxies"].as_array().cloned().unwrap_or_default();
+        let nacked = proxies.iter().any(|p| p["lastNackError"].is_string());
+        let acked = proxies
+            .iter()
+            .any(|p| p["ackedVersion"] == snap.version.as_str());
+        Ok((nacked && acked).then_some(proxies))
+    })
+    .await?;
+    let find = |id: &str| {
+        proxies
+            .iter()
+            .find(|p| p["id"] == id)
+            .cloned()
+            .expect("listed")
+    };
+    let g = find("good-proxy");
+    assert_eq!(g["ackedVersion"], snap.version.as_str());
+    assert!(g["peerAddress"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(g["connectedSince"].is_string());
+    let b = find("bad-proxy");
+    assert_eq!(b["lastNackVersion"], snap.version.as_str());
+    assert_eq!(b["lastNackError"], "route table rejected: test NACK");
+    assert!(
+        b.get("ackedVersion").is_none(),
+        "the NACKing proxy has acked nothing: {b}"
+    );
+    assert_eq!(cp.metric("holdfast_proxy_nacks_total").await?, Some(1.0));
+    assert_eq!(cp.metric("holdfast_proxies_connected").await?, Some(2.0));
+    // The NACKed snapshot is not resent.
+    assert!(bad.next(Duration::from_secs(1)).await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reconnecting_proxy_that_holds_the_current_snapshot_is_not_resent_it()
+-> anyhow::Result<()> {
+    let s = setup("reconnect").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let snap = sub
+        .wait_for("the route", T, |snap| !routes(snap).is_empty())
+        .await?;
+    drop(sub);
+
+    let mut again = Subscriber::connect(&cp.grpc_url(), "proxy-1", Some(snap.clone())).await?;
+    assert!(
+        again.next(Duration::from_secs(2)).await?.is_none(),
+        "an unchanged snapshot was resent"
+    );
+    // A real change still arrives.
+    s.web_and_ingress("b").await?;
+    let next = again
+        .wait_for("the new route", T, |snap| routes(snap).len() == 2)
+        .await?;
+    assert!(next.cluster_revision > snap.cluster_revision);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stuck_proxy_delays_nobody_and_is_sent_the_newest_snapshot_when_it_answers()
+-> anyhow::Result<()> {
+    let s = setup("stuck").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut stuck = Subscriber::connect(&cp.grpc_url(), "stuck-proxy", None).await?;
+    let unanswered = stuck.next(T).await?.expect("a first snapshot");
+    let mut live = Subscriber::connect(&cp.grpc_url(), "live-proxy", None).await?;
+    live.wait_for("one route", T, |snap| routes(snap).len() == 1)
+        .await?;
+
+    // Two changes flow to the live proxy while the stuck one answers nothing.
+    s.web_and_ingress("b").await?;
+    live.wait_for("two routes", T, |snap| routes(snap).len() == 2)
+        .await?;
+    s.web_and_ingress("c").await?;
+    let newest = live
+        .wait_for("three routes", T, |snap| routes(snap).len() == 3)
+        .await?;
+    assert!(
+        stuck.next(Duration::from_millis(500)).await?.is_none(),
+        "a backlog built up for the stuck proxy"
+    );
+
+    // It answers: the next thing it gets is the newest snapshot, not the one in between.
+    stuck.ack(unanswered).await?;
+    let next = stuck.next(T).await?.expect("the newest snapshot");
+    assert_eq!(next.version_info, newest.version);
+    Ok(())
+}
