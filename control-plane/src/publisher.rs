@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use holdfast_proto::snapshot::{InvalidSnapshot, seal, validate};
+use holdfast_proto::snapshot::{InvalidSnapshot, seal, validate_structure};
 use holdfast_proto::v1::Snapshot;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -47,7 +47,7 @@ pub fn build(
     let mut snapshot = translation.snapshot;
     seal(&mut snapshot, revision);
     snapshot.created_at = Some(SystemTime::now().into());
-    validate(&snapshot)?;
+    validate_structure(&snapshot)?;
     Ok((snapshot, translation.problems))
 }
 

@@ -29,7 +29,7 @@
 //! - A resource backend (not a Service) is not supported: that path is skipped with a
 //!   [`Problem`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use holdfast_proto::snapshot::is_valid_host;
@@ -40,6 +40,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::HashMap;
 
 /// The annotation that marks the cluster's default IngressClass.
 pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
@@ -160,6 +161,22 @@ pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) 
     }
 }
 
+/// Oldest first, then namespace/name: the order conflicts are decided in.
+fn age_and_name(
+    i: &Ingress,
+) -> (
+    Option<k8s_openapi::jiff::Timestamp>,
+    Option<&str>,
+    Option<&str>,
+) {
+    let m = &i.metadata;
+    (
+        m.creation_timestamp.as_ref().map(|t| t.0),
+        m.namespace.as_deref(),
+        m.name.as_deref(),
+    )
+}
+
 /// Normalises an Ingress path for its kind, or says why it is invalid.
 pub fn normalise_path(path: Option<&str>, kind: MatchKind) -> Result<String, String> {
     let path = path.unwrap_or("/");
@@ -195,14 +212,14 @@ pub fn match_kind(path_type: &str) -> Result<MatchKind, String> {
     }
 }
 
-/// A Service port as an Ingress backend names it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum PortRef {
+/// A Service port as an Ingress backend names it (borrowed from the Ingress).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum PortRef<'a> {
     Number(i32),
-    Name(String),
+    Name(&'a str),
 }
 
-impl std::fmt::Display for PortRef {
+impl std::fmt::Display for PortRef<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PortRef::Number(n) => write!(f, "{n}"),
@@ -211,15 +228,15 @@ impl std::fmt::Display for PortRef {
     }
 }
 
-/// (namespace, service, port): one backend.
-type BackendKey = (String, String, PortRef);
+/// (namespace, service, port): one backend, borrowed from the cluster state.
+type BackendKey<'a> = (&'a str, &'a str, PortRef<'a>);
 
-fn backend_name((ns, svc, port): &BackendKey) -> String {
+fn backend_name((ns, svc, port): &BackendKey<'_>) -> String {
     format!("{ns}/{svc}:{port}")
 }
 
 /// The backend an Ingress backend refers to, or why it cannot be used.
-fn backend_key(ns: &str, backend: &IngressBackend) -> Result<BackendKey, String> {
+fn backend_key<'a>(ns: &'a str, backend: &'a IngressBackend) -> Result<BackendKey<'a>, String> {
     if backend.resource.is_some() {
         return Err("resource backends are not supported; use a Service backend".into());
     }
@@ -228,36 +245,38 @@ fn backend_key(ns: &str, backend: &IngressBackend) -> Result<BackendKey, String>
     let port = match (port.number, port.name.as_deref()) {
         (Some(n), _) if (1..=65535).contains(&n) => PortRef::Number(n),
         (Some(n), _) => return Err(format!("Service port {n} is out of range")),
-        (None, Some(name)) if !name.is_empty() => PortRef::Name(name.to_owned()),
+        (None, Some(name)) if !name.is_empty() => PortRef::Name(name),
         _ => return Err("backend names no Service port".into()),
     };
-    Ok((ns.to_owned(), svc.name.clone(), port))
+    Ok((ns, svc.name.as_str(), port))
 }
 
 /// Resolves one backend against the Services and EndpointSlices.
 fn resolve_backend(
-    key: &BackendKey,
+    key: &BackendKey<'_>,
+    name: String,
     services: &HashMap<(&str, &str), &Service>,
     slices: &HashMap<(&str, &str), Vec<&EndpointSlice>>,
 ) -> Backend {
-    let (ns, svc_name, port_ref) = key;
+    let (ns, svc_name, port_ref) = *key;
     let mut backend = Backend {
-        name: backend_name(key),
+        name,
         ..Default::default()
     };
-    let Some(svc) = services.get(&(ns.as_str(), svc_name.as_str())) else {
+    let Some(svc) = services.get(&(ns, svc_name)) else {
         backend.unavailable_reason = format!("service {ns}/{svc_name} not found");
         return backend;
     };
-    let spec = svc.spec.clone().unwrap_or_default();
+    let no_spec = Default::default();
+    let spec = svc.spec.as_ref().unwrap_or(&no_spec);
     if spec.type_.as_deref() == Some("ExternalName") {
-        let Some(external) = spec.external_name.filter(|n| !n.is_empty()) else {
+        let Some(external) = spec.external_name.as_deref().filter(|n| !n.is_empty()) else {
             backend.unavailable_reason =
                 format!("ExternalName service {ns}/{svc_name} has no externalName");
             return backend;
         };
         let port = match port_ref {
-            PortRef::Number(n) => Some(*n),
+            PortRef::Number(n) => Some(n),
             PortRef::Name(name) => spec
                 .ports
                 .iter()
@@ -278,25 +297,22 @@ fn resolve_backend(
         return backend;
     }
     let service_port = spec.ports.iter().flatten().find(|p| match port_ref {
-        PortRef::Number(n) => p.port == *n,
-        PortRef::Name(name) => p.name.as_deref() == Some(name.as_str()),
+        PortRef::Number(n) => p.port == n,
+        PortRef::Name(name) => p.name.as_deref() == Some(name),
     });
     let Some(service_port) = service_port else {
         backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");
         return backend;
     };
-    let port_name = service_port.name.clone().unwrap_or_default();
+    let port_name = service_port.name.as_deref().unwrap_or("");
     let numeric_target = match &service_port.target_port {
         Some(IntOrString::Int(n)) => Some(*n),
         Some(IntOrString::String(_)) => None,
         None => Some(service_port.port),
     };
-    let mut endpoints = BTreeSet::new();
-    for slice in slices
-        .get(&(ns.as_str(), svc_name.as_str()))
-        .into_iter()
-        .flatten()
-    {
+    // (address, port, zone), borrowed; sorted and deduplicated before anything is copied.
+    let mut endpoints: Vec<(&str, u32, &str)> = Vec::new();
+    for slice in slices.get(&(ns, svc_name)).into_iter().flatten() {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
             continue;
         }
@@ -305,7 +321,7 @@ fn resolve_backend(
             .ports
             .iter()
             .flatten()
-            .find(|p| p.name.clone().unwrap_or_default() == port_name)
+            .find(|p| p.name.as_deref().unwrap_or("") == port_name)
             .and_then(|p| p.port)
             .or(numeric_target);
         let Some(port) = slice_port.filter(|p| (1..=65535).contains(p)) else {
@@ -319,29 +335,36 @@ fn resolve_backend(
             if !ready || address.parse::<std::net::IpAddr>().is_err() {
                 continue;
             }
-            endpoints.insert((
-                address.clone(),
-                port as u32,
-                ep.zone.clone().unwrap_or_default(),
-            ));
+            endpoints.push((address, port as u32, ep.zone.as_deref().unwrap_or("")));
         }
     }
+    // One entry per address and port (a pod listed in two slices counts once).
+    endpoints.sort_unstable();
+    endpoints.dedup_by(|a, b| (a.0, a.1) == (b.0, b.1));
     if endpoints.is_empty() {
         backend.unavailable_reason = format!("no ready endpoints for service {ns}/{svc_name}");
     }
-    // One entry per address and port (a pod listed in two slices counts once).
-    let mut seen = HashSet::new();
     backend.endpoints = endpoints
         .into_iter()
-        .filter(|(a, p, _)| seen.insert((a.clone(), *p)))
         .map(|(address, port, zone)| Endpoint {
-            address,
+            address: address.to_owned(),
             port,
-            zone,
+            zone: zone.to_owned(),
             ready: true,
         })
         .collect();
     backend
+}
+
+/// A route while translating: where it came from and the order it was declared in.
+struct Candidate<'a> {
+    host: std::borrow::Cow<'a, str>,
+    kind: MatchKind,
+    path: String,
+    backend: BackendKey<'a>,
+    /// Position of its Ingress in age order: lower wins a conflict.
+    rank: usize,
+    ingress: &'a Ingress,
 }
 
 /// Translates the cluster state into a snapshot (unsealed) and the problems found.
@@ -353,16 +376,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         .map(|i| &**i)
         .filter(|i| is_ours(i, &classes, default_is_ours))
         .collect();
-    ingresses.sort_by(|a, b| {
-        let key = |i: &Ingress| {
-            (
-                i.metadata.creation_timestamp.clone().map(|t| t.0),
-                i.metadata.namespace.clone(),
-                i.metadata.name.clone(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
+    ingresses.sort_unstable_by(|a, b| age_and_name(a).cmp(&age_and_name(b)));
 
     let mut problems = BTreeSet::new();
     let mut problem = |ing: &Ingress, reason: &'static str, message: String| {
@@ -375,14 +389,11 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         });
     };
 
-    // host -> (kind, path) -> route; the first (oldest) writer of a key wins.
-    let mut hosts: BTreeMap<String, BTreeMap<(i32, String), Route>> = BTreeMap::new();
-    let mut backend_keys: BTreeSet<BackendKey> = BTreeSet::new();
-    let mut default_backend: Option<DefaultBackend> = None;
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
+    let mut default_backend: Option<(BackendKey<'_>, &Ingress)> = None;
 
-    for ing in ingresses {
-        let source = ingress_ref(ing);
-        let ns = source.namespace.as_str();
+    for (rank, ing) in ingresses.iter().copied().enumerate() {
+        let ns = ing.metadata.namespace.as_deref().unwrap_or("");
         let Some(spec) = &ing.spec else { continue };
         if let Some(db) = &spec.default_backend {
             match backend_key(ns, db) {
@@ -392,11 +403,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
                     format!("defaultBackend skipped: {e}"),
                 ),
                 Ok(_) if default_backend.is_some() => {
-                    let winner = default_backend
-                        .as_ref()
-                        .and_then(|d| d.source.as_ref())
-                        .cloned()
-                        .unwrap_or_default();
+                    let winner = ingress_ref(default_backend.as_ref().expect("checked").1);
                     problem(
                         ing,
                         "ConflictingDefaultBackend",
@@ -406,17 +413,16 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
                         ),
                     );
                 }
-                Ok(key) => {
-                    default_backend = Some(DefaultBackend {
-                        backend: backend_name(&key),
-                        source: Some(source.clone()),
-                    });
-                    backend_keys.insert(key);
-                }
+                Ok(key) => default_backend = Some((key, ing)),
             }
         }
         for rule in spec.rules.iter().flatten() {
-            let host = rule.host.clone().unwrap_or_default().to_ascii_lowercase();
+            let raw = rule.host.as_deref().unwrap_or("");
+            let host = if raw.bytes().any(|b| b.is_ascii_uppercase()) {
+                std::borrow::Cow::Owned(raw.to_ascii_lowercase())
+            } else {
+                std::borrow::Cow::Borrowed(raw)
+            };
             if !is_valid_host(&host) {
                 problem(
                     ing,
@@ -454,7 +460,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
                         continue;
                     }
                 };
-                let key = match backend_key(ns, &p.backend) {
+                let backend = match backend_key(ns, &p.backend) {
                     Ok(k) => k,
                     Err(e) => {
                         problem(
@@ -465,33 +471,42 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
                         continue;
                     }
                 };
-                let routes = hosts.entry(host.clone()).or_default();
-                if let Some(existing) = routes.get(&(kind as i32, path.clone())) {
-                    let winner = existing.source.clone().unwrap_or_default();
-                    if winner != source {
-                        problem(
-                            ing,
-                            "ConflictingRoute",
-                            format!(
-                                "{kind:?} path {path:?} on host {host:?} ignored: {}/{} (older) already routes it",
-                                winner.namespace, winner.name
-                            ),
-                        );
-                    }
-                    continue;
-                }
-                routes.insert(
-                    (kind as i32, path.clone()),
-                    Route {
-                        match_kind: kind as i32,
-                        path,
-                        backend: backend_name(&key),
-                        source: Some(source.clone()),
-                    },
-                );
-                backend_keys.insert(key);
+                candidates.push(Candidate {
+                    host: host.clone(),
+                    kind,
+                    path,
+                    backend,
+                    rank,
+                    ingress: ing,
+                });
             }
         }
+    }
+
+    // Group by (host, kind, path); within a group the oldest Ingress (lowest rank) comes
+    // first and wins; the others lost a conflict (unless they are the same Ingress).
+    candidates.sort_unstable_by(|a, b| {
+        (&*a.host, a.kind as i32, &a.path, a.rank).cmp(&(&*b.host, b.kind as i32, &b.path, b.rank))
+    });
+    let mut winners: Vec<Candidate<'_>> = Vec::with_capacity(candidates.len());
+    for c in candidates {
+        if let Some(w) = winners.last()
+            && (&*w.host, w.kind, &w.path) == (&*c.host, c.kind, &c.path)
+        {
+            if !std::ptr::eq(w.ingress, c.ingress) {
+                let winner = ingress_ref(w.ingress);
+                problem(
+                    c.ingress,
+                    "ConflictingRoute",
+                    format!(
+                        "{:?} path {:?} on host {:?} ignored: {}/{} (older) already routes it",
+                        c.kind, c.path, c.host, winner.namespace, winner.name
+                    ),
+                );
+            }
+            continue;
+        }
+        winners.push(c);
     }
 
     let services: HashMap<(&str, &str), &Service> = state
@@ -520,20 +535,42 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         }
     }
 
-    let virtual_hosts = hosts
+    // Each backend is named and resolved once, however many routes use it.
+    let mut backend_names: HashMap<BackendKey<'_>, String> = HashMap::new();
+    fn name_of<'a>(names: &mut HashMap<BackendKey<'a>, String>, key: BackendKey<'a>) -> String {
+        names
+            .entry(key)
+            .or_insert_with(|| backend_name(&key))
+            .clone()
+    }
+    let default_backend = default_backend.map(|(key, ing)| DefaultBackend {
+        backend: name_of(&mut backend_names, key),
+        source: Some(ingress_ref(ing)),
+    });
+    let mut virtual_hosts: Vec<VirtualHost> = Vec::new();
+    for c in winners {
+        if virtual_hosts.last().is_none_or(|v| v.host != *c.host) {
+            virtual_hosts.push(VirtualHost {
+                host: c.host.into_owned(),
+                routes: Vec::new(),
+            });
+        }
+        let routes = &mut virtual_hosts.last_mut().expect("pushed above").routes;
+        routes.push(Route {
+            match_kind: c.kind as i32,
+            path: c.path,
+            backend: name_of(&mut backend_names, c.backend),
+            source: Some(ingress_ref(c.ingress)),
+        });
+    }
+    for v in &mut virtual_hosts {
+        sort_routes(&mut v.routes);
+    }
+    let mut backends: Vec<Backend> = backend_names
         .into_iter()
-        .map(|(host, routes)| {
-            let mut routes: Vec<Route> = routes.into_values().collect();
-            sort_routes(&mut routes);
-            VirtualHost { host, routes }
-        })
+        .map(|(key, name)| resolve_backend(&key, name, &services, &slices))
         .collect();
-    let backends = backend_keys
-        .iter()
-        .map(|k| resolve_backend(k, &services, &slices))
-        .collect::<Vec<_>>();
-    let mut backends = backends;
-    backends.sort_by(|a, b| a.name.cmp(&b.name));
+    backends.sort_unstable_by(|a, b| a.name.cmp(&b.name));
 
     Translation {
         snapshot: Snapshot {

@@ -16,7 +16,6 @@
 
 use std::collections::HashSet;
 
-use prost::Message;
 use sha2::{Digest, Sha256};
 
 use crate::v1::{MatchKind, Snapshot};
@@ -86,16 +85,31 @@ pub enum InvalidSnapshot {
 }
 
 /// SHA-256 (hex) of the snapshot's content (identity fields cleared).
+///
+/// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared:
+/// prost writes fields in tag order and skips empty ones, so encoding the content fields
+/// (5, 6, 7) directly gives the same bytes without copying the snapshot.
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    let content = Snapshot {
-        version: String::new(),
-        content_hash: String::new(),
-        cluster_revision: 0,
-        created_at: None,
-        ..snapshot.clone()
-    };
-    let digest = Sha256::digest(content.encode_to_vec());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    use prost::encoding::message;
+    let len = message::encoded_len_repeated(5, &snapshot.virtual_hosts)
+        + message::encoded_len_repeated(6, &snapshot.backends)
+        + snapshot
+            .default_backend
+            .as_ref()
+            .map_or(0, |d| message::encoded_len(7, d));
+    let mut buf = Vec::with_capacity(len);
+    message::encode_repeated(5, &snapshot.virtual_hosts, &mut buf);
+    message::encode_repeated(6, &snapshot.backends, &mut buf);
+    if let Some(d) = &snapshot.default_backend {
+        message::encode(7, d, &mut buf);
+    }
+    let digest = Sha256::digest(&buf);
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
 }
 
 /// The version string for a revision and content hash.
@@ -141,8 +155,33 @@ pub fn is_valid_host(host: &str) -> bool {
 }
 
 /// Checks that the snapshot is internally consistent and that its identity matches its
-/// content.
+/// content (the proxy's check of what it receives).
 pub fn validate(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
+    validate_structure(snapshot)?;
+    validate_identity(snapshot, &content_hash(snapshot))
+}
+
+/// Checks that `version` and `content_hash` match the content, given its hash.
+fn validate_identity(snapshot: &Snapshot, computed: &str) -> Result<(), InvalidSnapshot> {
+    if computed != snapshot.content_hash {
+        return Err(InvalidSnapshot::HashMismatch {
+            stated: snapshot.content_hash.clone(),
+            computed: computed.to_owned(),
+        });
+    }
+    if snapshot.version != version_string(snapshot.cluster_revision, &snapshot.content_hash) {
+        return Err(InvalidSnapshot::BadVersion {
+            version: snapshot.version.clone(),
+            revision: snapshot.cluster_revision,
+        });
+    }
+    Ok(())
+}
+
+/// Checks internal consistency only: every route's backend present, no duplicate hosts or
+/// backends, well-formed hosts, paths and match kinds. (The control plane uses this right
+/// after [`seal`], which has just computed the hash.)
+pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
     let mut backends = HashSet::new();
     for b in &snapshot.backends {
         if !backends.insert(b.name.as_str()) {
@@ -191,19 +230,6 @@ pub fn validate(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
             host: String::new(),
             path: "(default backend)".into(),
             backend: default.backend.clone(),
-        });
-    }
-    let computed = content_hash(snapshot);
-    if computed != snapshot.content_hash {
-        return Err(InvalidSnapshot::HashMismatch {
-            stated: snapshot.content_hash.clone(),
-            computed,
-        });
-    }
-    if snapshot.version != version_string(snapshot.cluster_revision, &snapshot.content_hash) {
-        return Err(InvalidSnapshot::BadVersion {
-            version: snapshot.version.clone(),
-            revision: snapshot.cluster_revision,
         });
     }
     Ok(())

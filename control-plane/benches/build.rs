@@ -1,0 +1,105 @@
+//! Snapshot build (translate → seal → validate) from 10,000 Ingresses, Services and
+//! EndpointSlices, and after a one-object change (builds are whole, not incremental, so
+//! the two should cost the same). `cargo bench -p holdfast-control-plane --bench build`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use holdfast_control_plane::publisher::build;
+use holdfast_control_plane::translate::{ClusterState, Options};
+use serde_json::json;
+
+/// `n` namespaces' worth of one Ingress, one Service and one 3-endpoint slice each.
+pub fn cluster(n: usize) -> ClusterState {
+    let class = json!({ "metadata": { "name": "holdfast" },
+                        "spec": { "controller": "holdfast.dev/ingress-controller" } });
+    let mut state = ClusterState {
+        ingress_classes: vec![Arc::new(serde_json::from_value(class).unwrap())],
+        ..Default::default()
+    };
+    for i in 0..n {
+        let ns = format!("team-{}", i % 100);
+        let name = format!("app-{i}");
+        state.ingresses.push(Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "namespace": ns, "name": name, "resourceVersion": i.to_string(),
+                              "creationTimestamp": "2026-01-01T00:00:00Z" },
+                "spec": { "ingressClassName": "holdfast", "rules": [{
+                    "host": format!("{name}.example.com"),
+                    "http": { "paths": [
+                        { "path": "/", "pathType": "Prefix",
+                          "backend": { "service": { "name": name, "port": { "number": 80 } } } },
+                        { "path": "/api", "pathType": "Exact",
+                          "backend": { "service": { "name": name, "port": { "name": "http" } } } }
+                    ]}
+                }]}
+            }))
+            .unwrap(),
+        ));
+        state.services.push(Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "namespace": ns, "name": name },
+                "spec": { "ports": [{ "name": "http", "port": 80, "targetPort": 8080 }] }
+            }))
+            .unwrap(),
+        ));
+        let octets = [(i >> 8) as u8, i as u8];
+        state.endpoint_slices.push(Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "namespace": ns, "name": format!("{name}-1"),
+                              "labels": { "kubernetes.io/service-name": name } },
+                "addressType": "IPv4",
+                "ports": [{ "name": "http", "port": 8080 }],
+                "endpoints": (1..=3).map(|h| json!({
+                    "addresses": [format!("10.{}.{}.{h}", octets[0], octets[1])],
+                    "conditions": { "ready": true }, "zone": "zone-a"
+                })).collect::<Vec<_>>()
+            }))
+            .unwrap(),
+        ));
+    }
+    state
+}
+
+fn bench_build(c: &mut Criterion) {
+    let opts = Options::default();
+    let mut group = c.benchmark_group("snapshot_build");
+    group.sample_size(20);
+    for n in [1_000, 10_000] {
+        let state = cluster(n);
+        group.bench_function(format!("{n}_ingresses_services_slices"), |b| {
+            b.iter(|| build(black_box(&state), &opts, 1).unwrap())
+        });
+    }
+    // The parts of a 10,000 build, to see where time goes.
+    let state = cluster(10_000);
+    let translated = holdfast_control_plane::translate::translate(&state, &opts).snapshot;
+    let mut sealed = translated.clone();
+    holdfast_proto::snapshot::seal(&mut sealed, 1);
+    group.bench_function("10000_translate_only", |b| {
+        b.iter(|| holdfast_control_plane::translate::translate(black_box(&state), &opts))
+    });
+    group.bench_function("10000_content_hash_only", |b| {
+        b.iter(|| holdfast_proto::snapshot::content_hash(black_box(&translated)))
+    });
+    group.bench_function("10000_validate_only", |b| {
+        b.iter(|| holdfast_proto::snapshot::validate(black_box(&sealed)).unwrap())
+    });
+    // A one-object change: one Ingress gains a path; the whole snapshot is rebuilt.
+    let mut state = cluster(10_000);
+    let mut changed = (*state.ingresses[0]).clone();
+    if let Some(rules) = changed.spec.as_mut().and_then(|s| s.rules.as_mut()) {
+        let mut extra = rules[0].http.as_ref().unwrap().paths[0].clone();
+        extra.path = Some("/new".into());
+        rules[0].http.as_mut().unwrap().paths.push(extra);
+    }
+    state.ingresses[0] = Arc::new(changed);
+    group.bench_function("10000_after_one_ingress_change", |b| {
+        b.iter(|| build(black_box(&state), &opts, 2).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_build);
+criterion_main!(benches);
