@@ -1,0 +1,158 @@
+//! The proxy's admin listener: `/healthz`, `/readyz`, `/metrics`, `/debug/snapshot`,
+//! `/debug/explain?host=H&path=P`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::table::{Miss, RouteTable, normalise_host};
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+fn json_reply(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    reply(status, "application/json", format!("{v:#}\n"))
+}
+
+/// What `/debug/explain` says about a request to `host` and `path`.
+pub fn explain(table: Option<&RouteTable>, host: &str, path: &str) -> serde_json::Value {
+    let Some(t) = table else {
+        return json!({ "matched": false, "status": 503, "reason": "no route table yet: waiting for a snapshot" });
+    };
+    let normalised = normalise_host(host);
+    match t.lookup(&normalised, path) {
+        Ok(r) => {
+            let b = &t.backends[r.backend];
+            let endpoints: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
+            let status = if b.unavailable_reason.is_some() {
+                503
+            } else {
+                200
+            };
+            json!({
+                "matched": true,
+                "status": status,
+                "version": t.version,
+                "route": { "host": r.host, "kind": format!("{:?}", r.kind), "path": r.path, "ingress": r.source },
+                "backend": {
+                    "name": b.name,
+                    "endpoints": endpoints,
+                    "external": b.external.as_ref().map(|(h, p)| format!("{h}:{p}")),
+                    "unavailable_reason": b.unavailable_reason,
+                }
+            })
+        }
+        Err(miss) => {
+            let reason = match miss {
+                Miss::NoHost => format!(
+                    "no virtual host matches {normalised:?} (exact, one-label wildcard or hostless) and there is no default backend"
+                ),
+                Miss::NoPath { vhost } => format!(
+                    "virtual host {vhost:?} has no Exact or Prefix route matching {path:?} and there is no default backend"
+                ),
+            };
+            json!({ "matched": false, "status": 404, "version": t.version, "reason": reason })
+        }
+    }
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
+fn route(
+    req: &Request<Incoming>,
+    table: &ArcSwapOption<RouteTable>,
+    registry: &Registry,
+) -> Response<Full<Bytes>> {
+    let text = |status, body: String| reply(status, "text/plain; charset=utf-8", body);
+    let current = table.load_full();
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => match &current {
+            Some(t) => text(StatusCode::OK, format!("ready: serving {}\n", t.version)),
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot applied yet\n".into()),
+        },
+        "/metrics" => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", body),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")),
+            }
+        }
+        "/debug/snapshot" => match &current {
+            Some(t) => json_reply(
+                StatusCode::OK,
+                json!({
+                    "version": t.version,
+                    "content_hash": t.content_hash,
+                    "cluster_revision": t.cluster_revision,
+                    "routes": t.route_count(),
+                    "backends": t.backends.len(),
+                    "endpoints": t.backends.iter().map(|b| b.endpoints.len()).sum::<usize>(),
+                }),
+            ),
+            None => json_reply(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": "no snapshot applied yet" })),
+        },
+        "/debug/explain" => {
+            let query = req.uri().query().unwrap_or("");
+            let (Some(host), Some(path)) = (query_param(query, "host"), query_param(query, "path")) else {
+                return text(StatusCode::BAD_REQUEST, "usage: /debug/explain?host=HOST&path=/PATH\n".into());
+            };
+            json_reply(StatusCode::OK, explain(current.as_deref(), &host, &path))
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz, /metrics, /debug/snapshot, /debug/explain?host=&path=\n".into(),
+        ),
+    }
+}
+
+/// Serves the admin endpoints until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    table: Arc<ArcSwapOption<RouteTable>>,
+    registry: Arc<Registry>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(%error, "admin accept failed");
+                    continue;
+                }
+            },
+        };
+        let table = table.clone();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let response = route(&req, &table, &registry);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

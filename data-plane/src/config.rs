@@ -1,0 +1,209 @@
+//! Command line and environment, validated once into [`Config`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// holdfast proxy: serves HTTP/1.1 and h2c from the route snapshots of a holdfast control
+/// plane, and keeps serving its last applied snapshot (persisted in --state-dir) while the
+/// control plane or the Kubernetes API server is down.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "holdfast-proxy", version)]
+pub struct Args {
+    /// Address for client traffic (HTTP/1.1 and h2c).
+    #[arg(long, env = "HOLDFAST_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Address of the admin listener (/healthz, /readyz, /metrics, /debug/…).
+    #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:9901")]
+    pub admin_listen: SocketAddr,
+    /// Control-plane gRPC URL (http://host:port); repeat (or comma-separate) for several,
+    /// tried in turn.
+    #[arg(
+        long = "control-plane",
+        env = "HOLDFAST_CONTROL_PLANE",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub control_planes: Vec<String>,
+    /// Directory for the persisted snapshot (created if missing).
+    #[arg(long, env = "HOLDFAST_STATE_DIR")]
+    pub state_dir: PathBuf,
+    /// This proxy's identity towards the control plane (default: the host name).
+    #[arg(long, env = "HOLDFAST_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Zone this proxy runs in (informational).
+    #[arg(long, env = "HOLDFAST_ZONE", default_value = "")]
+    pub zone: String,
+    /// A client must send a whole request head within this time.
+    #[arg(long, env = "HOLDFAST_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Close a client connection idle (no request, no bytes) for this long.
+    #[arg(long, env = "HOLDFAST_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// Timeout for connecting to an upstream endpoint (then the next one is tried once).
+    #[arg(long, env = "HOLDFAST_UPSTREAM_CONNECT_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub upstream_connect_timeout: Duration,
+    /// Timeout from sending a request upstream to its response head (then 504).
+    #[arg(long, env = "HOLDFAST_UPSTREAM_RESPONSE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub upstream_response_timeout: Duration,
+    /// How long an endpoint that failed to connect is skipped.
+    #[arg(long, env = "HOLDFAST_EJECT_FOR", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub eject_for: Duration,
+    /// Most request headers accepted.
+    #[arg(long, env = "HOLDFAST_MAX_HEADERS", default_value_t = 100)]
+    pub max_headers: usize,
+    /// Largest request head accepted, in bytes.
+    #[arg(long, env = "HOLDFAST_MAX_HEADER_BYTES", default_value_t = 65536)]
+    pub max_header_bytes: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[arg(long, env = "HOLDFAST_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Idle upstream connections kept per endpoint.
+    #[arg(long, env = "HOLDFAST_UPSTREAM_POOL_IDLE", default_value_t = 64)]
+    pub upstream_pool_idle: usize,
+    /// Worker threads (default: one per CPU).
+    #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+    /// Log format (filter with RUST_LOG, default info).
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The checked arguments.
+    pub args: Args,
+    /// This proxy's node id.
+    pub node_id: String,
+}
+
+/// A flag value that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag}: {reason}")]
+pub struct ConfigError {
+    /// The flag.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl Args {
+    /// Checks the values together.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let err = |flag, reason: &str| ConfigError {
+            flag,
+            reason: reason.to_owned(),
+        };
+        for url in &self.control_planes {
+            let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http") | Some("https")) && u.authority().is_some()
+            });
+            if !ok {
+                return Err(err(
+                    "control-plane",
+                    &format!("{url:?} is not an http:// or https:// URL with a host"),
+                ));
+            }
+        }
+        for (flag, d) in [
+            ("header-read-timeout", self.header_read_timeout),
+            ("idle-timeout", self.idle_timeout),
+            ("upstream-connect-timeout", self.upstream_connect_timeout),
+            ("upstream-response-timeout", self.upstream_response_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(err(flag, "must be more than 0"));
+            }
+        }
+        if self.max_headers == 0 {
+            return Err(err("max-headers", "must be at least 1"));
+        }
+        if self.max_header_bytes < 1024 {
+            return Err(err("max-header-bytes", "must be at least 1024"));
+        }
+        if self.worker_threads == Some(0) {
+            return Err(err("worker-threads", "must be at least 1"));
+        }
+        let node_id = match &self.node_id {
+            Some(id) if id.is_empty() => return Err(err("node-id", "must not be empty")),
+            Some(id) => id.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "holdfast-proxy".into()),
+        };
+        Ok(Config {
+            args: self,
+            node_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Config, String> {
+        let base = [
+            "holdfast-proxy",
+            "--state-dir",
+            "/tmp/x",
+            "--control-plane",
+            "http://127.0.0.1:18000",
+        ];
+        let args =
+            Args::try_parse_from(base.iter().chain(extra.iter())).map_err(|e| e.to_string())?;
+        args.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_safe_and_valid() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.args.listen.port(), 8080);
+        assert_eq!(c.args.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.args.max_headers, 100);
+    }
+
+    #[test]
+    fn several_control_planes_by_repetition_or_comma() {
+        let c = parse(&["--control-plane", "http://b:1,http://c:2"]).unwrap();
+        assert_eq!(
+            c.args.control_planes,
+            ["http://127.0.0.1:18000", "http://b:1", "http://c:2"]
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        assert!(
+            parse(&["--control-plane", "b:1"])
+                .unwrap_err()
+                .contains("--control-plane")
+        );
+        assert!(
+            parse(&["--idle-timeout", "0s"])
+                .unwrap_err()
+                .contains("--idle-timeout")
+        );
+        assert!(
+            parse(&["--max-header-bytes", "10"])
+                .unwrap_err()
+                .contains("--max-header-bytes")
+        );
+        assert!(
+            Args::try_parse_from(["holdfast-proxy", "--control-plane", "http://a:1"]).is_err(),
+            "--state-dir is required"
+        );
+    }
+}

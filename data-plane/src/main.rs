@@ -1,0 +1,46 @@
+//! `holdfast-proxy`: parse config, set up tracing, serve until SIGTERM or Ctrl-C, drain.
+
+use clap::Parser;
+use holdfast_data_plane::config::{Args, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let config = match Args::parse().validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("holdfast-proxy: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.args.log_format {
+        LogFormat::Text => builder.with_ansi(false).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(n) = config.args.worker_threads {
+        runtime.worker_threads(n);
+    }
+    let runtime = match runtime.build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("holdfast-proxy: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(holdfast_data_plane::shutdown_signal(tx));
+        match holdfast_data_plane::run(config, rx).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    })
+}

@@ -1,0 +1,108 @@
+//! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a served request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `<host><path>` of the matched route, or `(none)`.
+    pub route: String,
+    /// `2xx`, `3xx`, `4xx` or `5xx`.
+    pub class: String,
+}
+
+/// Every proxy metric; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Requests by route and status class.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Time from sending upstream to the response head.
+    pub upstream_latency: Histogram,
+    /// Cluster revision of the applied snapshot.
+    pub applied_revision: Gauge,
+    /// Unix time (seconds) of the last apply.
+    pub last_apply: Gauge,
+    /// 1 while a control-plane stream is established.
+    pub control_plane_connected: Gauge,
+    /// Snapshots applied.
+    pub applied: Counter,
+    /// Snapshots rejected (NACKed).
+    pub nacks: Counter,
+    /// Upstream connection failures (retried or answered 502).
+    pub upstream_connect_errors: Counter,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them under `holdfast_proxy_`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            requests: Family::default(),
+            upstream_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            applied_revision: Gauge::default(),
+            last_apply: Gauge::default(),
+            control_plane_connected: Gauge::default(),
+            applied: Counter::default(),
+            nacks: Counter::default(),
+            upstream_connect_errors: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("holdfast_proxy");
+        r.register(
+            "requests",
+            "Requests served, by route and status class",
+            m.requests.clone(),
+        );
+        r.register(
+            "upstream_latency_seconds",
+            "Time to the upstream's response head",
+            m.upstream_latency.clone(),
+        );
+        r.register(
+            "snapshot_cluster_revision",
+            "Cluster revision of the applied snapshot",
+            m.applied_revision.clone(),
+        );
+        r.register(
+            "snapshot_applied_timestamp_seconds",
+            "Unix time of the last apply",
+            m.last_apply.clone(),
+        );
+        r.register(
+            "control_plane_connected",
+            "1 while a control-plane stream is established",
+            m.control_plane_connected.clone(),
+        );
+        r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
+        r.register(
+            "snapshot_nacks",
+            "Snapshots rejected (NACKed)",
+            m.nacks.clone(),
+        );
+        r.register(
+            "upstream_connect_errors",
+            "Upstream connection failures",
+            m.upstream_connect_errors.clone(),
+        );
+        m
+    }
+
+    /// Counts a response.
+    pub fn count(&self, route: &str, status: u16) {
+        let class = match status {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_owned(),
+                class: class.to_owned(),
+            })
+            .inc();
+    }
+}

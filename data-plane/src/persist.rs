@@ -1,0 +1,222 @@
+//! The last applied snapshot on disk (`<state-dir>/snapshot.bin`), so a restarted proxy
+//! serves at once, before any control plane answers (DESIGN invariant 6).
+//!
+//! Format: `HFSNAP01` (8 bytes), payload length (u64 little-endian), SHA-256 of the
+//! payload (32 bytes), payload (the protobuf `Snapshot`). Written to a temporary file,
+//! fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either
+//! the old or the new file, never a mix. On load, anything off (magic, length, checksum,
+//! decoding, the snapshot's own validation) rejects the whole file.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use holdfast_proto::snapshot::{InvalidSnapshot, validate};
+use holdfast_proto::v1::Snapshot;
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+const MAGIC: &[u8; 8] = b"HFSNAP01";
+const HEADER: usize = 8 + 8 + 32;
+/// Name of the file inside the state directory.
+pub const FILE_NAME: &str = "snapshot.bin";
+
+/// Why a state file was rejected or could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Too short, wrong magic, or wrong length: truncated or not ours.
+    #[error("{path}: not a complete holdfast snapshot file ({reason})")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is off.
+        reason: String,
+    },
+    /// The checksum does not match the payload.
+    #[error("{path}: checksum mismatch (corrupt file)")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The payload does not decode.
+    #[error("{path}: payload does not decode: {source}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// The snapshot decodes but is not valid.
+    #[error("{path}: snapshot is invalid: {source}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: InvalidSnapshot,
+    },
+}
+
+/// Path of the state file in `dir`.
+pub fn path_in(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// Encodes a snapshot as a state file's bytes.
+pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
+    let payload = snapshot.encode_to_vec();
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(&payload));
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Decodes and fully validates a state file's bytes.
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, PersistError> {
+    let malformed = |reason: String| PersistError::Malformed {
+        path: path.into(),
+        reason,
+    };
+    if bytes.len() < HEADER {
+        return Err(malformed(format!(
+            "{} bytes, shorter than the header",
+            bytes.len()
+        )));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(malformed("bad magic".into()));
+    }
+    let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
+    let payload = &bytes[HEADER..];
+    if payload.len() != len {
+        return Err(malformed(format!(
+            "payload is {} bytes, header says {len}",
+            payload.len()
+        )));
+    }
+    if Sha256::digest(payload).as_slice() != &bytes[16..48] {
+        return Err(PersistError::Checksum { path: path.into() });
+    }
+    let snapshot = Snapshot::decode(payload).map_err(|source| PersistError::Decode {
+        path: path.into(),
+        source,
+    })?;
+    validate(&snapshot).map_err(|source| PersistError::Invalid {
+        path: path.into(),
+        source,
+    })?;
+    Ok(snapshot)
+}
+
+/// Loads the state file in `dir`; `Ok(None)` when there is none.
+pub fn load(dir: &Path) -> Result<Option<Snapshot>, PersistError> {
+    let path = path_in(dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => decode(&path, &bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PersistError::Io { path, source }),
+    }
+}
+
+/// Writes `snapshot` to the state file in `dir` atomically and durably.
+pub fn store(dir: &Path, snapshot: &Snapshot) -> Result<(), PersistError> {
+    let path = path_in(dir);
+    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| PersistError::Io { path: p, source }
+    };
+    let mut file = File::create(&tmp).map_err(io(&tmp))?;
+    file.write_all(&encode(snapshot)).map_err(io(&tmp))?;
+    file.sync_all().map_err(io(&tmp))?;
+    drop(file);
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_proto::snapshot::seal;
+    use holdfast_proto::v1::{Backend, MatchKind, Route, VirtualHost};
+
+    use super::*;
+
+    fn sample() -> Snapshot {
+        let mut s = Snapshot {
+            virtual_hosts: vec![VirtualHost {
+                host: "a.example.com".into(),
+                routes: vec![Route {
+                    match_kind: MatchKind::Prefix as i32,
+                    path: "/".into(),
+                    backend: "ns/web:80".into(),
+                    source: None,
+                }],
+            }],
+            backends: vec![Backend {
+                name: "ns/web:80".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        seal(&mut s, 7);
+        s
+    }
+
+    #[test]
+    fn store_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_none());
+        store(dir.path(), &sample()).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), Some(sample()));
+        assert!(!dir.path().join(format!(".{FILE_NAME}.tmp")).exists());
+    }
+
+    #[test]
+    fn truncated_files_are_rejected_at_every_length() {
+        let bytes = encode(&sample());
+        let p = Path::new("x");
+        for len in 0..bytes.len() {
+            assert!(
+                decode(p, &bytes[..len]).is_err(),
+                "accepted a file truncated to {len} bytes"
+            );
+        }
+        assert!(decode(p, &bytes).is_ok());
+    }
+
+    #[test]
+    fn any_flipped_byte_is_rejected() {
+        let bytes = encode(&sample());
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(
+                decode(Path::new("x"), &bad).is_err(),
+                "accepted a flip at byte {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_with_a_valid_checksum_but_an_invalid_snapshot_is_rejected() {
+        let mut s = sample();
+        s.backends.clear(); // the route now names a missing backend
+        let err = decode(Path::new("x"), &encode(&s)).unwrap_err();
+        assert!(matches!(err, PersistError::Invalid { .. }), "{err}");
+    }
+}

@@ -1,0 +1,407 @@
+//! Forwarding one request: check, route, pick an endpoint, forward with pooled keep-alive
+//! connections and streaming bodies, classify failures into 502/503/504.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use crate::headers::{BadRequest, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop};
+use crate::metrics::Metrics;
+use crate::table::{Miss, RouteTable, normalise_host};
+
+/// What the proxy answers: an upstream body streamed through, or a short local body.
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+/// Timeouts and limits of forwarding.
+#[derive(Debug, Clone)]
+pub struct ForwardSettings {
+    /// Connecting to an upstream endpoint.
+    pub connect_timeout: Duration,
+    /// From sending the request to the upstream's response head.
+    pub response_timeout: Duration,
+    /// How long a failing endpoint is skipped.
+    pub eject_for: Duration,
+    /// Idle upstream connections kept per endpoint.
+    pub pool_idle_per_host: usize,
+}
+
+/// The forwarding service, shared by all connections.
+pub struct Forwarder {
+    table: Arc<ArcSwapOption<RouteTable>>,
+    client: Client<HttpConnector, ReclaimBody>,
+    settings: ForwardSettings,
+    metrics: Metrics,
+    /// Endpoints that failed to connect, and until when (ms since `epoch`) they are
+    /// skipped. A std mutex: touched briefly, never across an await.
+    ejected: Mutex<std::collections::HashMap<SocketAddr, u64>>,
+    /// Fast path: no lock while nothing is ejected.
+    any_ejected: AtomicU64,
+    epoch: Instant,
+}
+
+/// A local answer: status and a short plain body saying why.
+fn local(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
+    let mut body = message.into();
+    body.push('\n');
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .header("x-holdfast-reason", status.canonical_reason().unwrap_or(""))
+        .body(Either::Right(Full::new(Bytes::from(body))))
+        .expect("static response parts are valid")
+}
+
+/// Why forwarding failed, by whose fault (pingora-style classification).
+enum Failure {
+    /// Could not connect to any endpoint tried: 502.
+    Connect(String),
+    /// The upstream broke the protocol or the connection mid-way: 502.
+    Upstream(String),
+    /// No response head in time: 504.
+    Timeout,
+}
+
+impl Forwarder {
+    /// Builds the forwarder over the shared route table.
+    pub fn new(
+        table: Arc<ArcSwapOption<RouteTable>>,
+        settings: ForwardSettings,
+        metrics: Metrics,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(settings.pool_idle_per_host)
+            .build(connector);
+        Forwarder {
+            table,
+            client,
+            settings,
+            metrics,
+            ejected: Mutex::new(Default::default()),
+            any_ejected: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn is_ejected(&self, addr: &SocketAddr, now: u64) -> bool {
+        if self.any_ejected.load(Ordering::Relaxed) <= now {
+            return false;
+        }
+        let ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
+        ejected.get(addr).is_some_and(|until| *until > now)
+    }
+
+    fn eject(&self, addr: SocketAddr) {
+        let until = self.now_ms() + self.settings.eject_for.as_millis() as u64;
+        let mut ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.now_ms();
+        ejected.retain(|_, u| *u > now);
+        ejected.insert(addr, until);
+        self.any_ejected.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Picks an endpoint round-robin, skipping ejected ones and `avoid` (unless nothing
+    /// else is left).
+    fn pick(
+        &self,
+        endpoints: &[SocketAddr],
+        start: usize,
+        avoid: Option<SocketAddr>,
+    ) -> Option<SocketAddr> {
+        let now = self.now_ms();
+        let n = endpoints.len();
+        let ok = |a: &SocketAddr| Some(*a) != avoid && !self.is_ejected(a, now);
+        (0..n)
+            .map(|i| endpoints[(start + i) % n])
+            .find(ok)
+            .or_else(|| {
+                (0..n)
+                    .map(|i| endpoints[(start + i) % n])
+                    .find(|a| Some(*a) != avoid)
+            })
+    }
+
+    /// Handles one request from `client`.
+    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+        let (response, route) = self.route_and_forward(req, client).await;
+        self.metrics.count(&route, response.status().as_u16());
+        response
+    }
+
+    async fn route_and_forward(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> (Response<ProxyBody>, String) {
+        let none = || "(none)".to_string();
+        if req.version() <= Version::HTTP_11
+            && let Err(e) = check_framing(req.headers())
+        {
+            return (
+                local(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
+                none(),
+            );
+        }
+        let raw_host = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                req.headers()
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_owned)
+            });
+        let Some(raw_host) = raw_host.filter(|h| !h.is_empty()) else {
+            return (
+                local(
+                    StatusCode::BAD_REQUEST,
+                    format!("400 bad request: {}", BadRequest::NoHost),
+                ),
+                none(),
+            );
+        };
+        let host = normalise_host(&raw_host);
+        let Some(table) = self.table.load_full() else {
+            return (
+                local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "503 no route table yet: waiting for a snapshot",
+                ),
+                none(),
+            );
+        };
+        let path = req.uri().path().to_owned();
+        let route = match table.lookup(&host, &path) {
+            Ok(r) => r,
+            Err(miss) => {
+                let why = match miss {
+                    Miss::NoHost => format!("404 no route: no virtual host for {host}"),
+                    Miss::NoPath { vhost } => {
+                        format!("404 no route: no path of {vhost:?} matches {path}")
+                    }
+                };
+                return (local(StatusCode::NOT_FOUND, why), none());
+            }
+        };
+        let label = route.label.clone();
+        let backend = &table.backends[route.backend];
+        if let Some(reason) = &backend.unavailable_reason {
+            return (
+                local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("503 backend unavailable: {reason}"),
+                ),
+                label,
+            );
+        }
+
+        let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers, upgrade);
+        add_forwarded(&mut parts.headers, client.ip(), "http", &raw_host);
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::from_str(&raw_host)
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".into());
+        let slot = Arc::new(Mutex::new(Some(body)));
+
+        let targets: Vec<String> = match &backend.external {
+            Some((name, port)) => vec![format!("{name}:{port}")],
+            None => Vec::new(),
+        };
+        let start = backend.next_index();
+        let mut tried: Option<SocketAddr> = None;
+        let mut failure = Failure::Connect("no endpoint".into());
+        for attempt in 0..2 {
+            let authority = if let Some(t) = targets.first() {
+                if attempt > 0 {
+                    break;
+                }
+                t.clone()
+            } else {
+                match self.pick(&backend.endpoints, start, tried) {
+                    Some(a) if Some(a) != tried => {
+                        tried = Some(a);
+                        a.to_string()
+                    }
+                    _ => break,
+                }
+            };
+            let Ok(uri) = Uri::builder()
+                .scheme("http")
+                .authority(authority.as_str())
+                .path_and_query(path_and_query.as_str())
+                .build()
+            else {
+                return (
+                    local(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
+                    label,
+                );
+            };
+            let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
+            *upstream.method_mut() = parts.method.clone();
+            *upstream.uri_mut() = uri;
+            *upstream.version_mut() = Version::HTTP_11;
+            *upstream.headers_mut() = parts.headers.clone();
+            let sent = Instant::now();
+            let result = tokio::time::timeout(
+                self.settings.response_timeout,
+                self.client.request(upstream),
+            )
+            .await;
+            match result {
+                Err(_) => {
+                    failure = Failure::Timeout;
+                    break;
+                }
+                Ok(Ok(mut resp)) => {
+                    self.metrics
+                        .upstream_latency
+                        .observe(sent.elapsed().as_secs_f64());
+                    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                    if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
+                        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                        tokio::spawn(async move {
+                            if let (Ok(down), Ok(up)) =
+                                (client_upgrade.await, upstream_upgrade.await)
+                            {
+                                let _ = tokio::io::copy_bidirectional(
+                                    &mut TokioIo::new(down),
+                                    &mut TokioIo::new(up),
+                                )
+                                .await;
+                            }
+                        });
+                    }
+                    let (mut rparts, rbody) = resp.into_parts();
+                    strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
+                    return (Response::from_parts(rparts, Either::Left(rbody)), label);
+                }
+                Ok(Err(e)) if e.is_connect() => {
+                    self.metrics.upstream_connect_errors.inc();
+                    if let Some(a) = tried {
+                        tracing::warn!(endpoint = %a, backend = %backend.name, error = %e, "upstream connect failed; ejecting endpoint");
+                        self.eject(a);
+                    }
+                    failure = Failure::Connect(format!("{authority}: {}", error_chain(&e)));
+                    // Retry only if the request body was never sent.
+                    let unsent = slot.lock().map(|s| s.is_some()).unwrap_or(false);
+                    if !unsent {
+                        break;
+                    }
+                }
+                Ok(Err(e)) => {
+                    failure = Failure::Upstream(format!("{authority}: {}", error_chain(&e)));
+                    break;
+                }
+            }
+        }
+        let response = match failure {
+            Failure::Connect(e) => local(
+                StatusCode::BAD_GATEWAY,
+                format!("502 upstream connect failed: {e}"),
+            ),
+            Failure::Upstream(e) => {
+                local(StatusCode::BAD_GATEWAY, format!("502 upstream failed: {e}"))
+            }
+            Failure::Timeout => local(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "504 upstream did not answer within {:?}",
+                    self.settings.response_timeout
+                ),
+            ),
+        };
+        (response, label)
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The request body, handed to the upstream client in a way that can be taken back if
+/// the client never started sending it (a connection failure), so the request can be
+/// retried on another endpoint without buffering the body.
+pub struct ReclaimBody {
+    slot: Arc<Mutex<Option<Incoming>>>,
+    body: Option<Incoming>,
+}
+
+impl ReclaimBody {
+    fn new(slot: Arc<Mutex<Option<Incoming>>>) -> Self {
+        ReclaimBody { slot, body: None }
+    }
+
+    fn with_slot<T>(&self, f: impl FnOnce(Option<&Incoming>) -> T) -> T {
+        match &self.body {
+            Some(b) => f(Some(b)),
+            None => f(self.slot.lock().unwrap_or_else(|e| e.into_inner()).as_ref()),
+        }
+    }
+}
+
+impl Body for ReclaimBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if this.body.is_none() {
+            this.body = this.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+        match &mut this.body {
+            Some(b) => Pin::new(b).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.with_slot(|b| b.is_none_or(Body::is_end_stream))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.with_slot(|b| {
+            b.map(Body::size_hint)
+                .unwrap_or_else(|| SizeHint::with_exact(0))
+        })
+    }
+}

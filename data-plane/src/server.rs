@@ -1,0 +1,219 @@
+//! The proxy listener: HTTP/1.1 and h2c (prior knowledge) on one port, with header limits,
+//! a client header read timeout, an idle timeout, and graceful shutdown (stop accepting,
+//! let in-flight requests finish within a grace period).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use crate::proxy::Forwarder;
+
+/// Client-side limits and timeouts.
+#[derive(Debug, Clone)]
+pub struct ListenSettings {
+    /// A client must send a whole request head within this time.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight and no bytes moving is closed after this.
+    pub idle_timeout: Duration,
+    /// Most request headers accepted (HTTP/1.1).
+    pub max_headers: usize,
+    /// Largest request head accepted, in bytes.
+    pub max_header_bytes: usize,
+    /// How long in-flight requests may take to finish on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves `listener` until `shutdown` turns true, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    forwarder: Arc<Forwarder>,
+    settings: ListenSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_headers(settings.max_headers)
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(settings.max_header_bytes as u32);
+    let builder = Arc::new(builder);
+    let connections = TaskTracker::new();
+    let (drain_tx, drain_rx) = watch::channel(false);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = Connection {
+            builder: builder.clone(),
+            forwarder: forwarder.clone(),
+            idle_timeout: settings.idle_timeout,
+            drain: drain_rx.clone(),
+        };
+        connections.spawn(conn.run(stream, peer));
+    }
+    drop(listener);
+    tracing::info!(connections = connections.len(), grace = ?settings.shutdown_grace, "draining");
+    let _ = drain_tx.send(true);
+    connections.close();
+    if tokio::time::timeout(settings.shutdown_grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = connections.len(),
+            "grace period over; closing remaining connections"
+        );
+    }
+}
+
+struct Connection {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    forwarder: Arc<Forwarder>,
+    idle_timeout: Duration,
+    drain: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(mut self, stream: TcpStream, peer: SocketAddr) {
+        let activity = Arc::new(Activity::new());
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let io = TokioIo::new(IdleIo {
+            inner: stream,
+            activity: activity.clone(),
+        });
+        let forwarder = self.forwarder.clone();
+        let counter = in_flight.clone();
+        let svc = service_fn(move |req| {
+            let forwarder = forwarder.clone();
+            let counter = counter.clone();
+            counter.fetch_add(1, Ordering::AcqRel);
+            async move {
+                let response = forwarder.handle(req, peer).await;
+                counter.fetch_sub(1, Ordering::AcqRel);
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let conn = self.builder.serve_connection_with_upgrades(io, svc);
+        tokio::pin!(conn);
+        let mut draining = false;
+        let check = (self.idle_timeout / 4).max(Duration::from_millis(50));
+        loop {
+            tokio::select! {
+                _ = conn.as_mut() => break,
+                _ = self.drain.wait_for(|d| *d), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = tokio::time::sleep(check), if !draining => {
+                    if in_flight.load(Ordering::Acquire) == 0 && activity.idle_for() >= self.idle_timeout {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When bytes last moved on a connection.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    fn idle_for(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A stream that records activity for the idle timeout.
+struct IdleIo {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for IdleIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for IdleIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,259 @@
+//! Subscribing to the control plane and applying snapshots.
+//!
+//! [`Applier::apply`] is the only way a route table changes: validate (consistency, hash,
+//! version), refuse anything older than what is served (DESIGN invariant 8), compile,
+//! persist, then swap the whole table in one step (invariant 5). Anything wrong leaves the
+//! served table untouched and is NACKed with the reason.
+//!
+//! [`run`] keeps one stream to a control plane open, trying the configured URLs in turn
+//! with capped, jittered exponential backoff, and states the version it serves on every
+//! (re)connect so an unchanged snapshot is not resent.
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
+use holdfast_proto::snapshot::validate;
+use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
+use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::metrics::Metrics;
+use crate::persist;
+use crate::table::RouteTable;
+
+/// Applies snapshots to the shared route table.
+pub struct Applier {
+    table: Arc<ArcSwapOption<RouteTable>>,
+    state_dir: PathBuf,
+    metrics: Metrics,
+}
+
+impl Applier {
+    /// Applies into `table`, persisting under `state_dir`.
+    pub fn new(
+        table: Arc<ArcSwapOption<RouteTable>>,
+        state_dir: PathBuf,
+        metrics: Metrics,
+    ) -> Self {
+        Applier {
+            table,
+            state_dir,
+            metrics,
+        }
+    }
+
+    /// The served table's (version, content hash), if any.
+    pub fn serving(&self) -> Option<(String, String)> {
+        self.table
+            .load()
+            .as_ref()
+            .map(|t| (t.version.clone(), t.content_hash.clone()))
+    }
+
+    /// Installs a table at startup (from the state file) without persisting it again.
+    pub fn install(&self, table: RouteTable) {
+        self.note_applied(&table);
+        self.table.store(Some(Arc::new(table)));
+    }
+
+    fn note_applied(&self, table: &RouteTable) {
+        self.metrics
+            .applied_revision
+            .set(table.cluster_revision as i64);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        self.metrics.last_apply.set(now.as_secs() as i64);
+    }
+
+    /// Validates, compiles, persists and swaps in `snapshot`; on error nothing changes.
+    pub fn apply(&self, snapshot: Snapshot) -> Result<(), String> {
+        validate(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
+        if let Some(current) = self.table.load().as_ref()
+            && snapshot.cluster_revision < current.cluster_revision
+        {
+            return Err(format!(
+                "snapshot {} is older than the one in use ({}): cluster revision {} < {}",
+                snapshot.version,
+                current.version,
+                snapshot.cluster_revision,
+                current.cluster_revision
+            ));
+        }
+        let table =
+            RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        if let Err(error) = persist::store(&self.state_dir, &snapshot) {
+            // Serving the newest table matters more than the file; the next apply retries.
+            tracing::error!(%error, "could not persist the snapshot");
+        }
+        self.note_applied(&table);
+        self.metrics.applied.inc();
+        tracing::info!(
+            version = %table.version,
+            routes = table.route_count(),
+            backends = table.backends.len(),
+            "applied snapshot"
+        );
+        self.table.store(Some(Arc::new(table)));
+        Ok(())
+    }
+}
+
+/// Reconnect delays: capped exponential with full jitter.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    /// First delay.
+    pub base: Duration,
+    /// Largest delay.
+    pub cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    /// Starts at `base`, never above `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Backoff {
+            base,
+            cap,
+            attempt: 0,
+        }
+    }
+
+    /// The next delay: uniform in [ceiling/2, ceiling], ceiling = min(cap, base·2^attempt).
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = self
+            .base
+            .saturating_mul(1u32 << self.attempt.min(16))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let half = ceiling / 2;
+        half + Duration::from_nanos(random % (half.as_nanos().max(1) as u64 + 1))
+    }
+
+    /// After a healthy connection: start over.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Keeps a stream to one of `urls` open until `shutdown` turns true.
+pub async fn run(
+    urls: Vec<String>,
+    node: Node,
+    applier: Arc<Applier>,
+    metrics: Metrics,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut attempt = 0usize;
+    loop {
+        let url = &urls[attempt % urls.len()];
+        attempt += 1;
+        let outcome = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            r = stream_once(url, &node, &applier, &metrics, &mut backoff) => r,
+        };
+        metrics.control_plane_connected.set(0);
+        match outcome {
+            Ok(()) => tracing::warn!(control_plane = %url, "stream closed; reconnecting"),
+            Err(error) => {
+                tracing::warn!(control_plane = %url, %error, "control plane unreachable; serving the last applied snapshot")
+            }
+        }
+        let delay = backoff.next_delay();
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+async fn stream_once(
+    url: &str,
+    node: &Node,
+    applier: &Applier,
+    metrics: &Metrics,
+    backoff: &mut Backoff,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(2))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let mut client = RouteDiscoveryClient::new(channel);
+    let (tx, rx) = mpsc::channel(4);
+    let (version_info, content_hash) = applier.serving().unwrap_or_default();
+    tx.send(DiscoveryRequest {
+        node: Some(node.clone()),
+        version_info,
+        content_hash,
+        ..Default::default()
+    })
+    .await?;
+    let mut inbound = client
+        .stream_routes(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    metrics.control_plane_connected.set(1);
+    backoff.reset();
+    tracing::info!(control_plane = %url, "connected to control plane");
+    while let Some(response) = inbound.message().await? {
+        let nonce = response.nonce.clone();
+        let offered = response.version_info.clone();
+        let result = match response.into_snapshot() {
+            Some(snapshot) => applier.apply(snapshot),
+            None => Err("response carries no snapshot".to_owned()),
+        };
+        let (version_info, content_hash) = applier.serving().unwrap_or_default();
+        let error_detail = match result {
+            Ok(()) => None,
+            Err(message) => {
+                metrics.nacks.inc();
+                tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
+                Some(ErrorDetail { message })
+            }
+        };
+        tx.send(DiscoveryRequest {
+            node: Some(node.clone()),
+            version_info,
+            response_nonce: nonce,
+            error_detail,
+            content_hash,
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let delays: Vec<Duration> = (0..10).map(|_| b.next_delay()).collect();
+        assert!(delays[0] >= Duration::from_millis(50) && delays[0] <= Duration::from_millis(100));
+        assert!(delays[3] >= Duration::from_millis(400) && delays[3] <= Duration::from_millis(800));
+        assert!(delays.iter().all(|d| *d <= Duration::from_secs(2)));
+        assert!(delays[9] >= Duration::from_secs(1));
+        let mut again = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let spread: std::collections::HashSet<Duration> = (0..20)
+            .map(|_| {
+                again.reset();
+                again.next_delay()
+            })
+            .collect();
+        assert!(spread.len() > 1, "no jitter");
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}
