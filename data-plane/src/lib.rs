@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`table`]: a snapshot compiled into an immutable lookup structure (pure).
 //! - [`headers`]: request framing checks and header rewriting (pure).
+//! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
+//!   request-smuggling shapes hyper would otherwise normalise silently (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
 //! - [`server`]: the client listener (HTTP/1.1 + h2c), limits, idle timeout, draining.
 //! - [`subscriber`]: the control-plane stream, and the [`subscriber::Applier`] that
@@ -15,6 +17,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod framing;
 pub mod headers;
 pub mod metrics;
 pub mod persist;

@@ -141,6 +141,16 @@ impl Forwarder {
             })
     }
 
+    /// Answers a request the framing tracker flagged: 400, and the connection is closed.
+    pub fn reject(&self, bad: &BadRequest) -> Response<ProxyBody> {
+        let mut response = local(StatusCode::BAD_REQUEST, format!("400 bad request: {bad}"));
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        self.metrics.count("(none)", 400);
+        response
+    }
+
     /// Handles one request from `client`.
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
         let (response, route) = self.route_and_forward(req, client).await;

@@ -4,8 +4,8 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
+use crate::framing::Tracker;
+use crate::headers::BadRequest;
 use crate::proxy::Forwarder;
 
 /// Client-side limits and timeouts.
@@ -102,18 +104,32 @@ impl Connection {
     async fn run(mut self, stream: TcpStream, peer: SocketAddr) {
         let activity = Arc::new(Activity::new());
         let in_flight = Arc::new(AtomicUsize::new(0));
+        let smuggling = Arc::new(OnceLock::new());
         let io = TokioIo::new(IdleIo {
             inner: stream,
             activity: activity.clone(),
+            tracker: Tracker::default(),
+            flagged: smuggling.clone(),
         });
         let forwarder = self.forwarder.clone();
         let counter = in_flight.clone();
+        let requests = Arc::new(AtomicU64::new(0));
         let svc = service_fn(move |req| {
             let forwarder = forwarder.clone();
             let counter = counter.clone();
             counter.fetch_add(1, Ordering::AcqRel);
+            // HTTP/1.1 requests on a connection are handled in order: this is the index
+            // the framing tracker counts in.
+            let index = requests.fetch_add(1, Ordering::AcqRel);
+            let smuggled = smuggling
+                .get()
+                .filter(|(i, _)| *i == index)
+                .map(|(_, bad)| bad.clone());
             async move {
-                let response = forwarder.handle(req, peer).await;
+                let response = match smuggled {
+                    Some(bad) => forwarder.reject(&bad),
+                    None => forwarder.handle(req, peer).await,
+                };
                 counter.fetch_sub(1, Ordering::AcqRel);
                 Ok::<_, std::convert::Infallible>(response)
             }
@@ -163,10 +179,13 @@ impl Activity {
     }
 }
 
-/// A stream that records activity for the idle timeout.
+/// A stream that records activity for the idle timeout and follows HTTP/1.1 framing to
+/// flag request-smuggling shapes (see `framing`).
 struct IdleIo {
     inner: TcpStream,
     activity: Arc<Activity>,
+    tracker: Tracker,
+    flagged: Arc<OnceLock<(u64, BadRequest)>>,
 }
 
 impl AsyncRead for IdleIo {
@@ -179,6 +198,13 @@ impl AsyncRead for IdleIo {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
             self.activity.touch();
+            if self.flagged.get().is_none() {
+                let this = &mut *self;
+                this.tracker.feed(&buf.filled()[before..]);
+                if let Some(flag) = this.tracker.flagged() {
+                    let _ = this.flagged.set(flag.clone());
+                }
+            }
         }
         r
     }

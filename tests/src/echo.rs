@@ -1,7 +1,12 @@
 //! A small echo upstream: answers every request with its own name, so a test can see which
 //! backend served. It speaks HTTP/1.1 and h2c, and reports what it received in headers:
-//! `x-echo-name`, `x-echo-path` (path and query) and `x-echo-host`; forwarded headers
+//! `x-echo-name`, `x-echo-path` (path and query), `x-echo-host`, `x-echo-headers` (the
+//! names of all request headers) and `x-echo-body-len`; forwarded headers
 //! (`x-forwarded-*`) are copied back as `x-echo-<name>`.
+//!
+//! `?delay_ms=N` makes it wait N ms before answering (a slow upstream). A request with
+//! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
+//! every byte back.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,8 +47,33 @@ pub async fn spawn(
 
 async fn respond(
     name: std::sync::Arc<str>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if let Some(protocol) = req.headers().get(http::header::UPGRADE).cloned() {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        return Ok(Response::builder()
+            .status(http::StatusCode::SWITCHING_PROTOCOLS)
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, protocol)
+            .header("x-echo-name", &*name)
+            .body(Full::new(Bytes::new()))
+            .expect("static response parts are valid"));
+    }
+    let delay = req
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("delay_ms=")))
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = delay {
+        // The upstream's own behaviour under test (a slow backend), not synchronisation.
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
     let path = req
         .uri()
         .path_and_query()
@@ -56,7 +86,9 @@ async fn respond(
         .map(str::to_owned)
         .or_else(|| req.uri().host().map(str::to_owned))
         .unwrap_or_default();
+    let names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
     let mut resp = Response::builder()
+        .header("x-echo-headers", names.join(","))
         .header("x-echo-name", &*name)
         .header("x-echo-path", path)
         .header("x-echo-host", host);

@@ -11,6 +11,8 @@
 //!   request with its own name, so a test sees which backend served.
 //! - [`process`]: our binaries as child processes (logs, signals, restart);
 //!   [`control_plane`]: `holdfast-control-plane` on free ports.
+//! - [`proxy`]: `holdfast-proxy` as a process; [`fake_control_plane`]: an in-test
+//!   RouteDiscovery server that pushes any snapshot (valid or not) and records ACK/NACKs.
 //! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
 //! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
@@ -24,12 +26,14 @@
 pub mod cluster;
 pub mod control_plane;
 pub mod echo;
+pub mod fake_control_plane;
 pub mod faultproxy;
 pub mod grpcurl;
 pub mod http;
 pub mod netns;
 pub mod objects;
 pub mod process;
+pub mod proxy;
 pub mod subscriber;
 pub mod wait;
 

@@ -136,6 +136,20 @@ impl Proc {
         status
     }
 
+    /// Waits (up to `timeout`) for it to exit by itself; returns its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("not running")?;
+        let status =
+            crate::wait::until_blocking(&format!("{} to exit", self.name), timeout, || {
+                child.try_wait().map_err(|e| e.to_string())
+            });
+        if status.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        status
+    }
+
     /// Starts it again with the same arguments (after `kill` or `terminate`).
     pub fn restart(&mut self) -> Result<()> {
         self.kill();

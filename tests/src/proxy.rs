@@ -1,0 +1,112 @@
+//! `holdfast-proxy` as a real process for end-to-end tests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::process::{Proc, addr_in};
+
+/// A running proxy.
+#[derive(Debug)]
+pub struct ProxyProc {
+    /// The process.
+    pub proc: Proc,
+    /// Client traffic address.
+    pub addr: SocketAddr,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// Its state directory.
+    pub state_dir: PathBuf,
+}
+
+impl ProxyProc {
+    /// Starts `holdfast-proxy` named `name` on free ports with `control_planes`, state in
+    /// `state_dir`, logs in `<log_dir>/<name>.log`, and `extra` flags.
+    pub fn start(
+        name: &str,
+        control_planes: &[String],
+        state_dir: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--admin-listen".into(),
+            "127.0.0.1:0".into(),
+            "--state-dir".into(),
+            state_dir.to_string_lossy().into_owned(),
+            "--node-id".into(),
+            name.into(),
+            "--worker-threads".into(),
+            "2".into(),
+        ];
+        for cp in control_planes {
+            args.extend(["--control-plane".to_string(), cp.clone()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut proc = Proc::spawn(
+            name,
+            &crate::workspace_bin("holdfast-proxy"),
+            args,
+            vec![],
+            log_dir.join(format!("{name}.log")),
+        )?;
+        let line = proc.wait_log("listening", 0, Duration::from_secs(20))?;
+        let addr = addr_in(&line, "proxy")?;
+        let admin = addr_in(&line, "admin")?;
+        let mut fixed = proc.args().to_vec();
+        for (flag, a) in [("--listen", addr), ("--admin-listen", admin)] {
+            if let Some(i) = fixed.iter().position(|x| x == flag) {
+                fixed[i + 1] = a.to_string();
+            }
+        }
+        proc.restart_with_args_later(fixed);
+        Ok(ProxyProc {
+            proc,
+            addr,
+            admin,
+            state_dir: state_dir.to_path_buf(),
+        })
+    }
+
+    /// Restarts it on the same ports; returns when it listens again, and how long that took.
+    pub fn restart(&mut self) -> Result<Duration> {
+        let skip = self.proc.log().len();
+        let started = Instant::now();
+        self.proc.restart()?;
+        self.proc
+            .wait_log("listening", skip, Duration::from_secs(20))?;
+        Ok(started.elapsed())
+    }
+
+    /// GET through the proxy with `Host: host`: (status, body).
+    pub async fn get(&self, host: &str, path: &str) -> Result<(u16, String)> {
+        crate::http::get(self.addr, host, path).await
+    }
+
+    /// GET on the admin listener.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        crate::http::get(self.admin, "localhost", path).await
+    }
+
+    /// A metric's first sample.
+    pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
+        let (_, body) = self.admin_get("/metrics").await?;
+        Ok(crate::http::metric(&body, name))
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        crate::wait::until("proxy /readyz 200", timeout, || async {
+            match self.admin_get("/readyz").await {
+                Ok((200, _)) => Ok(Some(())),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+}

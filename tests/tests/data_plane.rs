@@ -1,0 +1,466 @@
+//! The proxy as a real process, fed by an in-test control plane (so any snapshot, valid or
+//! not, can be pushed) and forwarding to echo upstreams on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
+use holdfast_tests::proxy::ProxyProc;
+use holdfast_tests::{echo, wait};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const T: Duration = Duration::from_secs(20);
+
+fn dirs(test: &str) -> (tempfile::TempDir, PathBuf) {
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(format!("dp-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&logs).unwrap();
+    (tempfile::tempdir().unwrap(), logs)
+}
+
+async fn echo_on_loopback(name: &str) -> SocketAddr {
+    echo::spawn(([127, 0, 0, 1], 0).into(), name)
+        .await
+        .unwrap()
+        .0
+}
+
+/// A 127.0.0.1 port with nothing listening.
+fn closed_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn wait_version(p: &ProxyProc, version: &str) -> anyhow::Result<()> {
+    wait::until(&format!("proxy serving {version}"), T, || async {
+        let (_, body) = p
+            .admin_get("/debug/snapshot")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(body.contains(version).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_invalid_snapshot_is_nacked_with_the_reason_and_the_old_routes_keep_serving()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("nack");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let good = snapshot(10, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(good.clone());
+    let p = ProxyProc::start("proxy-nack", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &good.version).await?;
+    assert_eq!(p.get("a.test", "/").await?, (200, "echo-a\n".into()));
+
+    // A route to a backend that is not in the snapshot (sealed, so only consistency fails).
+    let mut bad = snapshot(
+        11,
+        &[("a.test", "/", "web"), ("b.test", "/", "missing")],
+        &[("web", &[a])],
+    );
+    holdfast_proto::snapshot::seal(&mut bad, 11);
+    cp.push(bad.clone());
+    let nack = wait::until("a NACK", T, || async {
+        Ok(cp.requests().into_iter().find(|r| r.error_detail.is_some()))
+    })
+    .await?;
+    let reason = nack.error_detail.unwrap().message;
+    assert!(
+        reason.contains("missing") && reason.contains("not in the snapshot"),
+        "{reason}"
+    );
+    assert_eq!(
+        nack.version_info, good.version,
+        "a NACK names the version still in use"
+    );
+    assert_eq!(
+        p.get("a.test", "/").await?,
+        (200, "echo-a\n".into()),
+        "old routes keep serving"
+    );
+    assert_eq!(p.get("b.test", "/").await?.0, 404);
+    assert_eq!(
+        p.metric("holdfast_proxy_snapshot_nacks_total").await?,
+        Some(1.0)
+    );
+
+    // An older cluster revision is refused too (never backwards).
+    let older = snapshot(9, &[("c.test", "/", "web")], &[("web", &[a])]);
+    cp.push(older);
+    wait::until("a second NACK", T, || async {
+        let n = cp
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.error_detail
+                    .as_ref()
+                    .is_some_and(|e| e.message.contains("older"))
+            })
+            .count();
+        Ok((n == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(p.get("c.test", "/").await?.0, 404);
+
+    // A tampered snapshot (hash no longer matches) is refused.
+    let mut tampered = snapshot(12, &[("d.test", "/", "web")], &[("web", &[a])]);
+    tampered.virtual_hosts[0].host = "e.test".into();
+    cp.push(tampered);
+    wait::until("a hash NACK", T, || async {
+        Ok(cp
+            .requests()
+            .iter()
+            .any(|r| {
+                r.error_detail
+                    .as_ref()
+                    .is_some_and(|e| e.message.contains("hash"))
+            })
+            .then_some(()))
+    })
+    .await?;
+
+    // A valid newer one applies and is ACKed with its version.
+    let newer = snapshot(
+        13,
+        &[("a.test", "/", "web"), ("f.test", "/", "web")],
+        &[("web", &[a])],
+    );
+    cp.push(newer.clone());
+    wait_version(&p, &newer.version).await?;
+    assert_eq!(p.get("f.test", "/").await?.0, 200);
+    let acked = wait::until("the ACK", T, || async {
+        Ok(cp
+            .requests()
+            .into_iter()
+            .find(|r| r.error_detail.is_none() && r.version_info == newer.version))
+    })
+    .await?;
+    assert_eq!(acked.content_hash, newer.content_hash);
+    Ok(())
+}
+
+#[tokio::test]
+async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow::Result<()> {
+    let (state, logs) = dirs("codes");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let mut s = snapshot(
+        1,
+        &[
+            ("ok.test", "/", "web"),
+            ("empty.test", "/", "empty"),
+            ("down.test", "/", "down"),
+            ("slow.test", "/", "web"),
+        ],
+        &[("web", &[a]), ("empty", &[]), ("down", &[closed_port()])],
+    );
+    s.backends[1].unavailable_reason = "service ns/empty not found".into();
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-codes",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--upstream-response-timeout", "500ms"],
+    )?;
+    wait_version(&p, &s.version).await?;
+
+    let (code, body) = p.get("nothing.test", "/").await?;
+    assert_eq!(code, 404);
+    assert!(body.contains("no route"), "{body}");
+    let (code, body) = p.get("empty.test", "/").await?;
+    assert_eq!(code, 503);
+    assert!(body.contains("service ns/empty not found"), "{body}");
+    let (code, body) = p.get("down.test", "/").await?;
+    assert_eq!(code, 502);
+    assert!(body.contains("connect"), "{body}");
+    let (code, body) = p.get("slow.test", "/?delay_ms=3000").await?;
+    assert_eq!(code, 504);
+    assert!(body.contains("504"), "{body}");
+    assert_eq!(p.get("ok.test", "/").await?.0, 200);
+
+    let (_, metrics) = p.admin_get("/metrics").await?;
+    assert!(
+        metrics.contains(r#"holdfast_proxy_requests_total{route="ok.test/",class="2xx"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"holdfast_proxy_requests_total{route="empty.test/",class="5xx"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("holdfast_proxy_upstream_latency_seconds_bucket"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_connection_failure_is_retried_on_another_endpoint_which_is_then_preferred()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("retry");
+    let a = echo_on_loopback("echo-a").await;
+    let b = echo_on_loopback("echo-b").await;
+    let dead = closed_port();
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[dead, a, b])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-retry", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let mut served = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let (code, body) = p.get("a.test", "/").await?;
+        assert_eq!(code, 200, "{body}");
+        served.insert(body);
+    }
+    assert_eq!(
+        served.into_iter().collect::<Vec<_>>(),
+        ["echo-a\n", "echo-b\n"],
+        "round robin over the live endpoints"
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_upstream_connect_errors_total")
+            .await?,
+        Some(1.0),
+        "the dead endpoint was ejected after one failure"
+    );
+    Ok(())
+}
+
+/// Sends raw bytes to the proxy and returns the status line.
+async fn raw(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(request.as_bytes()).await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, s.read(&mut buf)).await??;
+    Ok(String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned())
+}
+
+#[tokio::test]
+async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstream()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("headers");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-headers", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+
+    let both = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    assert!(raw(p.addr, both).await?.contains(" 400 "));
+    let twice =
+        "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd";
+    assert!(raw(p.addr, twice).await?.contains(" 400 "));
+    let listed = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4, 4\r\n\r\nabcd";
+    assert!(raw(p.addr, listed).await?.contains(" 400 "));
+    let fine = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nabcd";
+    assert!(raw(p.addr, fine).await?.contains(" 200 "));
+
+    // Hop-by-hop headers (and those Connection names) are removed; X-Forwarded-* added.
+    let mut s = tokio::net::TcpStream::connect(p.addr).await?;
+    let req = "GET /x?y=1 HTTP/1.1\r\nHost: A.test:80\r\nConnection: keep-alive, x-secret\r\nKeep-Alive: timeout=5\r\nX-Secret: 1\r\nTE: trailers\r\nX-Forwarded-For: 203.0.113.9\r\nX-Kept: yes\r\n\r\n";
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = vec![0u8; 8192];
+    let n = tokio::time::timeout(T, s.read(&mut buf)).await??;
+    let head = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+    let seen = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-echo-headers: "))
+        .expect("echo headers")
+        .to_owned();
+    let seen: Vec<&str> = seen.trim().split(',').collect();
+    for gone in ["connection", "keep-alive", "x-secret", "te"] {
+        assert!(
+            !seen.contains(&gone),
+            "{gone} reached the upstream: {seen:?}"
+        );
+    }
+    assert!(seen.contains(&"x-kept"), "{seen:?}");
+    assert!(
+        head.contains("x-echo-x-forwarded-for: 203.0.113.9, 127.0.0.1"),
+        "{head}"
+    );
+    assert!(head.contains("x-echo-x-forwarded-proto: http"), "{head}");
+    assert!(
+        head.contains("x-echo-x-forwarded-host: a.test:80"),
+        "{head}"
+    );
+    assert!(head.contains("x-echo-path: /x?y=1"), "{head}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn h2c_with_prior_knowledge_and_websocket_upgrades_pass_through() -> anyhow::Result<()> {
+    let (state, logs) = dirs("h2-ws");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-h2", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+
+    // h2c, prior knowledge.
+    let stream = tokio::net::TcpStream::connect(p.addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    let req =
+        http::Request::get("http://a.test/h2").body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.headers()["x-echo-name"], "echo-a");
+
+    // Upgrade: 101 from the upstream, then bytes flow both ways.
+    let mut ws = tokio::net::TcpStream::connect(p.addr).await?;
+    ws.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, ws.read(&mut buf)).await??;
+    let head = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    ws.write_all(b"ping through the proxy").await?;
+    let mut got = vec![0u8; 22];
+    tokio::time::timeout(T, ws.read_exact(&mut got)).await??;
+    assert_eq!(&got, b"ping through the proxy");
+    Ok(())
+}
+
+#[tokio::test]
+async fn admin_endpoints_explain_routes_and_report_readiness() -> anyhow::Result<()> {
+    let (state, logs) = dirs("admin");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let p = ProxyProc::start("proxy-admin", &[cp.url()], state.path(), &logs, &[])?;
+    // No snapshot yet: not ready, and requests get 503 (never a partial table).
+    assert_eq!(p.admin_get("/readyz").await?.0, 503);
+    assert_eq!(p.admin_get("/healthz").await?.0, 200);
+    assert_eq!(p.get("a.test", "/").await?.0, 503);
+
+    let s = snapshot(3, &[("a.test", "/api", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    p.wait_ready(T).await?;
+    let (_, snap) = p.admin_get("/debug/snapshot").await?;
+    let snap: serde_json::Value = serde_json::from_str(&snap)?;
+    assert_eq!(snap["version"], s.version.as_str());
+    assert_eq!(
+        (
+            snap["routes"].as_u64(),
+            snap["backends"].as_u64(),
+            snap["endpoints"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1))
+    );
+
+    let (_, hit) = p
+        .admin_get("/debug/explain?host=A.test:8080&path=/api/v1")
+        .await?;
+    let hit: serde_json::Value = serde_json::from_str(&hit)?;
+    assert_eq!(hit["matched"], true);
+    assert_eq!(hit["route"]["path"], "/api");
+    assert_eq!(hit["backend"]["endpoints"][0], a.to_string());
+    let (_, miss) = p.admin_get("/debug/explain?host=a.test&path=/apix").await?;
+    let miss: serde_json::Value = serde_json::from_str(&miss)?;
+    assert_eq!(miss["matched"], false);
+    assert!(
+        miss["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no Exact or Prefix route"),
+        "{miss}"
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_control_plane_connected").await?,
+        Some(1.0)
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_snapshot_cluster_revision").await?,
+        Some(3.0)
+    );
+    Ok(())
+}
+
+/// An upstream that reports when a request has arrived and answers only when released.
+async fn gated_upstream() -> (
+    SocketAddr,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived_tx, arrived_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            head.extend_from_slice(&buf[..n]);
+        }
+        let _ = arrived_tx.send(());
+        let _ = release_rx.await;
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nslow\n")
+            .await
+            .unwrap();
+    });
+    (addr, arrived_rx, release_tx)
+}
+
+#[tokio::test]
+async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Result<()> {
+    let (state, logs) = dirs("drain");
+    let (upstream, arrived, release) = gated_upstream().await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[upstream])]);
+    cp.push(s.clone());
+    let mut p = ProxyProc::start(
+        "proxy-drain",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--shutdown-grace", "10s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let addr = p.addr;
+    let in_flight =
+        tokio::spawn(async move { holdfast_tests::http::get(addr, "a.test", "/").await });
+    tokio::time::timeout(T, arrived).await??;
+
+    p.proc.signal("TERM")?;
+    wait::until("the proxy to stop accepting", T, || async {
+        Ok(tokio::net::TcpStream::connect(addr)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+    release
+        .send(())
+        .map_err(|_| anyhow::anyhow!("upstream gone"))?;
+    let (code, body) = in_flight.await??;
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "slow\n"),
+        "the in-flight request finished"
+    );
+    let status = p.proc.wait_exit(T)?;
+    assert!(status.success(), "{status}");
+    Ok(())
+}
