@@ -84,6 +84,8 @@ pub struct WatchSettings {
     /// Server-side timeout of each watch request, in seconds: an idle watch is renewed
     /// before the client's read timeout would call it dead.
     pub watch_timeout_secs: u32,
+    /// Objects per LIST page while (re-)listing.
+    pub page_size: u32,
 }
 
 /// Starts one watcher per kind. Each notifies `changed` after every change and after each
@@ -143,7 +145,9 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().timeout(ctx.settings.watch_timeout_secs);
+    let config = watcher::Config::default()
+        .timeout(ctx.settings.watch_timeout_secs)
+        .page_size(ctx.settings.page_size);
     let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);

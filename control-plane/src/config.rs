@@ -58,6 +58,10 @@ pub struct Args {
     /// long is considered dead and re-established (watches are renewed before it).
     #[arg(long, env = "HOLDFAST_API_READ_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub api_read_timeout: Duration,
+    /// Objects per LIST page when (re-)listing a kind. A re-list is complete only once
+    /// every page has arrived.
+    #[arg(long, env = "HOLDFAST_LIST_PAGE_SIZE", default_value_t = 500)]
+    pub list_page_size: u32,
     /// Name of this replica in Kubernetes Events (default: the host name).
     #[arg(long, env = "HOLDFAST_INSTANCE")]
     pub instance: Option<String>,
@@ -103,6 +107,9 @@ impl Args {
         }
         if self.api_read_timeout < Duration::from_secs(2) {
             return Err(err("api-read-timeout", "must be at least 2s"));
+        }
+        if self.list_page_size == 0 {
+            return Err(err("list-page-size", "must be at least 1"));
         }
         if self.controller_name.is_empty() {
             return Err(err("controller-name", "must not be empty"));

@@ -57,6 +57,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         changed.clone(),
         WatchSettings {
             watch_timeout_secs: args.watch_timeout_secs(),
+            page_size: args.list_page_size,
         },
         &mut tasks,
     );

@@ -26,11 +26,26 @@ impl ControlPlane {
     /// Starts one with `kubeconfig`, on free ports, with `extra` flags; logs go to
     /// `<log_dir>/<name>.log`.
     pub fn start(name: &str, kubeconfig: &Path, log_dir: &Path, extra: &[&str]) -> Result<Self> {
+        let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+        Self::start_at(name, kubeconfig, log_dir, extra, any, any)
+    }
+
+    /// Like [`ControlPlane::start`], on the given addresses (to replace a control plane
+    /// that proxies already know).
+    pub fn start_at(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+        grpc: SocketAddr,
+        admin: SocketAddr,
+    ) -> Result<Self> {
+        let (grpc, admin) = (grpc.to_string(), admin.to_string());
         let mut args: Vec<String> = [
             "--grpc-listen",
-            "127.0.0.1:0",
+            grpc.as_str(),
             "--admin-listen",
-            "127.0.0.1:0",
+            admin.as_str(),
         ]
         .into_iter()
         .chain(extra.iter().copied())

@@ -35,6 +35,8 @@ pub enum Mode {
 pub struct FaultProxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    /// Bumped to reset every established connection.
+    generation: watch::Sender<u64>,
     task: JoinHandle<()>,
     stats: Arc<Mutex<Stats>>,
 }
@@ -61,11 +63,13 @@ impl FaultProxy {
         let listener = bind("127.0.0.1:0".parse().expect("valid address"))?;
         let addr = listener.local_addr()?;
         let (mode, rx) = watch::channel(Mode::Pass);
+        let (generation, gen_rx) = watch::channel(0);
         let stats = Arc::new(Mutex::new(Stats::default()));
-        let task = tokio::spawn(run(listener, addr, upstream, rx, stats.clone()));
+        let task = tokio::spawn(run(listener, addr, upstream, rx, gen_rx, stats.clone()));
         Ok(FaultProxy {
             addr,
             mode,
+            generation,
             task,
             stats,
         })
@@ -79,6 +83,11 @@ impl FaultProxy {
     /// Switches mode; takes effect at once for new and existing connections.
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// Resets (RST) every connection established so far, whatever the mode.
+    pub fn reset_existing(&self) {
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// The current mode.
@@ -103,6 +112,7 @@ async fn run(
     addr: SocketAddr,
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
+    generation: watch::Receiver<u64>,
     stats: Arc<Mutex<Stats>>,
 ) {
     let mut listener = Some(listener);
@@ -123,7 +133,7 @@ async fn run(
             accepted = async { listener.as_ref().expect("listening").accept().await }, if listener.is_some() => {
                 let Ok((client, _)) = accepted else { continue };
                 stats.lock().expect("stats lock").accepted += 1;
-                conns.spawn(connection(client, upstream, mode.clone(), stats.clone()));
+                conns.spawn(connection(client, upstream, mode.clone(), generation.clone(), stats.clone()));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -138,8 +148,10 @@ async fn connection(
     client: TcpStream,
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
+    mut generation: watch::Receiver<u64>,
     stats: Arc<Mutex<Stats>>,
 ) {
+    generation.borrow_and_update();
     let _ = client.set_nodelay(true);
     if *mode.borrow() == Mode::Reset {
         reset(&client);
@@ -164,6 +176,7 @@ async fn connection(
         let forwarding = current != Mode::Blackhole;
         tokio::select! {
             changed = mode.changed() => if changed.is_err() { break },
+            _ = generation.changed() => break,
             n = cr.read(&mut up_buf), if forwarding => {
                 let Ok(n) = n else { break };
                 if n == 0 { let _ = sw.shutdown().await; break; }

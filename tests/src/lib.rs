@@ -13,6 +13,8 @@
 //!   [`control_plane`]: `holdfast-control-plane` on free ports.
 //! - [`proxy`]: `holdfast-proxy` as a process; [`fake_control_plane`]: an in-test
 //!   RouteDiscovery server that pushes any snapshot (valid or not) and records ACK/NACKs.
+//! - [`scenario`]: the world of a fault scenario; [`traffic`]: a bounded traffic driver
+//!   that records every status code.
 //! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
 //! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
@@ -34,7 +36,9 @@ pub mod netns;
 pub mod objects;
 pub mod process;
 pub mod proxy;
+pub mod scenario;
 pub mod subscriber;
+pub mod traffic;
 pub mod wait;
 
 use std::path::PathBuf;

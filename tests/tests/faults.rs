@@ -1,0 +1,889 @@
+//! The fault suite: zero failed requests through API-server, etcd and control-plane
+//! outages (DESIGN: "the failure it must never have"). Every scenario runs real processes:
+//! a private kube-apiserver and etcd, the control plane behind a TCP fault proxy, two
+//! proxies, echo backends in a test network namespace, and steady traffic.
+//!
+//! Outage lengths (30 s, 20 s, 60 s) are the faults themselves, so they are timed; every
+//! other wait is for a condition with a deadline.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use holdfast_tests::cluster::Component;
+use holdfast_tests::control_plane::{ControlPlane, kubeconfig_via};
+use holdfast_tests::fake_control_plane::FakeControlPlane;
+use holdfast_tests::faultproxy::{FaultProxy, Mode};
+use holdfast_tests::grpcurl::{call, grpcurl};
+use holdfast_tests::objects::delete;
+use holdfast_tests::proxy::ProxyProc;
+use holdfast_tests::scenario::{Options, Scenario, T, base_cp_args, route_count};
+use holdfast_tests::subscriber::Subscriber;
+use holdfast_tests::traffic::{Report, Traffic};
+use holdfast_tests::wait;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::json;
+
+const RATE: u32 = 200;
+
+fn assert_clean(report: &Report) {
+    assert!(
+        report.unexpected.is_empty(),
+        "non-2xx answers: {}",
+        report.summary()
+    );
+    assert!(report.total > 0, "no traffic was sent");
+}
+
+/// Lines of the control plane's log that report a completed list of Ingresses.
+fn ingress_lists(cp: &ControlPlane) -> usize {
+    cp.proc
+        .log()
+        .lines()
+        .filter(|l| l.contains("cache complete") && l.contains("kind=\"Ingress\""))
+        .count()
+}
+
+/// Holds the outage for `d`: the fault's own duration, not synchronisation.
+async fn outage(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+#[tokio::test]
+async fn s01_incident_replay_api_server_refuses_connections_for_30s() -> anyhow::Result<()> {
+    let s = Scenario::start("s01", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let published = s.published_total().await?;
+    let versions = s.applied_versions().await?;
+    let traffic = s.traffic(RATE);
+
+    s.api_fault.set(Mode::Refuse);
+    s.api_fault.reset_existing();
+    s.wait_cp_watch_error(T).await?;
+    outage(Duration::from_secs(30)).await;
+    assert_eq!(
+        s.published_total().await?,
+        published,
+        "a snapshot was published during the outage"
+    );
+    assert_eq!(s.applied_versions().await?, versions);
+
+    s.api_fault.set(Mode::Pass);
+    s.wait_cp_synced().await?;
+    wait::until("the control plane to read the API again", T, || async {
+        let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok((st["ready"] == true).then_some(()))
+    })
+    .await?;
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(
+        s.published_hash()?,
+        hash,
+        "content changed across the outage"
+    );
+    assert_eq!(s.published_total().await?, published);
+    assert_eq!(s.applied_versions().await?, versions);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snapshot()
+-> anyhow::Result<()> {
+    // Small LIST pages, so a re-list takes several requests and a cut can land after some
+    // pages have arrived: a genuinely partial list.
+    let opts = Options {
+        cp_args: vec!["--list-page-size".into(), "3".into()],
+        ..Options::default()
+    };
+    let s = Scenario::start("s02", opts).await?;
+    let hash = s.published_hash()?;
+    // Observe everything the control plane publishes from now on.
+    let mut observer = Subscriber::connect(&s.cp.grpc_url(), "observer", None).await?;
+    let first = observer.next(T).await?.expect("current snapshot");
+    let first = observer.ack(first).await?;
+    let full = route_count(&first);
+    assert_eq!(full, 10);
+    let observed = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Ok(Some(r)) = observer.next(Duration::from_secs(120)).await {
+            match observer.ack(r).await {
+                Ok(snap) => seen.push(route_count(&snap)),
+                Err(_) => break,
+            }
+        }
+        seen
+    });
+    let lists_before = ingress_lists(&s.cp);
+    let traffic = s.traffic(RATE);
+
+    // Every connection is cut after 8.5 kB from the server: past the TLS handshake and a
+    // few pages, partway into the re-list. Restarting kube-apiserver forces a re-list.
+    s.api_fault.set(Mode::CutAfter(8_500));
+    s.api_fault.reset_existing();
+    s.cluster.stop(Component::KubeApiserver, false)?;
+    s.cluster.restart(Component::KubeApiserver)?;
+    wait::until("several lists cut mid-response", T, || async {
+        Ok((s.api_fault.stats().cut >= 5).then_some(()))
+    })
+    .await?;
+    s.api_fault.set(Mode::Pass);
+    s.wait_cp_synced().await?;
+    wait::until("a completed re-list of Ingresses", T, || async {
+        Ok((ingress_lists(&s.cp) > lists_before).then_some(()))
+    })
+    .await?;
+
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(
+        s.published_hash()?,
+        hash,
+        "routes changed across the cut re-list"
+    );
+    observed.abort();
+    let seen = observed.await.unwrap_or_default();
+    assert!(
+        seen.iter().all(|n| *n == full),
+        "a partial snapshot was published: route counts {seen:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn s03_kube_apiserver_and_etcd_sigkilled_and_restarted() -> anyhow::Result<()> {
+    let s = Scenario::start("s03", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let versions = s.applied_versions().await?;
+    let traffic = s.traffic(RATE);
+
+    s.cluster.stop(Component::KubeApiserver, true)?;
+    s.wait_cp_watch_error(T).await?;
+    outage(Duration::from_secs(20)).await;
+    s.cluster.restart(Component::KubeApiserver)?;
+    s.wait_cp_synced().await?;
+
+    s.cluster.stop(Component::Etcd, true)?;
+    outage(Duration::from_secs(5)).await;
+    s.cluster.restart(Component::Etcd)?;
+    wait::until(
+        "the API answering through the restarted etcd",
+        T,
+        || async {
+            let api: Api<Ingress> = Api::namespaced(s.client.clone(), &s.ns);
+            api.list(&Default::default())
+                .await
+                .map(|l| Some(l.items.len()))
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    s.wait_cp_synced().await?;
+
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(s.published_hash()?, hash, "routes changed");
+    assert_eq!(s.applied_versions().await?, versions);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s04_blackholed_api_server_is_noticed_and_nothing_wrong_is_published() -> anyhow::Result<()>
+{
+    let s = Scenario::start("s04", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let published = s.published_total().await?;
+    let traffic = s.traffic(RATE);
+
+    let start = Instant::now();
+    s.api_fault.set(Mode::Blackhole);
+    // --api-read-timeout is 5s: the control plane must notice within a few of those.
+    s.wait_cp_watch_error(Duration::from_secs(20)).await?;
+    eprintln!("blackhole noticed after {:?}", start.elapsed());
+    outage(Duration::from_secs(10)).await;
+    assert_eq!(s.published_total().await?, published);
+
+    s.api_fault.set(Mode::Pass);
+    s.wait_cp_synced().await?;
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(s.published_hash()?, hash);
+    assert_eq!(s.published_total().await?, published);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s05_control_plane_cold_start_while_the_api_server_is_unreachable() -> anyhow::Result<()> {
+    let mut s = Scenario::start("s05", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let versions = s.applied_versions().await?;
+    let traffic = s.traffic(RATE);
+
+    s.cp.proc.kill();
+    s.api_fault.set(Mode::Refuse);
+    s.api_fault.reset_existing();
+    s.cp.restart()?;
+    s.wait_cp_watch_error(T).await?;
+    // Proxies reconnect to it, and get nothing.
+    wait::until(
+        "both proxies connected to the new control plane",
+        T,
+        || async {
+            let l = call(s.cp.grpc, "holdfast.v1.Admin/ListProxies", "{}")
+                .map_err(|e| e.to_string())?;
+            Ok((l["proxies"].as_array().map_or(0, Vec::len) == 2).then_some(()))
+        },
+    )
+    .await?;
+    let health = call(s.cp.grpc, "grpc.health.v1.Health/Check", "{}")?;
+    assert_eq!(health["status"], "NOT_SERVING");
+    assert_eq!(s.cp.admin_get("/readyz").await?.0, 503);
+    assert_eq!(s.published_total().await?, 0.0);
+    assert_eq!(
+        s.applied_versions().await?,
+        versions,
+        "proxies keep their snapshot"
+    );
+
+    s.api_fault.set(Mode::Pass);
+    wait::until("the first snapshot", T, || async {
+        Ok(s.published_hash().ok())
+    })
+    .await?;
+    assert_eq!(
+        s.published_hash()?,
+        hash,
+        "the first snapshot after the outage differs"
+    );
+    let snap = s.published()?;
+    assert_eq!(
+        snap["virtualHosts"].as_array().map(Vec::len),
+        Some(10),
+        "incomplete first snapshot"
+    );
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s06_control_plane_sigkilled_for_60s() -> anyhow::Result<()> {
+    let mut s = Scenario::start("s06", Options::default()).await?;
+    let versions = s.applied_versions().await?;
+    let applied: Vec<Option<f64>> = futures::future::join_all(s.proxies.iter().map(|p| async {
+        p.metric("holdfast_proxy_snapshots_applied_total")
+            .await
+            .ok()
+            .flatten()
+    }))
+    .await;
+    let traffic = s.traffic(RATE);
+
+    s.cp.proc.kill();
+    outage(Duration::from_secs(60)).await;
+    let during = traffic.snapshot();
+    assert_clean(&during);
+    s.cp.restart()?;
+    wait::until(
+        "both proxies reconnected, acked at their version",
+        T,
+        || async {
+            let l = call(s.cp.grpc, "holdfast.v1.Admin/ListProxies", "{}")
+                .map_err(|e| e.to_string())?;
+            let acked: Vec<String> = l["proxies"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|p| p["ackedVersion"].as_str().unwrap_or("").to_owned())
+                .collect();
+            Ok((acked.len() == 2 && acked.iter().all(|v| versions.contains(v))).then_some(()))
+        },
+    )
+    .await?;
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(
+        s.applied_versions().await?,
+        versions,
+        "content unchanged, nothing re-applied"
+    );
+    for (p, before) in s.proxies.iter().zip(applied) {
+        assert_eq!(
+            p.metric("holdfast_proxy_snapshots_applied_total").await?,
+            before,
+            "a proxy re-applied"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn s07_proxy_restarted_while_the_control_plane_is_down_serves_its_persisted_snapshot()
+-> anyhow::Result<()> {
+    let mut s = Scenario::start("s07", Options::default()).await?;
+    s.cp.proc.kill();
+    let other = Traffic::start(&[s.proxies[1].addr], s.hosts(), RATE);
+
+    let started = Instant::now();
+    s.proxies[0].restart()?;
+    let host = s.host(0);
+    wait::until("the restarted proxy serving", T, || async {
+        Ok(matches!(s.proxies[0].get(&host, "/").await, Ok((200, _))).then_some(()))
+    })
+    .await?;
+    let took = started.elapsed();
+    eprintln!("restarted proxy served from its state file {took:?} after starting");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let restarted = Traffic::start(&[s.proxies[0].addr], s.hosts(), RATE);
+    wait::until("traffic through the restarted proxy", T, || async {
+        Ok((restarted.snapshot().total >= 500).then_some(()))
+    })
+    .await?;
+    assert_clean(&restarted.stop().await);
+    assert_clean(&other.stop().await);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s08_corrupt_or_truncated_state_file_is_rejected_and_recovered_from() -> anyhow::Result<()>
+{
+    let mut s = Scenario::start("s08", Options::default()).await?;
+    let file = s.proxies[0].state_dir.join("snapshot.bin");
+    let good = std::fs::read(&file)?;
+    for damaged in [good[..good.len() - 7].to_vec(), {
+        let mut c = good.clone();
+        c[60] ^= 1;
+        c
+    }] {
+        s.cp.proc.kill();
+        s.proxies[0].proc.kill();
+        std::fs::write(&file, &damaged)?;
+        s.proxies[0].restart()?;
+        assert_eq!(s.proxies[0].admin_get("/readyz").await?.0, 503);
+        assert_eq!(s.proxies[0].admin_get("/debug/snapshot").await?.0, 503);
+        for host in s.hosts() {
+            let (code, body) = s.proxies[0].get(&host, "/").await?;
+            assert_eq!(code, 503, "served from a partial table? {body}");
+        }
+        assert!(s.proxies[0].proc.log().contains("rejected the state file"));
+        s.cp.restart()?;
+        s.proxies[0].wait_ready(T).await?;
+        s.wait_all_served().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies_shows_nacks()
+-> anyhow::Result<()> {
+    let mut s = Scenario::start(
+        "s09",
+        Options {
+            proxies: 1,
+            ..Options::default()
+        },
+    )
+    .await?;
+    // The real snapshot, fetched with the Admin API, is the proxy's good starting point.
+    let mut admin = holdfast_proto::v1::admin_client::AdminClient::connect(s.cp.grpc_url()).await?;
+    let real = admin
+        .get_snapshot(holdfast_proto::v1::GetSnapshotRequest {})
+        .await?
+        .into_inner();
+
+    let fake = FakeControlPlane::start(None).await?;
+    let mut newer = real.clone();
+    newer.virtual_hosts.push(holdfast_proto::v1::VirtualHost {
+        host: format!("extra.{}.test", s.ns),
+        routes: newer.virtual_hosts[0].routes.clone(),
+    });
+    holdfast_proto::snapshot::seal(&mut newer, real.cluster_revision + 1000);
+    fake.push(newer.clone());
+    let state = tempfile::tempdir()?;
+    let mut p = ProxyProc::start("proxy-fake", &[fake.url()], state.path(), &s.logs, &[])?;
+    p.wait_ready(T).await?;
+    let traffic = Traffic::start(&[p.addr], s.hosts(), RATE);
+
+    // Invalid: a route to a backend that is not there.
+    let mut bad = newer.clone();
+    bad.virtual_hosts[0].routes[0].backend = "nowhere/none:80".into();
+    holdfast_proto::snapshot::seal(&mut bad, real.cluster_revision + 1001);
+    fake.push(bad);
+    let nack = wait::until("the NACK", T, || async {
+        Ok(fake
+            .requests()
+            .into_iter()
+            .find(|r| r.error_detail.is_some()))
+    })
+    .await?;
+    assert!(
+        nack.error_detail
+            .unwrap()
+            .message
+            .contains("nowhere/none:80")
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_snapshot_nacks_total").await?,
+        Some(1.0)
+    );
+    wait::until("more traffic on the old routes", T, || async {
+        Ok((traffic.snapshot().total > 400).then_some(()))
+    })
+    .await?;
+    assert_clean(&traffic.stop().await);
+
+    // A real control plane sees a NACK too: this proxy holds a newer revision than the
+    // control plane offers, so it refuses it, and ListProxies says so.
+    p.proc.kill();
+    drop(fake);
+    let mut args = p.proc.args().to_vec();
+    let i = args
+        .iter()
+        .position(|a| a == "--control-plane")
+        .expect("flag");
+    args[i + 1] = s.cp.grpc_url();
+    p.proc.restart_with(args)?;
+    let proxies = wait::until("ListProxies showing the NACK", T, || async {
+        let l =
+            call(s.cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let found = l["proxies"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|p| p["id"] == "proxy-fake" && p["lastNackError"].is_string());
+        Ok(found)
+    })
+    .await?;
+    assert!(
+        proxies["lastNackError"].as_str().unwrap().contains("older"),
+        "{proxies}"
+    );
+    assert_eq!(proxies["ackedVersion"], newer.version.as_str());
+    s.proxies.push(p);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s10_mass_deletion_is_held_until_approved_with_grpcurl() -> anyhow::Result<()> {
+    let s = Scenario::start(
+        "s10",
+        Options {
+            cp_args: vec!["--hold-confirm-after".into(), "1h".into()],
+            ..Options::default()
+        },
+    )
+    .await?;
+    let versions = s.applied_versions().await?;
+    let traffic = s.traffic(RATE);
+
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    let held = wait::until("the held snapshot", T, || async {
+        let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok(st["held"]["version"].as_str().map(str::to_owned))
+    })
+    .await?;
+    wait::until("more traffic while held", T, || async {
+        Ok((traffic.snapshot().total > 1000).then_some(()))
+    })
+    .await?;
+    assert_clean(&traffic.stop().await);
+    assert_eq!(
+        s.applied_versions().await?,
+        versions,
+        "the held snapshot reached a proxy"
+    );
+
+    let approved = grpcurl(
+        s.cp.grpc,
+        Some(&json!({ "version": held }).to_string()),
+        &["holdfast.v1.Admin/ApproveHeldSnapshot"],
+    )?;
+    assert!(approved.contains(&held), "{approved}");
+    for p in &s.proxies {
+        for host in s.hosts() {
+            wait::until(&format!("{host} 404 after approval"), T, || async {
+                Ok(matches!(p.get(&host, "/").await, Ok((404, _))).then_some(()))
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn s11_deleting_one_of_ten_ingresses_flows_within_2s_and_others_never_fail()
+-> anyhow::Result<()> {
+    let s = Scenario::start("s11", Options::default()).await?;
+    let traffic = s.traffic(RATE);
+    let gone = s.host(3);
+    let deleted = Instant::now();
+    delete::<Ingress>(&s.client, &s.ns, "app3").await?;
+    for p in &s.proxies {
+        wait::until(
+            "the deleted host to answer 404",
+            Duration::from_secs(5),
+            || async { Ok(matches!(p.get(&gone, "/").await, Ok((404, _))).then_some(())) },
+        )
+        .await?;
+    }
+    let took = deleted.elapsed();
+    eprintln!("deletion reached both proxies in {took:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    wait::until("more traffic", T, || async {
+        Ok((traffic.snapshot().total > 800).then_some(()))
+    })
+    .await?;
+    let report = traffic.stop().await;
+    let others = report.unexpected_except(&[&gone]);
+    assert!(
+        others.is_empty(),
+        "other hosts failed: {}",
+        report.summary()
+    );
+    assert!(
+        report.unexpected.iter().all(|u| u.status == 404),
+        "{}",
+        report.summary()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn s12_service_deleted_while_its_ingress_stays_answers_503_not_404() -> anyhow::Result<()> {
+    let s = Scenario::start("s12", Options::default()).await?;
+    let traffic = s.traffic(RATE);
+    let host = s.host(4);
+    delete::<Service>(&s.client, &s.ns, "app4").await?;
+    for p in &s.proxies {
+        wait::until("503 for the Service-less route", T, || async {
+            Ok(matches!(p.get(&host, "/").await, Ok((503, _))).then_some(()))
+        })
+        .await?;
+    }
+    wait::until("more traffic", T, || async {
+        Ok((traffic.snapshot().total > 800).then_some(()))
+    })
+    .await?;
+    let report = traffic.stop().await;
+    assert!(
+        report.unexpected_except(&[&host]).is_empty(),
+        "{}",
+        report.summary()
+    );
+    assert_eq!(
+        report.count(&host, 404),
+        0,
+        "the route was removed: {}",
+        report.summary()
+    );
+    assert!(report.count(&host, 503) > 0);
+    Ok(())
+}
+
+async fn apply_rbac(s: &Scenario) -> anyhow::Result<()> {
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{ name: holdfast-cp, namespace: {ns} }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{ name: {ns}-routes }}
+rules:
+- apiGroups: [networking.k8s.io]
+  resources: [ingresses, ingressclasses]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{ name: {ns}-services }}
+rules:
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{ name: {ns}-routes }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-routes }}
+subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{ name: {ns}-services }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-services }}
+subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
+"#,
+        ns = s.ns
+    );
+    let path = s.logs.join("rbac.yaml");
+    std::fs::write(&path, rbac)?;
+    s.cluster
+        .kubectl_run(&["apply", "-f", &path.to_string_lossy()])?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready()
+-> anyhow::Result<()> {
+    let mut s = Scenario::start("s13", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let versions = s.applied_versions().await?;
+    apply_rbac(&s).await?;
+    let sa = s.cluster.service_account_kubeconfig(&s.ns, "holdfast-cp")?;
+    let sa = kubeconfig_via(&sa, s.api_fault.addr(), s.logs.join("cp-sa.kubeconfig"))?;
+    let args = base_cp_args(&s.class);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (grpc, admin) = (s.cp.grpc, s.cp.admin);
+
+    // With the full ServiceAccount permissions it works.
+    s.cp.proc.kill();
+    s.cp = ControlPlane::start_at("control-plane-sa", &sa, &s.logs, &args, grpc, admin)?;
+    wait::until("the ServiceAccount control plane publishing", T, || async {
+        Ok(s.published_hash().ok())
+    })
+    .await?;
+    assert_eq!(s.published_hash()?, hash);
+
+    let traffic = s.traffic(RATE);
+    s.cluster.kubectl_run(&[
+        "delete",
+        "clusterrolebinding",
+        &format!("{}-services", s.ns),
+    ])?;
+    s.cp.proc.kill();
+    s.cp = ControlPlane::start_at(
+        "control-plane-sa-restarted",
+        &sa,
+        &s.logs,
+        &args,
+        grpc,
+        admin,
+    )?;
+    let status = wait::until("a 403 on Services in GetStatus", T, || async {
+        let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let service = st["caches"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c["kind"] == "Service");
+        Ok(service.filter(|c| c["lastError"].as_str().is_some_and(|e| e.contains("403"))))
+    })
+    .await?;
+    assert_ne!(status["synced"], true);
+    assert!(
+        status["lastError"]
+            .as_str()
+            .unwrap()
+            .contains(r#"cannot list resource \"services\""#)
+            || status["lastError"]
+                .as_str()
+                .unwrap()
+                .contains(r#"cannot list resource "services""#),
+        "{status}"
+    );
+    let log = s.cp.proc.log();
+    assert!(
+        log.contains("permission denied (403)") && log.contains("services"),
+        "the log does not say what is missing:\n{log}"
+    );
+    assert_eq!(
+        call(s.cp.grpc, "grpc.health.v1.Health/Check", "{}")?["status"],
+        "NOT_SERVING"
+    );
+    assert_eq!(s.cp.admin_get("/readyz").await?.0, 503);
+    wait::until("more traffic", T, || async {
+        Ok((traffic.snapshot().total > 800).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        s.published_total().await?,
+        0.0,
+        "it published without Services"
+    );
+    assert_eq!(s.applied_versions().await?, versions);
+    assert_clean(&traffic.stop().await);
+    Ok(())
+}
+
+#[tokio::test]
+async fn s14_a_proxy_reconnecting_to_a_lagging_replica_does_not_move_backwards()
+-> anyhow::Result<()> {
+    let mut s = Scenario::start(
+        "s14",
+        Options {
+            proxies: 0,
+            ..Options::default()
+        },
+    )
+    .await?;
+    // Replica B, with its own path to the API server.
+    let fault_b = FaultProxy::start(([127, 0, 0, 1], s.cluster.apiserver_port()?).into()).await?;
+    let kube_b = kubeconfig_via(
+        &s.cluster.kubeconfig(),
+        fault_b.addr(),
+        s.logs.join("cp-b.kubeconfig"),
+    )?;
+    let args = base_cp_args(&s.class);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cp_b = ControlPlane::start("control-plane-b", &kube_b, &s.logs, &args)?;
+    wait::until("replica B publishing", T, || async {
+        Ok(call(cp_b.grpc, "holdfast.v1.Admin/GetSnapshot", "{}").ok())
+    })
+    .await?;
+    s.add_proxy("proxy-ab", &[s.cp.grpc_url(), cp_b.grpc_url()])?;
+    s.wait_all_served().await?;
+
+    // B is cut off from the API server while a change happens.
+    fault_b.set(Mode::Refuse);
+    fault_b.reset_existing();
+    s.create_app(10).await?;
+    let new_host = s.host(10);
+    wait::until("the new host served", T, || async {
+        Ok(matches!(s.proxies[0].get(&new_host, "/").await, Ok((200, _))).then_some(()))
+    })
+    .await?;
+    let mut hosts = s.hosts();
+    hosts.push(new_host.clone());
+    let traffic = Traffic::start(&s.proxy_addrs(), hosts, RATE);
+    let version = s.applied_versions().await?[0].clone();
+
+    // A goes away: the proxy reconnects to B, which offers an older cluster state.
+    s.cp.proc.kill();
+    let nack = wait::until("the proxy refusing B's older snapshot", T, || async {
+        let l =
+            call(cp_b.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        Ok(l["proxies"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|p| p["lastNackError"].is_string()))
+    })
+    .await?;
+    assert!(
+        nack["lastNackError"].as_str().unwrap().contains("older"),
+        "{nack}"
+    );
+    assert_eq!(
+        s.applied_versions().await?[0],
+        version,
+        "the proxy moved backwards"
+    );
+    wait::until("more traffic", T, || async {
+        Ok((traffic.snapshot().total > 600).then_some(()))
+    })
+    .await?;
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert!(report.count(&new_host, 200) > 0);
+    Ok(())
+}
+
+/// Compacts etcd at its current revision through its JSON gateway on 127.0.0.1.
+fn compact_etcd(s: &Scenario) -> anyhow::Result<u64> {
+    let port = std::fs::read_to_string(s.cluster.dir().join("etcd.port"))?
+        .trim()
+        .to_owned();
+    let post = |path: &str, body: &str| -> anyhow::Result<serde_json::Value> {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "5",
+                "-X",
+                "POST",
+                &format!("http://127.0.0.1:{port}{path}"),
+                "-d",
+                body,
+            ])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "curl {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let range = post("/v3/kv/range", r#"{"key":"AA=="}"#)?;
+    let rev: u64 = range["header"]["revision"]
+        .as_str()
+        .unwrap_or("0")
+        .parse()?;
+    post(
+        "/v3/kv/compaction",
+        &json!({ "revision": rev.to_string(), "physical": true }).to_string(),
+    )?;
+    Ok(rev)
+}
+
+#[tokio::test]
+async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps()
+-> anyhow::Result<()> {
+    let s = Scenario::start("s15", Options::default()).await?;
+    let hash = s.published_hash()?;
+    let versions = s.applied_versions().await?;
+    let published = s.published_total().await?;
+    let lists_before = ingress_lists(&s.cp);
+    let traffic = s.traffic(RATE);
+
+    // Disconnect the watches, move the cluster on, compact, and restart the API server so
+    // resuming from the old resourceVersion is impossible (410 Gone).
+    s.api_fault.set(Mode::Refuse);
+    s.api_fault.reset_existing();
+    s.wait_cp_watch_error(T).await?;
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    futures::stream::iter(0..50)
+        .for_each_concurrent(8, |i| {
+            let configmaps = configmaps.clone();
+            async move {
+                let cm =
+                    serde_json::from_value(json!({ "metadata": { "name": format!("churn-{i}") } }))
+                        .expect("valid");
+                let _ = configmaps.create(&PostParams::default(), &cm).await;
+            }
+        })
+        .await;
+    let rev = compact_etcd(&s)?;
+    eprintln!("compacted etcd at revision {rev}");
+    s.cluster.stop(Component::KubeApiserver, false)?;
+    s.cluster.restart(Component::KubeApiserver)?;
+    s.api_fault.set(Mode::Pass);
+
+    wait::until("a re-list of Ingresses", T, || async {
+        Ok((ingress_lists(&s.cp) > lists_before).then_some(()))
+    })
+    .await?;
+    s.wait_cp_synced().await?;
+    let expired =
+        s.cp.proc
+            .log()
+            .lines()
+            .any(|l| l.contains("410") || l.contains("Expired") || l.contains("too old"));
+    assert!(expired, "no 410 Gone in the control plane's log");
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    assert_eq!(s.published_hash()?, hash, "routes flapped");
+    assert_eq!(
+        s.published_total().await?,
+        published,
+        "a snapshot was published during the re-list"
+    );
+    assert_eq!(s.applied_versions().await?, versions);
+    Ok(())
+}
