@@ -62,6 +62,34 @@ pub struct Args {
     /// every page has arrived.
     #[arg(long, env = "HOLDFAST_LIST_PAGE_SIZE", default_value_t = 500)]
     pub list_page_size: u32,
+    /// Write this IP or host name (repeatable) into `status.loadBalancer` of our Ingresses
+    /// (leader only). Exclusive with --publish-service.
+    #[arg(
+        long = "publish-address",
+        env = "HOLDFAST_PUBLISH_ADDRESS",
+        value_delimiter = ','
+    )]
+    pub publish_addresses: Vec<String>,
+    /// `namespace/name` of the proxies' Service, whose address is written into
+    /// `status.loadBalancer` of our Ingresses (leader only).
+    #[arg(long, env = "HOLDFAST_PUBLISH_SERVICE")]
+    pub publish_service: Option<String>,
+    /// Name of the leader-election Lease (used only when publishing status).
+    #[arg(
+        long,
+        env = "HOLDFAST_LEASE_NAME",
+        default_value = "holdfast-control-plane"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: this pod's namespace, else "default").
+    #[arg(long, env = "HOLDFAST_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a leader's Lease lasts without renewal; a standby takes over after it.
+    #[arg(long, env = "HOLDFAST_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// The leader renews this long before its Lease expires.
+    #[arg(long, env = "HOLDFAST_LEASE_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub lease_grace: Duration,
     /// Name of this replica in Kubernetes Events (default: the host name).
     #[arg(long, env = "HOLDFAST_INSTANCE")]
     pub instance: Option<String>,
@@ -77,6 +105,8 @@ pub struct Config {
     pub args: Args,
     /// This replica's name.
     pub instance: String,
+    /// Namespace of the leader Lease.
+    pub lease_namespace: String,
 }
 
 /// A flag value that cannot work.
@@ -108,6 +138,29 @@ impl Args {
         if self.api_read_timeout < Duration::from_secs(2) {
             return Err(err("api-read-timeout", "must be at least 2s"));
         }
+        if !self.publish_addresses.is_empty() && self.publish_service.is_some() {
+            return Err(err(
+                "publish-address",
+                "cannot be combined with --publish-service",
+            ));
+        }
+        if let Some(svc) = &self.publish_service {
+            let ok = svc.split_once('/').is_some_and(|(ns, name)| {
+                !ns.is_empty() && !name.is_empty() && !name.contains('/')
+            });
+            if !ok {
+                return Err(err("publish-service", "must be namespace/name"));
+            }
+        }
+        if self.lease_duration.as_secs() < 2
+            || self.lease_grace.is_zero()
+            || self.lease_grace >= self.lease_duration
+        {
+            return Err(err(
+                "lease-grace",
+                "needs --lease-duration of at least 2s and a grace of at least 1s below it",
+            ));
+        }
         if self.list_page_size == 0 {
             return Err(err("list-page-size", "must be at least 1"));
         }
@@ -122,9 +175,15 @@ impl Args {
                 .map(|h| h.trim().to_owned())
                 .unwrap_or_else(|_| "holdfast-control-plane".into())
         });
+        let lease_namespace = self.lease_namespace.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .map(|n| n.trim().to_owned())
+                .unwrap_or_else(|_| "default".into())
+        });
         Ok(Config {
             args: self,
             instance,
+            lease_namespace,
         })
     }
 

@@ -10,6 +10,7 @@
 //! - [`state`]: what the parts share: the published snapshot, status, holds, proxies.
 //! - [`discovery`]: the `RouteDiscovery` gRPC stream (ACK/NACK, nonces, shared bytes).
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
+//! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
 //! - [`metrics`], [`config`], [`server`] (wiring).
 
 pub mod admin;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod publisher;
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod translate;
 
 use tokio_util::sync::CancellationToken;

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub watch_errors: Family<KindLabel, Counter>,
     /// Ingress rules skipped (invalid or losing a conflict) in the last build.
     pub skipped_rules: Gauge,
+    /// 1 while this replica holds the leader Lease (writes Ingress status).
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -62,6 +64,7 @@ impl Metrics {
             cache_synced: Family::default(),
             watch_errors: Family::default(),
             skipped_rules: Gauge::default(),
+            leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
         r.register(
@@ -124,6 +127,11 @@ impl Metrics {
             "ingress_rules_skipped",
             "Ingress rules skipped in the last build",
             m.skipped_rules.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            m.leader.clone(),
         );
         m
     }

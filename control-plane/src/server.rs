@@ -21,7 +21,7 @@ use crate::discovery::Discovery;
 use crate::metrics::Metrics;
 use crate::publisher::{self, FreshRead, ProblemReporter, Settings};
 use crate::state::Shared;
-use crate::translate;
+use crate::{status, translate};
 
 /// Runs the control plane until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -71,6 +71,34 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_removal_share: args.max_removal_share,
         confirm_after: args.hold_confirm_after,
     };
+    let publish = match (&args.publish_service, args.publish_addresses.is_empty()) {
+        (Some(svc), _) => {
+            let (namespace, name) = svc.split_once('/').expect("validated namespace/name");
+            Some(status::Publish::Service {
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+        }
+        (None, false) => Some(status::Publish::Addresses(args.publish_addresses.clone())),
+        (None, true) => None,
+    };
+    if let Some(publish) = publish {
+        tasks.spawn(status::run(
+            client.clone(),
+            caches.clone(),
+            shared.clone(),
+            status::Settings {
+                publish,
+                lease_name: args.lease_name.clone(),
+                lease_namespace: config.lease_namespace.clone(),
+                lease_duration: args.lease_duration,
+                lease_grace: args.lease_grace,
+                identity: config.instance.clone(),
+                translate: settings.translate.clone(),
+            },
+            shutdown.clone(),
+        ));
+    }
     tasks.spawn(publisher::run(
         caches,
         shared.clone(),

@@ -161,6 +161,17 @@ pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) 
     }
 }
 
+/// The Ingresses that are ours, in cache order.
+pub fn our_ingresses<'a>(state: &'a ClusterState, opts: &Options) -> Vec<&'a Ingress> {
+    let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
+    state
+        .ingresses
+        .iter()
+        .map(|i| &**i)
+        .filter(|i| is_ours(i, &classes, default_is_ours))
+        .collect()
+}
+
 /// Oldest first, then namespace/name: the order conflicts are decided in.
 fn age_and_name(
     i: &Ingress,

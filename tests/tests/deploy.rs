@@ -1,0 +1,322 @@
+//! `deploy/kubernetes` against the real API server: every manifest is accepted, the RBAC
+//! and pod specs follow the allowlist, and the control plane works with exactly that RBAC.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig};
+use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::objects::{self, create};
+use holdfast_tests::subscriber::{Subscriber, routes};
+use holdfast_tests::wait;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::Api;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(60);
+
+fn kustomize_dir() -> String {
+    holdfast_tests::repo_root()
+        .join("deploy/kubernetes")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The rendered manifests as JSON objects.
+fn rendered(cluster: &LocalCluster) -> anyhow::Result<Vec<Value>> {
+    let out = cluster.kubectl_run(&[
+        "apply",
+        "--dry-run=client",
+        "-o",
+        "json",
+        "-k",
+        &kustomize_dir(),
+    ])?;
+    let list: Value = serde_json::from_str(&out)?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[tokio::test]
+async fn every_manifest_passes_server_side_dry_run() -> anyhow::Result<()> {
+    let cluster = LocalCluster::shared();
+    // Namespaced objects need their namespace to exist even in a dry run.
+    let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
+    let out = cluster.kubectl_run(&["apply", "--dry-run=server", "-k", &kustomize_dir()])?;
+    let kinds: BTreeSet<&str> = out.lines().filter_map(|l| l.split('/').next()).collect();
+    for kind in [
+        "namespace",
+        "serviceaccount",
+        "clusterrole.rbac.authorization.k8s.io",
+        "role.rbac.authorization.k8s.io",
+        "deployment.apps",
+        "service",
+        "poddisruptionbudget.policy",
+        "horizontalpodautoscaler.autoscaling",
+        "networkpolicy.networking.k8s.io",
+        "ingressclass.networking.k8s.io",
+    ] {
+        assert!(
+            kinds.contains(kind),
+            "{kind} missing from the server dry run:\n{out}"
+        );
+    }
+    assert!(
+        out.lines().all(|l| l.ends_with("(server dry run)")),
+        "{out}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
+    let objects = rendered(LocalCluster::shared())?;
+    let role = find(&objects, "ClusterRole", "holdfast-control-plane");
+    let mut granted: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        assert!(rule.get("resourceNames").is_none());
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                for v in rule["verbs"].as_array().unwrap() {
+                    granted.insert((
+                        g.as_str().unwrap().into(),
+                        r.as_str().unwrap().into(),
+                        v.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+    }
+    let mut allowed: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for (g, r) in [
+        ("networking.k8s.io", "ingresses"),
+        ("networking.k8s.io", "ingressclasses"),
+        ("", "services"),
+        ("discovery.k8s.io", "endpointslices"),
+    ] {
+        for v in ["get", "list", "watch"] {
+            allowed.insert((g.into(), r.into(), v.into()));
+        }
+    }
+    for v in ["update", "patch"] {
+        allowed.insert((
+            "networking.k8s.io".into(),
+            "ingresses/status".into(),
+            v.into(),
+        ));
+    }
+    for g in ["", "events.k8s.io"] {
+        for v in ["create", "patch"] {
+            allowed.insert((g.into(), "events".into(), v.into()));
+        }
+    }
+    assert_eq!(
+        granted, allowed,
+        "the ClusterRole grants exactly the allowlist"
+    );
+
+    // No wildcards and no Secrets anywhere; leases only in our namespace, by name where
+    // Kubernetes allows.
+    for o in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        let text = o.to_string();
+        assert!(!text.contains("\"*\""), "wildcard in {text}");
+        assert!(!text.contains("secrets"), "secrets in {text}");
+    }
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole")
+            .count(),
+        1
+    );
+    let lease = find(&objects, "Role", "holdfast-control-plane-lease");
+    assert_eq!(lease["metadata"]["namespace"], "holdfast-system");
+    for rule in lease["rules"].as_array().unwrap() {
+        assert_eq!(rule["resources"], serde_json::json!(["leases"]));
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        if verbs != ["create"] {
+            assert_eq!(
+                rule["resourceNames"],
+                serde_json::json!(["holdfast-control-plane"]),
+                "{rule}"
+            );
+        }
+    }
+
+    for name in ["holdfast-control-plane", "holdfast-proxy"] {
+        let d = find(&objects, "Deployment", name);
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{name}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}"
+        );
+        for c in pod["containers"].as_array().unwrap() {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+            assert_eq!(
+                sc["capabilities"]["drop"],
+                serde_json::json!(["ALL"]),
+                "{name}"
+            );
+            assert!(sc["capabilities"].get("add").is_none(), "{name}");
+            assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
+            assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
+            assert!(
+                c["resources"]["requests"].is_object() && c["resources"]["limits"].is_object(),
+                "{name}"
+            );
+        }
+    }
+    let cp = find(&objects, "Deployment", "holdfast-control-plane");
+    assert_eq!(cp["spec"]["replicas"], 2);
+    let dp = find(&objects, "Deployment", "holdfast-proxy");
+    assert_eq!(dp["spec"]["replicas"], 3);
+    let pod = &dp["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["automountServiceAccountToken"], false,
+        "the proxy must have no API token"
+    );
+    let mounts = pod["containers"][0]["volumeMounts"].to_string();
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(mounts.contains("/var/lib/holdfast") && args.contains("--state-dir=/var/lib/holdfast"));
+    assert_eq!(
+        find(&objects, "Service", "holdfast-proxy")["spec"]["type"],
+        "LoadBalancer"
+    );
+    find(&objects, "HorizontalPodAutoscaler", "holdfast-proxy");
+    find(&objects, "PodDisruptionBudget", "holdfast-proxy");
+    find(&objects, "PodDisruptionBudget", "holdfast-control-plane");
+    assert_eq!(
+        find(&objects, "IngressClass", "holdfast")["spec"]["controller"],
+        "holdfast.dev/ingress-controller"
+    );
+
+    // Only proxies reach the gRPC port.
+    let np = find(&objects, "NetworkPolicy", "holdfast-control-plane-grpc");
+    let grpc_rule = np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 18000)
+        .expect("a rule for 18000");
+    assert_eq!(
+        grpc_rule["from"],
+        serde_json::json!([{ "podSelector": { "matchLabels": { "app.kubernetes.io/name": "holdfast-proxy" } } }])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Result<()> {
+    let cluster = LocalCluster::shared();
+    let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
+    cluster.kubectl_run(&["apply", "-k", &kustomize_dir()])?;
+    let admin = cluster.client().await?;
+    let ns = cluster.namespace(&admin, "rbacapp").await?;
+    // Two Ingresses with a true conflict, so an Event has to be written too.
+    create(&admin, Some(&ns), &objects::service("web", 80, 8080)).await?;
+    create(
+        &admin,
+        Some(&ns),
+        &objects::endpoint_slice("web-1", "web", 8080, &["10.200.0.10"]),
+    )
+    .await?;
+    let host = format!("web.{ns}.test");
+    create(
+        &admin,
+        Some(&ns),
+        &objects::ingress("a", "holdfast", &host, "web", 80),
+    )
+    .await?;
+    create(
+        &admin,
+        Some(&ns),
+        &objects::ingress("b", "holdfast", &host, "web", 80),
+    )
+    .await?;
+
+    let kubeconfig =
+        cluster.service_account_kubeconfig("holdfast-system", "holdfast-control-plane")?;
+    // The token is the deploy ServiceAccount's: it cannot, for example, read Secrets.
+    let sa = client_from_kubeconfig(&kubeconfig).await?;
+    assert!(
+        Api::<k8s_openapi::api::core::v1::Secret>::all(sa)
+            .list(&Default::default())
+            .await
+            .is_err()
+    );
+
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    let cp = ControlPlane::start(
+        "control-plane-rbac",
+        &kubeconfig,
+        &logs,
+        &[
+            "--ingress-class",
+            "holdfast",
+            "--lease-namespace",
+            "holdfast-system",
+            "--publish-address",
+            "203.0.113.9",
+            "--debounce",
+            "50ms",
+        ],
+    )?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "rbac-proxy", None).await?;
+    sub.wait_for("the route", T, |s| routes(s).iter().any(|r| r.0 == host))
+        .await?;
+
+    let ingresses: Api<Ingress> = Api::namespaced(admin.clone(), &ns);
+    wait::until("Ingress status written by the leader", T, || {
+        let ingresses = ingresses.clone();
+        async move {
+            let ing = ingresses.get("a").await.map_err(|e| e.to_string())?;
+            let ip = ing
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .and_then(|i| i.first().and_then(|e| e.ip.clone()));
+            Ok((ip.as_deref() == Some("203.0.113.9")).then_some(()))
+        }
+    })
+    .await?;
+    let events: Api<Event> = Api::namespaced(admin, &ns);
+    wait::until("the conflict Event", T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("ConflictingRoute"))
+                .then_some(()))
+        }
+    })
+    .await?;
+    let log = cp.proc.log();
+    assert!(!log.contains("403"), "a permission was missing:\n{log}");
+    Ok(())
+}
