@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The holdfast demo: builds the binaries, starts a real local kube-apiserver and etcd, the
+# control plane, two proxies and two echo backends (in a network namespace: Kubernetes
+# rejects loopback endpoint addresses), applies deploy/examples/, prints ready-to-paste
+# curl and grpcurl commands, and stays in the foreground. Ctrl-C cleans everything up.
+# Needs root (network namespace). HOLDFAST_DEMO_SKIP_BUILD=1 skips `cargo build`.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+K8S=$REPO/deploy/local/k8s.sh
+SUBNET=10.199.0
+NETNS="hf-$$-demo"
+DIR=$(mktemp -d /tmp/holdfast-demo.XXXXXX)
+pids=()
+
+cleanup() {
+  trap - EXIT INT TERM
+  echo
+  echo "holdfast demo: cleaning up"
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  bash "$K8S" netns down "$NETNS" >/dev/null 2>&1 || true
+  bash "$K8S" down "$DIR/k8s" >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+  echo "holdfast demo: stopped"
+}
+trap 'cleanup; exit 0' INT TERM
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+until_ok() { # description, command...; 60 s deadline
+  local what=$1 deadline=$((SECONDS + 60)); shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { echo "holdfast demo: timed out waiting for $what" >&2; exit 1; }
+    sleep 0.2
+  done
+}
+
+if [[ ${HOLDFAST_DEMO_SKIP_BUILD:-0} != 1 ]]; then
+  echo "holdfast demo: building (cargo build --workspace --bins)"
+  (cd "$REPO" && cargo build --workspace --bins --quiet)
+fi
+BIN=$REPO/target/debug
+TOOLS=$(bash "$K8S" tools-dir)
+bash "$K8S" ensure
+
+echo "holdfast demo: starting kube-apiserver and etcd"
+HOLDFAST_OWNER_PID=$$ bash "$K8S" up "$DIR/k8s" >"$DIR/k8s-up.log"
+export KUBECONFIG=$DIR/k8s/kubeconfig
+KUBECTL="$TOOLS/kubectl"
+
+echo "holdfast demo: starting echo backends in network namespace $NETNS ($SUBNET.0/24)"
+HOLDFAST_OWNER_PID=$$ bash "$K8S" netns up "$NETNS" "$SUBNET" >/dev/null
+for host in 3 4; do ip -n "$NETNS" addr add "$SUBNET.$host/32" dev lo; done
+ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.3:8080" --name echo-a & pids+=($!)
+ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.4:8080" --name echo-b & pids+=($!)
+
+"$KUBECTL" apply -f "$REPO/deploy/kubernetes/ingressclass.yaml" -f "$REPO/deploy/examples/demo.yaml" >"$DIR/apply.log"
+
+CP=$(free_port); CPA=$(free_port)
+RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
+  --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
+  >"$DIR/control-plane.log" 2>&1 & pids+=($!)
+P=(); A=()
+for i in 1 2; do
+  P+=("$(free_port)"); A+=("$(free_port)")
+  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --admin-listen "127.0.0.1:${A[-1]}" \
+    --control-plane "http://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
+    >"$DIR/proxy-$i.log" 2>&1 & pids+=($!)
+done
+for i in 0 1; do
+  until_ok "proxy-$((i + 1))" curl -sf -H 'Host: web.demo.test' "http://127.0.0.1:${P[$i]}/"
+done
+
+cat <<TXT
+
+holdfast demo ready. Logs: $DIR/*.log. Paste these into another shell (as root):
+
+  $ export PATH=$TOOLS:\$PATH KUBECONFIG=$KUBECONFIG
+  $ curl -s -H 'Host: web.demo.test' http://127.0.0.1:${P[0]}/
+  $ curl -s -H 'Host: web.demo.test' http://127.0.0.1:${P[1]}/
+  $ curl -s -H 'Host: api.demo.test' http://127.0.0.1:${P[0]}/v1/users
+  $ curl -s -H 'Host: api.demo.test' http://127.0.0.1:${P[1]}/healthz
+  $ curl -s -i -H 'Host: shop.demo.test' http://127.0.0.1:${P[0]}/
+  $ curl -s 'http://127.0.0.1:${A[0]}/debug/explain?host=api.demo.test&path=/v1/users'
+  $ grpcurl -plaintext 127.0.0.1:$CP list
+  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/GetSnapshot
+  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/ListProxies
+  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/GetStatus
+  $ kubectl get ingress -A
+
+Try: kubectl -n demo delete ingress shop (the route goes), or kill the control plane
+(proxies keep serving). Ctrl-C stops everything.
+TXT
+echo "pids: ${pids[*]} $(cat "$DIR/k8s/etcd.pid") $(cat "$DIR/k8s/kube-apiserver.pid")"
+
+# Stay in the foreground until Ctrl-C (or a component dies).
+wait -n "${pids[@]}"
+echo "holdfast demo: a component exited; see $DIR/*.log" >&2
+exit 1
