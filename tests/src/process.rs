@@ -124,16 +124,7 @@ impl Proc {
     /// SIGTERMs it and waits (up to `timeout`) for it to exit; returns its exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         self.signal("TERM")?;
-        let mut child = self.child.take().context("not running")?;
-        let status =
-            crate::wait::until_blocking(&format!("{} to exit", self.name), timeout, || {
-                child.try_wait().map_err(|e| e.to_string())
-            });
-        if status.is_err() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        status
+        self.wait_exit(timeout)
     }
 
     /// Waits (up to `timeout`) for it to exit by itself; returns its exit status.
