@@ -4,6 +4,11 @@
 # real kube-apiserver and etcd. Needs root (network namespaces for test hosts).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Toolchains where this machine kind installs them, in case PATH lacks them.
+for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
+  [[ -d $d && ":$PATH:" != *":$d:"* ]] && PATH=$PATH:$d
+done
+export PATH
 
 # Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
 missing=()

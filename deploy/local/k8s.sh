@@ -118,9 +118,10 @@ build_grpcurl() {
 }
 
 cmd_ensure() {
-  command -v go >/dev/null || die "go is not installed; the tools are built from source with it"
   mkdir -p "$BIN"
   have_all_tools && return 0
+  [[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
+  command -v go >/dev/null || die "go is not installed; the tools are built from source with it"
   # Parallel test binaries call ensure at once: one builds, the others wait for it.
   exec 9>"$TOOLS_DIR/.lock"
   flock 9
