@@ -1,0 +1,284 @@
+//! `holdfast-bench-scale`: the control plane at scale, against a real local API server.
+//!
+//! Loads N Ingresses (each with a Service and an EndpointSlice), starts the real control
+//! plane, connects M subscribers (real gRPC streams that ACK like proxies), then R times
+//! changes one Ingress through the API server and measures the time until every subscriber
+//! has ACKed a snapshot containing the change. Prints a markdown table: convergence
+//! p50/p99, control-plane RSS, snapshot size, load time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::StreamExt;
+use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
+use holdfast_proto::v1::{DiscoveryRequest, Node};
+use holdfast_tests::cluster::LocalCluster;
+use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::objects::{self, create_class};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Control plane at scale.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Ingresses (each with its own Service and EndpointSlice).
+    #[arg(long, default_value_t = 10_000)]
+    ingresses: usize,
+    /// Subscriber streams.
+    #[arg(long, default_value_t = 1_000)]
+    subscribers: usize,
+    /// Streams per gRPC connection.
+    #[arg(long, default_value_t = 50)]
+    streams_per_connection: usize,
+    /// Changes to measure.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Extra control-plane flags, e.g. "--debounce=20ms".
+    #[arg(long, allow_hyphen_values = true)]
+    cp_arg: Vec<String>,
+}
+
+/// Which snapshot each subscriber last ACKed: route count of the marker host, and when.
+#[derive(Default)]
+struct Seen {
+    /// subscriber -> (paths on the marker host, when it was ACKed)
+    by_sub: HashMap<usize, (usize, Instant)>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cluster = tokio::task::spawn_blocking(LocalCluster::start).await??;
+    let client = cluster.client().await?;
+    let ns = cluster.namespace(&client, "scale").await?;
+    let class = format!("hf-{ns}");
+    create_class(&client, &class).await?;
+    let marker = format!("app-0.{ns}.test");
+
+    let started = Instant::now();
+    let (svcs, slices, ings): (Api<Service>, Api<EndpointSlice>, Api<Ingress>) = (
+        Api::namespaced(client.clone(), &ns),
+        Api::namespaced(client.clone(), &ns),
+        Api::namespaced(client.clone(), &ns),
+    );
+    futures::stream::iter(0..args.ingresses)
+        .map(|i| {
+            let (svcs, slices, ings, class, ns) = (
+                svcs.clone(),
+                slices.clone(),
+                ings.clone(),
+                class.clone(),
+                ns.clone(),
+            );
+            async move {
+                let name = format!("app-{i}");
+                let ip = format!("10.{}.{}.{}", 100 + (i >> 16), (i >> 8) & 255, i & 255);
+                let pp = PostParams::default();
+                svcs.create(&pp, &objects::service(&name, 80, 8080)).await?;
+                slices
+                    .create(
+                        &pp,
+                        &objects::endpoint_slice(&format!("{name}-1"), &name, 8080, &[&ip]),
+                    )
+                    .await?;
+                ings.create(
+                    &pp,
+                    &objects::ingress(&name, &class, &format!("{name}.{ns}.test"), &name, 80),
+                )
+                .await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let load = started.elapsed();
+    eprintln!(
+        "loaded {} Ingresses/Services/EndpointSlices in {load:?}",
+        args.ingresses
+    );
+
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    let mut cp_args = vec!["--ingress-class".to_string(), class.clone()];
+    cp_args.extend(args.cp_arg.iter().cloned());
+    let cp_refs: Vec<&str> = cp_args.iter().map(String::as_str).collect();
+    let cp_started = Instant::now();
+    let cp = ControlPlane::start("control-plane", &cluster.kubeconfig(), &logs, &cp_refs)?;
+    let pid = cp.proc.pid().context("control plane pid")?;
+
+    // Subscribers: M streams over M / streams_per_connection connections.
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut channels = Vec::new();
+    for _ in 0..args.subscribers.div_ceil(args.streams_per_connection) {
+        channels.push(
+            tonic::transport::Endpoint::from_shared(cp.grpc_url())?
+                .connect()
+                .await?,
+        );
+    }
+    for sub in 0..args.subscribers {
+        let channel = channels[sub / args.streams_per_connection].clone();
+        let (seen, marker) = (seen.clone(), marker.clone());
+        tokio::spawn(async move {
+            let mut client = RouteDiscoveryClient::new(channel);
+            let (tx, rx) = mpsc::channel(4);
+            let node = Node {
+                id: format!("bench-{sub}"),
+                zone: String::new(),
+            };
+            tx.send(DiscoveryRequest {
+                node: Some(node.clone()),
+                ..Default::default()
+            })
+            .await
+            .ok()?;
+            let mut stream = client
+                .stream_routes(ReceiverStream::new(rx))
+                .await
+                .ok()?
+                .into_inner();
+            while let Ok(Some(resp)) = stream.message().await {
+                let nonce = resp.nonce.clone();
+                let snap = resp.into_snapshot()?;
+                let paths = snap
+                    .virtual_hosts
+                    .iter()
+                    .find(|v| v.host == marker)
+                    .map_or(0, |v| v.routes.len());
+                let ack = DiscoveryRequest {
+                    node: Some(node.clone()),
+                    version_info: snap.version.clone(),
+                    response_nonce: nonce,
+                    content_hash: snap.content_hash.clone(),
+                    error_detail: None,
+                };
+                tx.send(ack).await.ok()?;
+                seen.lock()
+                    .expect("lock")
+                    .by_sub
+                    .insert(sub, (paths, Instant::now()));
+            }
+            Some(())
+        });
+    }
+    let all_at = |paths: usize| {
+        let s = seen.lock().expect("lock");
+        (s.by_sub.len() == args.subscribers && s.by_sub.values().all(|(p, _)| *p == paths))
+            .then(|| s.by_sub.values().map(|(_, t)| *t).max().expect("some"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while all_at(1).is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "subscribers never converged on the first snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = cp_started.elapsed();
+    let bytes = cp
+        .proc
+        .log()
+        .lines()
+        .rev()
+        .find(|l| l.contains("published snapshot"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("bytes="))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+
+    // Each round adds one path to the marker Ingress and waits for every subscriber.
+    let mut times = Vec::new();
+    for round in 0..args.rounds {
+        let paths: Vec<serde_json::Value> = (0..=round + 1)
+            .map(|p| {
+                let path = if p == 0 {
+                    "/".to_string()
+                } else {
+                    format!("/r{p}")
+                };
+                serde_json::json!({ "path": path, "pathType": "Prefix",
+                    "backend": { "service": { "name": "app-0", "port": { "number": 80 } } } })
+            })
+            .collect();
+        let patch = serde_json::json!({ "spec": { "rules": [{ "host": marker, "http": { "paths": paths } }] } });
+        let t0 = Instant::now();
+        ings.patch("app-0", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let done = loop {
+            if let Some(t) = all_at(round + 2) {
+                break t;
+            }
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(60),
+                "round {round} did not converge"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        times.push(done.saturating_duration_since(t0));
+    }
+    times.sort();
+    let (rss, hwm) = (rss_kib(pid, "VmRSS:"), rss_kib(pid, "VmHWM:"));
+    println!("| metric | value |");
+    println!("| --- | --- |");
+    println!(
+        "| Ingresses / Services / EndpointSlices | {} each (loaded in {:.1} s) |",
+        args.ingresses,
+        load.as_secs_f64()
+    );
+    println!(
+        "| subscribers (streams / connections) | {} / {} |",
+        args.subscribers,
+        channels.len()
+    );
+    println!("| snapshot size | {bytes} bytes |");
+    println!(
+        "| control-plane start to all subscribers on the first snapshot | {:.2} s |",
+        first.as_secs_f64()
+    );
+    println!(
+        "| one Ingress change → all ACKed, p50 ({} rounds) | {:.0} ms |",
+        args.rounds,
+        percentile(&times, 0.5).as_secs_f64() * 1e3
+    );
+    println!(
+        "| one Ingress change → all ACKed, p99 | {:.0} ms |",
+        percentile(&times, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "| control-plane RSS now / peak | {} MiB / {} MiB |",
+        rss / 1024,
+        hwm / 1024
+    );
+    drop(cp);
+    drop(cluster);
+    Ok(())
+}
