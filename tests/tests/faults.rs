@@ -681,7 +681,11 @@ async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready(
             .unwrap_or_default()
             .into_iter()
             .find(|c| c["kind"] == "Service");
-        Ok(service.filter(|c| c["lastError"].as_str().is_some_and(|e| e.contains("403"))))
+        Ok(service.filter(|c| {
+            c["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("permission denied (403)"))
+        }))
     })
     .await?;
     assert_ne!(status["synced"], true);
@@ -870,11 +874,12 @@ async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps(
     })
     .await?;
     s.wait_cp_synced().await?;
-    let expired =
-        s.cp.proc
-            .log()
-            .lines()
-            .any(|l| l.contains("410") || l.contains("Expired") || l.contains("too old"));
+    // The watch error kube-apiserver sends for a compacted resourceVersion (410 Gone).
+    let expired = s.cp.proc.log().lines().any(|l| {
+        l.contains("watch failed")
+            && l.contains("too old resource version")
+            && l.ends_with("Expired")
+    });
     assert!(expired, "no 410 Gone in the control plane's log");
     let report = traffic.stop().await;
     assert_clean(&report);
