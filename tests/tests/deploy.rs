@@ -324,3 +324,42 @@ async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// The images cannot be built here (no Docker engine); this checks what can be checked
+/// without one: two stages, a distroless non-root runtime, and the right binary.
+#[test]
+fn dockerfiles_are_multi_stage_and_run_the_binary_as_non_root() {
+    for (dir, package, binary) in [
+        (
+            "control-plane",
+            "holdfast-control-plane",
+            "holdfast-control-plane",
+        ),
+        ("data-plane", "holdfast-data-plane", "holdfast-proxy"),
+    ] {
+        let path = holdfast_tests::repo_root().join(dir).join("Dockerfile");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let froms: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
+        assert_eq!(froms.len(), 2, "{dir}: a build stage and a runtime stage");
+        assert!(froms[0].contains(" AS build"), "{dir}");
+        assert!(
+            froms[1].contains("distroless") && froms[1].ends_with(":nonroot"),
+            "{dir}: {}",
+            froms[1]
+        );
+        assert!(
+            text.contains(&format!(
+                "cargo build --release --locked -p {package} --bin {binary}"
+            )),
+            "{dir}"
+        );
+        let runtime = &text[text.rfind("FROM ").unwrap()..];
+        assert!(runtime.contains("USER 65532:65532"), "{dir}: runs as root");
+        assert!(
+            runtime.contains(&format!("ENTRYPOINT [\"/usr/local/bin/{binary}\"]")),
+            "{dir}"
+        );
+        // The binary it names exists in the workspace.
+        assert!(holdfast_tests::workspace_bin(binary).exists());
+    }
+}
