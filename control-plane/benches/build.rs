@@ -3,6 +3,9 @@
 //! the two should cost the same). `cargo bench -p holdfast-control-plane --bench build`.
 
 use std::hint::black_box;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -5,20 +5,38 @@
 //! ACK or NACK; when the proxy answers, it is sent the newest snapshot, never a backlog.
 //! Responses carry the snapshot's shared encoding.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::SystemTime;
 
-use futures::Stream;
-use holdfast_proto::v1::route_discovery_server::RouteDiscovery;
+use bytes::Bytes;
+use futures::StreamExt;
 use holdfast_proto::v1::{DiscoveryRequest, ProxyStatus};
-use holdfast_proto::wire::{DiscoveryResponse, SnapshotPayload};
+use holdfast_proto::wire::{DiscoveryResponse, grpc_message_frames};
+use http::{HeaderMap, HeaderValue};
+use http_body::Frame;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::codec::{Codec, Streaming};
+use tonic::server::NamedService;
+use tonic::{Code, Status};
 
 use crate::state::Shared;
 
+/// The one method of `holdfast.v1.RouteDiscovery`.
+pub const STREAM_ROUTES_PATH: &str = "/holdfast.v1.RouteDiscovery/StreamRoutes";
+/// Largest proxy → control plane message accepted (ACKs and NACKs are small).
+const MAX_REQUEST_BYTES: usize = 1 << 20;
+
 /// The route discovery service.
+///
+/// It is a hand-written gRPC service rather than tonic's generated one so that responses
+/// can hand hyper the shared snapshot bytes: tonic's encoder copies every message into a
+/// per-stream buffer, which at 1,000 streams meant 1,000 copies of the snapshot in memory.
+/// Requests are decoded with tonic's own [`Streaming`]; the bytes on the wire are those of
+/// `holdfast.proto`, so generated clients, grpcurl and reflection see no difference.
 #[derive(Debug, Clone)]
 pub struct Discovery {
     shared: Shared,
@@ -31,45 +49,102 @@ impl Discovery {
     }
 }
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+impl NamedService for Discovery {
+    const NAME: &'static str = "holdfast.v1.RouteDiscovery";
+}
 
-#[tonic::async_trait]
-impl RouteDiscovery for Discovery {
-    type StreamRoutesStream = ResponseStream;
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send>>;
 
-    async fn stream_routes(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamRoutesStream>, Status> {
-        let peer = request
-            .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let mut inbound = request.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("stream closed before the first request"))?;
-        let node = first.node.clone().unwrap_or_default();
-        if node.id.is_empty() {
-            return Err(Status::invalid_argument(
-                "the first request must name the node (node.id)",
-            ));
-        }
-        // Capacity 1: a proxy that does not read holds at most one response in flight.
-        let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(serve_stream(self.shared.clone(), first, inbound, tx, peer));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+impl tower::Service<http::Request<tonic::body::Body>> for Discovery {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
     }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            Ok(stream_routes(shared, request)
+                .await
+                .unwrap_or_else(|status| status.into_http()))
+        })
+    }
+}
+
+/// Frames sent on one response body: gRPC messages, then the trailers.
+type FrameSender = mpsc::Sender<Frame<Bytes>>;
+
+async fn stream_routes(
+    shared: Shared,
+    request: http::Request<tonic::body::Body>,
+) -> Result<http::Response<tonic::body::Body>, Status> {
+    if request.uri().path() != STREAM_ROUTES_PATH {
+        return Err(Status::unimplemented(format!(
+            "no method {} on holdfast.v1.RouteDiscovery",
+            request.uri().path()
+        )));
+    }
+    if let Some(encoding) = request.headers().get("grpc-encoding")
+        && encoding != "identity"
+    {
+        return Err(Status::unimplemented(format!(
+            "request compression {encoding:?} is not supported; send uncompressed messages"
+        )));
+    }
+    let peer = request
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let decoder =
+        tonic_prost::ProstCodec::<DiscoveryResponse, DiscoveryRequest>::default().decoder();
+    let mut inbound =
+        Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("stream closed before the first request"))?;
+    let node = first.node.clone().unwrap_or_default();
+    if node.id.is_empty() {
+        return Err(Status::invalid_argument(
+            "the first request must name the node (node.id)",
+        ));
+    }
+    // Room for one response (head and snapshot) and the trailers: a proxy that does not
+    // read holds at most one response in flight.
+    let (tx, rx) = mpsc::channel(3);
+    tokio::spawn(async move {
+        let end = serve_stream(shared, first, inbound, &tx, peer).await;
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from(end.code() as i32));
+        if end.code() != Code::Ok
+            && let Ok(message) = HeaderValue::from_str(end.message())
+        {
+            trailers.insert("grpc-message", message);
+        }
+        let _ = tx.send(Frame::trailers(trailers)).await;
+    });
+    let body = http_body_util::StreamBody::new(ReceiverStream::new(rx).map(Ok::<_, Infallible>));
+    let mut response = http::Response::new(tonic::body::Body::new(body));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    Ok(response)
 }
 
 async fn serve_stream(
     shared: Shared,
     first: DiscoveryRequest,
     mut inbound: Streaming<DiscoveryRequest>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: &FrameSender,
     peer: String,
-) {
+) -> Status {
     let node = first.node.clone().unwrap_or_default();
     let id = shared.add_proxy(ProxyStatus {
         id: node.id.clone(),
@@ -86,6 +161,7 @@ async fn serve_stream(
     let mut rejected_hash = String::new();
     let mut in_flight: Option<(String, String, String)> = None;
     let mut nonce: u64 = 0;
+    let mut end = Status::ok("");
 
     loop {
         // Send the current snapshot if the proxy neither has nor refused it, and nothing is
@@ -96,17 +172,21 @@ async fn serve_stream(
             let hash = &current.snapshot.content_hash;
             if *hash != serving_hash && *hash != rejected_hash {
                 nonce += 1;
-                let response = DiscoveryResponse {
-                    version_info: current.snapshot.version.clone(),
-                    nonce: nonce.to_string(),
-                    snapshot: SnapshotPayload::Encoded(current.encoded.clone()),
-                };
-                in_flight = Some((
-                    hash.clone(),
-                    nonce.to_string(),
-                    current.snapshot.version.clone(),
-                ));
-                if tx.send(Ok(response)).await.is_err() {
+                let version = &current.snapshot.version;
+                let frames =
+                    match grpc_message_frames(version, &nonce.to_string(), &current.encoded) {
+                        Ok(frames) => frames,
+                        Err(e) => {
+                            tracing::error!(proxy.id = %node.id, %version, "{e}");
+                            end = Status::resource_exhausted(e.to_string());
+                            break;
+                        }
+                    };
+                in_flight = Some((hash.clone(), nonce.to_string(), version.clone()));
+                let [head, snapshot] = frames;
+                if tx.send(Frame::data(head)).await.is_err()
+                    || tx.send(Frame::data(snapshot)).await.is_err()
+                {
                     break;
                 }
                 continue;
@@ -150,6 +230,7 @@ async fn serve_stream(
                 Ok(None) => break,
                 Err(status) => {
                     tracing::debug!(proxy.id = %node.id, %status, "stream error");
+                    end = status;
                     break;
                 }
             }
@@ -157,4 +238,5 @@ async fn serve_stream(
     }
     shared.remove_proxy(id);
     tracing::info!(proxy.id = %node.id, %peer, "proxy disconnected");
+    end
 }

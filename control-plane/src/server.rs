@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use holdfast_proto::v1::admin_server::AdminServer;
-use holdfast_proto::v1::route_discovery_server::RouteDiscoveryServer;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -114,18 +113,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
-    reporter
-        .set_not_serving::<RouteDiscoveryServer<Discovery>>()
-        .await;
+    reporter.set_not_serving::<Discovery>().await;
     let mut published = shared.subscribe();
     tasks.spawn(async move {
         if published.wait_for(|p| p.is_some()).await.is_ok() {
             reporter
                 .set_service_status("", ServingStatus::Serving)
                 .await;
-            reporter
-                .set_serving::<RouteDiscoveryServer<Discovery>>()
-                .await;
+            reporter.set_serving::<Discovery>().await;
         }
     });
 
@@ -151,7 +146,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RouteDiscoveryServer::new(Discovery::new(shared.clone())))
+        .add_service(Discovery::new(shared.clone()))
         .add_service(AdminServer::new(AdminService::new(shared)))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use holdfast_proto::client;
 use holdfast_proto::snapshot::validate;
-use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -182,13 +182,13 @@ async fn stream_once(
     metrics: &Metrics,
     backoff: &mut Backoff,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+    let channel = client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
         .connect_timeout(Duration::from_secs(2))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .connect()
         .await?;
-    let mut client = RouteDiscoveryClient::new(channel);
+    let mut client = client::route_discovery(channel);
     let (tx, rx) = mpsc::channel(4);
     let (version_info, content_hash) = applier.serving().unwrap_or_default();
     tx.send(DiscoveryRequest {

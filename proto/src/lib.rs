@@ -10,6 +10,7 @@
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
 
+pub mod client;
 pub mod snapshot;
 pub mod wire;
 

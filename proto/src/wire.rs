@@ -33,6 +33,41 @@ impl EncodedSnapshot {
     }
 }
 
+/// One gRPC message (length-prefixed, uncompressed) carrying a `DiscoveryResponse` with
+/// `snapshot`, as two buffers: a small head (the 5-byte gRPC prefix, the version and nonce
+/// fields, the snapshot field's key and length) and the snapshot's shared bytes. Written
+/// one after the other they are exactly the message tonic's encoder would produce, but the
+/// snapshot is not copied: a thousand streams hold a thousand heads and one snapshot.
+pub fn grpc_message_frames(
+    version_info: &str,
+    nonce: &str,
+    snapshot: &EncodedSnapshot,
+) -> Result<[Bytes; 2], TooLarge> {
+    let response = DiscoveryResponse {
+        version_info: version_info.to_owned(),
+        nonce: nonce.to_owned(),
+        snapshot: SnapshotPayload::None,
+    };
+    let body = snapshot.bytes.len();
+    let message_len = response.encoded_len()
+        + prost::encoding::key_len(SNAPSHOT_TAG)
+        + encoded_len_varint(body as u64)
+        + body;
+    let prefix_len = u32::try_from(message_len).map_err(|_| TooLarge(message_len))?;
+    let mut head = bytes::BytesMut::with_capacity(5 + message_len - body);
+    head.put_u8(0); // not compressed
+    head.put_u32(prefix_len);
+    response.encode_raw(&mut head);
+    encode_key(SNAPSHOT_TAG, WireType::LengthDelimited, &mut head);
+    encode_varint(body as u64, &mut head);
+    Ok([head.freeze(), snapshot.bytes.clone()])
+}
+
+/// A message too large for gRPC's 32-bit length prefix.
+#[derive(Debug, thiserror::Error)]
+#[error("a {0}-byte message does not fit gRPC's 32-bit length prefix")]
+pub struct TooLarge(pub usize);
+
 /// The snapshot a response carries.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub enum SnapshotPayload {
@@ -169,6 +204,39 @@ mod tests {
         let back = DiscoveryResponse::decode(wire.as_slice()).unwrap();
         assert_eq!(back.version_info, "7-abc");
         assert_eq!(back.nonce, "1");
+        assert_eq!(back.into_snapshot(), Some(snapshot));
+    }
+
+    #[test]
+    fn hand_framed_message_is_the_grpc_framing_of_the_encoded_response() {
+        // Large enough that the snapshot length needs a multi-byte varint.
+        let snapshot = Snapshot {
+            virtual_hosts: (0..500)
+                .map(|i| VirtualHost {
+                    host: format!("app-{i}.example.com"),
+                    routes: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let shared = EncodedSnapshot::new(&snapshot);
+        let [head, body] = grpc_message_frames("12-abcdef", "42", &shared).unwrap();
+        // The snapshot travels as the shared buffer itself, not a copy.
+        assert_eq!(body.as_ptr(), shared.bytes().as_ptr());
+
+        let message = DiscoveryResponse {
+            version_info: "12-abcdef".into(),
+            nonce: "42".into(),
+            snapshot: SnapshotPayload::Encoded(shared.clone()),
+        }
+        .encode_to_vec();
+        let mut expected = vec![0u8];
+        expected.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        expected.extend_from_slice(&message);
+        assert_eq!([&head[..], &body[..]].concat(), expected);
+
+        let back = DiscoveryResponse::decode(&expected[5..]).unwrap();
+        assert_eq!(back.nonce, "42");
         assert_eq!(back.into_snapshot(), Some(snapshot));
     }
 }

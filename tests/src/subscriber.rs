@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
+use holdfast_proto::client;
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
 use holdfast_proto::wire::DiscoveryResponse;
 use tokio::sync::mpsc;
@@ -24,7 +24,10 @@ pub struct Subscriber {
 impl Subscriber {
     /// Connects to `url` as node `id`, stating that it serves `holds`.
     pub async fn connect(url: &str, id: &str, holds: Option<Snapshot>) -> Result<Self> {
-        let mut client = RouteDiscoveryClient::connect(url.to_owned()).await?;
+        let channel = client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
+            .connect()
+            .await?;
+        let mut client = client::route_discovery(channel);
         let (tx, rx) = mpsc::channel(16);
         let node = Node {
             id: id.into(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use futures::StreamExt;
-use holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient;
+use holdfast_proto::client;
 use holdfast_proto::v1::{DiscoveryRequest, Node};
 use holdfast_tests::cluster::LocalCluster;
 use holdfast_tests::control_plane::ControlPlane;
@@ -138,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
     let mut channels = Vec::new();
     for _ in 0..args.subscribers.div_ceil(args.streams_per_connection) {
         channels.push(
-            tonic::transport::Endpoint::from_shared(cp.grpc_url())?
+            client::endpoint(tonic::transport::Endpoint::from_shared(cp.grpc_url())?)
                 .connect()
                 .await?,
         );
@@ -147,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
         let channel = channels[sub / args.streams_per_connection].clone();
         let (seen, marker) = (seen.clone(), marker.clone());
         tokio::spawn(async move {
-            let mut client = RouteDiscoveryClient::new(channel);
+            let mut client = client::route_discovery(channel);
             let (tx, rx) = mpsc::channel(4);
             let node = Node {
                 id: format!("bench-{sub}"),
