@@ -72,7 +72,7 @@ pub struct Args {
     /// Idle upstream connections kept per endpoint.
     #[arg(long, env = "HOLDFAST_UPSTREAM_POOL_IDLE", default_value_t = 64)]
     pub upstream_pool_idle: usize,
-    /// Worker threads (default: one per CPU).
+    /// Worker threads (default: one per CPU); 1 runs everything on one thread.
     #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Log format (filter with RUST_LOG, default info).

@@ -20,11 +20,18 @@ fn main() -> std::process::ExitCode {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // One worker thread: a single-threaded runtime (no work-stealing machinery), the
+    // shape of one nginx worker. More: a work-stealing runtime with that many workers.
+    let mut runtime = match config.args.worker_threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     runtime.enable_all();
-    if let Some(n) = config.args.worker_threads {
-        runtime.worker_threads(n);
-    }
     let runtime = match runtime.build() {
         Ok(r) => r,
         Err(e) => {

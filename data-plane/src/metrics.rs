@@ -1,5 +1,7 @@
 //! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
 
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,6 +16,30 @@ pub struct RequestLabels {
     pub route: String,
     /// `2xx`, `3xx`, `4xx` or `5xx`.
     pub class: String,
+}
+
+/// A route's request counters, one per status class, looked up in the family on first use
+/// so that counting a request costs no allocation and no lock. Not part of a route's
+/// identity: two routes compare equal whatever their counters.
+#[derive(Clone, Debug, Default)]
+pub struct RouteCounters([OnceLock<Counter>; 4]);
+
+impl PartialEq for RouteCounters {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for RouteCounters {}
+
+/// The status class label and its index in [`RouteCounters`].
+fn class_of(status: u16) -> (&'static str, usize) {
+    match status {
+        200..=299 => ("2xx", 0),
+        300..=399 => ("3xx", 1),
+        400..=499 => ("4xx", 2),
+        _ => ("5xx", 3),
+    }
 }
 
 /// Every proxy metric; cheap to clone.
@@ -90,19 +116,25 @@ impl Metrics {
         m
     }
 
-    /// Counts a response.
+    /// Counts a response that matched no route (label `route` as given).
     pub fn count(&self, route: &str, status: u16) {
-        let class = match status {
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
-        };
+        self.counter(route, class_of(status).0).inc();
+    }
+
+    /// Counts a response of a matched route, through the route's own counters.
+    pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16) {
+        let (class, i) = class_of(status);
+        counters.0[i]
+            .get_or_init(|| self.counter(label, class))
+            .inc();
+    }
+
+    fn counter(&self, route: &str, class: &str) -> Counter {
         self.requests
             .get_or_create(&RequestLabels {
                 route: route.to_owned(),
                 class: class.to_owned(),
             })
-            .inc();
+            .clone()
     }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
+use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
@@ -20,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::headers::{BadRequest, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop};
 use crate::metrics::Metrics;
-use crate::table::{Miss, RouteTable, normalise_host};
+use crate::table::{Miss, Route, RouteTable, normalise_host};
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
 pub type ProxyBody = Either<Incoming, Full<Bytes>>;
@@ -120,25 +121,21 @@ impl Forwarder {
         self.any_ejected.fetch_max(until, Ordering::Relaxed);
     }
 
-    /// Picks an endpoint round-robin, skipping ejected ones and `avoid` (unless nothing
-    /// else is left).
+    /// Picks an endpoint round-robin (its index and address), skipping ejected ones and
+    /// `avoid` (unless nothing else is left).
     fn pick(
         &self,
         endpoints: &[SocketAddr],
         start: usize,
         avoid: Option<SocketAddr>,
-    ) -> Option<SocketAddr> {
+    ) -> Option<(usize, SocketAddr)> {
         let now = self.now_ms();
         let n = endpoints.len();
-        let ok = |a: &SocketAddr| Some(*a) != avoid && !self.is_ejected(a, now);
-        (0..n)
-            .map(|i| endpoints[(start + i) % n])
+        let ok = |(_, a): &(usize, SocketAddr)| Some(*a) != avoid && !self.is_ejected(a, now);
+        let order = || (0..n).map(|i| ((start + i) % n, endpoints[(start + i) % n]));
+        order()
             .find(ok)
-            .or_else(|| {
-                (0..n)
-                    .map(|i| endpoints[(start + i) % n])
-                    .find(|a| Some(*a) != avoid)
-            })
+            .or_else(|| order().find(|(_, a)| Some(*a) != avoid))
     }
 
     /// Answers a request the framing tracker flagged: 400, and the connection is closed.
@@ -153,17 +150,26 @@ impl Forwarder {
 
     /// Handles one request from `client`.
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
-        let (response, route) = self.route_and_forward(req, client).await;
-        self.metrics.count(&route, response.status().as_u16());
+        let table = self.table.load_full();
+        let (response, route) = self.route_and_forward(req, client, table.as_deref()).await;
+        let status = response.status().as_u16();
+        match route {
+            Some(route) => self
+                .metrics
+                .count_route(&route.label, &route.counters, status),
+            None => self.metrics.count("(none)", status),
+        }
         response
     }
 
-    async fn route_and_forward(
+    /// Routes and forwards; also returns the route matched, if any.
+    async fn route_and_forward<'t>(
         &self,
         mut req: Request<Incoming>,
         client: SocketAddr,
-    ) -> (Response<ProxyBody>, String) {
-        let none = || "(none)".to_string();
+        table: Option<&'t RouteTable>,
+    ) -> (Response<ProxyBody>, Option<&'t Route>) {
+        let none = || None;
         if req.version() <= Version::HTTP_11
             && let Err(e) = check_framing(req.headers())
         {
@@ -192,7 +198,7 @@ impl Forwarder {
             );
         };
         let host = normalise_host(&raw_host);
-        let Some(table) = self.table.load_full() else {
+        let Some(table) = table else {
             return (
                 local(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -201,8 +207,8 @@ impl Forwarder {
                 none(),
             );
         };
-        let path = req.uri().path().to_owned();
-        let route = match table.lookup(&host, &path) {
+        let path = req.uri().path();
+        let route = match table.lookup(&host, path) {
             Ok(r) => r,
             Err(miss) => {
                 let why = match miss {
@@ -214,7 +220,7 @@ impl Forwarder {
                 return (local(StatusCode::NOT_FOUND, why), none());
             }
         };
-        let label = route.label.clone();
+        let label = Some(route);
         let backend = &table.backends[route.backend];
         if let Some(reason) = &backend.unavailable_reason {
             return (
@@ -239,48 +245,54 @@ impl Forwarder {
         let path_and_query = parts
             .uri
             .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_else(|| "/".into());
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let slot = Arc::new(Mutex::new(Some(body)));
 
-        let targets: Vec<String> = match &backend.external {
-            Some((name, port)) => vec![format!("{name}:{port}")],
-            None => Vec::new(),
-        };
+        // A second attempt only happens on another endpoint: keep a copy of the headers
+        // for it only when there is one.
+        let can_retry = backend.external_authority.is_none() && backend.endpoints.len() > 1;
+        let mut headers = Some(parts.headers);
         let start = backend.next_index();
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::Connect("no endpoint".into());
         for attempt in 0..2 {
-            let authority = if let Some(t) = targets.first() {
+            let authority = if let Some(external) = &backend.external_authority {
                 if attempt > 0 {
                     break;
                 }
-                t.clone()
+                external.clone()
             } else {
                 match self.pick(&backend.endpoints, start, tried) {
-                    Some(a) if Some(a) != tried => {
+                    Some((i, a)) if Some(a) != tried => {
                         tried = Some(a);
-                        a.to_string()
+                        backend.authorities[i].clone()
                     }
                     _ => break,
                 }
             };
-            let Ok(uri) = Uri::builder()
-                .scheme("http")
-                .authority(authority.as_str())
-                .path_and_query(path_and_query.as_str())
-                .build()
-            else {
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(Scheme::HTTP);
+            uri.authority = Some(authority.clone());
+            uri.path_and_query = Some(path_and_query.clone());
+            let Ok(uri) = Uri::from_parts(uri) else {
                 return (
                     local(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
                     label,
                 );
             };
+            let Some(request_headers) = (if can_retry && attempt == 0 {
+                headers.clone()
+            } else {
+                headers.take()
+            }) else {
+                break;
+            };
             let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
             *upstream.method_mut() = parts.method.clone();
             *upstream.uri_mut() = uri;
             *upstream.version_mut() = Version::HTTP_11;
-            *upstream.headers_mut() = parts.headers.clone();
+            *upstream.headers_mut() = request_headers;
             let sent = Instant::now();
             let result = tokio::time::timeout(
                 self.settings.response_timeout,

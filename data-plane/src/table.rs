@@ -17,6 +17,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use holdfast_proto::v1::{MatchKind, Snapshot};
+use http::uri::Authority;
+
+use crate::metrics::RouteCounters;
 
 /// A backend ready to forward to.
 #[derive(Debug)]
@@ -25,10 +28,14 @@ pub struct Backend {
     pub name: String,
     /// Ready endpoints.
     pub endpoints: Vec<SocketAddr>,
+    /// The endpoints as URI authorities (same order), built once here, not per request.
+    pub authorities: Vec<Authority>,
     /// Zones of the endpoints (same order), informational.
     pub zones: Vec<String>,
     /// ExternalName target (`host:port`), when the Service is an ExternalName.
     pub external: Option<(String, u16)>,
+    /// The ExternalName target as a URI authority.
+    pub external_authority: Option<Authority>,
     /// Why the backend cannot serve (503 body), when it cannot.
     pub unavailable_reason: Option<String>,
     /// Round-robin position.
@@ -58,6 +65,8 @@ pub struct Route {
     pub source: String,
     /// Metric label: `<host><path>`.
     pub label: String,
+    /// Its request counters.
+    pub counters: RouteCounters,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +172,7 @@ impl RouteTable {
         let mut index = HashMap::with_capacity(snapshot.backends.len());
         for b in &snapshot.backends {
             let mut endpoints = Vec::with_capacity(b.endpoints.len());
+            let mut authorities = Vec::with_capacity(b.endpoints.len());
             let mut zones = Vec::with_capacity(b.endpoints.len());
             for e in b.endpoints.iter().filter(|e| e.ready) {
                 let bad = || CompileError::BadEndpoint {
@@ -175,7 +185,9 @@ impl RouteTable {
                     .ok()
                     .filter(|p| *p != 0)
                     .ok_or_else(bad)?;
-                endpoints.push(SocketAddr::new(ip, port));
+                let addr = SocketAddr::new(ip, port);
+                authorities.push(Authority::try_from(addr.to_string()).map_err(|_| bad())?);
+                endpoints.push(addr);
                 zones.push(e.zone.clone());
             }
             let external = (!b.external_name.is_empty()).then(|| {
@@ -184,8 +196,16 @@ impl RouteTable {
                     u16::try_from(b.external_port).unwrap_or(0),
                 )
             });
+            let external_authority = external
+                .as_ref()
+                .and_then(|(host, port)| Authority::try_from(format!("{host}:{port}")).ok());
             let unavailable_reason = if !b.unavailable_reason.is_empty() {
                 Some(b.unavailable_reason.clone())
+            } else if external.is_some() && external_authority.is_none() {
+                let (host, port) = external.as_ref().expect("checked");
+                Some(format!(
+                    "ExternalName target {host}:{port} is not a valid host and port"
+                ))
             } else if endpoints.is_empty() && external.is_none() {
                 Some(format!("no ready endpoints for backend {}", b.name))
             } else {
@@ -195,8 +215,10 @@ impl RouteTable {
             backends.push(Backend {
                 name: b.name.clone(),
                 endpoints,
+                authorities,
                 zones,
                 external,
+                external_authority,
                 unavailable_reason,
                 next: AtomicUsize::new(0),
             });
@@ -228,6 +250,7 @@ impl RouteTable {
                     backend: backend_of(&r.backend)?,
                     source,
                     label: format!("{}{}", vhost.host, r.path),
+                    counters: RouteCounters::default(),
                 });
                 let map = match kind {
                     MatchKind::Exact => &mut table.exact,
@@ -256,6 +279,7 @@ impl RouteTable {
                         .map(|s| format!("{}/{}", s.namespace, s.name))
                         .unwrap_or_default(),
                     label: "(default backend)".into(),
+                    counters: RouteCounters::default(),
                 });
                 Some(routes.len() - 1)
             }
