@@ -30,3 +30,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 # --all-targets also runs each criterion benchmark once (test mode), so the harness cannot rot.
 cargo test --workspace --all-targets --locked "$@"
+# A seconds-long version of every benchmark (criterion, proxy against nginx with wrk and
+# oha, fan-out, control plane at scale), so the harness cannot rot. Full runs:
+# tests/bench/run.sh (docs/benchmarks.md).
+tests/bench/run.sh --smoke >target/bench-smoke.md
+echo "tests/run.sh: benchmark smoke run passed (report: target/bench-smoke.md)" >&2

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# holdfast-proxy against nginx, side by side in one run: the same upstream (holdfast-echo,
+# a small hyper server) on loopback with keep-alive on both sides; holdfast-proxy with one
+# worker thread and nginx with one worker process, each pinned to core 0 in turn; the load
+# generator and the upstream pinned to core 1.
+#
+# - closed loop, maximum throughput: wrk (Debian)
+# - open loop at fixed rates with latency correction: oha (crates.io) -q RATE --latency-correction
+#
+# For each run: achieved rps, p50/p99/p99.9, errors, proxy CPU % (utime+stime over wall
+# time, from /proc) and proxy RSS (VmHWM), and the holdfast/nginx ratio. Markdown on stdout.
+#
+#   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
+#
+# Needs nginx, wrk, taskset (installed from Debian when missing) and oha (cargo install
+# when missing).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+DURATION=10 CONNS=50 RATES=5000,20000,40000
+while (($#)); do
+  case $1 in
+    --smoke) DURATION=1 CONNS=10 RATES=1000 ;;
+    --duration) DURATION=$2; shift ;;
+    --connections) CONNS=$2; shift ;;
+    --rates) RATES=$2; shift ;;
+    *) echo "proxy.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+tests/bench/tools.sh
+PATH=$HOME/.cargo/bin:$PATH
+cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
+BIN=target/release
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+UP=$(free_port); CP=$(free_port); HF=$(free_port); HFA=$(free_port); NG=$(free_port)
+taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=($!)
+"$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+wait_port "$UP"; wait_port "$CP"
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" --admin-listen "127.0.0.1:$HFA" \
+  --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id bench --worker-threads 1 & pids+=($!)
+hf_pid=$!
+cat >"$work/nginx.conf" <<NGINX
+worker_processes 1;
+master_process off;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream echo { server 127.0.0.1:$UP; keepalive 128; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / {
+      proxy_pass http://echo;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    }
+  }
+}
+NGINX
+# master_process off: the one nginx process is the worker, so its CPU and RSS are nginx's.
+taskset -c 0 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" & pids+=($!)
+ng_pid=$!
+wait_port "$HF"; wait_port "$NG"
+for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null && break; sleep 0.1; done
+curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null || { echo "holdfast-proxy never served the route" >&2; exit 1; }
+curl -sf -H 'Host: bench.test' "http://127.0.0.1:$NG/" >/dev/null || { echo "nginx never served" >&2; exit 1; }
+
+TICKS=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hwm_mib() { awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+
+# measure PID CMD...: runs CMD, prints "cpu% rss_mib" of PID over the run to fd 3.
+measure() {
+  local pid=$1; shift
+  local t0 c0 t1 c1
+  t0=$(date +%s.%N); c0=$(cpu_ticks "$pid")
+  "$@"
+  t1=$(date +%s.%N); c1=$(cpu_ticks "$pid")
+  python3 -c "print(f'{($c1 - $c0) / $TICKS / ($t1 - $t0) * 100:.0f}%', '$(hwm_mib "$pid") MiB')" >&3
+}
+
+# wrk closed loop: "rps|p50|p99|p99.9|errors|cpu|rss"
+wrk_run() {
+  local name=$1 port=$2 pid=$3 usage
+  usage=$(measure "$pid" taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -H 'Host: bench.test' \
+    "http://127.0.0.1:$port/" 3>&1 >"$work/$name.wrk")
+  python3 - "$work/$name.wrk" "$usage" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+def pct(p):
+    m = re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)
+    return m.group(1) if m else "—"
+errs = "; ".join(l.strip() for l in text.splitlines() if "Non-2xx" in l or "Socket errors" in l) or "0"
+cpu, rss = sys.argv[2].split(" ", 1)
+print(f"{rps:.0f}|{pct(50)}|{pct(99)}|—|{errs}|{cpu}|{rss}")
+PY
+}
+
+# oha open loop at a fixed rate: "rps|p50|p99|p99.9|errors|cpu|rss"
+oha_run() {
+  local name=$1 port=$2 pid=$3 rate=$4 usage
+  usage=$(measure "$pid" taskset -c 1 oha --no-tui --output-format json -z "${DURATION}s" -c "$CONNS" \
+    -q "$rate" --latency-correction -H 'Host: bench.test' "http://127.0.0.1:$port/" 3>&1 >"$work/$name-$rate.json")
+  python3 - "$work/$name-$rate.json" "$usage" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+s, p = r["summary"], r["latencyPercentiles"]
+ms = lambda v: "—" if v is None else f"{v * 1000:.2f}ms"
+codes = r.get("statusCodeDistribution", {})
+bad = sum(n for c, n in codes.items() if not c.startswith("2"))
+# Requests still in flight when the run's time is up are not failures.
+errors = dict(r.get("errorDistribution", {}))
+cut = errors.pop("aborted due to deadline", 0)
+errs = "; ".join(f"{n} {e}" for e, n in errors.items()) or "0"
+cpu, rss = sys.argv[2].split(" ", 1)
+print(f"{s['requestsPerSec']:.0f}|{ms(p['p50'])}|{ms(p['p99'])}|{ms(p['p99.9'])}|{bad} non-2xx, errors: {errs} ({cut} cut at the end)|{cpu}|{rss}")
+PY
+}
+
+row() { local name=$1 line=$2; echo "| $name | ${line//|/ | } |"; }
+ratio() { python3 -c "print(f'{float(\"${1%%|*}\") / float(\"${2%%|*}\"):.2f}')"; }
+
+# Warm both.
+taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null
+taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$NG/" >/dev/null
+
+nginx_version=$(nginx -v 2>&1 | sed 's/.*\///')
+echo "### Proxy against nginx ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
+echo
+echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+hf=$(wrk_run holdfast "$HF" "$hf_pid"); ng=$(wrk_run nginx "$NG" "$ng_pid")
+echo "| wrk closed loop (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | |"
+IFS=, read -ra rates <<<"$RATES"
+for rate in "${rates[@]}"; do
+  hf=$(oha_run holdfast "$HF" "$hf_pid" "$rate"); ng=$(oha_run nginx "$NG" "$ng_pid" "$rate")
+  echo "| oha open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+  echo "| oha open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | |"
+done
+echo
+echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(oha --version), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."

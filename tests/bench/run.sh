@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Every benchmark, side by side in one run, as one markdown report on stdout (progress on
+# stderr). docs/benchmarks.md holds the latest full report and what the figures mean.
+#
+#   tests/bench/run.sh            the full runs (about 25 minutes on the 2-core machine)
+#   tests/bench/run.sh --smoke    seconds-long versions of each, so the harness cannot rot
+#                                 (the test command, tests/run.sh, runs this)
+#
+# Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
+# nginx (wrk closed loop, oha open loop); route discovery fan-out of 1 MB and 10 MB
+# snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
+# Ingresses, 1,000 ACKing subscribers). Installs nginx, wrk and oha when missing; builds
+# the pinned Kubernetes tools when missing (deploy/local/k8s.sh ensure).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
+  [[ -d $d && ":$PATH:" != *":$d:"* ]] && PATH=$PATH:$d
+done
+export PATH
+smoke=false
+[[ ${1:-} == --smoke ]] && smoke=true
+if $smoke; then
+  CRITERION=(--warm-up-time 0.05 --measurement-time 0.1)
+  PROXY=(--smoke)
+  FANOUT=(--sizes-mb 0.1 --streams 1,20 --rounds 2)
+  SCALE=(--ingresses 30 --subscribers 20 --streams-per-connection 10 --rounds 2)
+else
+  CRITERION=()
+  PROXY=()
+  FANOUT=(--sizes-mb 1,10 --streams 1,100,1000 --rounds 5)
+  SCALE=(--ingresses 10000 --subscribers 1000 --rounds 20)
+fi
+step() { echo "tests/bench/run.sh: $* ($(date -u +%T))" >&2; }
+
+tests/bench/tools.sh
+deploy/local/k8s.sh ensure >&2
+step building release binaries
+cargo build --release -q --workspace --bins >&2
+
+echo "# holdfast benchmarks ($(date -u +%F)$($smoke && echo ', smoke run: figures mean nothing'))"
+echo
+echo "## Machine"
+echo
+echo "- $(nproc) cores: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
+echo "- $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, Linux $(uname -r)"
+echo "- $(rustc --version), release profile"
+echo
+
+# Criterion prints "name\n   time: [low median high]"; keep the median.
+criterion_table() {
+  python3 -c '
+import re, sys
+text = sys.stdin.read()
+print("| benchmark | median |")
+print("| --- | --- |")
+rows = re.findall(r"^(\S+)\s*\n?\s+time:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", text, re.M)
+for name, median in rows:
+    print(f"| {name} | {median} |")
+sys.exit(0 if rows else "no criterion results in the output")
+'
+}
+step criterion: route lookup
+echo "## Route lookup (criterion, \`cargo bench -p holdfast-data-plane --bench lookup\`)"
+echo
+cargo bench -q -p holdfast-data-plane --bench lookup -- "${CRITERION[@]}" 2>/dev/null | criterion_table
+echo
+step criterion: snapshot build
+echo "## Snapshot build (criterion, \`cargo bench -p holdfast-control-plane --bench build\`)"
+echo
+cargo bench -q -p holdfast-control-plane --bench build -- "${CRITERION[@]}" 2>/dev/null | criterion_table
+echo
+
+step proxy against nginx
+tests/bench/proxy.sh "${PROXY[@]}"
+echo
+
+step route discovery fan-out
+echo "## Route discovery fan-out (\`target/release/holdfast-bench-fanout ${FANOUT[*]}\`)"
+echo
+target/release/holdfast-bench-fanout "${FANOUT[@]}"
+echo
+
+step control plane at scale
+echo "## Control plane at scale (\`target/release/holdfast-bench-scale ${SCALE[*]}\`)"
+echo
+target/release/holdfast-bench-scale "${SCALE[@]}"
+step done
