@@ -11,14 +11,19 @@
 # time, from /proc) and proxy RSS (VmHWM), and the holdfast/nginx ratio. Markdown on stdout.
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
+#                        [--flamegraph FILE.svg]
+#
+# --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
+# wrk run and renders FILE.svg with inferno (installed with cargo when missing).
 #
 # Needs nginx, wrk, taskset (installed from Debian when missing) and oha (cargo install
 # when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,20000,40000
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME=
 while (($#)); do
   case $1 in
+    --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -151,3 +156,16 @@ for rate in "${rates[@]}"; do
 done
 echo
 echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(oha --version), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."
+
+if [[ -n $FLAME ]]; then
+  command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
+  command -v inferno-flamegraph >/dev/null || cargo install --locked --quiet inferno >&2
+  perf record -F 499 --call-graph dwarf,16384 -p "$hf_pid" -o "$work/perf.data" -- sleep "$DURATION" >/dev/null 2>&1 &
+  perf_pid=$!
+  taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null
+  wait "$perf_pid" || true
+  perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"$work/folded"
+  inferno-flamegraph --minwidth 0.2 --title "holdfast-proxy under wrk -c$CONNS (one worker, pinned)" <"$work/folded" >"$FLAME"
+  echo
+  echo "Flame graph of holdfast-proxy under wrk: $FLAME"
+fi

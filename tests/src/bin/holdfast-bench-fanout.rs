@@ -144,16 +144,25 @@ async fn serve(bytes: usize) -> anyhow::Result<()> {
         .add_service(Discovery::new(shared.clone()))
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     tokio::spawn(server);
-    // Each stdin line publishes the next revision (built beforehand, so only publishing,
-    // which encodes it once, is timed); EOF ends the process.
+    // Commands on stdin: "next" publishes the prepared revision (publishing encodes it
+    // once, and is timed); "prepare" builds the following one, outside the timed part, so
+    // that building never competes with a fan-out. EOF ends the process.
     let mut lines =
         tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));
-    let mut next = synthetic_snapshot(bytes, rev + 1);
-    while lines.next_line().await?.is_some() {
-        rev += 1;
-        shared.publish(next);
-        println!("published {rev}");
-        next = synthetic_snapshot(bytes, rev + 1);
+    let mut next = None;
+    while let Some(line) = lines.next_line().await? {
+        match (line.as_str(), next.take()) {
+            ("prepare", _) => {
+                next = Some(synthetic_snapshot(bytes, rev + 1));
+                println!("prepared {}", rev + 1);
+            }
+            ("next", Some(snapshot)) => {
+                rev += 1;
+                shared.publish(snapshot);
+                println!("published {rev}");
+            }
+            (other, _) => println!("unexpected command {other:?}"),
+        }
     }
     Ok(())
 }
@@ -191,15 +200,22 @@ impl Server {
         })
     }
 
-    /// Publishes the next revision; returns once it is published.
-    fn publish_next(&mut self) -> anyhow::Result<Instant> {
-        let t0 = Instant::now();
-        writeln!(self.stdin, "next")?;
+    /// Sends `command` and checks that the answer starts with `answer`.
+    fn command(&mut self, command: &str, answer: &str) -> anyhow::Result<()> {
+        writeln!(self.stdin, "{command}")?;
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
-        if !line.starts_with("published") {
-            bail!("server said {line:?}");
+        if !line.starts_with(answer) {
+            bail!("server answered {command:?} with {line:?}");
         }
+        Ok(())
+    }
+
+    /// Publishes the next revision (built beforehand); returns when it was asked to.
+    fn publish_next(&mut self) -> anyhow::Result<Instant> {
+        self.command("prepare", "prepared")?;
+        let t0 = Instant::now();
+        self.command("next", "published")?;
         Ok(t0)
     }
 
