@@ -148,7 +148,8 @@ where
     let config = watcher::Config::default()
         .timeout(ctx.settings.watch_timeout_secs)
         .page_size(ctx.settings.page_size);
-    let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff();
+    let stream =
+        reflector::reflector(writer, watcher::watcher(api, config).modify(prune)).default_backoff();
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
@@ -178,6 +179,20 @@ where
     reader
 }
 
+/// The annotation kubectl apply keeps a whole copy of the object in.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what translation never reads before an object enters a cache: `managedFields`
+/// and kubectl's last-applied copy of the object are often most of an object's size, and
+/// the caches hold every Ingress, Service and EndpointSlice in the cluster.
+pub fn prune<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
 /// A watch error in words an operator can act on (a 403 names the missing permission,
 /// as the API server's message does).
 fn describe_watch_error(error: &watcher::Error) -> String {
@@ -190,5 +205,47 @@ fn describe_watch_error(error: &watcher::Error) -> String {
     match api {
         Some(s) if s.code == 403 => format!("permission denied (403): {}", s.message),
         _ => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    #[test]
+    fn pruning_drops_managed_fields_and_the_last_applied_copy_and_keeps_the_rest() {
+        let mut ing = Ingress::default();
+        ing.metadata.name = Some("web".into());
+        ing.metadata.resource_version = Some("42".into());
+        ing.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl".into()),
+            ..Default::default()
+        }]);
+        ing.metadata.annotations = Some(
+            [
+                (
+                    LAST_APPLIED_ANNOTATION.to_string(),
+                    "{\"big\": true}".to_string(),
+                ),
+                (
+                    crate::translate::LEGACY_CLASS_ANNOTATION.to_string(),
+                    "holdfast".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        prune(&mut ing);
+        assert_eq!(ing.metadata.managed_fields, None);
+        let annotations = ing.metadata.annotations.unwrap();
+        assert!(!annotations.contains_key(LAST_APPLIED_ANNOTATION));
+        assert_eq!(
+            annotations
+                .get(crate::translate::LEGACY_CLASS_ANNOTATION)
+                .map(String::as_str),
+            Some("holdfast")
+        );
+        assert_eq!(ing.metadata.name.as_deref(), Some("web"));
+        assert_eq!(ing.metadata.resource_version.as_deref(), Some("42"));
     }
 }

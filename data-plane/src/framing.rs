@@ -126,6 +126,14 @@ impl Tracker {
         self.flagged.as_ref()
     }
 
+    /// True while part of a request head has arrived but not all of it: the time a client
+    /// may take for that is the header read timeout. Not between requests (an idle
+    /// keep-alive connection is governed by the idle timeout), and not once tracking has
+    /// stopped (HTTP/2, an upgrade, or a connection hyper rejects itself).
+    pub fn head_pending(&self) -> bool {
+        matches!(&self.state, State::Head(buf) if !buf.is_empty())
+    }
+
     /// Feeds bytes read from the client.
     pub fn feed(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
@@ -253,6 +261,33 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_is_pending_from_its_first_byte_until_it_is_complete_and_not_between_requests() {
+        let mut t = Tracker::default();
+        assert!(
+            !t.head_pending(),
+            "a new connection waits for a request, no head yet"
+        );
+        t.feed(b"GET / HTTP/1.1\r\nHost: a");
+        assert!(t.head_pending());
+        t.feed(b"\r\n\r\n");
+        assert!(
+            !t.head_pending(),
+            "complete head, no body: idle until the next request"
+        );
+        t.feed(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nab");
+        assert!(!t.head_pending(), "reading a body is not reading a head");
+        t.feed(b"cd");
+        assert!(!t.head_pending());
+        t.feed(b"\r\n");
+        assert!(
+            !t.head_pending(),
+            "empty lines between requests are not a head"
+        );
+        t.feed(b"G");
+        assert!(t.head_pending());
+    }
 
     /// Feeds `stream` in every possible two-way split and in 1-byte pieces; all must agree.
     fn flagged(stream: &str) -> Option<(u64, BadRequest)> {

@@ -47,7 +47,11 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+        // hyper's own header timer also runs while a keep-alive connection waits for its
+        // next request, which closed idle connections after this timeout instead of
+        // --idle-timeout, racing clients that reuse them. The connection loop below times
+        // a head from its first byte instead.
+        .header_read_timeout(None)
         .max_headers(settings.max_headers)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .keep_alive(true);
@@ -74,6 +78,7 @@ pub async fn serve(
             builder: builder.clone(),
             forwarder: forwarder.clone(),
             idle_timeout: settings.idle_timeout,
+            header_read_timeout: settings.header_read_timeout,
             drain: drain_rx.clone(),
         };
         connections.spawn(conn.run(stream, peer));
@@ -97,6 +102,7 @@ struct Connection {
     builder: Arc<auto::Builder<TokioExecutor>>,
     forwarder: Arc<Forwarder>,
     idle_timeout: Duration,
+    header_read_timeout: Duration,
     drain: watch::Receiver<bool>,
 }
 
@@ -137,7 +143,8 @@ impl Connection {
         let conn = self.builder.serve_connection_with_upgrades(io, svc);
         tokio::pin!(conn);
         let mut draining = false;
-        let check = (self.idle_timeout / 4).max(Duration::from_millis(50));
+        let check =
+            (self.idle_timeout.min(self.header_read_timeout) / 4).max(Duration::from_millis(50));
         loop {
             tokio::select! {
                 _ = conn.as_mut() => break,
@@ -145,7 +152,14 @@ impl Connection {
                     draining = true;
                     conn.as_mut().graceful_shutdown();
                 }
-                _ = tokio::time::sleep(check), if !draining => {
+                _ = tokio::time::sleep(check) => {
+                    if activity.head_pending_for().is_some_and(|t| t >= self.header_read_timeout) {
+                        tracing::debug!(%peer, "request head not complete within the header read timeout; closing");
+                        break;
+                    }
+                    if draining {
+                        continue;
+                    }
                     if in_flight.load(Ordering::Acquire) == 0 && activity.idle_for() >= self.idle_timeout {
                         draining = true;
                         conn.as_mut().graceful_shutdown();
@@ -156,10 +170,12 @@ impl Connection {
     }
 }
 
-/// When bytes last moved on a connection.
+/// When bytes last moved on a connection, and since when a request head is pending.
 struct Activity {
     start: Instant,
     last_ms: AtomicU64,
+    /// 1 + the ms at which the pending request head's first byte arrived; 0 if none.
+    head_since: AtomicU64,
 }
 
 impl Activity {
@@ -167,7 +183,24 @@ impl Activity {
         Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
         }
+    }
+    /// Records whether a request head is pending after a read.
+    fn head_pending(&self, pending: bool) {
+        let since = self.head_since.load(Ordering::Relaxed);
+        if pending && since == 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.head_since.store(now + 1, Ordering::Relaxed);
+        } else if !pending && since != 0 {
+            self.head_since.store(0, Ordering::Relaxed);
+        }
+    }
+    /// How long the pending request head has been arriving, if one is.
+    fn head_pending_for(&self) -> Option<Duration> {
+        let since = self.head_since.load(Ordering::Relaxed).checked_sub(1)?;
+        let now = self.start.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(now.saturating_sub(since)))
     }
     fn touch(&self) {
         self.last_ms
@@ -204,6 +237,9 @@ impl AsyncRead for IdleIo {
                 if let Some(flag) = this.tracker.flagged() {
                     let _ = this.flagged.set(flag.clone());
                 }
+                this.activity.head_pending(this.tracker.head_pending());
+            } else {
+                self.activity.head_pending(false);
             }
         }
         r

@@ -464,3 +464,83 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
     assert!(status.success(), "{status}");
     Ok(())
 }
+
+/// The header read timeout runs from a request head's first byte, not while a keep-alive
+/// connection waits for its next request (that is the idle timeout): an idle connection
+/// outlives the header timeout and is reused, a head that never completes is cut.
+#[tokio::test]
+async fn the_header_timeout_cuts_a_slow_head_but_not_an_idle_keep_alive_connection()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("header-timeout");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("ka.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-header-timeout",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+
+    let request = b"GET / HTTP/1.1\r\nHost: ka.test\r\n\r\n";
+    let mut idle = tokio::net::TcpStream::connect(p.addr).await?;
+    idle.write_all(request).await?;
+    let first = read_response(&mut idle).await?;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // The behaviour under test: the connection stays idle for longer than the header
+    // read timeout (not a synchronisation wait).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    idle.write_all(request).await?;
+    let second = read_response(&mut idle).await?;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "an idle keep-alive connection was closed by the header timeout: {second:?}"
+    );
+
+    let mut slow = tokio::net::TcpStream::connect(p.addr).await?;
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: ka").await?;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(T, slow.read(&mut buf)).await?;
+    assert!(
+        matches!(closed, Ok(0) | Err(_)),
+        "an incomplete head got an answer: {closed:?}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "an incomplete head was cut after {waited:?}, not about 1 s"
+    );
+    Ok(())
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length body; its head and body as text.
+async fn read_response(s: &mut tokio::net::TcpStream) -> anyhow::Result<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return Ok(text);
+            }
+        }
+        let n = tokio::time::timeout(T, s.read(&mut chunk)).await??;
+        if n == 0 {
+            return Ok(text);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
