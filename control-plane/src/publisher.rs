@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use holdfast_proto::snapshot::{InvalidSnapshot, seal, validate_structure};
+use holdfast_proto::snapshot::{InvalidSnapshot, content_hash, stamp, validate_structure};
 use holdfast_proto::v1::Snapshot;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use crate::caches::{Caches, identity};
 use crate::guard::{Verdict, assess};
 use crate::state::{Held, Shared};
-use crate::translate::{self, ClusterState, Problem};
+use crate::translate::{self, ClusterState, Problem, Translator};
 
 /// Settings of the reconcile loop.
 #[derive(Debug, Clone)]
@@ -37,15 +37,28 @@ pub struct Settings {
     pub confirm_after: Duration,
 }
 
-/// Translates, seals and validates: the whole build, with no I/O.
+/// Translates, seals and validates: the whole build, with no I/O, from scratch.
 pub fn build(
     state: &ClusterState,
     opts: &translate::Options,
     revision: u64,
 ) -> Result<(Snapshot, Vec<Problem>), InvalidSnapshot> {
-    let translation = translate::translate(state, opts);
+    build_with(&mut Translator::default(), state, opts, revision)
+}
+
+/// [`build`] with a long-lived translator, which digests only the objects that changed
+/// since its last build.
+pub fn build_with(
+    translator: &mut Translator,
+    state: &ClusterState,
+    opts: &translate::Options,
+    revision: u64,
+) -> Result<(Snapshot, Vec<Problem>), InvalidSnapshot> {
+    let translation = translator.translate(state, opts);
     let mut snapshot = translation.snapshot;
-    seal(&mut snapshot, revision);
+    // The translator hashed the content while building it.
+    debug_assert_eq!(snapshot.content_hash, content_hash(&snapshot));
+    stamp(&mut snapshot, revision);
     snapshot.created_at = Some(SystemTime::now().into());
     validate_structure(&snapshot)?;
     Ok((snapshot, translation.problems))
@@ -153,12 +166,13 @@ pub async fn run(
         Duration::from_millis(250).min(settings.confirm_after.max(Duration::from_millis(10))),
     );
     let mut last_confirm_attempt: Option<Instant> = None;
+    let mut translator = Translator::default();
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = changed.notified() => {
                 coalesce(&changed, settings.debounce, settings.max_delay).await;
-                rebuild(&caches, &shared, &settings, &mut reporter);
+                rebuild(&caches, &shared, &settings, &mut reporter, &mut translator);
             }
             _ = confirm_tick.tick() => {
                 let Some(held) = shared.held() else { continue };
@@ -189,14 +203,20 @@ async fn coalesce(changed: &Notify, debounce: Duration, max_delay: Duration) {
     }
 }
 
-fn rebuild(caches: &Caches, shared: &Shared, settings: &Settings, reporter: &mut ProblemReporter) {
+fn rebuild(
+    caches: &Caches,
+    shared: &Shared,
+    settings: &Settings,
+    reporter: &mut ProblemReporter,
+    translator: &mut Translator,
+) {
     if !shared.all_synced() {
         tracing::debug!(unsynced = ?shared.unsynced(), "not building: caches incomplete");
         return;
     }
     let started = Instant::now();
     let state = caches.state();
-    let built = build(&state, &settings.translate, caches.revision());
+    let built = build_with(translator, &state, &settings.translate, caches.revision());
     shared
         .metrics()
         .build_duration

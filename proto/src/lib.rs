@@ -4,6 +4,7 @@
 //! - [`v1`]: messages plus the `RouteDiscovery` and `Admin` clients and servers.
 //! - [`wire`]: `DiscoveryResponse`, hand-written so a snapshot is encoded once and its
 //!   bytes shared by every stream.
+//! - [`content`]: the bytes a snapshot's content hash covers, written in one pass.
 //! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
 //!   planes.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (with `google/protobuf` imports) that
@@ -11,6 +12,7 @@
 //!   work without proto files.
 
 pub mod client;
+pub mod content;
 pub mod snapshot;
 pub mod wire;
 

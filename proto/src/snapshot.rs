@@ -16,6 +16,8 @@
 
 use std::collections::HashSet;
 
+use foldhash::fast::RandomState;
+
 use sha2::{Digest, Sha256};
 
 use crate::v1::{MatchKind, Snapshot};
@@ -86,26 +88,36 @@ pub enum InvalidSnapshot {
 
 /// SHA-256 (hex) of the snapshot's content (identity fields cleared).
 ///
-/// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared:
-/// prost writes fields in tag order and skips empty ones, so encoding the content fields
-/// (5, 6, 7) directly gives the same bytes without copying the snapshot.
+/// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared
+/// (prost writes fields in tag order and skips empty ones, so that is the encoding of the
+/// content fields 5, 6 and 7). They are streamed through a 32 KiB buffer into SHA-256
+/// rather than encoded whole first (see [`crate::content`]).
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    use prost::encoding::message;
-    let len = message::encoded_len_repeated(5, &snapshot.virtual_hosts)
-        + message::encoded_len_repeated(6, &snapshot.backends)
-        + snapshot
-            .default_backend
-            .as_ref()
-            .map_or(0, |d| message::encoded_len(7, d));
-    let mut buf = Vec::with_capacity(len);
-    message::encode_repeated(5, &snapshot.virtual_hosts, &mut buf);
-    message::encode_repeated(6, &snapshot.backends, &mut buf);
-    if let Some(d) = &snapshot.default_backend {
-        message::encode(7, d, &mut buf);
+    struct Hashing {
+        buf: Vec<u8>,
+        sha: Sha256,
     }
-    let digest = Sha256::digest(&buf);
+    impl crate::content::Sink for Hashing {
+        fn put(&mut self, bytes: &[u8]) {
+            if self.buf.len() + bytes.len() > self.buf.capacity() {
+                self.sha.update(&self.buf);
+                self.buf.clear();
+                if bytes.len() > self.buf.capacity() {
+                    self.sha.update(bytes);
+                    return;
+                }
+            }
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+    let mut sink = Hashing {
+        buf: Vec::with_capacity(32 * 1024),
+        sha: Sha256::new(),
+    };
+    crate::content::encode_content(snapshot, &mut sink);
+    sink.sha.update(&sink.buf);
     let mut hex = String::with_capacity(64);
-    for b in digest {
+    for b in sink.sha.finalize() {
         use std::fmt::Write;
         let _ = write!(hex, "{b:02x}");
     }
@@ -121,6 +133,12 @@ pub fn version_string(cluster_revision: u64, content_hash: &str) -> String {
 /// Stamps the snapshot's identity: content hash, revision and version.
 pub fn seal(snapshot: &mut Snapshot, cluster_revision: u64) {
     snapshot.content_hash = content_hash(snapshot);
+    stamp(snapshot, cluster_revision);
+}
+
+/// Stamps revision and version on a snapshot whose `content_hash` is already set (by a
+/// translator that hashed its content while building it, see [`crate::content`]).
+pub fn stamp(snapshot: &mut Snapshot, cluster_revision: u64) {
     snapshot.cluster_revision = cluster_revision;
     snapshot.version = version_string(cluster_revision, &snapshot.content_hash);
 }
@@ -182,13 +200,15 @@ fn validate_identity(snapshot: &Snapshot, computed: &str) -> Result<(), InvalidS
 /// backends, well-formed hosts, paths and match kinds. (The control plane uses this right
 /// after [`seal`], which has just computed the hash.)
 pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
-    let mut backends = HashSet::new();
+    let mut backends =
+        HashSet::with_capacity_and_hasher(snapshot.backends.len(), RandomState::default());
     for b in &snapshot.backends {
         if !backends.insert(b.name.as_str()) {
             return Err(InvalidSnapshot::DuplicateBackend(b.name.clone()));
         }
     }
-    let mut hosts = HashSet::new();
+    let mut hosts =
+        HashSet::with_capacity_and_hasher(snapshot.virtual_hosts.len(), RandomState::default());
     for vhost in &snapshot.virtual_hosts {
         if !hosts.insert(vhost.host.as_str()) {
             return Err(InvalidSnapshot::DuplicateHost(vhost.host.clone()));
@@ -286,6 +306,34 @@ mod tests {
         assert_eq!(a.content_hash, b.content_hash);
         assert_ne!(a.version, b.version);
         assert_eq!(a.version, format!("42-{}", &a.content_hash[..16]));
+    }
+
+    #[test]
+    fn the_hash_is_sha256_of_the_protobuf_encoding_with_identity_fields_cleared() {
+        use prost::Message;
+        let s = sample();
+        let mut content = s.clone();
+        content.version.clear();
+        content.content_hash.clear();
+        content.cluster_revision = 0;
+        content.created_at = None;
+        let expected: String = Sha256::digest(content.encode_to_vec())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(content_hash(&s), expected);
+        // Larger than the streaming buffer, so it is flushed many times mid-message.
+        let mut big = content.clone();
+        for i in 0..5_000 {
+            let mut b = big.backends[0].clone();
+            b.name = format!("ns/svc-{i}:80");
+            big.backends.push(b);
+        }
+        let expected: String = Sha256::digest(big.encode_to_vec())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(content_hash(&big), expected);
     }
 
     #[test]

@@ -109,8 +109,21 @@ fn state(ingresses: Vec<Arc<Ingress>>) -> ClusterState {
     }
 }
 
+/// Translates, checking on the way that the content hash the translator computed while
+/// building is the snapshot's content hash, and that a long-lived translator (digests
+/// remembered from an earlier build of other objects) gives the same result.
 fn run(state: &ClusterState) -> Translation {
-    translate(state, &Options::default())
+    let t = translate(state, &Options::default());
+    assert_eq!(
+        t.snapshot.content_hash,
+        holdfast_proto::snapshot::content_hash(&t.snapshot)
+    );
+    let mut warm = Translator::default();
+    warm.translate(&self::state(vec![]), &Options::default());
+    let again = warm.translate(state, &Options::default());
+    assert_eq!(again.snapshot, t.snapshot);
+    assert_eq!(again.problems, t.problems);
+    t
 }
 
 /// (host, kind, path, backend) of every route, in snapshot order.

@@ -1,0 +1,402 @@
+//! The content encoding a snapshot's hash covers, written in one pass into any sink.
+//!
+//! The bytes are exactly prost's encoding of fields 5-7 of `Snapshot` (virtual hosts,
+//! backends, default backend): fields in tag order, empty scalars skipped, a present
+//! sub-message always written. Writing them here instead of through prost lets the hash
+//! stream them through a small buffer into SHA-256, with no snapshot-sized allocation
+//! (at 10,000 Ingresses the encoding is about 3.4 MB; allocating and faulting in a fresh
+//! buffer of that size was a third of the hashing time). The unit tests check the bytes
+//! against prost's; every message is destructured field by field, so a field added to the
+//! protocol does not compile here until it is encoded.
+
+use prost::encoding::encoded_len_varint;
+
+use crate::v1::{Backend, DefaultBackend, Endpoint, IngressRef, Route, Snapshot, VirtualHost};
+
+/// Where encoded bytes go.
+pub(crate) trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Writes fields 5, 6 and 7 of `snapshot` as prost would.
+pub(crate) fn encode_content(snapshot: &Snapshot, out: &mut impl Sink) {
+    let Snapshot {
+        version: _,
+        content_hash: _,
+        cluster_revision: _,
+        created_at: _,
+        virtual_hosts,
+        backends,
+        default_backend,
+    } = snapshot;
+    for v in virtual_hosts {
+        virtual_host_field(out, v);
+    }
+    for b in backends {
+        backend_field(out, b);
+    }
+    if let Some(d) = default_backend {
+        default_field(out, d);
+    }
+}
+
+/// Appends one virtual host as the snapshot's field 5 would hold it. A translator that
+/// appends its virtual hosts, then its backends, then the default backend, in snapshot
+/// order, has the content bytes for [`hash_hex`] without encoding the snapshot again.
+pub fn encode_virtual_host(v: &VirtualHost, out: &mut Vec<u8>) {
+    virtual_host_field(out, v);
+}
+
+/// Appends one backend as the snapshot's field 6 would hold it.
+pub fn encode_backend(b: &Backend, out: &mut Vec<u8>) {
+    backend_field(out, b);
+}
+
+/// Appends the default backend as the snapshot's field 7 would hold it.
+pub fn encode_default_backend(d: &DefaultBackend, out: &mut Vec<u8>) {
+    default_field(out, d);
+}
+
+/// SHA-256 (lower-case hex) of the concatenation of `parts`: with the parts above, the
+/// snapshot's content hash.
+pub fn hash_hex<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut sha = Sha256::new();
+    for part in parts {
+        sha.update(part);
+    }
+    let mut hex = String::with_capacity(64);
+    for b in sha.finalize() {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
+}
+
+fn virtual_host_field(out: &mut impl Sink, v: &VirtualHost) {
+    message(out, 5, vhost_len(v), |out| vhost(out, v));
+}
+
+fn backend_field(out: &mut impl Sink, b: &Backend) {
+    message(out, 6, backend_len(b), |out| backend(out, b));
+}
+
+fn default_field(out: &mut impl Sink, d: &DefaultBackend) {
+    message(out, 7, default_len(d), |out| default(out, d));
+}
+
+const VARINT: u64 = 0;
+const LEN: u64 = 2;
+
+fn varint(out: &mut impl Sink, mut value: u64) {
+    let mut buf = [0u8; 10];
+    let mut n = 0;
+    while value >= 0x80 {
+        buf[n] = (value as u8) | 0x80;
+        value >>= 7;
+        n += 1;
+    }
+    buf[n] = value as u8;
+    out.put(&buf[..=n]);
+}
+
+fn key(out: &mut impl Sink, tag: u64, wire_type: u64) {
+    varint(out, (tag << 3) | wire_type);
+}
+
+fn key_len(tag: u64) -> usize {
+    encoded_len_varint(tag << 3)
+}
+
+fn string(out: &mut impl Sink, tag: u64, s: &str) {
+    if !s.is_empty() {
+        key(out, tag, LEN);
+        varint(out, s.len() as u64);
+        out.put(s.as_bytes());
+    }
+}
+
+fn string_len(tag: u64, s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        key_len(tag) + encoded_len_varint(s.len() as u64) + s.len()
+    }
+}
+
+/// A scalar varint field (uint32, bool, or an enum/int32 sign-extended to 64 bits).
+fn scalar(out: &mut impl Sink, tag: u64, value: u64) {
+    if value != 0 {
+        key(out, tag, VARINT);
+        varint(out, value);
+    }
+}
+
+fn scalar_len(tag: u64, value: u64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        key_len(tag) + encoded_len_varint(value)
+    }
+}
+
+fn message<S: Sink>(out: &mut S, tag: u64, len: usize, body: impl FnOnce(&mut S)) {
+    key(out, tag, LEN);
+    varint(out, len as u64);
+    body(out);
+}
+
+fn message_len(tag: u64, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+fn ingress_ref_len(r: &IngressRef) -> usize {
+    let IngressRef { namespace, name } = r;
+    string_len(1, namespace) + string_len(2, name)
+}
+
+fn ingress_ref(out: &mut impl Sink, r: &IngressRef) {
+    let IngressRef { namespace, name } = r;
+    string(out, 1, namespace);
+    string(out, 2, name);
+}
+
+fn route_len(r: &Route) -> usize {
+    let Route {
+        match_kind,
+        path,
+        backend,
+        source,
+    } = r;
+    scalar_len(1, *match_kind as i64 as u64)
+        + string_len(2, path)
+        + string_len(3, backend)
+        + source
+            .as_ref()
+            .map_or(0, |s| message_len(4, ingress_ref_len(s)))
+}
+
+fn route(out: &mut impl Sink, r: &Route) {
+    let Route {
+        match_kind,
+        path,
+        backend,
+        source,
+    } = r;
+    scalar(out, 1, *match_kind as i64 as u64);
+    string(out, 2, path);
+    string(out, 3, backend);
+    if let Some(s) = source {
+        message(out, 4, ingress_ref_len(s), |out| ingress_ref(out, s));
+    }
+}
+
+fn vhost_len(v: &VirtualHost) -> usize {
+    let VirtualHost { host, routes } = v;
+    string_len(1, host)
+        + routes
+            .iter()
+            .map(|r| message_len(2, route_len(r)))
+            .sum::<usize>()
+}
+
+fn vhost(out: &mut impl Sink, v: &VirtualHost) {
+    let VirtualHost { host, routes } = v;
+    string(out, 1, host);
+    for r in routes {
+        message(out, 2, route_len(r), |out| route(out, r));
+    }
+}
+
+fn endpoint_len(e: &Endpoint) -> usize {
+    let Endpoint {
+        address,
+        port,
+        zone,
+        ready,
+    } = e;
+    string_len(1, address)
+        + scalar_len(2, u64::from(*port))
+        + string_len(3, zone)
+        + scalar_len(4, u64::from(*ready))
+}
+
+fn endpoint(out: &mut impl Sink, e: &Endpoint) {
+    let Endpoint {
+        address,
+        port,
+        zone,
+        ready,
+    } = e;
+    string(out, 1, address);
+    scalar(out, 2, u64::from(*port));
+    string(out, 3, zone);
+    scalar(out, 4, u64::from(*ready));
+}
+
+fn backend_len(b: &Backend) -> usize {
+    let Backend {
+        name,
+        endpoints,
+        external_name,
+        external_port,
+        unavailable_reason,
+    } = b;
+    string_len(1, name)
+        + endpoints
+            .iter()
+            .map(|e| message_len(2, endpoint_len(e)))
+            .sum::<usize>()
+        + string_len(3, external_name)
+        + scalar_len(4, u64::from(*external_port))
+        + string_len(5, unavailable_reason)
+}
+
+fn backend(out: &mut impl Sink, b: &Backend) {
+    let Backend {
+        name,
+        endpoints,
+        external_name,
+        external_port,
+        unavailable_reason,
+    } = b;
+    string(out, 1, name);
+    for e in endpoints {
+        message(out, 2, endpoint_len(e), |out| endpoint(out, e));
+    }
+    string(out, 3, external_name);
+    scalar(out, 4, u64::from(*external_port));
+    string(out, 5, unavailable_reason);
+}
+
+fn default_len(d: &DefaultBackend) -> usize {
+    let DefaultBackend { backend, source } = d;
+    string_len(1, backend)
+        + source
+            .as_ref()
+            .map_or(0, |s| message_len(2, ingress_ref_len(s)))
+}
+
+fn default(out: &mut impl Sink, d: &DefaultBackend) {
+    let DefaultBackend { backend, source } = d;
+    string(out, 1, backend);
+    if let Some(s) = source {
+        message(out, 2, ingress_ref_len(s), |out| ingress_ref(out, s));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn prost_content(s: &Snapshot) -> Vec<u8> {
+        let mut content = s.clone();
+        content.version.clear();
+        content.content_hash.clear();
+        content.cluster_revision = 0;
+        content.created_at = None;
+        content.encode_to_vec()
+    }
+
+    fn ours(s: &Snapshot) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_content(s, &mut out);
+        out
+    }
+
+    #[test]
+    fn matches_prost_for_every_field_present_absent_and_empty() {
+        let long = "x".repeat(300); // two-byte length varints
+        let source = Some(IngressRef {
+            namespace: "ns".into(),
+            name: long.clone(),
+        });
+        let s = Snapshot {
+            version: "7-abc".into(),
+            content_hash: "abc".into(),
+            cluster_revision: 7,
+            created_at: Some(std::time::SystemTime::UNIX_EPOCH.into()),
+            virtual_hosts: vec![
+                VirtualHost {
+                    host: "a.example.com".into(),
+                    routes: vec![
+                        Route {
+                            match_kind: 1,
+                            path: "/".into(),
+                            backend: "ns/a:80".into(),
+                            source: source.clone(),
+                        },
+                        // Unspecified kind, empty strings, no source, an empty source.
+                        Route::default(),
+                        Route {
+                            source: Some(IngressRef::default()),
+                            ..Default::default()
+                        },
+                        // A negative enum value is sign-extended to ten bytes.
+                        Route {
+                            match_kind: -1,
+                            path: long.clone(),
+                            ..Default::default()
+                        },
+                    ],
+                },
+                VirtualHost::default(),
+            ],
+            backends: vec![
+                Backend {
+                    name: "ns/a:80".into(),
+                    endpoints: vec![
+                        Endpoint {
+                            address: "10.0.0.1".into(),
+                            port: 8080,
+                            zone: "z".into(),
+                            ready: true,
+                        },
+                        Endpoint {
+                            port: u32::MAX,
+                            ..Default::default()
+                        },
+                        Endpoint::default(),
+                    ],
+                    external_name: "db.example.com".into(),
+                    external_port: 5432,
+                    unavailable_reason: long.clone(),
+                },
+                Backend::default(),
+            ],
+            default_backend: Some(DefaultBackend {
+                backend: "ns/a:80".into(),
+                source,
+            }),
+        };
+        assert_eq!(ours(&s), prost_content(&s));
+        let mut no_default = s.clone();
+        no_default.default_backend = Some(DefaultBackend::default());
+        assert_eq!(ours(&no_default), prost_content(&no_default));
+        no_default.default_backend = None;
+        assert_eq!(ours(&no_default), prost_content(&no_default));
+        assert_eq!(ours(&Snapshot::default()), Vec::<u8>::new());
+        // The pieces a translator appends give the same bytes.
+        let mut pieces = Vec::new();
+        s.virtual_hosts
+            .iter()
+            .for_each(|v| encode_virtual_host(v, &mut pieces));
+        s.backends
+            .iter()
+            .for_each(|b| encode_backend(b, &mut pieces));
+        encode_default_backend(s.default_backend.as_ref().unwrap(), &mut pieces);
+        assert_eq!(pieces, prost_content(&s));
+        // Many routes: a vhost whose length needs a three-byte varint.
+        let mut big = s.clone();
+        big.virtual_hosts[0].routes = vec![big.virtual_hosts[0].routes[0].clone(); 2_000];
+        assert_eq!(ours(&big), prost_content(&big));
+    }
+}
