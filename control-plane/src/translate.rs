@@ -29,7 +29,7 @@
 //! - A resource backend (not a Service) is not supported: that path is skipped with a
 //!   [`Problem`].
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use holdfast_proto::content;
@@ -209,13 +209,13 @@ pub fn match_kind(path_type: &str) -> Result<MatchKind, String> {
 }
 
 /// A Service port as an Ingress backend names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum PortRef {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PortRef<'a> {
     Number(i32),
-    Name(String),
+    Name(&'a str),
 }
 
-impl std::fmt::Display for PortRef {
+impl std::fmt::Display for PortRef<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PortRef::Number(n) => write!(f, "{n}"),
@@ -227,14 +227,40 @@ impl std::fmt::Display for PortRef {
 /// One backend: (namespace, Service, port as written), named `ns/service:port`. Names
 /// and keys correspond one to one: namespaces and Service names are DNS labels (no `/`
 /// or `:`), and a port name must contain a letter (see [`backend_ref`]).
+///
+/// The parts are ranges of the name (one allocation, not four).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct BackendRef {
     name: String,
     /// [`sort_prefix`] of `name`.
     name_key: u128,
-    namespace: String,
-    service: String,
-    port: PortRef,
+    /// Byte offsets of the `/` after the namespace and the `:` after the Service.
+    slash: usize,
+    colon: usize,
+    /// The port's number, or None when it is named (the name ends `name`).
+    number: Option<i32>,
+}
+
+impl BackendRef {
+    fn namespace(&self) -> &str {
+        &self.name[..self.slash]
+    }
+
+    fn service(&self) -> &str {
+        &self.name[self.slash + 1..self.colon]
+    }
+
+    /// `namespace/service`: the key of [`ServiceDigest::key`] and [`SliceDigest::key`].
+    fn service_key(&self) -> &str {
+        &self.name[..self.colon]
+    }
+
+    fn port(&self) -> PortRef<'_> {
+        match self.number {
+            Some(n) => PortRef::Number(n),
+            None => PortRef::Name(&self.name[self.colon + 1..]),
+        }
+    }
 }
 
 /// The backend an Ingress backend refers to, or why it cannot be used.
@@ -252,28 +278,31 @@ fn backend_ref(ns: &str, backend: &IngressBackend) -> Result<BackendRef, String>
                 "Service port name {name:?} is not a port name (names contain a letter)"
             ));
         }
-        (None, Some(name)) if !name.is_empty() => PortRef::Name(name.to_owned()),
+        (None, Some(name)) if !name.is_empty() => PortRef::Name(name),
         _ => return Err("backend names no Service port".into()),
     };
     let name = format!("{ns}/{}:{port}", svc.name);
     Ok(BackendRef {
         name_key: sort_prefix(&name),
+        slash: ns.len(),
+        colon: ns.len() + 1 + svc.name.len(),
+        number: match port {
+            PortRef::Number(n) => Some(n),
+            PortRef::Name(_) => None,
+        },
         name,
-        namespace: ns.to_owned(),
-        service: svc.name.clone(),
-        port,
     })
 }
 
 /// One path of an Ingress rule, checked and normalised.
 #[derive(Debug)]
 struct RouteDigest {
-    /// [`sort_prefix`] of `host` and of `path`.
-    keys: (u128, u128),
+    /// [`sort_prefix`] of `path`.
+    path_key: u128,
     host: String,
     kind: MatchKind,
     path: String,
-    backend: BackendRef,
+    backend: Arc<BackendRef>,
 }
 
 /// What translation needs from one Ingress, computed once per version of the object
@@ -286,7 +315,7 @@ pub struct IngressDigest {
     age_key: (Option<k8s_openapi::jiff::Timestamp>, u128, u128),
     source: IngressRef,
     class: Option<String>,
-    default_backend: Option<BackendRef>,
+    default_backend: Option<Arc<BackendRef>>,
     routes: Vec<RouteDigest>,
     problems: Vec<(&'static str, String)>,
 }
@@ -324,7 +353,7 @@ pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
     };
     if let Some(db) = &spec.default_backend {
         match backend_ref(ns, db) {
-            Ok(b) => digest.default_backend = Some(b),
+            Ok(b) => digest.default_backend = Some(Arc::new(b)),
             Err(e) => digest.problems.push((
                 "InvalidDefaultBackend",
                 format!("defaultBackend skipped: {e}"),
@@ -368,11 +397,11 @@ pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
             };
             match backend_ref(ns, &p.backend) {
                 Ok(backend) => digest.routes.push(RouteDigest {
-                    keys: (sort_prefix(&host), sort_prefix(&path)),
+                    path_key: sort_prefix(&path),
                     host: host.clone(),
                     kind,
                     path,
-                    backend,
+                    backend: Arc::new(backend),
                 }),
                 Err(e) => digest.problems.push((
                     "InvalidBackend",
@@ -396,8 +425,8 @@ struct ServicePortDigest {
 /// What translation needs from one Service.
 #[derive(Debug)]
 pub struct ServiceDigest {
-    namespace: Option<String>,
-    name: Option<String>,
+    /// `namespace/name`.
+    key: Option<String>,
     /// `Some` for an ExternalName Service: its DNS name, lower-cased ("" if unset).
     external_name: Option<String>,
     ports: Vec<ServicePortDigest>,
@@ -429,8 +458,12 @@ pub fn digest_service(svc: &Service) -> ServiceDigest {
         })
         .collect();
     ServiceDigest {
-        namespace: svc.metadata.namespace.clone(),
-        name: svc.metadata.name.clone(),
+        key: svc
+            .metadata
+            .namespace
+            .as_deref()
+            .zip(svc.metadata.name.as_deref())
+            .map(|(ns, name)| format!("{ns}/{name}")),
         external_name,
         ports,
     }
@@ -440,8 +473,8 @@ pub fn digest_service(svc: &Service) -> ServiceDigest {
 /// endpoints (first address, which parses as an IP address; zone or "").
 #[derive(Debug)]
 pub struct SliceDigest {
-    namespace: Option<String>,
-    service: Option<String>,
+    /// `namespace/service` of the Service it belongs to.
+    key: Option<String>,
     ports: Vec<(String, Option<i32>)>,
     /// Each endpoint's address and zone, as ranges of `text` (one allocation per slice,
     /// not two per endpoint: resolving reads them all, and they stay on few cache lines).
@@ -469,13 +502,18 @@ pub fn digest_slice(slice: &EndpointSlice) -> SliceDigest {
         endpoints.push((start..middle, middle..text.len()));
     }
     SliceDigest {
-        namespace: slice.metadata.namespace.clone(),
-        service: slice
+        key: slice
             .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .cloned(),
+            .namespace
+            .as_deref()
+            .zip(
+                slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SERVICE_NAME_LABEL)),
+            )
+            .map(|(ns, svc)| format!("{ns}/{svc}")),
         ports: slice
             .ports
             .iter()
@@ -498,6 +536,12 @@ fn sort_prefix(s: &str) -> u128 {
 }
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
+/// The address of an `Arc`'s value: the identity of a digest or cached object.
+fn addr<T>(a: &Arc<T>) -> usize {
+    Arc::as_ptr(a) as usize
+}
 
 /// Digests of one kind, keyed by the address of the cached object's `Arc`. The reflector
 /// stores replace an object's `Arc` whenever it changes and hand out clones of the same
@@ -515,37 +559,44 @@ impl<K, D> Default for Memo<K, D> {
     }
 }
 
+/// What changed in one kind since the last build: a modified object is a removal of its
+/// old digest and an addition of its new one.
+struct Changes<D> {
+    added: Vec<Arc<D>>,
+    removed: Vec<Arc<D>>,
+}
+
 impl<K: Sync + Send, D: Send + Sync> Memo<K, D> {
-    /// The digests of `objects` (in their order); digests what is new, forgets what is
-    /// gone.
-    fn refresh(&mut self, objects: &[Arc<K>], generation: u64, digest: fn(&K) -> D) -> Vec<Arc<D>> {
-        let mut out: Vec<Option<Arc<D>>> = Vec::with_capacity(objects.len());
-        let mut missing: Vec<usize> = Vec::new();
-        for (i, object) in objects.iter().enumerate() {
-            match self.entries.get_mut(&(Arc::as_ptr(object) as usize)) {
-                Some(entry) => {
-                    entry.2 = generation;
-                    out.push(Some(entry.1.clone()));
-                }
-                None => {
-                    missing.push(i);
-                    out.push(None);
-                }
+    /// Digests what is new in `objects`, forgets what is gone, and says which is which.
+    fn refresh(&mut self, objects: &[Arc<K>], generation: u64, digest: fn(&K) -> D) -> Changes<D> {
+        let mut missing: Vec<&Arc<K>> = Vec::new();
+        for object in objects {
+            match self.entries.get_mut(&addr(object)) {
+                Some(entry) => entry.2 = generation,
+                None => missing.push(object),
             }
         }
-        let made = parallel_map(&missing, |&i| Arc::new(digest(&objects[i])));
-        for (i, d) in missing.into_iter().zip(made) {
-            let object = &objects[i];
-            self.entries.insert(
-                Arc::as_ptr(object) as usize,
-                (object.clone(), d.clone(), generation),
-            );
-            out[i] = Some(d);
+        let added = parallel_map(&missing, |o| Arc::new(digest(o.as_ref())));
+        for (object, d) in missing.into_iter().zip(&added) {
+            self.entries
+                .insert(addr(object), (object.clone(), d.clone(), generation));
         }
+        let mut removed = Vec::new();
         if self.entries.len() > objects.len() {
-            self.entries.retain(|_, e| e.2 == generation);
+            self.entries.retain(|_, e| {
+                let keep = e.2 == generation;
+                if !keep {
+                    removed.push(e.1.clone());
+                }
+                keep
+            });
         }
-        out.into_iter().flatten().collect()
+        Changes { added, removed }
+    }
+
+    /// Every current digest.
+    fn digests(&self) -> impl Iterator<Item = &Arc<D>> {
+        self.entries.values().map(|e| &e.1)
     }
 }
 
@@ -598,33 +649,82 @@ fn join<A: Send, B: Send>(
     })
 }
 
-/// Builds snapshots, remembering each cached object's digest between builds (see
-/// [`Memo`]) and reusing its encoding buffers. A fresh `Translator` gives the same result
-/// as a long-lived one: it only does more work.
+/// Backends by name.
+fn by_name(a: &BackendRef, b: &BackendRef) -> std::cmp::Ordering {
+    a.name_key
+        .cmp(&b.name_key)
+        .then_with(|| a.name.cmp(&b.name))
+}
+
+/// Oldest first, then namespace/name: the order conflicts are decided in.
+fn by_age(a: &IngressDigest, b: &IngressDigest) -> std::cmp::Ordering {
+    a.age_key.cmp(&b.age_key).then_with(|| {
+        (&a.source.namespace, &a.source.name).cmp(&(&b.source.namespace, &b.source.name))
+    })
+}
+
+/// One virtual host as built: the message, the conflicts decided in it, and the
+/// backends its routes use.
+struct HostEntry {
+    vhost: VirtualHost,
+    problems: Vec<Problem>,
+    backends: Vec<Arc<BackendRef>>,
+}
+
+/// One resolved backend: the message, and how many virtual hosts (and the default
+/// backend) use it.
+struct BackendEntry {
+    users: usize,
+    backend: Backend,
+}
+
+impl BackendEntry {
+    /// An entry with `users` users, to be resolved before the snapshot is built.
+    fn unresolved(users: usize) -> Self {
+        BackendEntry {
+            users,
+            backend: Backend::default(),
+        }
+    }
+}
+
+/// Builds snapshots, keeping what it built last time and redoing only what changed.
+///
+/// Each cached object is digested once per version ([`Memo`]). From the digests that
+/// were added or removed since the last build it knows which virtual hosts (those the
+/// changed Ingresses route) and which backends (those of changed Services and
+/// EndpointSlices) to rebuild; every other virtual host and backend is reused. A change of which IngressClasses are ours rebuilds
+/// everything. The result is always the whole snapshot, identical to what a fresh
+/// `Translator` builds from the same objects (the unit tests check this over sequences
+/// of changes).
 #[derive(Default)]
 pub struct Translator {
     ingresses: Memo<Ingress, IngressDigest>,
     services: Memo<Service, ServiceDigest>,
     slices: Memo<EndpointSlice, SliceDigest>,
     generation: u64,
-    /// Content encoding of the virtual hosts, then of the backends in two parts.
-    bytes: [Vec<u8>; 3],
+    /// Our class names and whether the default class is ours, as of the last build.
+    classes: Option<(BTreeSet<String>, bool)>,
+    /// Services and EndpointSlices by `namespace/service`.
+    services_by_key: FastMap<String, Arc<ServiceDigest>>,
+    slices_by_key: FastMap<String, Vec<Arc<SliceDigest>>>,
+    /// Our Ingresses routing each host.
+    contributors: FastMap<String, Vec<Arc<IngressDigest>>>,
+    /// Our Ingresses with a default backend, and with problems of their own.
+    with_default: FastMap<usize, Arc<IngressDigest>>,
+    with_problems: FastMap<usize, Arc<IngressDigest>>,
+    /// The built virtual hosts (by host) and backends (by name): snapshot order.
+    hosts: BTreeMap<String, HostEntry>,
+    backends: Backends,
+    hosts_with_problems: BTreeSet<String>,
+    /// The backend the default backend uses (one of the `users` of its entry).
+    default_user: Option<Arc<BackendRef>>,
 }
 
 /// Translates the cluster state into a snapshot (unsealed; its `content_hash` set) and
 /// the problems found, from scratch.
 pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
     Translator::default().translate(state, opts)
-}
-
-/// A route while translating: where it came from and the order it was declared in.
-struct Candidate<'a> {
-    /// `route.keys` and kind, copied here so sorting rarely follows a pointer.
-    keys: (u128, i32, u128),
-    route: &'a RouteDigest,
-    /// Position of its Ingress in age order: lower wins a conflict.
-    rank: usize,
-    ingress: &'a IngressDigest,
 }
 
 impl Translator {
@@ -643,147 +743,249 @@ impl Translator {
             .slices
             .refresh(&state.endpoint_slices, generation, digest_slice);
 
+        // Services and EndpointSlices: keep the index current, note whose changed.
+        let mut dirty_services: FastSet<String> = FastSet::default();
+        for d in &services.removed {
+            if let Some(key) = &d.key {
+                if self
+                    .services_by_key
+                    .get(key)
+                    .is_some_and(|s| Arc::ptr_eq(s, d))
+                {
+                    self.services_by_key.remove(key);
+                }
+                dirty_services.insert(key.clone());
+            }
+        }
+        for d in &services.added {
+            if let Some(key) = &d.key {
+                self.services_by_key.insert(key.clone(), d.clone());
+                dirty_services.insert(key.clone());
+            }
+        }
+        for d in &slices.removed {
+            if let Some(key) = &d.key {
+                if let Some(list) = self.slices_by_key.get_mut(key) {
+                    list.retain(|s| !Arc::ptr_eq(s, d));
+                    if list.is_empty() {
+                        self.slices_by_key.remove(key);
+                    }
+                }
+                dirty_services.insert(key.clone());
+            }
+        }
+        for d in &slices.added {
+            if let Some(key) = &d.key {
+                self.slices_by_key
+                    .entry(key.clone())
+                    .or_default()
+                    .push(d.clone());
+                dirty_services.insert(key.clone());
+            }
+        }
+
+        // Ingresses: which are ours, and which hosts they touch.
         let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
-        let mut ours: Vec<&IngressDigest> = ingresses
-            .iter()
-            .map(|d| &**d)
-            .filter(|d| match &d.class {
-                Some(class) => classes.contains(class),
-                None => default_is_ours,
-            })
-            .collect();
-        ours.sort_unstable_by(|a, b| {
-            a.age_key.cmp(&b.age_key).then_with(|| {
-                (&a.source.namespace, &a.source.name).cmp(&(&b.source.namespace, &b.source.name))
-            })
-        });
-
-        let mut problems = BTreeSet::new();
-        let mut problem = |ing: &IngressDigest, reason: &'static str, message: String| {
-            problems.insert(Problem {
-                namespace: ing.source.namespace.clone(),
-                name: ing.source.name.clone(),
-                reason,
-                message,
-            });
+        let classes = (
+            classes.into_iter().collect::<BTreeSet<_>>(),
+            default_is_ours,
+        );
+        let ours = |d: &IngressDigest| match &d.class {
+            Some(class) => classes.0.contains(class),
+            None => classes.1,
         };
-
-        let mut candidates: Vec<Candidate<'_>> =
-            Vec::with_capacity(ours.iter().map(|d| d.routes.len()).sum());
-        let mut default_backend: Option<(&BackendRef, &IngressDigest)> = None;
-        for (rank, ing) in ours.iter().copied().enumerate() {
-            for (reason, message) in &ing.problems {
-                problem(ing, reason, message.clone());
+        let (added, removed): (Vec<Arc<IngressDigest>>, Vec<Arc<IngressDigest>>) =
+            if self.classes.as_ref() == Some(&classes) {
+                (ingresses.added, ingresses.removed)
+            } else {
+                // Which Ingresses are ours may have changed: start over.
+                self.contributors.clear();
+                self.with_default.clear();
+                self.with_problems.clear();
+                self.hosts_with_problems.clear();
+                for (_, entry) in std::mem::take(&mut self.hosts) {
+                    for b in &entry.backends {
+                        self.backends.release(b);
+                    }
+                }
+                if let Some(b) = self.default_user.take() {
+                    self.backends.release(&b);
+                }
+                (self.ingresses.digests().cloned().collect(), Vec::new())
+            };
+        let mut dirty_hosts: Vec<String> = Vec::new();
+        for d in removed.iter().filter(|d| ours(d)) {
+            for host in hosts_of(d) {
+                if let Some(list) = self.contributors.get_mut(host) {
+                    list.retain(|c| !Arc::ptr_eq(c, d));
+                }
+                dirty_hosts.push(host.clone());
             }
-            if let Some(db) = &ing.default_backend {
-                match default_backend {
-                    Some((_, winner)) => problem(
-                        ing,
-                        "ConflictingDefaultBackend",
-                        format!(
-                            "defaultBackend ignored: {}/{} (older) already sets one",
-                            winner.source.namespace, winner.source.name
-                        ),
-                    ),
-                    None => default_backend = Some((db, ing)),
+            self.with_default.remove(&addr(d));
+            self.with_problems.remove(&addr(d));
+        }
+        for d in added.iter().filter(|d| ours(d)) {
+            for host in hosts_of(d) {
+                self.contributors
+                    .entry(host.clone())
+                    .or_default()
+                    .push(d.clone());
+                dirty_hosts.push(host.clone());
+            }
+            if d.default_backend.is_some() {
+                self.with_default.insert(addr(d), d.clone());
+            }
+            if !d.problems.is_empty() {
+                self.with_problems.insert(addr(d), d.clone());
+            }
+        }
+        self.classes = Some(classes);
+
+        // Rebuild the virtual hosts the changes touch.
+        dirty_hosts.sort_unstable();
+        dirty_hosts.dedup();
+        for host in &dirty_hosts {
+            if let Some(old) = self.hosts.remove(host) {
+                for b in &old.backends {
+                    self.backends.release(b);
                 }
             }
-            candidates.extend(ing.routes.iter().map(|route| Candidate {
-                keys: (route.keys.0, route.kind as i32, route.keys.1),
-                route,
-                rank,
-                ingress: ing,
-            }));
+            self.hosts_with_problems.remove(host);
+            if self.contributors.get(host).is_some_and(Vec::is_empty) {
+                self.contributors.remove(host);
+            }
+        }
+        let contributors = &self.contributors;
+        let built = parallel_map(&dirty_hosts, |host| {
+            contributors.get(host).map(|list| build_host(host, list))
+        });
+        let mut acquired: Vec<Arc<BackendRef>> = Vec::new();
+        let mut new_hosts: Vec<(String, HostEntry)> = Vec::with_capacity(dirty_hosts.len());
+        for (host, entry) in dirty_hosts.into_iter().zip(built) {
+            let Some(entry) = entry else { continue };
+            acquired.extend(entry.backends.iter().cloned());
+            if !entry.problems.is_empty() {
+                self.hosts_with_problems.insert(host.clone());
+            }
+            new_hosts.push((host, entry));
+        }
+        if self.hosts.is_empty() {
+            // From scratch: the hosts are sorted, so the map is built in one pass.
+            self.hosts = new_hosts.into_iter().collect();
+        } else {
+            self.hosts.extend(new_hosts);
+        }
+        let mut new_backends: Vec<Arc<BackendRef>> = Vec::new();
+        self.backends.acquire_all(acquired, &mut new_backends);
+
+        // The default backend: the oldest Ingress's wins.
+        let mut defaults: Vec<&Arc<IngressDigest>> = self.with_default.values().collect();
+        defaults.sort_unstable_by(|a, b| by_age(a, b));
+        let mut problems: BTreeSet<Problem> = BTreeSet::new();
+        let winner = defaults.first().copied().cloned();
+        for loser in defaults.iter().skip(1) {
+            let w = winner.as_ref().map(|w| &w.source);
+            problems.insert(Problem {
+                namespace: loser.source.namespace.clone(),
+                name: loser.source.name.clone(),
+                reason: "ConflictingDefaultBackend",
+                message: format!(
+                    "defaultBackend ignored: {}/{} (older) already sets one",
+                    w.map_or("", |w| w.namespace.as_str()),
+                    w.map_or("", |w| w.name.as_str())
+                ),
+            });
+        }
+        let default_user = winner.as_ref().and_then(|w| w.default_backend.clone());
+        if default_user != self.default_user {
+            if let Some(b) = &default_user {
+                self.backends.acquire(b, &mut new_backends);
+            }
+            if let Some(b) = self.default_user.take() {
+                self.backends.release(&b);
+            }
+            self.default_user = default_user;
         }
 
-        // Group by (host, kind, path); within a group the oldest Ingress (lowest rank)
-        // comes first and wins; the others lost a conflict (unless they are the same
-        // Ingress).
-        candidates.sort_unstable_by(|a, b| {
-            let (x, y) = (a.route, b.route);
-            a.keys.cmp(&b.keys).then_with(|| {
-                (&x.host, x.kind as i32, &x.path, a.rank).cmp(&(
-                    &y.host,
-                    y.kind as i32,
-                    &y.path,
-                    b.rank,
-                ))
+        // Resolve new backends, and again those whose Service or EndpointSlices changed.
+        let mut to_resolve: Vec<Arc<BackendRef>> = new_backends
+            .into_iter()
+            .filter(|b| self.backends.entries.contains_key(&b.name))
+            .collect();
+        for key in &dirty_services {
+            if let Some(list) = self.backends.by_service.get(key) {
+                to_resolve.extend(list.iter().cloned());
+            }
+        }
+        to_resolve.sort_unstable_by(|a, b| by_name(a, b));
+        to_resolve.dedup_by(|a, b| a.name == b.name);
+        let (by_key, slices_by_key) = (&self.services_by_key, &self.slices_by_key);
+        let resolved = parallel_map(&to_resolve, |key| {
+            let slices = slices_by_key
+                .get(key.service_key())
+                .map_or(&[][..], Vec::as_slice);
+            resolve_backend(key, by_key.get(key.service_key()).map(|s| &**s), slices)
+        });
+        if to_resolve.len() > self.backends.entries.len() / 8 {
+            // Many: walk the map and the (sorted) results together.
+            let mut results = to_resolve.iter().zip(resolved).peekable();
+            for (name, entry) in self.backends.entries.iter_mut() {
+                while results.next_if(|(key, _)| key.name < *name).is_some() {}
+                if let Some((_, backend)) = results.next_if(|(key, _)| key.name == *name) {
+                    entry.backend = backend;
+                }
+            }
+        } else {
+            for (key, backend) in to_resolve.iter().zip(resolved) {
+                if let Some(entry) = self.backends.entries.get_mut(&key.name) {
+                    entry.backend = backend;
+                }
+            }
+        }
+
+        // The snapshot: every virtual host and backend, in order, and its content hash.
+        let default_backend = winner.as_ref().and_then(|w| {
+            w.default_backend.as_ref().map(|b| DefaultBackend {
+                backend: b.name.clone(),
+                source: Some(w.source.clone()),
             })
         });
-        let mut winners: Vec<Candidate<'_>> = Vec::with_capacity(candidates.len());
-        for c in candidates {
-            if let Some(w) = winners.last()
-                && (&w.route.host, w.route.kind, &w.route.path)
-                    == (&c.route.host, c.route.kind, &c.route.path)
-            {
-                if !std::ptr::eq(w.ingress, c.ingress) {
-                    problem(
-                        c.ingress,
-                        "ConflictingRoute",
-                        format!(
-                            "{:?} path {:?} on host {:?} ignored: {}/{} (older) already routes it",
-                            c.route.kind,
-                            c.route.path,
-                            c.route.host,
-                            w.ingress.source.namespace,
-                            w.ingress.source.name
-                        ),
-                    );
-                }
-                continue;
-            }
-            winners.push(c);
-        }
-
-        // Each backend is resolved once, however many routes use it; in name order, the
-        // order of the snapshot's backends.
-        let mut used: Vec<&BackendRef> = winners.iter().map(|c| &c.route.backend).collect();
-        used.extend(default_backend.map(|(b, _)| b));
-        used.sort_unstable_by(|a, b| {
-            a.name_key
-                .cmp(&b.name_key)
-                .then_with(|| a.name.cmp(&b.name))
-        });
-        used.dedup_by(|a, b| a.name == b.name);
-
-        // Routes and backends are independent: build (and encode, for the content hash)
-        // the routes and the first ~30% of backends on this thread, the other backends on
-        // a second one (resolving a backend costs about three times building a route).
-        let index = ServiceIndex::new(&services, &slices);
-        let big = winners.len() + used.len() > 2_000;
-        let (first, second) = used.split_at(if big { used.len() * 3 / 10 } else { used.len() });
-        let [vhost_bytes, first_bytes, second_bytes] = &mut self.bytes;
-        let ((virtual_hosts, mut backends), rest) = join(
-            big,
+        // Copying the messages out and hashing them are independent.
+        let (hosts, backends) = (&self.hosts, &self.backends.entries);
+        let ((virtual_hosts, backends_out), content_hash) = join(
+            hosts.len() + backends.len() > 2_000,
             || {
-                (
-                    virtual_hosts(&winners, vhost_bytes),
-                    resolve_backends(first, &index, first_bytes),
+                let v: Vec<VirtualHost> = hosts.values().map(|e| e.vhost.clone()).collect();
+                let b: Vec<Backend> = backends.values().map(|e| e.backend.clone()).collect();
+                (v, b)
+            },
+            || {
+                content::hash_content(
+                    hosts.values().map(|e| &e.vhost),
+                    backends.values().map(|e| &e.backend),
+                    default_backend.as_ref(),
                 )
             },
-            || resolve_backends(second, &index, second_bytes),
-        );
-        backends.extend(rest);
-        let default_backend = default_backend.map(|(b, ing)| DefaultBackend {
-            backend: b.name.clone(),
-            source: Some(ing.source.clone()),
-        });
-        let mut default_bytes = Vec::new();
-        if let Some(d) = &default_backend {
-            content::encode_default_backend(d, &mut default_bytes);
-        }
-        let content_hash = content::hash_hex(
-            self.bytes
-                .iter()
-                .map(Vec::as_slice)
-                .chain([default_bytes.as_slice()]),
         );
 
+        for host in &self.hosts_with_problems {
+            if let Some(entry) = self.hosts.get(host) {
+                problems.extend(entry.problems.iter().cloned());
+            }
+        }
+        for d in self.with_problems.values() {
+            problems.extend(d.problems.iter().map(|(reason, message)| Problem {
+                namespace: d.source.namespace.clone(),
+                name: d.source.name.clone(),
+                reason,
+                message: message.clone(),
+            }));
+        }
         Translation {
             snapshot: Snapshot {
                 content_hash,
                 virtual_hosts,
-                backends,
+                backends: backends_out,
                 default_backend,
                 ..Default::default()
             },
@@ -792,81 +994,145 @@ impl Translator {
     }
 }
 
-/// The virtual hosts of the winning routes (sorted by host, then path), each appended to
-/// `bytes` as the content hash covers it.
-fn virtual_hosts(winners: &[Candidate<'_>], bytes: &mut Vec<u8>) -> Vec<VirtualHost> {
-    bytes.clear();
-    let mut out: Vec<VirtualHost> = Vec::new();
-    let mut rest = winners;
-    while let Some(first) = rest.first() {
-        let host = &first.route.host;
-        let n = rest.iter().take_while(|c| &c.route.host == host).count();
-        let (group, tail) = rest.split_at(n);
-        rest = tail;
-        let mut routes: Vec<Route> = group
-            .iter()
-            .map(|c| Route {
-                match_kind: c.route.kind as i32,
-                path: c.route.path.clone(),
-                backend: c.route.backend.name.clone(),
-                source: Some(c.ingress.source.clone()),
-            })
-            .collect();
-        sort_routes(&mut routes);
-        let vhost = VirtualHost {
-            host: host.clone(),
-            routes,
-        };
-        content::encode_virtual_host(&vhost, bytes);
-        out.push(vhost);
+/// The distinct hosts an Ingress routes.
+fn hosts_of(d: &IngressDigest) -> Vec<&String> {
+    let mut hosts: Vec<&String> = d.routes.iter().map(|r| &r.host).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    hosts
+}
+
+/// The built backends, by name (snapshot order), and their names by the Service they
+/// resolve against.
+#[derive(Default)]
+struct Backends {
+    entries: BTreeMap<String, BackendEntry>,
+    by_service: FastMap<String, Vec<Arc<BackendRef>>>,
+}
+
+impl Backends {
+    /// One more user of backend `b`; a backend not built yet is noted in `new`.
+    fn acquire(&mut self, b: &Arc<BackendRef>, new: &mut Vec<Arc<BackendRef>>) {
+        match self.entries.get_mut(&b.name) {
+            Some(entry) => entry.users += 1,
+            None => {
+                self.entries
+                    .insert(b.name.clone(), BackendEntry::unresolved(1));
+                self.added(b, new);
+            }
+        }
     }
-    out
-}
 
-/// Resolves `used` (sorted by name) against the Services and EndpointSlices, each
-/// appended to `bytes` as the content hash covers it.
-fn resolve_backends(
-    used: &[&BackendRef],
-    index: &ServiceIndex<'_>,
-    bytes: &mut Vec<u8>,
-) -> Vec<Backend> {
-    bytes.clear();
-    used.iter()
-        .map(|key| {
-            let k = (key.namespace.as_str(), key.service.as_str());
-            let slices = index.slices.get(&k).map_or(&[][..], Vec::as_slice);
-            let backend = resolve_backend(key, index.services.get(&k).copied(), slices);
-            content::encode_backend(&backend, bytes);
-            backend
-        })
-        .collect()
-}
+    /// [`Backends::acquire`] for each of `refs`; from scratch, in one pass.
+    fn acquire_all(&mut self, mut refs: Vec<Arc<BackendRef>>, new: &mut Vec<Arc<BackendRef>>) {
+        if !self.entries.is_empty() {
+            for b in &refs {
+                self.acquire(b, new);
+            }
+            return;
+        }
+        refs.sort_unstable_by(|a, b| by_name(a, b));
+        let mut entries = Vec::new();
+        for group in refs.chunk_by(|a, b| a.name == b.name) {
+            let b = &group[0];
+            entries.push((b.name.clone(), BackendEntry::unresolved(group.len())));
+            self.added(b, new);
+        }
+        self.entries = entries.into_iter().collect();
+    }
 
-/// Services and EndpointSlices by (namespace, Service name).
-struct ServiceIndex<'a> {
-    services: FastMap<(&'a str, &'a str), &'a ServiceDigest>,
-    slices: FastMap<(&'a str, &'a str), Vec<&'a SliceDigest>>,
-}
+    /// Indexes a backend just added by its Service, and notes it in `new` (to resolve).
+    fn added(&mut self, b: &Arc<BackendRef>, new: &mut Vec<Arc<BackendRef>>) {
+        self.by_service
+            .entry(b.service_key().to_owned())
+            .or_default()
+            .push(b.clone());
+        new.push(b.clone());
+    }
 
-impl<'a> ServiceIndex<'a> {
-    fn new(services: &'a [Arc<ServiceDigest>], slices: &'a [Arc<SliceDigest>]) -> Self {
-        let mut index = ServiceIndex {
-            services: FastMap::default(),
-            slices: FastMap::default(),
+    /// One user fewer of backend `b`; an unused backend leaves the snapshot.
+    fn release(&mut self, b: &BackendRef) {
+        let Some(entry) = self.entries.get_mut(&b.name) else {
+            return;
         };
-        index.services.reserve(services.len());
-        for s in services {
-            if let (Some(ns), Some(name)) = (s.namespace.as_deref(), s.name.as_deref()) {
-                index.services.insert((ns, name), s);
+        entry.users -= 1;
+        if entry.users > 0 {
+            return;
+        }
+        self.entries.remove(&b.name);
+        if let Some(list) = self.by_service.get_mut(b.service_key()) {
+            list.retain(|x| x.name != b.name);
+            if list.is_empty() {
+                self.by_service.remove(b.service_key());
             }
         }
-        index.slices.reserve(slices.len());
-        for slice in slices {
-            if let (Some(ns), Some(svc)) = (slice.namespace.as_deref(), slice.service.as_deref()) {
-                index.slices.entry((ns, svc)).or_default().push(slice);
+    }
+}
+
+/// Builds one virtual host from the Ingresses that route it: on the same host, path and
+/// kind twice, the oldest Ingress wins and the others (if other Ingresses) get a problem.
+fn build_host(host: &str, contributors: &[Arc<IngressDigest>]) -> HostEntry {
+    let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
+    ordered.sort_unstable_by(|a, b| by_age(a, b));
+    let mut candidates: Vec<(&RouteDigest, usize)> = ordered
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, d)| {
+            d.routes
+                .iter()
+                .filter(|r| r.host == host)
+                .map(move |r| (r, rank))
+        })
+        .collect();
+    candidates.sort_unstable_by(|(a, ra), (b, rb)| {
+        (a.kind as i32, a.path_key)
+            .cmp(&(b.kind as i32, b.path_key))
+            .then_with(|| (&a.path, ra).cmp(&(&b.path, rb)))
+    });
+    let mut problems = Vec::new();
+    let mut winners: Vec<(&RouteDigest, usize)> = Vec::with_capacity(candidates.len());
+    for (route, rank) in candidates {
+        if let Some((w, wrank)) = winners.last()
+            && (w.kind, &w.path) == (route.kind, &route.path)
+        {
+            let (winner, loser) = (ordered[*wrank], ordered[rank]);
+            if !std::ptr::eq(winner, loser) {
+                problems.push(Problem {
+                    namespace: loser.source.namespace.clone(),
+                    name: loser.source.name.clone(),
+                    reason: "ConflictingRoute",
+                    message: format!(
+                        "{:?} path {:?} on host {:?} ignored: {}/{} (older) already routes it",
+                        route.kind, route.path, host, winner.source.namespace, winner.source.name
+                    ),
+                });
             }
+            continue;
         }
-        index
+        winners.push((route, rank));
+    }
+    let mut routes: Vec<Route> = winners
+        .iter()
+        .map(|(r, rank)| Route {
+            match_kind: r.kind as i32,
+            path: r.path.clone(),
+            backend: r.backend.name.clone(),
+            source: Some(ordered[*rank].source.clone()),
+        })
+        .collect();
+    sort_routes(&mut routes);
+    let mut backends: Vec<Arc<BackendRef>> =
+        winners.iter().map(|(r, _)| r.backend.clone()).collect();
+    backends.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    backends.dedup_by(|a, b| a.name == b.name);
+    let vhost = VirtualHost {
+        host: host.to_owned(),
+        routes,
+    };
+    HostEntry {
+        vhost,
+        problems,
+        backends,
     }
 }
 
@@ -874,9 +1140,9 @@ impl<'a> ServiceIndex<'a> {
 fn resolve_backend(
     key: &BackendRef,
     svc: Option<&ServiceDigest>,
-    slices: &[&SliceDigest],
+    slices: &[Arc<SliceDigest>],
 ) -> Backend {
-    let (ns, svc_name, port_ref) = (&key.namespace, &key.service, &key.port);
+    let (ns, svc_name, port_ref) = (key.namespace(), key.service(), key.port());
     let mut backend = Backend {
         name: key.name.clone(),
         ..Default::default()
@@ -892,8 +1158,8 @@ fn resolve_backend(
             return backend;
         }
         let port = match port_ref {
-            PortRef::Number(n) => Some(*n),
-            PortRef::Name(name) => svc.ports.iter().find(|p| &p.name == name).map(|p| p.port),
+            PortRef::Number(n) => Some(n),
+            PortRef::Name(name) => svc.ports.iter().find(|p| p.name == name).map(|p| p.port),
         };
         match port {
             Some(p) => {
@@ -908,8 +1174,8 @@ fn resolve_backend(
         return backend;
     }
     let service_port = svc.ports.iter().find(|p| match port_ref {
-        PortRef::Number(n) => p.port == *n,
-        PortRef::Name(name) => &p.name == name,
+        PortRef::Number(n) => p.port == n,
+        PortRef::Name(name) => p.name == name,
     });
     let Some(service_port) = service_port else {
         backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");

@@ -11,10 +11,12 @@
 
 use prost::encoding::encoded_len_varint;
 
-use crate::v1::{Backend, DefaultBackend, Endpoint, IngressRef, Route, Snapshot, VirtualHost};
+#[cfg(test)]
+use crate::v1::Snapshot;
+use crate::v1::{Backend, DefaultBackend, Endpoint, IngressRef, Route, VirtualHost};
 
 /// Where encoded bytes go.
-pub(crate) trait Sink {
+trait Sink {
     /// Appends `bytes`.
     fn put(&mut self, bytes: &[u8]);
 }
@@ -26,7 +28,8 @@ impl Sink for Vec<u8> {
 }
 
 /// Writes fields 5, 6 and 7 of `snapshot` as prost would.
-pub(crate) fn encode_content(snapshot: &Snapshot, out: &mut impl Sink) {
+#[cfg(test)]
+fn encode_content(snapshot: &Snapshot, out: &mut impl Sink) {
     let Snapshot {
         version: _,
         content_hash: _,
@@ -47,33 +50,48 @@ pub(crate) fn encode_content(snapshot: &Snapshot, out: &mut impl Sink) {
     }
 }
 
-/// Appends one virtual host as the snapshot's field 5 would hold it. A translator that
-/// appends its virtual hosts, then its backends, then the default backend, in snapshot
-/// order, has the content bytes for [`hash_hex`] without encoding the snapshot again.
-pub fn encode_virtual_host(v: &VirtualHost, out: &mut Vec<u8>) {
-    virtual_host_field(out, v);
-}
-
-/// Appends one backend as the snapshot's field 6 would hold it.
-pub fn encode_backend(b: &Backend, out: &mut Vec<u8>) {
-    backend_field(out, b);
-}
-
-/// Appends the default backend as the snapshot's field 7 would hold it.
-pub fn encode_default_backend(d: &DefaultBackend, out: &mut Vec<u8>) {
-    default_field(out, d);
-}
-
-/// SHA-256 (lower-case hex) of the concatenation of `parts`: with the parts above, the
-/// snapshot's content hash.
-pub fn hash_hex<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+/// SHA-256 (lower-case hex) of the content encoding of these virtual hosts, backends
+/// and default backend, in that order: a snapshot's content hash, from its parts
+/// wherever they are held. The encoding streams through a 32 KiB buffer into SHA-256.
+pub fn hash_content<'a>(
+    virtual_hosts: impl IntoIterator<Item = &'a VirtualHost>,
+    backends: impl IntoIterator<Item = &'a Backend>,
+    default_backend: Option<&DefaultBackend>,
+) -> String {
     use sha2::{Digest, Sha256};
-    let mut sha = Sha256::new();
-    for part in parts {
-        sha.update(part);
+    struct Hashing {
+        buf: Vec<u8>,
+        sha: Sha256,
     }
+    impl Sink for Hashing {
+        fn put(&mut self, bytes: &[u8]) {
+            if self.buf.len() + bytes.len() > self.buf.capacity() {
+                self.sha.update(&self.buf);
+                self.buf.clear();
+                if bytes.len() > self.buf.capacity() {
+                    self.sha.update(bytes);
+                    return;
+                }
+            }
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+    let mut sink = Hashing {
+        buf: Vec::with_capacity(32 * 1024),
+        sha: Sha256::new(),
+    };
+    for v in virtual_hosts {
+        virtual_host_field(&mut sink, v);
+    }
+    for b in backends {
+        backend_field(&mut sink, b);
+    }
+    if let Some(d) = default_backend {
+        default_field(&mut sink, d);
+    }
+    sink.sha.update(&sink.buf);
     let mut hex = String::with_capacity(64);
-    for b in sha.finalize() {
+    for b in sink.sha.finalize() {
         use std::fmt::Write;
         let _ = write!(hex, "{b:02x}");
     }
@@ -384,16 +402,18 @@ mod tests {
         no_default.default_backend = None;
         assert_eq!(ours(&no_default), prost_content(&no_default));
         assert_eq!(ours(&Snapshot::default()), Vec::<u8>::new());
-        // The pieces a translator appends give the same bytes.
-        let mut pieces = Vec::new();
-        s.virtual_hosts
-            .iter()
-            .for_each(|v| encode_virtual_host(v, &mut pieces));
-        s.backends
-            .iter()
-            .for_each(|b| encode_backend(b, &mut pieces));
-        encode_default_backend(s.default_backend.as_ref().unwrap(), &mut pieces);
-        assert_eq!(pieces, prost_content(&s));
+        // The streaming hash hashes the same bytes.
+        use sha2::{Digest, Sha256};
+        let hex = |bytes: Vec<u8>| -> String {
+            Sha256::digest(bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        let hashed =
+            |s: &Snapshot| hash_content(&s.virtual_hosts, &s.backends, s.default_backend.as_ref());
+        assert_eq!(hashed(&s), hex(prost_content(&s)));
+        assert_eq!(hashed(&Snapshot::default()), hex(Vec::new()));
         // Many routes: a vhost whose length needs a three-byte varint.
         let mut big = s.clone();
         big.virtual_hosts[0].routes = vec![big.virtual_hosts[0].routes[0].clone(); 2_000];

@@ -18,8 +18,6 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 
-use sha2::{Digest, Sha256};
-
 use crate::v1::{MatchKind, Snapshot};
 
 /// Why a snapshot is refused.
@@ -90,38 +88,13 @@ pub enum InvalidSnapshot {
 ///
 /// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared
 /// (prost writes fields in tag order and skips empty ones, so that is the encoding of the
-/// content fields 5, 6 and 7). They are streamed through a 32 KiB buffer into SHA-256
-/// rather than encoded whole first (see [`crate::content`]).
+/// content fields 5, 6 and 7), streamed into SHA-256 (see [`crate::content`]).
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    struct Hashing {
-        buf: Vec<u8>,
-        sha: Sha256,
-    }
-    impl crate::content::Sink for Hashing {
-        fn put(&mut self, bytes: &[u8]) {
-            if self.buf.len() + bytes.len() > self.buf.capacity() {
-                self.sha.update(&self.buf);
-                self.buf.clear();
-                if bytes.len() > self.buf.capacity() {
-                    self.sha.update(bytes);
-                    return;
-                }
-            }
-            self.buf.extend_from_slice(bytes);
-        }
-    }
-    let mut sink = Hashing {
-        buf: Vec::with_capacity(32 * 1024),
-        sha: Sha256::new(),
-    };
-    crate::content::encode_content(snapshot, &mut sink);
-    sink.sha.update(&sink.buf);
-    let mut hex = String::with_capacity(64);
-    for b in sink.sha.finalize() {
-        use std::fmt::Write;
-        let _ = write!(hex, "{b:02x}");
-    }
-    hex
+    crate::content::hash_content(
+        &snapshot.virtual_hosts,
+        &snapshot.backends,
+        snapshot.default_backend.as_ref(),
+    )
 }
 
 /// The version string for a revision and content hash.
@@ -272,6 +245,7 @@ pub fn check_not_older(offered: &Snapshot, held: &Snapshot) -> Result<(), Invali
 mod tests {
     use super::*;
     use crate::v1::{Backend, DefaultBackend, Route, VirtualHost};
+    use sha2::{Digest, Sha256};
 
     fn sample() -> Snapshot {
         let mut s = Snapshot {

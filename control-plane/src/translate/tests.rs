@@ -905,3 +905,205 @@ fn every_translated_snapshot_is_consistent() {
     holdfast_proto::snapshot::seal(&mut t.snapshot, 1);
     assert_eq!(holdfast_proto::snapshot::validate(&t.snapshot), Ok(()));
 }
+
+/// A small deterministic generator (xorshift), so the sequence below is the same on
+/// every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+fn random_ingress(rng: &mut Rng, i: usize) -> Arc<Ingress> {
+    let ns = ["default", "other"][i % 2];
+    let mut rules = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let port = if rng.below(2) == 0 {
+            let number = [80, 8080][rng.below(2)];
+            json!({ "number": number })
+        } else {
+            json!({ "name": "http" })
+        };
+        rules.push(rule(
+            rng.pick(&[
+                "a.example.com",
+                "B.example.com",
+                "*.example.com",
+                "",
+                "bad_host",
+            ]),
+            rng.pick(&["/", "/api", "/api/", "/api/v1", "no-slash"]),
+            rng.pick(&["Exact", "Prefix", "ImplementationSpecific"]),
+            rng.pick(&["web", "api", "db"]),
+            port,
+        ));
+    }
+    let mut spec = json!({ "rules": rules });
+    match rng.below(4) {
+        0 => {}
+        1 => spec["ingressClassName"] = json!("other"),
+        _ => spec["ingressClassName"] = json!("holdfast"),
+    }
+    if rng.below(4) == 0 {
+        spec["defaultBackend"] = json!({ "service": {
+            "name": rng.pick(&["web", "api"]), "port": { "number": 80 } } });
+    }
+    // Few distinct ages, so ties (broken by namespace and name) are common.
+    ingress_with(ns, &format!("ing-{i}"), rng.below(3) as u32, spec)
+}
+
+fn random_service(rng: &mut Rng, name: &str, ns: &str) -> Arc<Service> {
+    if name == "db" && rng.below(2) == 0 {
+        return Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "namespace": ns, "name": name },
+                "spec": { "type": "ExternalName", "externalName": "DB.example.net",
+                          "ports": [{ "name": "http", "port": 5432 }] }
+            }))
+            .unwrap(),
+        );
+    }
+    let target = if rng.below(2) == 0 {
+        json!(8080)
+    } else {
+        json!("http")
+    };
+    let port = [80, 8080][rng.below(2)];
+    service(
+        ns,
+        name,
+        json!([{ "name": "http", "port": port, "targetPort": target }]),
+    )
+}
+
+fn random_slice(rng: &mut Rng, name: &str, ns: &str, n: usize) -> Arc<EndpointSlice> {
+    let endpoints: Vec<Value> = (0..rng.below(4))
+        .map(|h| {
+            json!({ "addresses": [format!("10.0.{n}.{h}")],
+                    "conditions": { "ready": rng.below(3) != 0 } })
+        })
+        .collect();
+    let port = [8080, 9090][rng.below(2)];
+    slice(
+        ns,
+        &format!("{name}-{n}"),
+        name,
+        json!([{ "name": "http", "port": port }]),
+        json!(endpoints),
+    )
+}
+
+#[test]
+fn a_long_lived_translator_builds_what_a_fresh_one_builds_after_every_change() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let opts = Options::default();
+    let mut st = ClusterState {
+        ingress_classes: vec![ours()],
+        ..Default::default()
+    };
+    let mut translator = Translator::default();
+    let (mut with_routes, mut with_problems) = (0, 0);
+    for step in 0..400 {
+        match rng.below(10) {
+            0..=2 => {
+                let i = rng.below(8);
+                let ing = random_ingress(&mut rng, i);
+                let name = ing.metadata.name.clone();
+                let ns = ing.metadata.namespace.clone();
+                st.ingresses
+                    .retain(|o| (&o.metadata.name, &o.metadata.namespace) != (&name, &ns));
+                st.ingresses.push(ing);
+            }
+            3 if !st.ingresses.is_empty() => {
+                let i = rng.below(st.ingresses.len());
+                st.ingresses.remove(i);
+            }
+            4 => {
+                let (name, ns) = (
+                    rng.pick(&["web", "api", "db"]),
+                    rng.pick(&["default", "other"]),
+                );
+                st.services.retain(|o| {
+                    (o.metadata.name.as_deref(), o.metadata.namespace.as_deref())
+                        != (Some(name), Some(ns))
+                });
+                if rng.below(4) != 0 {
+                    st.services.push(random_service(&mut rng, name, ns));
+                }
+            }
+            5 | 6 => {
+                let (name, ns, n) = (
+                    rng.pick(&["web", "api"]),
+                    rng.pick(&["default", "other"]),
+                    rng.below(2),
+                );
+                let slice_name = format!("{name}-{n}");
+                st.endpoint_slices.retain(|o| {
+                    (o.metadata.name.as_deref(), o.metadata.namespace.as_deref())
+                        != (Some(slice_name.as_str()), Some(ns))
+                });
+                if rng.below(4) != 0 {
+                    st.endpoint_slices.push(random_slice(&mut rng, name, ns, n));
+                }
+            }
+            7 => {
+                // The same content in a new object: nothing may change.
+                if let Some(o) = st.ingresses.first_mut() {
+                    *o = Arc::new((**o).clone());
+                }
+            }
+            8 => {
+                // Which classes are ours changes: the default class flips.
+                let default = rng.below(2) == 0;
+                st.ingress_classes = vec![class(
+                    "holdfast",
+                    "holdfast.dev/ingress-controller",
+                    default,
+                )];
+            }
+            _ => {
+                // Cache order is arbitrary.
+                let n = st.ingresses.len();
+                if n > 1 {
+                    st.ingresses.swap(rng.below(n), rng.below(n));
+                }
+            }
+        }
+        let fresh = translate(&st, &opts);
+        let warm = translator.translate(&st, &opts);
+        assert_eq!(
+            warm.snapshot, fresh.snapshot,
+            "snapshot differs at step {step}"
+        );
+        assert_eq!(
+            warm.problems, fresh.problems,
+            "problems differ at step {step}"
+        );
+        assert_eq!(
+            warm.snapshot.content_hash,
+            holdfast_proto::snapshot::content_hash(&warm.snapshot),
+            "content hash at step {step}"
+        );
+        let mut sealed = warm.snapshot.clone();
+        holdfast_proto::snapshot::seal(&mut sealed, 1);
+        assert_eq!(
+            holdfast_proto::snapshot::validate(&sealed),
+            Ok(()),
+            "step {step}"
+        );
+        with_routes += usize::from(!warm.snapshot.virtual_hosts.is_empty());
+        with_problems += usize::from(!warm.problems.is_empty());
+    }
+    // The sequence exercised routes and problems, not only empty snapshots.
+    assert!(with_routes > 200, "{with_routes}");
+    assert!(with_problems > 100, "{with_problems}");
+}
