@@ -1107,3 +1107,41 @@ fn a_long_lived_translator_builds_what_a_fresh_one_builds_after_every_change() {
     assert!(with_routes > 200, "{with_routes}");
     assert!(with_problems > 100, "{with_problems}");
 }
+
+#[test]
+fn a_port_name_made_of_digits_is_skipped_with_a_problem_and_the_rest_kept() {
+    // The API server refuses such names; refusing them here keeps every backend name
+    // (`ns/service:port`) naming exactly one (Service, port) pair.
+    let t = run(&state(vec![ingress(
+        "default",
+        "a",
+        0,
+        json!([
+            rule(
+                "a.example.com",
+                "/digits",
+                "Prefix",
+                "web",
+                json!({ "name": "80" })
+            ),
+            rule(
+                "a.example.com",
+                "/",
+                "Prefix",
+                "web",
+                json!({ "number": 80 })
+            ),
+        ]),
+    )]));
+    assert_eq!(
+        routes(&t),
+        vec![r("a.example.com", MatchKind::Prefix, "/", "default/web:80")]
+    );
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(t.problems[0].reason, "InvalidBackend");
+    assert!(
+        t.problems[0].message.contains("not a port name"),
+        "{}",
+        t.problems[0].message
+    );
+}
