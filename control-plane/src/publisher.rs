@@ -1,7 +1,7 @@
 //! The reconcile loop: coalesce cache changes, build a snapshot only from complete caches,
 //! seal and validate it, apply the bounded-destruction guard, publish.
 //!
-//! Building is `build()`: a pure function over the cache contents (translate → seal →
+//! Building is `build_with()`: a function of the cache contents only (translate → seal →
 //! validate). Everything here that talks to the API server is off the build path: Events
 //! for skipped rules, and the fresh read that confirms a held snapshot.
 
@@ -37,17 +37,8 @@ pub struct Settings {
     pub confirm_after: Duration,
 }
 
-/// Translates, seals and validates: the whole build, with no I/O, from scratch.
-pub fn build(
-    state: &ClusterState,
-    opts: &translate::Options,
-    revision: u64,
-) -> Result<(Snapshot, Vec<Problem>), InvalidSnapshot> {
-    build_with(&mut Translator::default(), state, opts, revision)
-}
-
-/// [`build`] with a long-lived translator, which digests only the objects that changed
-/// since its last build.
+/// Translates, seals and validates: the whole build, with no I/O. The translator is
+/// long-lived: it redoes only what changed since its last build.
 pub fn build_with(
     translator: &mut Translator,
     state: &ClusterState,

@@ -143,10 +143,9 @@ fn our_classes(classes: &[Arc<IngressClass>], opts: &Options) -> (HashSet<String
     (ours, default_is_ours)
 }
 
-/// Is this Ingress ours?
-pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) -> bool {
-    let named = ing
-        .spec
+/// The class an Ingress names: `spec.ingressClassName`, else the legacy annotation.
+fn class_of(ing: &Ingress) -> Option<&str> {
+    ing.spec
         .as_ref()
         .and_then(|s| s.ingress_class_name.as_deref())
         .or_else(|| {
@@ -155,11 +154,20 @@ pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) 
                 .as_ref()
                 .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
                 .map(String::as_str)
-        });
-    match named {
+        })
+}
+
+/// Is an Ingress naming `class` ours?
+fn class_is_ours(class: Option<&str>, classes: &HashSet<String>, default_is_ours: bool) -> bool {
+    match class {
         Some(class) => classes.contains(class),
         None => default_is_ours,
     }
+}
+
+/// Is this Ingress ours?
+pub fn is_ours(ing: &Ingress, classes: &HashSet<String>, default_is_ours: bool) -> bool {
+    class_is_ours(class_of(ing), classes, default_is_ours)
 }
 
 /// The Ingresses that are ours, in cache order.
@@ -322,17 +330,7 @@ pub struct IngressDigest {
 
 /// Digests one Ingress.
 pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
-    let class = ing
-        .spec
-        .as_ref()
-        .and_then(|s| s.ingress_class_name.clone())
-        .or_else(|| {
-            ing.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
-                .cloned()
-        });
+    let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
     let created = ing.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let mut digest = IngressDigest {
@@ -602,7 +600,9 @@ impl<K: Sync + Send, D: Send + Sync> Memo<K, D> {
 
 /// How many threads a build uses (the machine's parallelism, at most 4).
 fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+    // Asked once: `available_parallelism` reads the affinity mask and cgroup quota.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(4)))
 }
 
 /// `items.iter().map(f)`, in order, on up to [`threads`] threads when there are enough
@@ -704,7 +704,7 @@ pub struct Translator {
     slices: Memo<EndpointSlice, SliceDigest>,
     generation: u64,
     /// Our class names and whether the default class is ours, as of the last build.
-    classes: Option<(BTreeSet<String>, bool)>,
+    classes: Option<(HashSet<String>, bool)>,
     /// Services and EndpointSlices by `namespace/service`.
     services_by_key: FastMap<String, Arc<ServiceDigest>>,
     slices_by_key: FastMap<String, Vec<Arc<SliceDigest>>>,
@@ -785,15 +785,8 @@ impl Translator {
         }
 
         // Ingresses: which are ours, and which hosts they touch.
-        let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
-        let classes = (
-            classes.into_iter().collect::<BTreeSet<_>>(),
-            default_is_ours,
-        );
-        let ours = |d: &IngressDigest| match &d.class {
-            Some(class) => classes.0.contains(class),
-            None => classes.1,
-        };
+        let classes = our_classes(&state.ingress_classes, opts);
+        let ours = |d: &IngressDigest| class_is_ours(d.class.as_deref(), &classes.0, classes.1);
         let (added, removed): (Vec<Arc<IngressDigest>>, Vec<Arc<IngressDigest>>) =
             if self.classes.as_ref() == Some(&classes) {
                 (ingresses.added, ingresses.removed)

@@ -7,7 +7,10 @@
 //! (at 10,000 Ingresses the encoding is about 3.4 MB; allocating and faulting in a fresh
 //! buffer of that size was a third of the hashing time). The unit tests check the bytes
 //! against prost's; every message is destructured field by field, so a field added to the
-//! protocol does not compile here until it is encoded.
+//! protocol does not compile here until it is encoded. Each message has a length function
+//! beside its writer, the same fields in the same order: deriving lengths by running the
+//! writer into a counting sink was tried and made hashing 1.8× slower (12 → 22 ms at
+//! 10,000), because nested lengths are recounted at every level.
 
 use prost::encoding::encoded_len_varint;
 
