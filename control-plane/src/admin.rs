@@ -40,7 +40,7 @@ impl Admin for AdminService {
         _: tonic::Request<GetSnapshotRequest>,
     ) -> Result<tonic::Response<Snapshot>, Status> {
         match self.shared.published() {
-            Some(p) => Ok(tonic::Response::new(p.snapshot.clone())),
+            Some(p) => Ok(tonic::Response::new(redacted(&p.snapshot))),
             None => Err(Status::unavailable(format!(
                 "no complete snapshot yet; caches not complete: {:?}",
                 self.shared.unsynced()
@@ -164,4 +164,15 @@ fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Respo
             "not found: try /healthz, /readyz, /metrics\n".into(),
         ),
     }
+}
+
+/// The snapshot as operators see it: every certificate's private key removed (its
+/// fingerprint, subject, DNS names, notAfter and serial stay). The content hash still
+/// covers the keys, so it does not match what is shown when the snapshot has certificates.
+pub fn redacted(snapshot: &Snapshot) -> Snapshot {
+    let mut shown = snapshot.clone();
+    for c in &mut shown.certificates {
+        c.private_key.clear();
+    }
+    shown
 }

@@ -1,4 +1,5 @@
-//! Watch-fed caches (kube-rs reflectors) of the four kinds translation reads.
+//! Watch-fed caches (kube-rs reflectors) of the five kinds translation reads. Secrets are
+//! watched with the field selector `type=kubernetes.io/tls`: no other Secret is ever read.
 //!
 //! Snapshots are built only from these stores: no API call happens while building
 //! (DESIGN invariant 1). Each kind's sync state follows the watcher's events: `Init`
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::WatchStreamExt;
@@ -26,13 +27,14 @@ use tokio::task::JoinSet;
 use crate::state::Shared;
 use crate::translate::ClusterState;
 
-/// Readers of the four caches.
+/// Readers of the five caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
     ingresses: Store<Ingress>,
     services: Store<Service>,
     endpoint_slices: Store<EndpointSlice>,
+    secrets: Store<Secret>,
     revision: Arc<AtomicU64>,
 }
 
@@ -44,6 +46,7 @@ impl Caches {
             ingresses: self.ingresses.state(),
             services: self.services.state(),
             endpoint_slices: self.endpoint_slices.state(),
+            secrets: self.secrets.state(),
         }
     }
 
@@ -105,10 +108,35 @@ pub fn start(
         settings,
     };
     Caches {
-        ingress_classes: spawn_watch(Api::all(client.clone()), "IngressClass", ctx.clone(), tasks),
-        ingresses: spawn_watch(Api::all(client.clone()), "Ingress", ctx.clone(), tasks),
-        services: spawn_watch(Api::all(client.clone()), "Service", ctx.clone(), tasks),
-        endpoint_slices: spawn_watch(Api::all(client), "EndpointSlice", ctx, tasks),
+        ingress_classes: spawn_watch(
+            Api::all(client.clone()),
+            "IngressClass",
+            None,
+            ctx.clone(),
+            tasks,
+        ),
+        ingresses: spawn_watch(
+            Api::all(client.clone()),
+            "Ingress",
+            None,
+            ctx.clone(),
+            tasks,
+        ),
+        services: spawn_watch(
+            Api::all(client.clone()),
+            "Service",
+            None,
+            ctx.clone(),
+            tasks,
+        ),
+        endpoint_slices: spawn_watch(
+            Api::all(client.clone()),
+            "EndpointSlice",
+            None,
+            ctx.clone(),
+            tasks,
+        ),
+        secrets: spawn_watch(Api::all(client), "Secret", Some(TLS_SECRETS), ctx, tasks),
         revision,
     }
 }
@@ -134,9 +162,13 @@ impl WatchCtx {
     }
 }
 
+/// The field selector of the Secret watch: certificates only.
+pub const TLS_SECRETS: &str = "type=kubernetes.io/tls";
+
 fn spawn_watch<K>(
     api: Api<K>,
     kind: &'static str,
+    fields: Option<&str>,
     ctx: WatchCtx,
     tasks: &mut JoinSet<()>,
 ) -> Store<K>
@@ -145,9 +177,12 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default()
+    let mut config = watcher::Config::default()
         .timeout(ctx.settings.watch_timeout_secs)
         .page_size(ctx.settings.page_size);
+    if let Some(fields) = fields {
+        config = config.fields(fields);
+    }
     let stream =
         reflector::reflector(writer, watcher::watcher(api, config).modify(prune)).default_backoff();
     tasks.spawn(async move {

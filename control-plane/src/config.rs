@@ -37,6 +37,11 @@ pub struct Args {
         default_value = "holdfast.dev/ingress-controller"
     )]
     pub controller_name: String,
+    /// `namespace/name` of a kubernetes.io/tls Secret whose certificate proxies offer to TLS
+    /// clients whose SNI names no host with a certificate, or that send no SNI. Without
+    /// it such handshakes fail.
+    #[arg(long, env = "HOLDFAST_DEFAULT_CERTIFICATE")]
+    pub default_certificate: Option<String>,
     /// Quiet period before building after a change (bursts coalesce).
     #[arg(long, env = "HOLDFAST_DEBOUNCE", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub debounce: Duration,
@@ -119,6 +124,12 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// Is `s` of the form `namespace/name`?
+fn is_namespace_name(s: &str) -> bool {
+    s.split_once('/')
+        .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+}
+
 impl Args {
     /// Checks the values together.
     pub fn validate(self) -> Result<Config, ConfigError> {
@@ -144,13 +155,15 @@ impl Args {
                 "cannot be combined with --publish-service",
             ));
         }
-        if let Some(svc) = &self.publish_service {
-            let ok = svc.split_once('/').is_some_and(|(ns, name)| {
-                !ns.is_empty() && !name.is_empty() && !name.contains('/')
-            });
-            if !ok {
-                return Err(err("publish-service", "must be namespace/name"));
-            }
+        if let Some(cert) = &self.default_certificate
+            && !is_namespace_name(cert)
+        {
+            return Err(err("default-certificate", "must be namespace/name"));
+        }
+        if let Some(svc) = &self.publish_service
+            && !is_namespace_name(svc)
+        {
+            return Err(err("publish-service", "must be namespace/name"));
         }
         if self.lease_duration.as_secs() < 2
             || self.lease_grace.is_zero()

@@ -104,6 +104,7 @@ mod tests {
                         backend: "b".into(),
                         source: None,
                     }],
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

@@ -14,6 +14,20 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// Label of per-certificate metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabel {
+    /// `namespace/secret`.
+    pub certificate: String,
+}
+
+/// Label of per-reason metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// A problem's reason (the Event reason), for example "InvalidTLSSecret".
+    pub reason: String,
+}
+
 /// Every control-plane metric. Cheap to clone (metrics are shared handles).
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -45,6 +59,10 @@ pub struct Metrics {
     pub skipped_rules: Gauge,
     /// 1 while this replica holds the leader Lease (writes Ingress status).
     pub leader: Gauge,
+    /// notAfter of each certificate in the published snapshot.
+    pub certificate_expiry: Family<CertificateLabel, Gauge>,
+    /// Problems of the last build, by reason.
+    pub problems: Family<ReasonLabel, Gauge>,
 }
 
 impl Metrics {
@@ -65,6 +83,8 @@ impl Metrics {
             watch_errors: Family::default(),
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
+            certificate_expiry: Family::default(),
+            problems: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
         r.register(
@@ -127,6 +147,16 @@ impl Metrics {
             "ingress_rules_skipped",
             "Ingress rules skipped in the last build",
             m.skipped_rules.clone(),
+        );
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of each certificate in the published snapshot (Unix seconds)",
+            m.certificate_expiry.clone(),
+        );
+        r.register(
+            "problems",
+            "Problems (skipped rules, unusable TLS Secrets, expiring certificates) of the last build, by reason",
+            m.problems.clone(),
         );
         r.register(
             "leader",

@@ -18,8 +18,13 @@ use tokio::sync::Notify;
 
 use crate::caches::{Caches, identity};
 use crate::guard::{Verdict, assess};
+use crate::metrics::{CertificateLabel, ReasonLabel};
 use crate::state::{Held, Shared};
 use crate::translate::{self, ClusterState, Problem, Translator};
+
+/// A certificate this close to its notAfter gets a warning Event on the Ingresses it
+/// serves.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// Settings of the reconcile loop.
 #[derive(Debug, Clone)]
@@ -50,9 +55,66 @@ pub fn build_with(
     // The translator hashed the content while building it.
     debug_assert_eq!(snapshot.content_hash, content_hash(&snapshot));
     stamp(&mut snapshot, revision);
-    snapshot.created_at = Some(SystemTime::now().into());
+    let now = SystemTime::now();
+    snapshot.created_at = Some(now.into());
     validate_structure(&snapshot)?;
-    Ok((snapshot, translation.problems))
+    let mut problems = translation.problems;
+    problems.extend(expiry_problems(
+        &snapshot,
+        &translation.certificate_users,
+        now,
+    ));
+    problems.sort();
+    Ok((snapshot, problems))
+}
+
+/// Warnings for certificates that have expired or expire within [`EXPIRY_WARNING`] of
+/// `now`, one per Ingress served with them. (An expired certificate is still served, as
+/// nginx does; it is made visible instead.)
+pub fn expiry_problems(
+    snapshot: &Snapshot,
+    users: &[(String, holdfast_proto::v1::IngressRef)],
+    now: SystemTime,
+) -> Vec<Problem> {
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut out = Vec::new();
+    for (name, ingress) in users {
+        let Ok(i) = snapshot
+            .certificates
+            .binary_search_by(|c| c.name.as_str().cmp(name))
+        else {
+            continue;
+        };
+        let not_after = snapshot.certificates[i].not_after;
+        let (reason, message) = if not_after <= now {
+            (
+                "CertificateExpired",
+                format!(
+                    "the certificate of Secret {name:?} expired {} days ago; it is still served",
+                    (now - not_after) / 86_400
+                ),
+            )
+        } else if not_after - now <= EXPIRY_WARNING.as_secs() as i64 {
+            (
+                "CertificateExpiresSoon",
+                format!(
+                    "the certificate of Secret {name:?} expires in {} days",
+                    (not_after - now) / 86_400
+                ),
+            )
+        } else {
+            continue;
+        };
+        out.push(Problem {
+            namespace: ingress.namespace.clone(),
+            name: ingress.name.clone(),
+            reason,
+            message,
+        });
+    }
+    out
 }
 
 /// Reports skipped Ingress rules as Kubernetes Events, each once per process.
@@ -158,9 +220,15 @@ pub async fn run(
     );
     let mut last_confirm_attempt: Option<Instant> = None;
     let mut translator = Translator::default();
+    // Certificates near expiry are noticed without any cluster change.
+    let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
+    expiry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
+            _ = expiry_tick.tick() => {
+                rebuild(&caches, &shared, &settings, &mut reporter, &mut translator);
+            }
             _ = changed.notified() => {
                 coalesce(&changed, settings.debounce, settings.max_delay).await;
                 rebuild(&caches, &shared, &settings, &mut reporter, &mut translator);
@@ -220,7 +288,7 @@ fn rebuild(
             return;
         }
     };
-    shared.metrics().skipped_rules.set(problems.len() as i64);
+    record_problems(shared, &problems, &candidate);
     reporter.report(&problems, &state);
     // The caches may have started a re-list while we read them; the stores still held the
     // last complete lists, but stay conservative and wait for the next InitDone.
@@ -228,6 +296,31 @@ fn rebuild(
         return;
     }
     offer(shared, candidate, settings.max_removal_share);
+}
+
+/// Makes the last build's problems and certificates visible: metrics and `GetStatus`.
+fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Snapshot) {
+    let metrics = shared.metrics();
+    metrics.skipped_rules.set(problems.len() as i64);
+    metrics.problems.clear();
+    for p in problems {
+        metrics
+            .problems
+            .get_or_create(&ReasonLabel {
+                reason: p.reason.into(),
+            })
+            .inc();
+    }
+    metrics.certificate_expiry.clear();
+    for c in &candidate.certificates {
+        metrics
+            .certificate_expiry
+            .get_or_create(&CertificateLabel {
+                certificate: c.name.clone(),
+            })
+            .set(c.not_after);
+    }
+    shared.set_problems(problems.to_vec());
 }
 
 /// Publishes, holds or drops a sealed, valid candidate.

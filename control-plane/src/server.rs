@@ -64,6 +64,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         translate: translate::Options {
             controller: args.controller_name.clone(),
             ingress_class: args.ingress_class.clone(),
+            default_certificate: args.default_certificate.clone(),
         },
         debounce: args.debounce,
         max_delay: args.max_delay,

@@ -18,7 +18,13 @@ use tokio::sync::watch;
 use crate::metrics::{KindLabel, Metrics};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 4] = ["IngressClass", "Ingress", "Service", "EndpointSlice"];
+pub const KINDS: [&str; 5] = [
+    "IngressClass",
+    "Ingress",
+    "Service",
+    "EndpointSlice",
+    "Secret",
+];
 
 /// A published snapshot, encoded once for every stream.
 #[derive(Debug)]
@@ -61,6 +67,7 @@ pub struct Held {
 struct Status {
     caches: BTreeMap<&'static str, CacheStatus>,
     held: Option<Held>,
+    problems: Vec<crate::translate::Problem>,
 }
 
 /// Why an approval was refused.
@@ -105,6 +112,7 @@ impl Shared {
         let status = Status {
             caches: KINDS.iter().map(|k| (*k, CacheStatus::default())).collect(),
             held: None,
+            problems: Vec::new(),
         };
         for kind in KINDS {
             metrics
@@ -270,6 +278,11 @@ impl Shared {
         Ok(version.to_owned())
     }
 
+    /// Records the problems of the last build (for `Admin.GetStatus`).
+    pub fn set_problems(&self, problems: Vec<crate::translate::Problem>) {
+        lock(&self.inner.status).problems = problems;
+    }
+
     /// The status for `Admin.GetStatus`.
     pub fn status(&self) -> v1::GetStatusResponse {
         let status = lock(&self.inner.status);
@@ -304,6 +317,16 @@ impl Shared {
                 routes_held: h.routes_held as u32,
                 held_since: Some(h.since.into()),
             }),
+            problems: status
+                .problems
+                .iter()
+                .map(|p| v1::Problem {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    reason: p.reason.into(),
+                    message: p.message.clone(),
+                })
+                .collect(),
         }
     }
 

@@ -28,16 +28,31 @@
 //!   (the proxy answers 503). Routes are removed only when their Ingress rule is.
 //! - A resource backend (not a Service) is not supported: that path is skipped with a
 //!   [`Problem`].
+//! - **TLS.** Each `spec.tls` host is served with the certificate of the named
+//!   `kubernetes.io/tls` Secret (same namespace), carried once in the snapshot as the
+//!   resource `namespace/secret`; only Secrets our Ingresses name (and the operator's
+//!   `--default-certificate`) ever enter a snapshot. The oldest Ingress wins a host named
+//!   with two different Secrets. A host gets the certificate only if it has a virtual host
+//!   of its own (rules for exactly that host) and the certificate covers it (exact name,
+//!   or a one-label wildcard). A missing Secret, a malformed PEM, a key that does not
+//!   match, or a renewed certificate that no longer covers a host it covered is a
+//!   [`Problem`], and the Secret's hosts keep its last good certificate (as long as this
+//!   translator has seen one); hosts without a usable certificate get no TLS and no
+//!   redirect. Plain-HTTP requests to a host with a certificate are redirected (308) unless
+//!   an Ingress routing it or naming it in `spec.tls` sets
+//!   `holdfast.dev/ssl-redirect: "false"`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
+use holdfast_proto::certificate;
 use holdfast_proto::content;
 use holdfast_proto::snapshot::is_valid_host;
 use holdfast_proto::v1::{
-    Backend, DefaultBackend, Endpoint, IngressRef, MatchKind, Route, Snapshot, VirtualHost,
+    Backend, Certificate, DefaultBackend, Endpoint, IngressRef, MatchKind, Route, Snapshot,
+    VirtualHost,
 };
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -49,6 +64,10 @@ pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-defaul
 pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The Ingress annotation that turns the HTTP→HTTPS redirect off (`"false"`).
+pub const SSL_REDIRECT_ANNOTATION: &str = "holdfast.dev/ssl-redirect";
+/// The Secret type that carries a certificate and key.
+pub const TLS_SECRET_TYPE: &str = "kubernetes.io/tls";
 
 /// Everything translation reads: the contents of the watch-fed caches.
 #[derive(Debug, Clone, Default)]
@@ -61,6 +80,8 @@ pub struct ClusterState {
     pub services: Vec<Arc<Service>>,
     /// All EndpointSlices.
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// All Secrets of type `kubernetes.io/tls`.
+    pub secrets: Vec<Arc<Secret>>,
 }
 
 /// What makes an Ingress ours.
@@ -70,6 +91,9 @@ pub struct Options {
     pub controller: String,
     /// Only this IngressClass name, if set.
     pub ingress_class: Option<String>,
+    /// `namespace/name` of the Secret whose certificate answers TLS clients whose SNI
+    /// names no host with a certificate (or that send none); None: such handshakes fail.
+    pub default_certificate: Option<String>,
 }
 
 impl Default for Options {
@@ -77,6 +101,7 @@ impl Default for Options {
         Options {
             controller: "holdfast.dev/ingress-controller".into(),
             ingress_class: None,
+            default_certificate: None,
         }
     }
 }
@@ -102,6 +127,9 @@ pub struct Translation {
     pub snapshot: Snapshot,
     /// Skipped rules and lost conflicts, sorted.
     pub problems: Vec<Problem>,
+    /// (certificate name, Ingress) for every Ingress whose `spec.tls` is served with a
+    /// certificate in the snapshot, sorted: who to tell when a certificate nears expiry.
+    pub certificate_users: Vec<(String, IngressRef)>,
 }
 
 /// The Ingress's namespace and name.
@@ -325,7 +353,61 @@ pub struct IngressDigest {
     class: Option<String>,
     default_backend: Option<Arc<BackendRef>>,
     routes: Vec<RouteDigest>,
+    /// (host, `namespace/secret`) of each valid `spec.tls` host.
+    tls: Vec<(String, String)>,
+    /// False when the Ingress turns the HTTP→HTTPS redirect off.
+    ssl_redirect: bool,
     problems: Vec<(&'static str, String)>,
+}
+
+/// Digests one Ingress's `spec.tls` and redirect annotation into `digest`.
+fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
+    let annotation = ing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SSL_REDIRECT_ANNOTATION));
+    digest.ssl_redirect = match annotation.map(String::as_str) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            digest.problems.push((
+                "InvalidAnnotation",
+                format!(
+                    "{SSL_REDIRECT_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"; redirecting"
+                ),
+            ));
+            true
+        }
+    };
+    let Some(spec) = &ing.spec else { return };
+    for entry in spec.tls.iter().flatten() {
+        let hosts = entry.hosts.as_deref().unwrap_or_default();
+        let Some(secret) = entry.secret_name.as_deref().filter(|s| !s.is_empty()) else {
+            digest.problems.push((
+                "InvalidTLS",
+                format!("spec.tls entry for hosts {hosts:?} names no secretName; those hosts get no certificate"),
+            ));
+            continue;
+        };
+        if hosts.is_empty() {
+            digest.problems.push((
+                "InvalidTLS",
+                format!("spec.tls entry for Secret {secret:?} lists no hosts; it is not used"),
+            ));
+        }
+        for host in hosts {
+            let host = host.to_ascii_lowercase();
+            if host.is_empty() || !is_valid_host(&host) {
+                digest.problems.push((
+                    "InvalidTLS",
+                    format!("spec.tls host {host:?} skipped: not a valid host name or one-label wildcard"),
+                ));
+                continue;
+            }
+            digest.tls.push((host, format!("{ns}/{secret}")));
+        }
+    }
 }
 
 /// Digests one Ingress.
@@ -343,9 +425,12 @@ pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
         class,
         default_backend: None,
         routes: Vec::new(),
+        tls: Vec::new(),
+        ssl_redirect: true,
         problems: Vec::new(),
     };
     let ns = ing.metadata.namespace.as_deref().unwrap_or("");
+    digest_tls(ing, ns, &mut digest);
     let Some(spec) = &ing.spec else {
         return digest;
     };
@@ -521,6 +606,50 @@ pub fn digest_slice(slice: &EndpointSlice) -> SliceDigest {
         endpoints,
         text,
     }
+}
+
+/// What translation needs from one `kubernetes.io/tls` Secret: its certificate, checked
+/// (parsed, key matching), or why it cannot be served.
+#[derive(Debug)]
+pub struct SecretDigest {
+    /// `namespace/name`.
+    key: Option<String>,
+    /// The certificate resource (named `namespace/name`), or why there is none. The
+    /// reason never contains key bytes.
+    certificate: Result<Certificate, String>,
+}
+
+/// Digests one Secret: parses and checks `tls.crt` and `tls.key`.
+pub fn digest_secret(secret: &Secret) -> SecretDigest {
+    let key = secret
+        .metadata
+        .namespace
+        .as_deref()
+        .zip(secret.metadata.name.as_deref())
+        .map(|(ns, name)| format!("{ns}/{name}"));
+    let certificate = (|| {
+        if secret.type_.as_deref() != Some(TLS_SECRET_TYPE) {
+            return Err(format!("is not of type {TLS_SECRET_TYPE}"));
+        }
+        let data = secret.data.as_ref();
+        let field = |name: &str| data.and_then(|d| d.get(name)).map(|b| b.0.as_slice());
+        let (Some(chain), Some(private_key)) = (field("tls.crt"), field("tls.key")) else {
+            return Err("lacks tls.crt or tls.key".to_owned());
+        };
+        let parsed = certificate::parse(chain, private_key).map_err(|e| e.to_string())?;
+        let f = parsed.facts;
+        Ok(Certificate {
+            name: key.clone().unwrap_or_default(),
+            certificate_chain: chain.to_vec(),
+            private_key: private_key.to_vec(),
+            fingerprint_sha256: f.fingerprint_sha256,
+            subject: f.subject,
+            dns_names: f.dns_names,
+            not_after: f.not_after,
+            serial: f.serial,
+        })
+    })();
+    SecretDigest { key, certificate }
 }
 
 /// The first 16 bytes of `s`, big-endian, zero-padded: comparing these first, then the
@@ -702,12 +831,22 @@ pub struct Translator {
     ingresses: Memo<Ingress, IngressDigest>,
     services: Memo<Service, ServiceDigest>,
     slices: Memo<EndpointSlice, SliceDigest>,
+    secrets: Memo<Secret, SecretDigest>,
     generation: u64,
     /// Our class names and whether the default class is ours, as of the last build.
     classes: Option<(HashSet<String>, bool)>,
     /// Services and EndpointSlices by `namespace/service`.
     services_by_key: FastMap<String, Arc<ServiceDigest>>,
     slices_by_key: FastMap<String, Vec<Arc<SliceDigest>>>,
+    /// Secrets by `namespace/name`.
+    secrets_by_key: FastMap<String, Arc<SecretDigest>>,
+    /// The last certificate of each Secret in use that was good (its hosts keep it while
+    /// the Secret is missing or broken).
+    last_good: FastMap<String, Arc<SecretDigest>>,
+    /// Hosts given a certificate by the last build.
+    tls_hosts: Vec<String>,
+    /// Our Ingresses with `spec.tls` entries.
+    with_tls: FastMap<usize, Arc<IngressDigest>>,
     /// Our Ingresses routing each host.
     contributors: FastMap<String, Vec<Arc<IngressDigest>>>,
     /// Our Ingresses with a default backend, and with problems of their own.
@@ -742,6 +881,24 @@ impl Translator {
         let slices = self
             .slices
             .refresh(&state.endpoint_slices, generation, digest_slice);
+        let secrets = self
+            .secrets
+            .refresh(&state.secrets, generation, digest_secret);
+        for d in &secrets.removed {
+            if let Some(key) = &d.key
+                && self
+                    .secrets_by_key
+                    .get(key)
+                    .is_some_and(|s| Arc::ptr_eq(s, d))
+            {
+                self.secrets_by_key.remove(key);
+            }
+        }
+        for d in &secrets.added {
+            if let Some(key) = &d.key {
+                self.secrets_by_key.insert(key.clone(), d.clone());
+            }
+        }
 
         // Services and EndpointSlices: keep the index current, note whose changed.
         let mut dirty_services: FastSet<String> = FastSet::default();
@@ -795,6 +952,7 @@ impl Translator {
                 self.contributors.clear();
                 self.with_default.clear();
                 self.with_problems.clear();
+                self.with_tls.clear();
                 self.hosts_with_problems.clear();
                 for (_, entry) in std::mem::take(&mut self.hosts) {
                     for b in &entry.backends {
@@ -816,6 +974,7 @@ impl Translator {
             }
             self.with_default.remove(&addr(d));
             self.with_problems.remove(&addr(d));
+            self.with_tls.remove(&addr(d));
         }
         for d in added.iter().filter(|d| ours(d)) {
             for host in hosts_of(d) {
@@ -830,6 +989,9 @@ impl Translator {
             }
             if !d.problems.is_empty() {
                 self.with_problems.insert(addr(d), d.clone());
+            }
+            if !d.tls.is_empty() {
+                self.with_tls.insert(addr(d), d.clone());
             }
         }
         self.classes = Some(classes);
@@ -943,6 +1105,8 @@ impl Translator {
                 source: Some(w.source.clone()),
             })
         });
+        let tls = self.assign_certificates(opts, &mut problems);
+
         // Copying the messages out and hashing them are independent.
         let (hosts, backends) = (&self.hosts, &self.backends.entries);
         let ((virtual_hosts, backends_out), content_hash) = join(
@@ -957,6 +1121,10 @@ impl Translator {
                     hosts.values().map(|e| &e.vhost),
                     backends.values().map(|e| &e.backend),
                     default_backend.as_ref(),
+                    content::Tls {
+                        certificates: &tls.certificates,
+                        default_certificate: &tls.default_certificate,
+                    },
                 )
             },
         );
@@ -980,11 +1148,229 @@ impl Translator {
                 virtual_hosts,
                 backends: backends_out,
                 default_backend,
+                certificates: tls.certificates,
+                default_certificate: tls.default_certificate,
                 ..Default::default()
             },
             problems: problems.into_iter().collect(),
+            certificate_users: tls.users,
         }
     }
+
+    /// Decides which certificate serves each `spec.tls` host, sets `certificate` and
+    /// `ssl_redirect` on the built virtual hosts, and returns the certificates in use.
+    /// Runs in full on every build: its cost is in the TLS entries, not the cluster.
+    fn assign_certificates(&mut self, opts: &Options, problems: &mut BTreeSet<Problem>) -> TlsOut {
+        let problem = |src: &IngressRef, reason: &'static str, message: String| Problem {
+            namespace: src.namespace.clone(),
+            name: src.name.clone(),
+            reason,
+            message,
+        };
+        // Each host's Secret: the oldest Ingress naming the host decides.
+        let mut tls_ingresses: Vec<&Arc<IngressDigest>> = self.with_tls.values().collect();
+        tls_ingresses.sort_unstable_by(|a, b| by_age(a, b));
+        let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
+        for d in &tls_ingresses {
+            for (host, secret) in &d.tls {
+                match wanted.get(host.as_str()) {
+                    None => {
+                        wanted.insert(host, (secret, d));
+                    }
+                    Some((s, w)) if *s != secret.as_str() => {
+                        problems.insert(problem(
+                            &d.source,
+                            "ConflictingTLS",
+                            format!(
+                                "spec.tls host {host:?} with Secret {secret:?} ignored: {}/{} (older) serves it with {s:?}",
+                                w.source.namespace, w.source.name
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        // Each Secret in use: its current certificate if good, else its last good one.
+        let mut secrets: BTreeMap<&str, (Vec<&str>, Vec<&IngressRef>)> = BTreeMap::new();
+        for (host, (secret, d)) in &wanted {
+            let e = secrets.entry(secret).or_default();
+            e.0.push(host);
+            if !e.1.contains(&&d.source) {
+                e.1.push(&d.source);
+            }
+        }
+        let default_secret = opts.default_certificate.as_deref();
+        if let Some(s) = default_secret {
+            secrets.entry(s).or_default();
+        }
+        let mut chosen: BTreeMap<&str, Arc<SecretDigest>> = BTreeMap::new();
+        for (secret, (hosts, users)) in &secrets {
+            let current = self.secrets_by_key.get(*secret);
+            let last = self.last_good.get(*secret);
+            let mut tell = |reason: &'static str, message: String| {
+                if users.is_empty() {
+                    // The operator's default certificate: reported under the Secret.
+                    let (namespace, name) = secret.split_once('/').unwrap_or(("", secret));
+                    problems.insert(Problem {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        reason,
+                        message: format!("--default-certificate: {message}"),
+                    });
+                }
+                for u in users {
+                    problems.insert(problem(u, reason, message.clone()));
+                }
+            };
+            let keeps = if last.is_some() {
+                "its hosts keep the previous certificate"
+            } else {
+                "its hosts get no certificate"
+            };
+            let pick = match current {
+                Some(cur) => match &cur.certificate {
+                    Ok(c) => {
+                        let dropped: Vec<&str> = last
+                            .filter(|l| !Arc::ptr_eq(l, cur))
+                            .and_then(|l| l.certificate.as_ref().ok())
+                            .map(|l| {
+                                hosts
+                                    .iter()
+                                    .copied()
+                                    .filter(|h| {
+                                        certificate::covers(&l.dns_names, h)
+                                            && !certificate::covers(&c.dns_names, h)
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        if dropped.is_empty() {
+                            Some(cur.clone())
+                        } else {
+                            tell(
+                                "InvalidTLSSecret",
+                                format!(
+                                    "Secret {secret:?} now holds a certificate that does not cover {dropped:?}; its hosts keep the previous certificate"
+                                ),
+                            );
+                            last.cloned()
+                        }
+                    }
+                    Err(e) => {
+                        tell(
+                            "InvalidTLSSecret",
+                            format!("Secret {secret:?} {e}; {keeps}"),
+                        );
+                        last.cloned()
+                    }
+                },
+                None => {
+                    tell(
+                        "MissingTLSSecret",
+                        format!(
+                            "Secret {secret:?} not found (or not of type {TLS_SECRET_TYPE}); {keeps}"
+                        ),
+                    );
+                    last.cloned()
+                }
+            };
+            if let Some(p) = pick {
+                self.last_good.insert((*secret).to_owned(), p.clone());
+                chosen.insert(secret, p);
+            }
+        }
+        self.last_good
+            .retain(|k, _| secrets.contains_key(k.as_str()));
+
+        // Each host: the chosen certificate, if it covers the host and the host is routed.
+        let mut assigned: Vec<(String, String, bool)> = Vec::new();
+        let mut users: BTreeSet<(String, String, String)> = BTreeSet::new();
+        for (host, (secret, d)) in &wanted {
+            let Some(cert) = chosen.get(secret).and_then(|c| c.certificate.as_ref().ok()) else {
+                continue;
+            };
+            if !certificate::covers(&cert.dns_names, host) {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSHostNotCovered",
+                    format!("the certificate in Secret {secret:?} does not cover host {host:?} (it names {:?}); the host gets no certificate", cert.dns_names),
+                ));
+                continue;
+            }
+            if !self.hosts.contains_key(*host) {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSHostWithoutRules",
+                    format!("spec.tls host {host:?} has no rules of its own in any Ingress of this class; it gets no certificate"),
+                ));
+                continue;
+            }
+            let redirect = d.ssl_redirect
+                && self
+                    .contributors
+                    .get(*host)
+                    .is_none_or(|list| list.iter().all(|c| c.ssl_redirect));
+            assigned.push(((*host).to_owned(), cert.name.clone(), redirect));
+        }
+        let served: FastMap<&str, &str> = assigned
+            .iter()
+            .map(|(h, c, _)| (h.as_str(), c.as_str()))
+            .collect();
+        for d in &tls_ingresses {
+            for (h, s) in &d.tls {
+                if served.get(h.as_str()) == Some(&s.as_str()) {
+                    users.insert((s.clone(), d.source.namespace.clone(), d.source.name.clone()));
+                }
+            }
+        }
+        drop(served);
+        for host in std::mem::take(&mut self.tls_hosts) {
+            if let Some(entry) = self.hosts.get_mut(&host) {
+                entry.vhost.certificate.clear();
+                entry.vhost.ssl_redirect = false;
+            }
+        }
+        let mut names: BTreeSet<&str> = BTreeSet::new();
+        for (host, name, redirect) in assigned {
+            if let Some(entry) = self.hosts.get_mut(&host) {
+                entry.vhost.certificate.clone_from(&name);
+                entry.vhost.ssl_redirect = redirect;
+            }
+            if let Some((secret, _)) = wanted.get(host.as_str()) {
+                names.insert(secret);
+            }
+            self.tls_hosts.push(host);
+        }
+        let default_certificate = default_secret
+            .filter(|s| chosen.contains_key(s))
+            .map(str::to_owned)
+            .unwrap_or_default();
+        if !default_certificate.is_empty() {
+            names.insert(default_secret.unwrap_or_default());
+        }
+        let certificates = names
+            .into_iter()
+            .filter_map(|n| chosen.get(n))
+            .filter_map(|d| d.certificate.as_ref().ok().cloned())
+            .collect();
+        TlsOut {
+            certificates,
+            default_certificate,
+            users: users
+                .into_iter()
+                .map(|(c, namespace, name)| (c, IngressRef { namespace, name }))
+                .collect(),
+        }
+    }
+}
+
+/// The TLS part of a build.
+struct TlsOut {
+    /// Sorted by name.
+    certificates: Vec<Certificate>,
+    default_certificate: String,
+    users: Vec<(String, IngressRef)>,
 }
 
 /// The distinct hosts an Ingress routes.
@@ -1121,6 +1507,7 @@ fn build_host(host: &str, contributors: &[Arc<IngressDigest>]) -> HostEntry {
     let vhost = VirtualHost {
         host: host.to_owned(),
         routes,
+        ..Default::default()
     };
     HostEntry {
         vhost,

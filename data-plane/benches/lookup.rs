@@ -37,6 +37,7 @@ fn table(n: usize) -> RouteTable {
                 route(MatchKind::Prefix, "/api"),
                 route(MatchKind::Prefix, "/"),
             ],
+            ..Default::default()
         });
     }
     RouteTable::compile(&s).expect("compiles")

@@ -166,6 +166,7 @@ mod tests {
                     backend: "ns/web:80".into(),
                     source: None,
                 }],
+                ..Default::default()
             }],
             backends: vec![Backend {
                 name: "ns/web:80".into(),

@@ -4,6 +4,7 @@
 //! - [`v1`]: messages plus the `RouteDiscovery` and `Admin` clients and servers.
 //! - [`wire`]: `DiscoveryResponse`, hand-written so a snapshot is encoded once and its
 //!   bytes shared by every stream.
+//! - [`certificate`]: parsing and checking a TLS certificate and key (both planes).
 //! - [`content`]: the bytes a snapshot's content hash covers, written in one pass.
 //! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
 //!   planes.
@@ -11,6 +12,7 @@
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
 
+pub mod certificate;
 pub mod client;
 pub mod content;
 pub mod snapshot;

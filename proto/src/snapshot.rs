@@ -36,6 +36,23 @@ pub enum InvalidSnapshot {
     /// Two backends share a name.
     #[error("backend {0:?} appears twice")]
     DuplicateBackend(String),
+    /// A virtual host (or the default certificate) names a certificate the snapshot does
+    /// not contain.
+    #[error(
+        "virtual host {host:?} names certificate {certificate:?}, which is not in the snapshot"
+    )]
+    MissingCertificate {
+        /// The virtual host ("" for the default certificate).
+        host: String,
+        /// The missing certificate's name.
+        certificate: String,
+    },
+    /// Two certificates share a name.
+    #[error("certificate {0:?} appears twice")]
+    DuplicateCertificate(String),
+    /// A virtual host redirects to HTTPS but has no certificate.
+    #[error("virtual host {0:?} redirects to https but has no certificate")]
+    RedirectWithoutCertificate(String),
     /// Two virtual hosts share a host.
     #[error("virtual host {0:?} appears twice")]
     DuplicateHost(String),
@@ -88,12 +105,17 @@ pub enum InvalidSnapshot {
 ///
 /// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared
 /// (prost writes fields in tag order and skips empty ones, so that is the encoding of the
-/// content fields 5, 6 and 7), streamed into SHA-256 (see [`crate::content`]).
+/// content fields 5 to 9, certificates and their private keys included), streamed into
+/// SHA-256 (see [`crate::content`]).
 pub fn content_hash(snapshot: &Snapshot) -> String {
     crate::content::hash_content(
         &snapshot.virtual_hosts,
         &snapshot.backends,
         snapshot.default_backend.as_ref(),
+        crate::content::Tls {
+            certificates: &snapshot.certificates,
+            default_certificate: &snapshot.default_certificate,
+        },
     )
 }
 
@@ -180,11 +202,35 @@ pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
             return Err(InvalidSnapshot::DuplicateBackend(b.name.clone()));
         }
     }
+    let mut certificates =
+        HashSet::with_capacity_and_hasher(snapshot.certificates.len(), RandomState::default());
+    for c in &snapshot.certificates {
+        if !certificates.insert(c.name.as_str()) {
+            return Err(InvalidSnapshot::DuplicateCertificate(c.name.clone()));
+        }
+    }
+    let certificate_known = |host: &str, name: &str| {
+        if name.is_empty() || certificates.contains(name) {
+            Ok(())
+        } else {
+            Err(InvalidSnapshot::MissingCertificate {
+                host: host.to_owned(),
+                certificate: name.to_owned(),
+            })
+        }
+    };
+    certificate_known("", &snapshot.default_certificate)?;
     let mut hosts =
         HashSet::with_capacity_and_hasher(snapshot.virtual_hosts.len(), RandomState::default());
     for vhost in &snapshot.virtual_hosts {
         if !hosts.insert(vhost.host.as_str()) {
             return Err(InvalidSnapshot::DuplicateHost(vhost.host.clone()));
+        }
+        certificate_known(&vhost.host, &vhost.certificate)?;
+        if vhost.ssl_redirect && vhost.certificate.is_empty() {
+            return Err(InvalidSnapshot::RedirectWithoutCertificate(
+                vhost.host.clone(),
+            ));
         }
         if !is_valid_host(&vhost.host) {
             return Err(InvalidSnapshot::BadHost(vhost.host.clone()));
@@ -257,6 +303,7 @@ mod tests {
                     backend: "default/web:80".into(),
                     source: None,
                 }],
+                ..Default::default()
             }],
             backends: vec![Backend {
                 name: "default/web:80".into(),

@@ -185,6 +185,7 @@ mod tests {
             virtual_hosts: vec![VirtualHost {
                 host: "a.example.com".into(),
                 routes: vec![],
+                ..Default::default()
             }],
             ..Default::default()
         };
@@ -215,6 +216,7 @@ mod tests {
                 .map(|i| VirtualHost {
                     host: format!("app-{i}.example.com"),
                     routes: vec![],
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

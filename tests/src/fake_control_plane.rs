@@ -140,6 +140,7 @@ pub fn snapshot(
             hosts.push(VirtualHost {
                 host: (*host).into(),
                 routes: vec![],
+                ..Default::default()
             });
         }
         hosts

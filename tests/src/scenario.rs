@@ -240,7 +240,9 @@ impl Scenario {
             let s = crate::grpcurl::call(self.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")
                 .map_err(|e| e.to_string())?;
             let caches = s["caches"].as_array().cloned().unwrap_or_default();
-            Ok((caches.len() == 4 && caches.iter().all(|c| c["synced"] == true)).then_some(()))
+            Ok((caches.len() == holdfast_control_plane::state::KINDS.len()
+                && caches.iter().all(|c| c["synced"] == true))
+            .then_some(()))
         })
         .await
     }

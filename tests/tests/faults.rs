@@ -399,6 +399,7 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
     newer.virtual_hosts.push(holdfast_proto::v1::VirtualHost {
         host: format!("extra.{}.test", s.ns),
         routes: newer.virtual_hosts[0].routes.clone(),
+        ..Default::default()
     });
     holdfast_proto::snapshot::seal(&mut newer, real.cluster_revision + 1000);
     fake.push(newer.clone());
@@ -602,6 +603,9 @@ rules:
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [secrets]
   verbs: [get, list, watch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]

@@ -106,6 +106,7 @@ fn state(ingresses: Vec<Arc<Ingress>>) -> ClusterState {
         ingresses,
         services: vec![svc],
         endpoint_slices: vec![eps],
+        ..Default::default()
     }
 }
 
@@ -251,6 +252,7 @@ fn named_target_ports_are_resolved_per_slice() {
         )],
         services: vec![svc],
         endpoint_slices: vec![s1, s2],
+        ..Default::default()
     };
     let t = run(&st);
     let eps: Vec<_> = backend(&t, "default/api:80")
@@ -297,6 +299,7 @@ fn numeric_target_port_is_used_when_the_slice_has_no_port_of_that_name() {
         )],
         services: vec![svc],
         endpoint_slices: vec![s],
+        ..Default::default()
     };
     let t = run(&st);
     assert_eq!(backend(&t, "default/api:80").endpoints[0].port, 7070);
@@ -332,6 +335,7 @@ fn only_ready_endpoints_are_used_and_unset_ready_counts_as_ready() {
         )],
         services: vec![svc],
         endpoint_slices: vec![s],
+        ..Default::default()
     };
     let t = run(&st);
     let eps = &backend(&t, "default/api:80").endpoints;
@@ -395,6 +399,7 @@ fn a_service_without_ready_endpoints_or_the_port_keeps_the_route_and_says_why() 
             ]),
         )],
         endpoint_slices: vec![],
+        ..Default::default()
     };
     let t = run(&st);
     assert_eq!(routes(&t).len(), 2);
@@ -434,6 +439,7 @@ fn external_name_services_resolve_to_their_dns_name() {
             )]),
         )],
         endpoint_slices: vec![],
+        ..Default::default()
     };
     let t = run(&st);
     let b = backend(&t, "default/ext:https");
@@ -1144,4 +1150,361 @@ fn a_port_name_made_of_digits_is_skipped_with_a_problem_and_the_rest_kept() {
         "{}",
         t.problems[0].message
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS
+
+/// A self-signed certificate for `sans` and its key, as PEM.
+fn cert_pem(sans: &[&str]) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+}
+
+fn tls_secret(ns: &str, name: &str, chain: &str, key: &str) -> Arc<Secret> {
+    use k8s_openapi::ByteString;
+    let mut s = Secret::default();
+    s.metadata.namespace = Some(ns.into());
+    s.metadata.name = Some(name.into());
+    s.type_ = Some(TLS_SECRET_TYPE.into());
+    s.data = Some(
+        [
+            ("tls.crt".to_string(), ByteString(chain.as_bytes().to_vec())),
+            ("tls.key".to_string(), ByteString(key.as_bytes().to_vec())),
+        ]
+        .into(),
+    );
+    Arc::new(s)
+}
+
+/// An Ingress routing each of `hosts` to web:80, with one spec.tls entry naming `secret`
+/// for `tls_hosts`, and `annotations`.
+fn tls_ingress(
+    name: &str,
+    age: u32,
+    hosts: &[&str],
+    tls_hosts: &[&str],
+    secret: &str,
+    annotations: Value,
+) -> Arc<Ingress> {
+    let rules: Vec<Value> = hosts
+        .iter()
+        .map(|h| rule(h, "/", "Prefix", "web", json!({ "number": 80 })))
+        .collect();
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "default", "name": name, "annotations": annotations,
+                "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", age)
+            },
+            "spec": {
+                "ingressClassName": "holdfast",
+                "rules": rules,
+                "tls": [{ "hosts": tls_hosts, "secretName": secret }]
+            }
+        }))
+        .unwrap(),
+    )
+}
+
+fn with_secrets(ingresses: Vec<Arc<Ingress>>, secrets: Vec<Arc<Secret>>) -> ClusterState {
+    let mut st = state(ingresses);
+    st.secrets = secrets;
+    st
+}
+
+/// (host, certificate, redirect) of every virtual host.
+fn tls_of(t: &Translation) -> Vec<(String, String, bool)> {
+    t.snapshot
+        .virtual_hosts
+        .iter()
+        .map(|v| (v.host.clone(), v.certificate.clone(), v.ssl_redirect))
+        .collect()
+}
+
+fn reasons(t: &Translation) -> Vec<&'static str> {
+    t.problems.iter().map(|p| p.reason).collect()
+}
+
+#[test]
+fn a_tls_host_gets_its_secrets_certificate_once_and_a_redirect_and_keys_stay_in_the_hash() {
+    let (chain, key) = cert_pem(&["a.example.test", "b.example.test"]);
+    let st = with_secrets(
+        vec![tls_ingress(
+            "web",
+            1,
+            &["a.example.test", "b.example.test", "plain.example.test"],
+            &["a.example.test", "b.example.test"],
+            "site",
+            json!({}),
+        )],
+        vec![tls_secret("default", "site", &chain, &key)],
+    );
+    let t = run(&st);
+    assert_eq!(
+        tls_of(&t),
+        [
+            ("a.example.test".into(), "default/site".into(), true),
+            ("b.example.test".into(), "default/site".into(), true),
+            ("plain.example.test".into(), String::new(), false),
+        ]
+    );
+    assert_eq!(t.snapshot.certificates.len(), 1);
+    let c = &t.snapshot.certificates[0];
+    assert_eq!(c.name, "default/site");
+    assert_eq!(c.private_key, key.as_bytes());
+    assert_eq!(c.dns_names, ["a.example.test", "b.example.test"]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    assert_eq!(
+        t.certificate_users,
+        [(
+            "default/site".to_string(),
+            IngressRef {
+                namespace: "default".into(),
+                name: "web".into()
+            }
+        )]
+    );
+    // The hash covers the key: another key (and certificate) is another snapshot.
+    let (chain2, key2) = cert_pem(&["a.example.test", "b.example.test"]);
+    let mut st2 = st.clone();
+    st2.secrets = vec![tls_secret("default", "site", &chain2, &key2)];
+    assert_ne!(run(&st2).snapshot.content_hash, t.snapshot.content_hash);
+}
+
+#[test]
+fn unreferenced_secrets_never_enter_the_snapshot() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let st = with_secrets(
+        vec![ingress(
+            "default",
+            "web",
+            1,
+            json!([rule(
+                "a.example.test",
+                "/",
+                "Prefix",
+                "web",
+                json!({"number": 80})
+            )]),
+        )],
+        vec![tls_secret("default", "other", &chain, &key)],
+    );
+    let t = run(&st);
+    assert!(t.snapshot.certificates.is_empty());
+    assert_eq!(tls_of(&t)[0].1, "");
+}
+
+#[test]
+fn the_redirect_annotation_turns_the_redirect_off_for_its_hosts() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let t = run(&with_secrets(
+        vec![tls_ingress(
+            "web",
+            1,
+            &["a.example.test"],
+            &["a.example.test"],
+            "site",
+            json!({ SSL_REDIRECT_ANNOTATION: "false" }),
+        )],
+        vec![tls_secret("default", "site", &chain, &key)],
+    ));
+    assert_eq!(
+        tls_of(&t),
+        [("a.example.test".into(), "default/site".into(), false)]
+    );
+}
+
+#[test]
+fn a_wildcard_certificate_covers_one_label_and_an_uncovered_host_gets_none_with_a_problem() {
+    let (chain, key) = cert_pem(&["*.example.test"]);
+    let t = run(&with_secrets(
+        vec![tls_ingress(
+            "web",
+            1,
+            &["a.example.test", "a.b.example.test"],
+            &["a.example.test", "a.b.example.test"],
+            "wild",
+            json!({}),
+        )],
+        vec![tls_secret("default", "wild", &chain, &key)],
+    ));
+    assert_eq!(
+        tls_of(&t),
+        [
+            ("a.b.example.test".into(), String::new(), false),
+            ("a.example.test".into(), "default/wild".into(), true),
+        ]
+    );
+    assert_eq!(reasons(&t), ["TLSHostNotCovered"]);
+}
+
+#[test]
+fn a_missing_or_malformed_secret_is_a_problem_and_other_hosts_keep_their_certificates() {
+    let (chain_a, key_a) = cert_pem(&["a.example.test"]);
+    let (chain_b, _) = cert_pem(&["b.example.test"]);
+    let (_, foreign_key) = cert_pem(&["b.example.test"]);
+    let ingresses = vec![
+        tls_ingress(
+            "a",
+            1,
+            &["a.example.test"],
+            &["a.example.test"],
+            "a",
+            json!({}),
+        ),
+        tls_ingress(
+            "b",
+            2,
+            &["b.example.test"],
+            &["b.example.test"],
+            "b",
+            json!({}),
+        ),
+    ];
+    for (secrets, reason) in [
+        (
+            vec![tls_secret("default", "a", &chain_a, &key_a)],
+            "MissingTLSSecret",
+        ),
+        (
+            vec![
+                tls_secret("default", "a", &chain_a, &key_a),
+                tls_secret("default", "b", "garbage", "garbage"),
+            ],
+            "InvalidTLSSecret",
+        ),
+        (
+            vec![
+                tls_secret("default", "a", &chain_a, &key_a),
+                tls_secret("default", "b", &chain_b, &foreign_key),
+            ],
+            "InvalidTLSSecret",
+        ),
+    ] {
+        let t = run(&with_secrets(ingresses.clone(), secrets));
+        assert_eq!(
+            tls_of(&t),
+            [
+                ("a.example.test".into(), "default/a".into(), true),
+                ("b.example.test".into(), String::new(), false),
+            ],
+            "{reason}"
+        );
+        assert_eq!(reasons(&t), [reason]);
+        assert_eq!(t.problems[0].name, "b");
+        // What an operator reads never holds key bytes.
+        assert!(!t.problems[0].message.contains("PRIVATE KEY"));
+        // The routes stay.
+        assert_eq!(routes(&t).len(), 2);
+    }
+}
+
+#[test]
+fn a_secret_that_breaks_later_keeps_serving_its_last_good_certificate() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let ing = vec![tls_ingress(
+        "a",
+        1,
+        &["a.example.test"],
+        &["a.example.test"],
+        "a",
+        json!({}),
+    )];
+    let good = with_secrets(ing.clone(), vec![tls_secret("default", "a", &chain, &key)]);
+    let mut tr = Translator::default();
+    let before = tr.translate(&good, &Options::default());
+    assert_eq!(before.snapshot.certificates.len(), 1);
+    // Malformed, then deleted, then renewed with a certificate that drops the host.
+    let (other_chain, other_key) = cert_pem(&["other.example.test"]);
+    for secrets in [
+        vec![tls_secret("default", "a", "garbage", &key)],
+        vec![],
+        vec![tls_secret("default", "a", &other_chain, &other_key)],
+    ] {
+        let t = tr.translate(&with_secrets(ing.clone(), secrets), &Options::default());
+        assert_eq!(t.snapshot.certificates, before.snapshot.certificates);
+        assert_eq!(tls_of(&t), tls_of(&before));
+        assert_eq!(t.problems.len(), 1, "{:?}", t.problems);
+    }
+    // A good renewal is used at once.
+    let (new_chain, new_key) = cert_pem(&["a.example.test"]);
+    let t = tr.translate(
+        &with_secrets(
+            ing.clone(),
+            vec![tls_secret("default", "a", &new_chain, &new_key)],
+        ),
+        &Options::default(),
+    );
+    assert_eq!(
+        t.snapshot.certificates[0].certificate_chain,
+        new_chain.as_bytes()
+    );
+    assert!(t.problems.is_empty());
+}
+
+#[test]
+fn the_oldest_ingress_wins_a_tls_host_and_a_host_without_rules_gets_no_certificate() {
+    let (chain, key) = cert_pem(&["a.example.test", "norules.example.test"]);
+    let t = run(&with_secrets(
+        vec![
+            tls_ingress(
+                "old",
+                1,
+                &["a.example.test"],
+                &["a.example.test", "norules.example.test"],
+                "one",
+                json!({}),
+            ),
+            tls_ingress(
+                "new",
+                2,
+                &["a.example.test"],
+                &["a.example.test"],
+                "two",
+                json!({}),
+            ),
+        ],
+        vec![
+            tls_secret("default", "one", &chain, &key),
+            tls_secret("default", "two", &chain, &key),
+        ],
+    ));
+    assert_eq!(
+        tls_of(&t),
+        [("a.example.test".into(), "default/one".into(), true)]
+    );
+    let mut r = reasons(&t);
+    r.sort();
+    // (The same path twice is also a route conflict.)
+    assert_eq!(
+        r,
+        ["ConflictingRoute", "ConflictingTLS", "TLSHostWithoutRules"]
+    );
+    assert_eq!(t.snapshot.certificates.len(), 1);
+}
+
+#[test]
+fn the_default_certificate_is_carried_when_it_is_usable() {
+    let (chain, key) = cert_pem(&["fallback.example.test"]);
+    let st = with_secrets(vec![], vec![tls_secret("ops", "fallback", &chain, &key)]);
+    let opts = Options {
+        default_certificate: Some("ops/fallback".into()),
+        ..Options::default()
+    };
+    let t = translate(&st, &opts);
+    assert_eq!(t.snapshot.default_certificate, "ops/fallback");
+    assert_eq!(t.snapshot.certificates.len(), 1);
+    holdfast_proto::snapshot::validate_structure(&t.snapshot).unwrap();
+    let missing = Options {
+        default_certificate: Some("ops/missing".into()),
+        ..Options::default()
+    };
+    let t = translate(&st, &missing);
+    assert_eq!(t.snapshot.default_certificate, "");
+    assert!(t.snapshot.certificates.is_empty());
+    assert_eq!(reasons(&t), ["MissingTLSSecret"]);
 }

@@ -16,6 +16,7 @@ fn snapshot(routes: &[(&str, MatchKind, &str, &str)], default: Option<&str>) -> 
             hosts.push(VirtualHost {
                 host: (*host).into(),
                 routes: vec![],
+                ..Default::default()
             });
         }
         let v = hosts.iter_mut().find(|v| v.host == *host).unwrap();

@@ -97,6 +97,7 @@ pub fn synthetic_snapshot(bytes: usize, rev: u64) -> Snapshot {
                     route(MatchKind::Exact, "/api"),
                     route(MatchKind::Prefix, "/"),
                 ],
+                ..Default::default()
             });
             snapshot.backends.push(Backend {
                 name: backend,

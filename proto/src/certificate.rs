@@ -1,0 +1,218 @@
+//! TLS certificates as both planes check them: a PEM chain and key from a
+//! `kubernetes.io/tls` Secret, parsed into what rustls serves, with the facts an operator
+//! sees instead of the key (fingerprint, subject, DNS names, notAfter, serial).
+//!
+//! The control plane runs [`parse`] on every Secret an Ingress names, so a malformed PEM,
+//! an unsupported key or a key that does not match the certificate never reaches a
+//! snapshot; the proxy runs it again when it compiles a snapshot (and NACKs on failure).
+//! Error messages never contain key bytes.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+use sha2::{Digest, Sha256};
+
+/// Why a certificate and key cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertificateError {
+    /// `tls.crt` holds no PEM certificate, or one that does not decode.
+    #[error("tls.crt holds no usable PEM certificate: {0}")]
+    Chain(String),
+    /// `tls.key` holds no PEM private key, or one that does not decode.
+    #[error("tls.key holds no usable PEM private key ({0})")]
+    Key(String),
+    /// The key is of a kind rustls cannot sign with.
+    #[error("tls.key is not a supported key (RSA, ECDSA P-256/P-384 or Ed25519)")]
+    UnsupportedKey,
+    /// The key is not the certificate's key.
+    #[error("tls.key does not match the certificate in tls.crt")]
+    KeyMismatch,
+    /// The leaf certificate does not parse as X.509.
+    #[error("the certificate in tls.crt is not valid X.509: {0}")]
+    X509(String),
+}
+
+/// What an operator sees of a certificate (never the key).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Facts {
+    /// SHA-256 of the leaf's DER, lower-case hex.
+    pub fingerprint_sha256: String,
+    /// The leaf's subject.
+    pub subject: String,
+    /// The leaf's DNS subject alternative names, lower-cased.
+    pub dns_names: Vec<String>,
+    /// notAfter, seconds since the Unix epoch.
+    pub not_after: i64,
+    /// Serial number, lower-case hex.
+    pub serial: String,
+}
+
+/// A certificate chain and key ready to serve, and its facts.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// What rustls hands out for a matching SNI.
+    pub key: Arc<CertifiedKey>,
+    /// What an operator sees.
+    pub facts: Facts,
+}
+
+/// Parses a PEM chain (leaf first) and a PEM private key (PKCS#8, PKCS#1 or SEC1), and
+/// checks that the key is the leaf's.
+pub fn parse(chain_pem: &[u8], key_pem: &[u8]) -> Result<Parsed, CertificateError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| CertificateError::Chain(pem_error(&e)))?;
+    let Some(leaf) = chain.first() else {
+        return Err(CertificateError::Chain("no CERTIFICATE block".into()));
+    };
+    let facts = facts(leaf)?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertificateError::Key(pem_error(&e)))?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|_| CertificateError::UnsupportedKey)?;
+    let key = CertifiedKey::new(chain, signing);
+    match key.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(_) => return Err(CertificateError::KeyMismatch),
+    }
+    Ok(Parsed {
+        key: Arc::new(key),
+        facts,
+    })
+}
+
+/// A PEM error in words, without the bytes it was reading.
+fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::NoItemsFound => "no PEM block found".into(),
+        Error::MissingSectionEnd { .. } => "a PEM block has no END line".into(),
+        Error::IllegalSectionStart { .. } => "a PEM BEGIN line is malformed".into(),
+        Error::Base64Decode(_) => "a PEM block is not valid base64".into(),
+        _ => "PEM does not decode".into(),
+    }
+}
+
+fn facts(leaf: &CertificateDer<'_>) -> Result<Facts, CertificateError> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(leaf.as_ref())
+        .map_err(|e| CertificateError::X509(e.to_string()))?;
+    let mut dns_names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::DNSName(n) = name {
+                dns_names.push(n.to_ascii_lowercase());
+            }
+        }
+    }
+    Ok(Facts {
+        fingerprint_sha256: hex(&Sha256::digest(leaf.as_ref())),
+        subject: cert.subject().to_string(),
+        dns_names,
+        not_after: cert.validity().not_after.timestamp(),
+        serial: hex(cert.raw_serial()),
+    })
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Does a certificate with these DNS names cover `host` (lower-case)? A name covers
+/// itself; a wildcard name `*.example.com` covers exactly one more label
+/// (`a.example.com`, not `a.b.example.com`, not `example.com`), and also the host
+/// `*.example.com` itself (an Ingress TLS entry for a wildcard host).
+pub fn covers(dns_names: &[String], host: &str) -> bool {
+    dns_names.iter().any(|name| {
+        if name == host {
+            return true;
+        }
+        match name.strip_prefix("*.") {
+            Some(suffix) => host
+                .split_once('.')
+                .is_some_and(|(label, rest)| !label.is_empty() && label != "*" && rest == suffix),
+            None => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_wildcard_covers_one_label_and_an_exact_name_only_itself() {
+        let wild = names(&["*.example.test"]);
+        assert!(covers(&wild, "a.example.test"));
+        assert!(covers(&wild, "*.example.test"));
+        assert!(!covers(&wild, "a.b.example.test"));
+        assert!(!covers(&wild, "example.test"));
+        let exact = names(&["a.example.test"]);
+        assert!(covers(&exact, "a.example.test"));
+        assert!(!covers(&exact, "b.example.test"));
+        assert!(!covers(&exact, "*.example.test"));
+    }
+
+    fn issue(sans: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(names(sans)).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn a_good_pair_parses_with_its_facts_and_a_foreign_key_is_refused() {
+        let (chain, key) = issue(&["a.example.test", "*.Wild.Example.Test"]);
+        let parsed = parse(chain.as_bytes(), key.as_bytes()).unwrap();
+        assert_eq!(
+            parsed.facts.dns_names,
+            ["a.example.test", "*.wild.example.test"]
+        );
+        assert_eq!(parsed.facts.fingerprint_sha256.len(), 64);
+        assert!(parsed.facts.not_after > 0);
+        assert!(!parsed.facts.serial.is_empty());
+        let (_, other_key) = issue(&["a.example.test"]);
+        assert_eq!(
+            parse(chain.as_bytes(), other_key.as_bytes()).unwrap_err(),
+            CertificateError::KeyMismatch
+        );
+        assert!(matches!(
+            parse(chain.as_bytes(), b"").unwrap_err(),
+            CertificateError::Key(_)
+        ));
+    }
+
+    #[test]
+    fn garbage_is_refused_with_a_reason_that_holds_no_key_bytes() {
+        let key =
+            b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0IGtleSBieXRlcw==\n-----END PRIVATE KEY-----\n";
+        for (chain, key) in [
+            (&b""[..], &key[..]),
+            (b"not pem at all", key),
+            (
+                b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n",
+                key,
+            ),
+            (
+                b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+                key,
+            ),
+        ] {
+            let e = parse(chain, key).unwrap_err().to_string();
+            assert!(!e.contains("c2VjcmV0"), "{e}");
+            assert!(e.contains("tls.crt"), "{e}");
+        }
+    }
+}
