@@ -44,10 +44,15 @@ pub fn explain(table: Option<&RouteTable>, host: &str, path: &str) -> serde_json
             } else {
                 200
             };
+            let certificate = t.certificate_for(Some(&normalised)).map(|c| {
+                json!({ "name": c.name, "fingerprint_sha256": c.facts.fingerprint_sha256, "not_after": c.facts.not_after })
+            });
             json!({
                 "matched": true,
                 "status": status,
                 "version": t.version,
+                "https_redirect": t.redirects_to_https(&normalised),
+                "certificate": certificate,
                 "route": { "host": r.host, "kind": format!("{:?}", r.kind), "path": r.path, "ingress": r.source },
                 "backend": {
                     "name": b.name,
@@ -107,6 +112,15 @@ fn route(
                     "routes": t.route_count(),
                     "backends": t.backends.len(),
                     "endpoints": t.backends.iter().map(|b| b.endpoints.len()).sum::<usize>(),
+                    // What an operator may see of each certificate: never the key.
+                    "certificates": t.certificates.iter().map(|c| json!({
+                        "name": c.name,
+                        "fingerprint_sha256": c.facts.fingerprint_sha256,
+                        "subject": c.facts.subject,
+                        "dns_names": c.facts.dns_names,
+                        "not_after": c.facts.not_after,
+                        "serial": c.facts.serial,
+                    })).collect::<Vec<_>>(),
                 }),
             ),
             None => json_reply(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": "no snapshot applied yet" })),

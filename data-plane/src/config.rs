@@ -24,6 +24,10 @@ pub struct Args {
     /// Address for client traffic (HTTP/1.1 and h2c).
     #[arg(long, env = "HOLDFAST_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// Address for HTTPS client traffic (TLS 1.2/1.3, HTTP/1.1 and h2 by ALPN), with the
+    /// certificates of the snapshot's virtual hosts, chosen by SNI. Off when unset.
+    #[arg(long, env = "HOLDFAST_LISTEN_TLS")]
+    pub listen_tls: Option<SocketAddr>,
     /// Address of the admin listener (/healthz, /readyz, /metrics, /debug/…).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:9901")]
     pub admin_listen: SocketAddr,
@@ -36,7 +40,8 @@ pub struct Args {
         required = true
     )]
     pub control_planes: Vec<String>,
-    /// Directory for the persisted snapshot (created if missing).
+    /// Directory for the persisted snapshot (created if missing, mode 0700; the file is
+    /// 0600, since it holds the private keys of the snapshot's certificates).
     #[arg(long, env = "HOLDFAST_STATE_DIR")]
     pub state_dir: PathBuf,
     /// This proxy's identity towards the control plane (default: the host name).

@@ -8,7 +8,10 @@
 //! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
 //!   request-smuggling shapes hyper would otherwise normalise silently (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
-//! - [`server`]: the client listener (HTTP/1.1 + h2c), limits, idle timeout, draining.
+//! - [`server`]: the client listeners (HTTP/1.1 + h2c; HTTPS), limits, idle timeout,
+//!   draining.
+//! - [`tls`]: the HTTPS listener's rustls configuration: certificates by SNI from the
+//!   served table, ALPN, resumption.
 //! - [`subscriber`]: the control-plane stream, and the [`subscriber::Applier`] that
 //!   validates, persists and swaps tables.
 //! - [`persist`]: the state file (atomic write, checksum).
@@ -25,6 +28,7 @@ pub mod proxy;
 pub mod server;
 pub mod subscriber;
 pub mod table;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -44,8 +48,8 @@ use crate::table::RouteTable;
 /// Runs the proxy until `shutdown` turns true, then drains.
 pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let args = &config.args;
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("creating --state-dir {}", args.state_dir.display()))?;
+    persist::prepare_dir(&args.state_dir)
+        .with_context(|| format!("preparing --state-dir {}", args.state_dir.display()))?;
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let table: Arc<ArcSwapOption<RouteTable>> = Arc::new(ArcSwapOption::empty());
@@ -77,10 +81,22 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
+    let tls_listener = match args.listen_tls {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --listen-tls {addr}"))?,
+        ),
+        None => None,
+    };
     let admin_listener = TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
-    tracing::info!(proxy = %listener.local_addr()?, admin = %admin_listener.local_addr()?, node = %config.node_id, "listening");
+    let https = match &tls_listener {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "off".into(),
+    };
+    tracing::info!(proxy = %listener.local_addr()?, https = %https, admin = %admin_listener.local_addr()?, node = %config.node_id, "listening");
 
     let forwarder = Arc::new(Forwarder::new(
         table.clone(),
@@ -105,23 +121,36 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     ));
     let admin = tokio::spawn(admin::serve(
         admin_listener,
-        table,
+        table.clone(),
         Arc::new(registry),
         shutdown.clone(),
     ));
-    server::serve(
-        listener,
-        forwarder,
-        ListenSettings {
-            header_read_timeout: args.header_read_timeout,
-            idle_timeout: args.idle_timeout,
-            max_headers: args.max_headers,
-            max_header_bytes: args.max_header_bytes,
-            shutdown_grace: args.shutdown_grace,
-        },
-        shutdown,
-    )
-    .await;
+    let listen = ListenSettings {
+        header_read_timeout: args.header_read_timeout,
+        idle_timeout: args.idle_timeout,
+        max_headers: args.max_headers,
+        max_header_bytes: args.max_header_bytes,
+        shutdown_grace: args.shutdown_grace,
+    };
+    let https = match tls_listener {
+        Some(l) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(
+                tls::server_config(table.clone()).context("TLS configuration")?,
+            );
+            Some(tokio::spawn(server::serve(
+                l,
+                forwarder.clone(),
+                listen.clone(),
+                Some(acceptor),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    server::serve(listener, forwarder, listen, None, shutdown).await;
+    if let Some(https) = https {
+        let _ = https.await;
+    }
     subscriber.abort();
     admin.abort();
     Ok(())

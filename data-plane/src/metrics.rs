@@ -61,6 +61,8 @@ pub struct Metrics {
     pub nacks: Counter,
     /// Upstream connection failures (retried or answered 502).
     pub upstream_connect_errors: Counter,
+    /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
+    pub tls_handshake_failures: Counter,
 }
 
 impl Metrics {
@@ -75,6 +77,7 @@ impl Metrics {
             applied: Counter::default(),
             nacks: Counter::default(),
             upstream_connect_errors: Counter::default(),
+            tls_handshake_failures: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
         r.register(
@@ -107,6 +110,11 @@ impl Metrics {
             "snapshot_nacks",
             "Snapshots rejected (NACKed)",
             m.nacks.clone(),
+        );
+        r.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            m.tls_handshake_failures.clone(),
         );
         r.register(
             "upstream_connect_errors",

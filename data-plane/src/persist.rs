@@ -6,6 +6,10 @@
 //! fsynced, renamed over the old one, and the directory fsynced, so a crash leaves either
 //! the old or the new file, never a mix. On load, anything off (magic, length, checksum,
 //! decoding, the snapshot's own validation) rejects the whole file.
+//!
+//! The file holds the private keys of the snapshot's certificates: the directory is made
+//! 0700 and the file is created 0600 (a fresh temporary file each time, never one that
+//! was already there).
 
 use std::fs::File;
 use std::io::Write;
@@ -130,15 +134,35 @@ pub fn load(dir: &Path) -> Result<Option<Snapshot>, PersistError> {
     }
 }
 
-/// Writes `snapshot` to the state file in `dir` atomically and durably.
+/// Creates the state directory if needed and makes it private (0700).
+pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Writes `snapshot` to the state file in `dir` atomically and durably, readable by this
+/// user only (0600).
 pub fn store(dir: &Path, snapshot: &Snapshot) -> Result<(), PersistError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = path_in(dir);
     let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| PersistError::Io { path: p, source }
     };
-    let mut file = File::create(&tmp).map_err(io(&tmp))?;
+    // A leftover from a crash is removed, so the file below is always created here, with
+    // our mode (create_new refuses anything already at the path, a symlink included).
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp)(e)),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
     file.write_all(&encode(snapshot)).map_err(io(&tmp))?;
     file.sync_all().map_err(io(&tmp))?;
     drop(file);
@@ -185,6 +209,23 @@ mod tests {
         store(dir.path(), &sample()).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(sample()));
         assert!(!dir.path().join(format!(".{FILE_NAME}.tmp")).exists());
+    }
+
+    #[test]
+    fn the_state_file_is_0600_in_a_0700_directory_even_over_an_old_readable_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("state");
+        prepare_dir(&dir).unwrap();
+        // An earlier version's world-readable file and a leftover temporary file.
+        std::fs::write(path_in(&dir), b"old").unwrap();
+        std::fs::set_permissions(path_in(&dir), std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(dir.join(format!(".{FILE_NAME}.tmp")), b"junk").unwrap();
+        store(&dir, &sample()).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path_in(&dir)), 0o600);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(load(&dir).unwrap(), Some(sample()));
     }
 
     #[test]

@@ -148,10 +148,22 @@ impl Forwarder {
         response
     }
 
-    /// Handles one request from `client`.
-    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<ProxyBody> {
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Handles one request from `client` (`tls`: it came over HTTPS).
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+        tls: bool,
+    ) -> Response<ProxyBody> {
         let table = self.table.load_full();
-        let (response, route) = self.route_and_forward(req, client, table.as_deref()).await;
+        let (response, route) = self
+            .route_and_forward(req, client, tls, table.as_deref())
+            .await;
         let status = response.status().as_u16();
         match route {
             Some(route) => self
@@ -167,6 +179,7 @@ impl Forwarder {
         &self,
         mut req: Request<Incoming>,
         client: SocketAddr,
+        tls: bool,
         table: Option<&'t RouteTable>,
     ) -> (Response<ProxyBody>, Option<&'t Route>) {
         let none = || None;
@@ -208,6 +221,9 @@ impl Forwarder {
             );
         };
         let path = req.uri().path();
+        if !tls && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
+            return (redirect_to_https(&host, req.uri()), none());
+        }
         let route = match table.lookup(&host, path) {
             Ok(r) => r,
             Err(miss) => {
@@ -236,7 +252,8 @@ impl Forwarder {
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, upgrade);
-        add_forwarded(&mut parts.headers, client.ip(), "http", &raw_host);
+        let proto = if tls { "https" } else { "http" };
+        add_forwarded(&mut parts.headers, client.ip(), proto, &raw_host);
         if !parts.headers.contains_key(header::HOST)
             && let Ok(v) = HeaderValue::from_str(&raw_host)
         {
@@ -363,6 +380,29 @@ impl Forwarder {
             ),
         };
         (response, label)
+    }
+}
+
+/// ACME HTTP-01 challenges are answered over plain HTTP (a certificate is being issued),
+/// so they are never redirected.
+const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
+
+/// `308 Permanent Redirect` to the same host (without its port: HTTPS is served on 443
+/// behind the proxies' Service), path and query over https.
+fn redirect_to_https(host: &str, uri: &Uri) -> Response<ProxyBody> {
+    let path = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+    let location = format!("https://{host}{path}");
+    let mut response = local(StatusCode::PERMANENT_REDIRECT, "308 redirecting to https");
+    match HeaderValue::from_str(&location) {
+        Ok(v) => {
+            response.headers_mut().insert(header::LOCATION, v);
+            response
+        }
+        // A host or path that cannot be a header value cannot be redirected to.
+        Err(_) => local(
+            StatusCode::BAD_REQUEST,
+            "400 bad request: unusable host or path",
+        ),
     }
 }
 

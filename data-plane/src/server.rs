@@ -1,6 +1,7 @@
-//! The proxy listener: HTTP/1.1 and h2c (prior knowledge) on one port, with header limits,
-//! a client header read timeout, an idle timeout, and graceful shutdown (stop accepting,
-//! let in-flight requests finish within a grace period).
+//! The proxy listeners: HTTP/1.1 and h2c (prior knowledge) on one port, and, with TLS,
+//! HTTPS (HTTP/1.1 and h2 by ALPN) on another, with header limits, a client header read
+//! timeout (which also bounds the TLS handshake), an idle timeout, and graceful shutdown
+//! (stop accepting, let in-flight requests finish within a grace period).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -13,8 +14,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
 use crate::framing::Tracker;
@@ -36,11 +38,14 @@ pub struct ListenSettings {
     pub shutdown_grace: Duration,
 }
 
-/// Serves `listener` until `shutdown` turns true, then drains.
+/// Serves `listener` until `shutdown` turns true, then drains. With `tls`, every
+/// connection is a TLS connection (HTTPS); the handshake must finish within the header
+/// read timeout.
 pub async fn serve(
     listener: TcpListener,
     forwarder: Arc<Forwarder>,
     settings: ListenSettings,
+    tls: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -81,7 +86,27 @@ pub async fn serve(
             header_read_timeout: settings.header_read_timeout,
             drain: drain_rx.clone(),
         };
-        connections.spawn(conn.run(stream, peer));
+        match &tls {
+            None => {
+                connections.spawn(conn.run(stream, peer, false));
+            }
+            Some(acceptor) => {
+                let handshake = acceptor.accept(stream);
+                connections.spawn(async move {
+                    match tokio::time::timeout(conn.header_read_timeout, handshake).await {
+                        Ok(Ok(stream)) => conn.run(stream, peer, true).await,
+                        Ok(Err(error)) => {
+                            conn.forwarder.metrics().tls_handshake_failures.inc();
+                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            conn.forwarder.metrics().tls_handshake_failures.inc();
+                            tracing::debug!(%peer, "TLS handshake not complete within the header read timeout");
+                        }
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     tracing::info!(connections = connections.len(), grace = ?settings.shutdown_grace, "draining");
@@ -107,7 +132,11 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, stream: TcpStream, peer: SocketAddr) {
+    /// Serves one connection (`tls`: it came through the HTTPS listener).
+    async fn run<S>(mut self, stream: S, peer: SocketAddr, tls: bool)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let activity = Arc::new(Activity::new());
         let in_flight = Arc::new(AtomicUsize::new(0));
         let smuggling = Arc::new(OnceLock::new());
@@ -134,7 +163,7 @@ impl Connection {
             async move {
                 let response = match smuggled {
                     Some(bad) => forwarder.reject(&bad),
-                    None => forwarder.handle(req, peer).await,
+                    None => forwarder.handle(req, peer, tls).await,
                 };
                 counter.fetch_sub(1, Ordering::AcqRel);
                 Ok::<_, std::convert::Infallible>(response)
@@ -213,15 +242,15 @@ impl Activity {
 }
 
 /// A stream that records activity for the idle timeout and follows HTTP/1.1 framing to
-/// flag request-smuggling shapes (see `framing`).
-struct IdleIo {
-    inner: TcpStream,
+/// flag request-smuggling shapes (see `framing`). Over TLS it wraps the decrypted stream.
+struct IdleIo<S> {
+    inner: S,
     activity: Arc<Activity>,
     tracker: Tracker,
     flagged: Arc<OnceLock<(u64, BadRequest)>>,
 }
 
-impl AsyncRead for IdleIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for IdleIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -246,7 +275,7 @@ impl AsyncRead for IdleIo {
     }
 }
 
-impl AsyncWrite for IdleIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -11,13 +11,21 @@
 //!    each of its prefixes ending before a `/` (`/a/b/c` → `/a/b/c`, `/a/b`, `/a`, `/`),
 //!    longest first, each one hash look-up. So `/foo` matches `/foo`, `/foo/`, `/foo/bar`,
 //!    not `/foobar`.
+//!
+//! TLS: each certificate of the snapshot is parsed once here, into what rustls serves.
+//! [`RouteTable::certificate_for`] picks one by SNI: the exact virtual host's, else the
+//! one-label wildcard's (if its certificate covers the name), else the default
+//! certificate, else none (the handshake fails).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use holdfast_proto::certificate::{self, Facts};
 use holdfast_proto::v1::{MatchKind, Snapshot};
 use http::uri::Authority;
+use rustls::sign::CertifiedKey;
 
 use crate::metrics::RouteCounters;
 
@@ -69,10 +77,25 @@ pub struct Route {
     pub counters: RouteCounters,
 }
 
+/// A certificate ready to serve, and what an operator may see of it.
+#[derive(Debug)]
+pub struct TlsCertificate {
+    /// `namespace/secret`.
+    pub name: String,
+    /// What rustls hands out.
+    pub key: Arc<CertifiedKey>,
+    /// Fingerprint, subject, DNS names, notAfter, serial (never the key).
+    pub facts: Facts,
+}
+
 #[derive(Debug, Default)]
 struct PathTable {
     exact: HashMap<String, usize>,
     prefix: HashMap<String, usize>,
+    /// Index into [`RouteTable::certificates`] of the host's certificate.
+    certificate: Option<usize>,
+    /// Plain-HTTP requests get 308 to https.
+    ssl_redirect: bool,
 }
 
 impl PathTable {
@@ -116,6 +139,9 @@ pub struct RouteTable {
     pub routes: Vec<Route>,
     /// All backends.
     pub backends: Vec<Backend>,
+    /// All certificates, in snapshot order.
+    pub certificates: Vec<TlsCertificate>,
+    default_certificate: Option<usize>,
     exact_hosts: HashMap<String, PathTable>,
     wildcard_hosts: HashMap<String, PathTable>,
     no_host: Option<PathTable>,
@@ -134,9 +160,27 @@ pub enum Miss {
     NoHost,
 }
 
-/// Why a snapshot could not be compiled (after validation this means a bug).
+/// Why a snapshot could not be compiled (after validation this means a bug, or a
+/// certificate the control plane should have refused).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CompileError {
+    /// A certificate cannot be served (the reason never holds key bytes).
+    #[error("certificate {name}: {source}")]
+    Certificate {
+        /// Its name.
+        name: String,
+        /// Why.
+        #[source]
+        source: certificate::CertificateError,
+    },
+    /// A virtual host names a certificate that is not in the snapshot.
+    #[error("virtual host {host:?} names unknown certificate {name:?}")]
+    UnknownCertificate {
+        /// The host.
+        host: String,
+        /// The certificate's name.
+        name: String,
+    },
     /// A route names a backend that is not in the snapshot.
     #[error("route names unknown backend {0:?}")]
     UnknownBackend(String),
@@ -229,12 +273,45 @@ impl RouteTable {
                 .copied()
                 .ok_or_else(|| CompileError::UnknownBackend(name.to_owned()))
         };
+        let mut certificates = Vec::with_capacity(snapshot.certificates.len());
+        let mut cert_index = HashMap::with_capacity(snapshot.certificates.len());
+        for c in &snapshot.certificates {
+            let parsed =
+                certificate::parse(&c.certificate_chain, &c.private_key).map_err(|source| {
+                    CompileError::Certificate {
+                        name: c.name.clone(),
+                        source,
+                    }
+                })?;
+            cert_index.insert(c.name.as_str(), certificates.len());
+            certificates.push(TlsCertificate {
+                name: c.name.clone(),
+                key: parsed.key,
+                facts: parsed.facts,
+            });
+        }
+        let cert_of = |host: &str, name: &str| -> Result<Option<usize>, CompileError> {
+            if name.is_empty() {
+                return Ok(None);
+            }
+            cert_index.get(name).copied().map(Some).ok_or_else(|| {
+                CompileError::UnknownCertificate {
+                    host: host.to_owned(),
+                    name: name.to_owned(),
+                }
+            })
+        };
+        let default_certificate = cert_of("", &snapshot.default_certificate)?;
         let mut routes = Vec::new();
         let mut exact_hosts = HashMap::new();
         let mut wildcard_hosts = HashMap::new();
         let mut no_host = None;
         for vhost in &snapshot.virtual_hosts {
-            let mut table = PathTable::default();
+            let mut table = PathTable {
+                certificate: cert_of(&vhost.host, &vhost.certificate)?,
+                ..PathTable::default()
+            };
+            table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
             for r in &vhost.routes {
                 let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
                 let id = routes.len();
@@ -291,6 +368,8 @@ impl RouteTable {
             cluster_revision: snapshot.cluster_revision,
             routes,
             backends,
+            certificates,
+            default_certificate,
             exact_hosts,
             wildcard_hosts,
             no_host,
@@ -328,6 +407,32 @@ impl RouteTable {
             Some((_, vhost)) => Miss::NoPath { vhost },
             None => Miss::NoHost,
         })
+    }
+
+    /// The certificate to offer a TLS client that sent `sni` (lower case; None when it
+    /// sent no SNI): the exact virtual host's, else the wildcard virtual host's if it
+    /// covers the name, else the default certificate. None fails the handshake.
+    pub fn certificate_for(&self, sni: Option<&str>) -> Option<&TlsCertificate> {
+        let by_host = sni.and_then(|name| {
+            let exact = self.exact_hosts.get(name).and_then(|t| t.certificate);
+            exact.or_else(|| {
+                let (_, rest) = name.split_once('.')?;
+                let i = self.wildcard_hosts.get(rest)?.certificate?;
+                certificate::covers(&self.certificates[i].facts.dns_names, name).then_some(i)
+            })
+        });
+        by_host
+            .or(self.default_certificate)
+            .map(|i| &self.certificates[i])
+    }
+
+    /// Whether a plain-HTTP request for `host` (normalised) is redirected to https: its
+    /// exact or wildcard virtual host has a certificate and redirects.
+    pub fn redirects_to_https(&self, host: &str) -> bool {
+        match self.vhost(host) {
+            Some((t, name)) if !name.is_empty() => t.ssl_redirect,
+            _ => false,
+        }
     }
 
     /// Number of routes (the default backend counts as one).

@@ -18,7 +18,8 @@
 //! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
 //! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
-//! - [`http`]: a small HTTP client for admin endpoints and traffic.
+//! - [`http`]: a small HTTP client for admin endpoints and traffic; [`tls`]: a test CA
+//!   (rcgen), the certificates it signs, and an HTTPS client that reports ALPN and serial.
 //! - [`wait`]: waiting for a condition with a deadline (tests never sleep to synchronise).
 //!
 //! Everything here cleans up after itself on drop, including when a test panics; processes
@@ -38,6 +39,7 @@ pub mod process;
 pub mod proxy;
 pub mod scenario;
 pub mod subscriber;
+pub mod tls;
 pub mod traffic;
 pub mod wait;
 

@@ -15,6 +15,8 @@ pub struct ProxyProc {
     pub proc: Proc,
     /// Client traffic address.
     pub addr: SocketAddr,
+    /// HTTPS address, when started with `--listen-tls`.
+    pub https: Option<SocketAddr>,
     /// Admin address.
     pub admin: SocketAddr,
     /// Its state directory.
@@ -57,8 +59,12 @@ impl ProxyProc {
         let line = proc.wait_log("listening", 0, Duration::from_secs(20))?;
         let addr = addr_in(&line, "proxy")?;
         let admin = addr_in(&line, "admin")?;
+        let https = addr_in(&line, "https").ok();
         let mut fixed = proc.args().to_vec();
-        for (flag, a) in [("--listen", addr), ("--admin-listen", admin)] {
+        for (flag, a) in [("--listen", addr), ("--admin-listen", admin)]
+            .into_iter()
+            .chain(https.map(|h| ("--listen-tls", h)))
+        {
             if let Some(i) = fixed.iter().position(|x| x == flag) {
                 fixed[i + 1] = a.to_string();
             }
@@ -67,6 +73,7 @@ impl ProxyProc {
         Ok(ProxyProc {
             proc,
             addr,
+            https,
             admin,
             state_dir: state_dir.to_path_buf(),
         })

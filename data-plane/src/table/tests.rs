@@ -244,3 +244,98 @@ fn bad_endpoints_and_unknown_backends_fail_compilation() {
         Err(CompileError::UnknownBackend(_))
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// TLS
+
+fn cert(name: &str, sans: &[&str]) -> holdfast_proto::v1::Certificate {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    holdfast_proto::v1::Certificate {
+        name: name.into(),
+        certificate_chain: params.self_signed(&key).unwrap().pem().into_bytes(),
+        private_key: key.serialize_pem().into_bytes(),
+        ..Default::default()
+    }
+}
+
+/// Hosts a.test, x.example.test and *.example.test: the exact ones with their own
+/// certificates (x redirecting, a not), the wildcard with a wildcard certificate.
+fn tls_snapshot() -> Snapshot {
+    let mut s = snapshot(
+        &[
+            ("a.test", MatchKind::Prefix, "/", "ns/a:80"),
+            ("x.example.test", MatchKind::Prefix, "/", "ns/x:80"),
+            ("*.example.test", MatchKind::Prefix, "/", "ns/w:80"),
+            ("plain.test", MatchKind::Prefix, "/", "ns/p:80"),
+        ],
+        None,
+    );
+    s.certificates = vec![
+        cert("ns/a", &["a.test"]),
+        cert("ns/wild", &["*.example.test"]),
+        cert("ns/x", &["x.example.test"]),
+    ];
+    for v in &mut s.virtual_hosts {
+        (v.certificate, v.ssl_redirect) = match v.host.as_str() {
+            "a.test" => ("ns/a".into(), false),
+            "x.example.test" => ("ns/x".into(), true),
+            "*.example.test" => ("ns/wild".into(), true),
+            _ => (String::new(), false),
+        };
+    }
+    s
+}
+
+fn cert_name(t: &RouteTable, sni: Option<&str>) -> Option<String> {
+    t.certificate_for(sni).map(|c| c.name.clone())
+}
+
+#[test]
+fn sni_picks_the_exact_hosts_certificate_over_the_wildcard_and_the_wildcard_covers_one_label() {
+    let t = RouteTable::compile(&tls_snapshot()).unwrap();
+    assert_eq!(cert_name(&t, Some("a.test")).as_deref(), Some("ns/a"));
+    assert_eq!(
+        cert_name(&t, Some("x.example.test")).as_deref(),
+        Some("ns/x")
+    );
+    assert_eq!(
+        cert_name(&t, Some("y.example.test")).as_deref(),
+        Some("ns/wild")
+    );
+    assert_eq!(cert_name(&t, Some("a.b.example.test")), None);
+    assert_eq!(cert_name(&t, Some("example.test")), None);
+    assert_eq!(cert_name(&t, Some("plain.test")), None);
+    assert_eq!(cert_name(&t, None), None);
+}
+
+#[test]
+fn the_default_certificate_answers_unknown_and_missing_sni() {
+    let mut s = tls_snapshot();
+    s.default_certificate = "ns/a".into();
+    let t = RouteTable::compile(&s).unwrap();
+    assert_eq!(cert_name(&t, Some("nope.test")).as_deref(), Some("ns/a"));
+    assert_eq!(cert_name(&t, None).as_deref(), Some("ns/a"));
+}
+
+#[test]
+fn only_hosts_with_a_certificate_and_the_redirect_flag_redirect_plain_http() {
+    let t = RouteTable::compile(&tls_snapshot()).unwrap();
+    assert!(t.redirects_to_https("x.example.test"));
+    assert!(t.redirects_to_https("y.example.test"));
+    assert!(!t.redirects_to_https("a.test"));
+    assert!(!t.redirects_to_https("plain.test"));
+    assert!(!t.redirects_to_https("unknown.test"));
+}
+
+#[test]
+fn a_certificate_that_does_not_parse_fails_the_compile_without_echoing_the_key() {
+    let mut s = tls_snapshot();
+    s.certificates[0].private_key =
+        b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n".to_vec();
+    let e = RouteTable::compile(&s).unwrap_err().to_string();
+    assert!(e.contains("ns/a"), "{e}");
+    assert!(!e.contains("c2VjcmV0"), "{e}");
+}

@@ -1,0 +1,230 @@
+//! Test certificates and an HTTPS client: a private CA made with rcgen, certificates it
+//! signs (for Ingress Secrets, the control plane's serving certificate, proxies' and
+//! operators' client certificates), and a client that verifies a server against the CA,
+//! offers ALPN, and reports what it saw (status, body, protocol, the leaf's serial).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::TlsConnector;
+
+/// A certificate and its key, as PEM.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The certificate (leaf only).
+    pub cert_pem: String,
+    /// Its private key (PKCS#8).
+    pub key_pem: String,
+}
+
+impl Issued {
+    /// Writes `<dir>/<name>.crt` and `<dir>/<name>.key`; returns their paths.
+    pub fn write(&self, dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> {
+        let (crt, key) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&crt, &self.cert_pem)?;
+        std::fs::write(&key, &self.key_pem)?;
+        Ok((crt, key))
+    }
+
+    /// The certificate's serial number as lower-case hex.
+    pub fn serial(&self) -> String {
+        let der = CertificateDer::from_pem_slice(self.cert_pem.as_bytes()).expect("our PEM");
+        serial_of(&der)
+    }
+}
+
+/// The serial number (lower-case hex) of a DER certificate.
+pub fn serial_of(der: &CertificateDer<'_>) -> String {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der.as_ref()).expect("a certificate");
+    cert.raw_serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A private certificate authority (ECDSA P-256).
+pub struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate, PEM.
+    pub cert_pem: String,
+}
+
+impl TestCa {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> Self {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).expect("self-signed CA");
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A server certificate for the DNS names (or IP addresses) in `sans`.
+    pub fn server(&self, sans: &[&str]) -> Issued {
+        self.issue(sans, &[], ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate whose identity is the DNS names in `sans` and the URIs in
+    /// `uris` (for example `spiffe://holdfast/proxy/p1`).
+    pub fn client(&self, sans: &[&str], uris: &[&str]) -> Issued {
+        self.issue(sans, uris, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(&self, sans: &[&str], uris: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::default();
+        for san in sans {
+            params.subject_alt_names.push(match san.parse() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*san).try_into().expect("a DNS name")),
+            });
+        }
+        for uri in uris {
+            params
+                .subject_alt_names
+                .push(SanType::URI((*uri).try_into().expect("a URI")));
+        }
+        params.distinguished_name.push(
+            DnType::CommonName,
+            sans.first().or(uris.first()).copied().unwrap_or("x"),
+        );
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    /// Writes the CA certificate to `<dir>/<name>.crt`.
+    pub fn write(&self, dir: &Path, name: &str) -> Result<PathBuf> {
+        let path = dir.join(format!("{name}.crt"));
+        std::fs::write(&path, &self.cert_pem)?;
+        Ok(path)
+    }
+}
+
+/// What an HTTPS request saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Response status.
+    pub status: u16,
+    /// Response headers.
+    pub headers: http::HeaderMap,
+    /// Response body.
+    pub body: String,
+    /// The protocol ALPN chose ("h2", "http/1.1", or "" for none).
+    pub alpn: String,
+    /// The server certificate's serial (lower-case hex).
+    pub serial: String,
+}
+
+/// A rustls client configuration that trusts `ca_pem` and offers `alpn`.
+pub fn client_config(ca_pem: &str, alpn: &[&str]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("CA PEM")).expect("CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Arc::new(config)
+}
+
+/// Key and chain of `issued` for rustls.
+pub fn identity(issued: &Issued) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+    let chain = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).expect("key");
+    (chain, key)
+}
+
+/// GET `https://<sni><path>` from `addr` on a fresh connection, verifying the server
+/// against `config`'s roots for the name `sni`, with `Host: sni`.
+pub async fn https_get(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    sni: &str,
+    path: &str,
+) -> Result<Seen> {
+    let fut = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = ServerName::try_from(sni.to_owned())?;
+        let tls = TlsConnector::from(config).connect(name, tcp).await?;
+        let (_, conn) = tls.get_ref();
+        let alpn = conn
+            .alpn_protocol()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default();
+        let serial = conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(serial_of)
+            .unwrap_or_default();
+        let uri = format!("https://{sni}{path}");
+        let (status, headers, body) = if alpn == "h2" {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                    .await?;
+            tokio::spawn(conn);
+            let req = http::Request::get(uri).body(Empty::<Bytes>::new())?;
+            let resp = sender.send_request(req).await?;
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            (
+                status,
+                headers,
+                resp.into_body().collect().await?.to_bytes(),
+            )
+        } else {
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+            tokio::spawn(conn);
+            let req = http::Request::get(path)
+                .header(http::header::HOST, sni)
+                .body(Empty::<Bytes>::new())?;
+            let resp = sender.send_request(req).await?;
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            (
+                status,
+                headers,
+                resp.into_body().collect().await?.to_bytes(),
+            )
+        };
+        Ok::<_, anyhow::Error>(Seen {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            alpn,
+            serial,
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .with_context(|| format!("GET https://{sni}{path} via {addr} timed out"))?
+}
