@@ -1,6 +1,7 @@
 //! Command line and environment, validated once into [`Config`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -23,6 +24,31 @@ pub struct Args {
     /// Address of the gRPC listener (RouteDiscovery, Admin, health, reflection).
     #[arg(long, env = "HOLDFAST_GRPC_LISTEN", default_value = "0.0.0.0:18000")]
     pub grpc_listen: SocketAddr,
+    /// Certificate chain (PEM) the gRPC listener presents. With --tls-key and --client-ca,
+    /// the listener speaks mutual TLS: every client needs a certificate from --client-ca.
+    #[arg(long, env = "HOLDFAST_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "HOLDFAST_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificate(s) (PEM) that sign proxies' and operators' client certificates.
+    #[arg(long, env = "HOLDFAST_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Identities (URI or DNS SANs of a client certificate) allowed to call the Admin
+    /// service; comma-separated or repeated. Proxies' identities must not be listed.
+    #[arg(long, env = "HOLDFAST_ADMIN_IDENTITIES", value_delimiter = ',')]
+    pub admin_identities: Vec<String>,
+    /// How often the TLS files are checked for changes (cert-manager renews in place).
+    #[arg(long, env = "HOLDFAST_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Serve gRPC without TLS: anyone who reaches the port can read every route and call
+    /// Admin. For local development only; a warning is logged at start.
+    #[arg(long, env = "HOLDFAST_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+    /// With --insecure-plaintext, still put certificates and their private keys into
+    /// snapshots (otherwise TLS hosts get no certificate, with a problem saying why).
+    #[arg(long, env = "HOLDFAST_ALLOW_PLAINTEXT_SECRETS")]
+    pub allow_plaintext_secrets: bool,
     /// Address of the HTTP admin listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:18001")]
     pub admin_listen: SocketAddr,
@@ -108,6 +134,8 @@ pub struct Args {
 pub struct Config {
     /// The parsed arguments, all checked.
     pub args: Args,
+    /// The gRPC listener's TLS files; None in plaintext mode.
+    pub tls: Option<holdfast_proto::mtls::Files>,
     /// This replica's name.
     pub instance: String,
     /// Namespace of the leader Lease.
@@ -174,6 +202,44 @@ impl Args {
                 "needs --lease-duration of at least 2s and a grace of at least 1s below it",
             ));
         }
+        let tls = match (&self.tls_cert, &self.tls_key, &self.client_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(holdfast_proto::mtls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            (None, None, None) => None,
+            _ => {
+                return Err(err(
+                    "tls-cert",
+                    "--tls-cert, --tls-key and --client-ca go together",
+                ));
+            }
+        };
+        match (&tls, self.insecure_plaintext) {
+            (Some(_), true) => {
+                return Err(err(
+                    "insecure-plaintext",
+                    "cannot be combined with --tls-cert",
+                ));
+            }
+            (None, false) => {
+                return Err(err(
+                    "tls-cert",
+                    "the gRPC listener needs --tls-cert, --tls-key and --client-ca (mutual TLS), or --insecure-plaintext for local development",
+                ));
+            }
+            _ => {}
+        }
+        if self.allow_plaintext_secrets && !self.insecure_plaintext {
+            return Err(err(
+                "allow-plaintext-secrets",
+                "only means something with --insecure-plaintext",
+            ));
+        }
+        if self.tls_reload_interval < Duration::from_millis(100) {
+            return Err(err("tls-reload-interval", "must be at least 100ms"));
+        }
         if self.list_page_size == 0 {
             return Err(err("list-page-size", "must be at least 1"));
         }
@@ -195,6 +261,7 @@ impl Args {
         });
         Ok(Config {
             args: self,
+            tls,
             instance,
             lease_namespace,
         })
@@ -212,10 +279,44 @@ mod tests {
 
     fn parse(extra: &[&str]) -> Result<Config, String> {
         let args = Args::try_parse_from(
-            std::iter::once("holdfast-control-plane").chain(extra.iter().copied()),
+            ["holdfast-control-plane", "--insecure-plaintext"]
+                .into_iter()
+                .chain(extra.iter().copied()),
         )
         .map_err(|e| e.to_string())?;
         args.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn grpc_needs_mutual_tls_or_an_explicit_plaintext_flag() {
+        let bare = |extra: &[&str]| {
+            Args::try_parse_from(
+                std::iter::once("holdfast-control-plane").chain(extra.iter().copied()),
+            )
+            .unwrap()
+            .validate()
+            .map(|c| c.tls.is_some())
+            .map_err(|e| e.to_string())
+        };
+        assert!(bare(&[]).unwrap_err().contains("--insecure-plaintext"));
+        assert!(
+            bare(&["--tls-cert", "c"])
+                .unwrap_err()
+                .contains("go together")
+        );
+        let tls = ["--tls-cert", "c", "--tls-key", "k", "--client-ca", "ca"];
+        assert_eq!(bare(&tls), Ok(true));
+        assert_eq!(bare(&["--insecure-plaintext"]), Ok(false));
+        assert!(
+            bare(&[&tls[..], &["--insecure-plaintext"]].concat())
+                .unwrap_err()
+                .contains("--insecure-plaintext")
+        );
+        assert!(
+            bare(&[&tls[..], &["--allow-plaintext-secrets"]].concat())
+                .unwrap_err()
+                .contains("--allow-plaintext-secrets")
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use tonic::codec::{Codec, Streaming};
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
+use crate::authn::{self, Mode};
 use crate::state::Shared;
 
 /// The one method of `holdfast.v1.RouteDiscovery`.
@@ -40,12 +41,13 @@ const MAX_REQUEST_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct Discovery {
     shared: Shared,
+    mode: Mode,
 }
 
 impl Discovery {
-    /// Serves snapshots published into `shared`.
-    pub fn new(shared: Shared) -> Self {
-        Discovery { shared }
+    /// Serves snapshots published into `shared` to proxies authenticated by `mode`.
+    pub fn new(shared: Shared, mode: Mode) -> Self {
+        Discovery { shared, mode }
     }
 }
 
@@ -66,9 +68,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for Discovery {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
-        let shared = self.shared.clone();
+        let (shared, mode) = (self.shared.clone(), self.mode.clone());
         Box::pin(async move {
-            Ok(stream_routes(shared, request)
+            Ok(stream_routes(shared, mode, request)
                 .await
                 .unwrap_or_else(|status| status.into_http()))
         })
@@ -80,6 +82,7 @@ type FrameSender = mpsc::Sender<Frame<Bytes>>;
 
 async fn stream_routes(
     shared: Shared,
+    mode: Mode,
     request: http::Request<tonic::body::Body>,
 ) -> Result<http::Response<tonic::body::Body>, Status> {
     if request.uri().path() != STREAM_ROUTES_PATH {
@@ -95,12 +98,10 @@ async fn stream_routes(
             "request compression {encoding:?} is not supported; send uncompressed messages"
         )));
     }
-    let peer = request
-        .extensions()
-        .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|info| info.remote_addr())
+    let peer = authn::peer_addr(request.extensions())
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let extensions = request.extensions().clone();
     let decoder =
         tonic_prost::ProstCodec::<DiscoveryResponse, DiscoveryRequest>::default().decoder();
     let mut inbound =
@@ -115,11 +116,14 @@ async fn stream_routes(
             "the first request must name the node (node.id)",
         ));
     }
+    let identity = mode.check_node(&extensions, &node.id).inspect_err(|status| {
+        tracing::warn!(proxy.id = %node.id, %peer, error = %status.message(), "refused a proxy stream");
+    })?;
     // Room for one response (head and snapshot) and the trailers: a proxy that does not
     // read holds at most one response in flight.
     let (tx, rx) = mpsc::channel(3);
     tokio::spawn(async move {
-        let end = serve_stream(shared, first, inbound, &tx, peer).await;
+        let end = serve_stream(shared, first, inbound, &tx, peer, identity).await;
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from(end.code() as i32));
         if end.code() != Code::Ok
@@ -144,10 +148,12 @@ async fn serve_stream(
     mut inbound: Streaming<DiscoveryRequest>,
     tx: &FrameSender,
     peer: String,
+    identity: String,
 ) -> Status {
     let node = first.node.clone().unwrap_or_default();
     let id = shared.add_proxy(ProxyStatus {
         id: node.id.clone(),
+        identity,
         zone: node.zone.clone(),
         peer_address: peer.clone(),
         connected_since: Some(SystemTime::now().into()),

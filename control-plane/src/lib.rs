@@ -8,12 +8,14 @@
 //! - [`publisher`]: the reconcile loop: coalesce, build from complete caches, validate,
 //!   guard, publish; Events for skipped rules; fresh-read confirmation of holds.
 //! - [`state`]: what the parts share: the published snapshot, status, holds, proxies.
+//! - [`authn`]: mutual TLS on the gRPC listener, and who may stream routes or call Admin.
 //! - [`discovery`]: the `RouteDiscovery` gRPC stream (ACK/NACK, nonces, shared bytes).
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
 //! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
 //! - [`metrics`], [`config`], [`server`] (wiring).
 
 pub mod admin;
+pub mod authn;
 pub mod caches;
 pub mod config;
 pub mod discovery;

@@ -63,6 +63,13 @@ pub struct Metrics {
     pub certificate_expiry: Family<CertificateLabel, Gauge>,
     /// Problems of the last build, by reason.
     pub problems: Family<ReasonLabel, Gauge>,
+    /// TLS handshakes on the gRPC listener that failed (no or wrong client certificate,
+    /// too slow).
+    pub tls_handshake_failures: Counter,
+    /// Reloads of the gRPC listener's TLS files.
+    pub tls_reloads: Counter,
+    /// Changed TLS files that did not load (the previous ones stay in use).
+    pub tls_reload_failures: Counter,
 }
 
 impl Metrics {
@@ -85,6 +92,9 @@ impl Metrics {
             leader: Gauge::default(),
             certificate_expiry: Family::default(),
             problems: Family::default(),
+            tls_handshake_failures: Counter::default(),
+            tls_reloads: Counter::default(),
+            tls_reload_failures: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
         r.register(
@@ -157,6 +167,21 @@ impl Metrics {
             "problems",
             "Problems (skipped rules, unusable TLS Secrets, expiring certificates) of the last build, by reason",
             m.problems.clone(),
+        );
+        r.register(
+            "grpc_tls_handshake_failures",
+            "TLS handshakes on the gRPC listener that failed or timed out",
+            m.tls_handshake_failures.clone(),
+        );
+        r.register(
+            "grpc_tls_reloads",
+            "Reloads of the gRPC listener's TLS files",
+            m.tls_reloads.clone(),
+        );
+        r.register(
+            "grpc_tls_reload_failures",
+            "Changed TLS files that did not load (the previous ones stay in use)",
+            m.tls_reload_failures.clone(),
         );
         r.register(
             "leader",

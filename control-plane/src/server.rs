@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 
 use crate::admin::{AdminService, serve_http};
+use crate::authn::{self, Mode};
 use crate::caches::{self, WatchSettings};
 use crate::config::Config;
 use crate::discovery::Discovery;
@@ -32,6 +33,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     kube_config.read_timeout = Some(args.api_read_timeout);
     let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
 
+    let tls = match &config.tls {
+        Some(files) => Some(
+            holdfast_proto::mtls::Reloading::new(
+                files.clone(),
+                holdfast_proto::mtls::server_config,
+            )
+            .context("loading --tls-cert, --tls-key and --client-ca")?,
+        ),
+        None => {
+            tracing::warn!(
+                "INSECURE: gRPC is served in plaintext (--insecure-plaintext): anyone who can reach {} can read every route and backend address, register as a proxy, and call Admin (approve held snapshots). Use --tls-cert, --tls-key and --client-ca outside local development.",
+                args.grpc_listen
+            );
+            None
+        }
+    };
+    let mode = match &tls {
+        Some(_) => Mode::MutualTls {
+            admin_identities: Arc::new(args.admin_identities.clone()),
+        },
+        None => Mode::Plaintext,
+    };
+    if tls.is_some() && args.admin_identities.is_empty() {
+        tracing::warn!("no --admin-identities: every Admin call will be refused");
+    }
     let grpc_listener = TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("binding --grpc-listen {}", args.grpc_listen))?;
@@ -65,6 +91,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             controller: args.controller_name.clone(),
             ingress_class: args.ingress_class.clone(),
             default_certificate: args.default_certificate.clone(),
+            allow_certificates: config.tls.is_some() || args.allow_plaintext_secrets,
         },
         debounce: args.debounce,
         max_delay: args.max_delay,
@@ -140,20 +167,52 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shutdown.clone().cancelled_owned(),
     ));
 
-    let grpc = tonic::transport::Server::builder()
+    let admin_mode = mode.clone();
+    let router = tonic::transport::Server::builder()
         // Detect proxies that vanished without closing their stream.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(Discovery::new(shared.clone()))
-        .add_service(AdminServer::new(AdminService::new(shared)))
-        .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
-            shutdown.clone().cancelled_owned(),
-        );
-    let result = grpc.await.context("gRPC server");
+        .add_service(Discovery::new(shared.clone(), mode))
+        .add_service(AdminServer::with_interceptor(
+            AdminService::new(shared.clone()),
+            move |request: tonic::Request<()>| {
+                admin_mode.check_admin(request.extensions())?;
+                Ok(request)
+            },
+        ));
+    let stop = shutdown.clone().cancelled_owned();
+    let result = match tls {
+        Some(tls) => {
+            let reloads = shared.metrics().tls_reloads.clone();
+            let failures = shared.metrics().tls_reload_failures.clone();
+            let watcher = tls.watch(args.tls_reload_interval, move |outcome| match outcome {
+                Ok(()) => {
+                    reloads.inc();
+                    tracing::info!("reloaded the gRPC listener's TLS files; new connections use them");
+                }
+                Err(error) => {
+                    failures.inc();
+                    tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones");
+                }
+            });
+            let handshakes = shared.metrics().tls_handshake_failures.clone();
+            let incoming = authn::tls_incoming(grpc_listener, tls, move || {
+                handshakes.inc();
+            });
+            let served = router.serve_with_incoming_shutdown(incoming, stop).await;
+            watcher.abort();
+            served
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stop)
+                .await
+        }
+    };
+    let result = result.context("gRPC server");
     shutdown.cancel();
     tasks.abort_all();
     result

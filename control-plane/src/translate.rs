@@ -94,6 +94,10 @@ pub struct Options {
     /// `namespace/name` of the Secret whose certificate answers TLS clients whose SNI
     /// names no host with a certificate (or that send none); None: such handshakes fail.
     pub default_certificate: Option<String>,
+    /// Whether certificates (and their private keys) may enter snapshots. False when the
+    /// control plane serves plaintext gRPC without `--allow-plaintext-secrets`: TLS hosts
+    /// then get no certificate, with a problem saying why.
+    pub allow_certificates: bool,
 }
 
 impl Default for Options {
@@ -102,6 +106,7 @@ impl Default for Options {
             controller: "holdfast.dev/ingress-controller".into(),
             ingress_class: None,
             default_certificate: None,
+            allow_certificates: true,
         }
     }
 }
@@ -1170,6 +1175,26 @@ impl Translator {
         // Each host's Secret: the oldest Ingress naming the host decides.
         let mut tls_ingresses: Vec<&Arc<IngressDigest>> = self.with_tls.values().collect();
         tls_ingresses.sort_unstable_by(|a, b| by_age(a, b));
+        if !opts.allow_certificates {
+            for d in &tls_ingresses {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSDisabled",
+                    "spec.tls ignored: the control plane serves plaintext gRPC, so it sends no private keys (use mutual TLS, or --allow-plaintext-secrets)".into(),
+                ));
+            }
+            for host in std::mem::take(&mut self.tls_hosts) {
+                if let Some(entry) = self.hosts.get_mut(&host) {
+                    entry.vhost.certificate.clear();
+                    entry.vhost.ssl_redirect = false;
+                }
+            }
+            return TlsOut {
+                certificates: Vec::new(),
+                default_certificate: String::new(),
+                users: Vec::new(),
+            };
+        }
         let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
         for d in &tls_ingresses {
             for (host, secret) in &d.tls {

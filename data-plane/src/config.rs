@@ -31,8 +31,8 @@ pub struct Args {
     /// Address of the admin listener (/healthz, /readyz, /metrics, /debug/…).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:9901")]
     pub admin_listen: SocketAddr,
-    /// Control-plane gRPC URL (http://host:port); repeat (or comma-separate) for several,
-    /// tried in turn.
+    /// Control-plane gRPC URL (https://host:port; http:// only with --insecure-plaintext);
+    /// repeat (or comma-separate) for several, tried in turn.
     #[arg(
         long = "control-plane",
         env = "HOLDFAST_CONTROL_PLANE",
@@ -40,6 +40,27 @@ pub struct Args {
         required = true
     )]
     pub control_planes: Vec<String>,
+    /// Client certificate chain (PEM) presented to the control plane; its URI or DNS
+    /// SANs must include --node-id.
+    #[arg(long, env = "HOLDFAST_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "HOLDFAST_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificate(s) (PEM) the control plane's serving certificate must chain to.
+    #[arg(long, env = "HOLDFAST_CONTROL_PLANE_CA")]
+    pub control_plane_ca: Option<PathBuf>,
+    /// The name the control plane's certificate must be valid for (default: the host of
+    /// each --control-plane URL).
+    #[arg(long, env = "HOLDFAST_CONTROL_PLANE_NAME")]
+    pub control_plane_name: Option<String>,
+    /// How often the TLS files are checked for changes (cert-manager renews in place).
+    #[arg(long, env = "HOLDFAST_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Allow http:// control-plane URLs (no TLS: routes, and the private keys of the
+    /// certificates in them, travel in the clear). Local development only.
+    #[arg(long, env = "HOLDFAST_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
     /// Directory for the persisted snapshot (created if missing, mode 0700; the file is
     /// 0600, since it holds the private keys of the snapshot's certificates).
     #[arg(long, env = "HOLDFAST_STATE_DIR")]
@@ -90,6 +111,8 @@ pub struct Args {
 pub struct Config {
     /// The checked arguments.
     pub args: Args,
+    /// The control-plane connection's TLS files; None with --insecure-plaintext.
+    pub tls: Option<holdfast_proto::mtls::Files>,
     /// This proxy's node id.
     pub node_id: String,
 }
@@ -112,15 +135,63 @@ impl Args {
             reason: reason.to_owned(),
         };
         for url in &self.control_planes {
-            let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
-                matches!(u.scheme_str(), Some("http") | Some("https")) && u.authority().is_some()
-            });
-            if !ok {
+            let scheme = url
+                .parse::<http::Uri>()
+                .ok()
+                .filter(|u| u.authority().is_some())
+                .and_then(|u| u.scheme_str().map(str::to_owned));
+            match scheme.as_deref() {
+                Some("https") if self.insecure_plaintext => {
+                    return Err(err(
+                        "control-plane",
+                        &format!("{url:?} is https://, but --insecure-plaintext is set"),
+                    ));
+                }
+                Some("http") if !self.insecure_plaintext => {
+                    return Err(err(
+                        "control-plane",
+                        &format!(
+                            "{url:?} is plaintext http://; use https:// with --tls-cert, --tls-key and --control-plane-ca, or --insecure-plaintext for local development"
+                        ),
+                    ));
+                }
+                Some("http" | "https") => {}
+                _ => {
+                    return Err(err(
+                        "control-plane",
+                        &format!("{url:?} is not an https:// (or http://) URL with a host"),
+                    ));
+                }
+            }
+        }
+        let tls = match (&self.tls_cert, &self.tls_key, &self.control_plane_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(holdfast_proto::mtls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            (None, None, None) => None,
+            _ => {
                 return Err(err(
-                    "control-plane",
-                    &format!("{url:?} is not an http:// or https:// URL with a host"),
+                    "tls-cert",
+                    "--tls-cert, --tls-key and --control-plane-ca go together",
                 ));
             }
+        };
+        if tls.is_none() && !self.insecure_plaintext {
+            return Err(err(
+                "tls-cert",
+                "the control-plane connection needs --tls-cert, --tls-key and --control-plane-ca (mutual TLS)",
+            ));
+        }
+        if tls.is_some() && self.insecure_plaintext {
+            return Err(err(
+                "insecure-plaintext",
+                "cannot be combined with --tls-cert",
+            ));
+        }
+        if self.tls_reload_interval < Duration::from_millis(100) {
+            return Err(err("tls-reload-interval", "must be at least 100ms"));
         }
         for (flag, d) in [
             ("header-read-timeout", self.header_read_timeout),
@@ -150,6 +221,7 @@ impl Args {
         };
         Ok(Config {
             args: self,
+            tls,
             node_id,
         })
     }
@@ -164,6 +236,7 @@ mod tests {
             "holdfast-proxy",
             "--state-dir",
             "/tmp/x",
+            "--insecure-plaintext",
             "--control-plane",
             "http://127.0.0.1:18000",
         ];
@@ -178,6 +251,42 @@ mod tests {
         assert_eq!(c.args.listen.port(), 8080);
         assert_eq!(c.args.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.args.max_headers, 100);
+    }
+
+    #[test]
+    fn the_control_plane_connection_needs_mutual_tls_or_an_explicit_plaintext_flag() {
+        let bare = |extra: &[&str]| {
+            Args::try_parse_from(
+                ["holdfast-proxy", "--state-dir", "/tmp/x"]
+                    .into_iter()
+                    .chain(extra.iter().copied()),
+            )
+            .unwrap()
+            .validate()
+            .map(|c| c.tls.is_some())
+            .map_err(|e| e.to_string())
+        };
+        let tls = [
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--control-plane-ca",
+            "ca",
+        ];
+        let https = ["--control-plane", "https://cp:18000"];
+        assert_eq!(bare(&[&tls[..], &https].concat()), Ok(true));
+        assert!(bare(&https).unwrap_err().contains("--control-plane-ca"));
+        assert!(
+            bare(&[&tls[..], &["--control-plane", "http://cp:18000"]].concat())
+                .unwrap_err()
+                .contains("--insecure-plaintext")
+        );
+        assert_eq!(
+            bare(&["--insecure-plaintext", "--control-plane", "http://cp:1"]),
+            Ok(false)
+        );
+        assert!(bare(&["--insecure-plaintext", "--control-plane", "https://cp:1"]).is_err());
     }
 
     #[test]

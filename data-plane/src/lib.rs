@@ -112,11 +112,37 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         id: config.node_id.clone(),
         zone: args.zone.clone(),
     };
+    let tls = match &config.tls {
+        Some(files) => {
+            let reloading = holdfast_proto::mtls::Reloading::new(
+                files.clone(),
+                holdfast_proto::mtls::client_config,
+            )
+            .context("loading --tls-cert, --tls-key and --control-plane-ca")?;
+            Some(subscriber::ClientTls {
+                config: reloading,
+                server_name: args.control_plane_name.clone(),
+            })
+        }
+        None => {
+            tracing::warn!(
+                "INSECURE: the control-plane connection is plaintext (--insecure-plaintext): routes, backend addresses and certificate keys travel in the clear, and the control plane is not authenticated. Local development only."
+            );
+            None
+        }
+    };
+    let tls_watch = tls.as_ref().map(|t| {
+        t.config.watch(args.tls_reload_interval, |outcome| match outcome {
+            Ok(()) => tracing::info!("reloaded the control-plane TLS files; the next connection uses them"),
+            Err(error) => tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones"),
+        })
+    });
     let subscriber = tokio::spawn(subscriber::run(
         args.control_planes.clone(),
         node,
         applier,
-        metrics,
+        metrics.clone(),
+        tls,
         shutdown.clone(),
     ));
     let admin = tokio::spawn(admin::serve(
@@ -153,6 +179,9 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     }
     subscriber.abort();
     admin.abort();
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
     Ok(())
 }
 

@@ -7,7 +7,9 @@
 //!
 //! [`run`] keeps one stream to a control plane open, trying the configured URLs in turn
 //! with capped, jittered exponential backoff, and states the version it serves on every
-//! (re)connect so an unchanged snapshot is not resent.
+//! (re)connect so an unchanged snapshot is not resent. Over mutual TLS each connection
+//! uses the client configuration current when it is made ([`ClientTls`]), so renewed
+//! certificates are picked up without dropping an established stream.
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
@@ -16,8 +18,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use holdfast_proto::client;
+use holdfast_proto::mtls::Reloading;
 use holdfast_proto::snapshot::validate;
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -143,12 +148,23 @@ impl Backoff {
     }
 }
 
-/// Keeps a stream to one of `urls` open until `shutdown` turns true.
+/// How the proxy reaches the control plane over mutual TLS.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// Our certificate and the CA of the control plane's, reloaded when they change.
+    pub config: Arc<Reloading<rustls::ClientConfig>>,
+    /// The name the control plane's certificate must be valid for; None: each URL's host.
+    pub server_name: Option<String>,
+}
+
+/// Keeps a stream to one of `urls` open until `shutdown` turns true (over mutual TLS
+/// when `tls` is set).
 pub async fn run(
     urls: Vec<String>,
     node: Node,
     applier: Arc<Applier>,
     metrics: Metrics,
+    tls: Option<ClientTls>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
@@ -158,12 +174,13 @@ pub async fn run(
         attempt += 1;
         let outcome = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            r = stream_once(url, &node, &applier, &metrics, &mut backoff) => r,
+            r = stream_once(url, tls.as_ref(), &node, &applier, &metrics, &mut backoff) => r,
         };
         metrics.control_plane_connected.set(0);
         match outcome {
             Ok(()) => tracing::warn!(control_plane = %url, "stream closed; reconnecting"),
             Err(error) => {
+                let error = error_chain(&*error);
                 tracing::warn!(control_plane = %url, %error, "control plane unreachable; serving the last applied snapshot")
             }
         }
@@ -175,19 +192,72 @@ pub async fn run(
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error and its causes, in one line ("transport error" alone says nothing).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// Connects to `url`, over mutual TLS with the configuration current now when `tls` is
+/// set.
+async fn connect(
+    url: &str,
+    tls: Option<&ClientTls>,
+) -> Result<tonic::transport::Channel, BoxError> {
+    let endpoint = |url: &str| -> Result<tonic::transport::Endpoint, BoxError> {
+        Ok(
+            client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
+                .connect_timeout(Duration::from_secs(2))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5)),
+        )
+    };
+    let Some(tls) = tls else {
+        return Ok(endpoint(url)?.connect().await?);
+    };
+    let uri: http::Uri = url.parse()?;
+    let host = uri.host().ok_or("control-plane URL has no host")?;
+    let port = uri.port_u16().unwrap_or(443);
+    let name = tls.server_name.clone().unwrap_or_else(|| {
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
+    });
+    let name = ServerName::try_from(name)?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.current());
+    let address = format!("{host}:{port}");
+    // Called once per (re)connect of the channel: always the current configuration.
+    let connect = tower::service_fn(move |_: http::Uri| {
+        let (connector, name, address) = (connector.clone(), name.clone(), address.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&address).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(TokioIo::new(tls))
+        }
+    });
+    // TLS happens in the connector; tonic, told https://, would insist on its own.
+    let inner = url.replacen("https://", "http://", 1);
+    Ok(endpoint(&inner)?.connect_with_connector(connect).await?)
+}
+
 async fn stream_once(
     url: &str,
+    tls: Option<&ClientTls>,
     node: &Node,
     applier: &Applier,
     metrics: &Metrics,
     backoff: &mut Backoff,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
-        .connect_timeout(Duration::from_secs(2))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect()
-        .await?;
+) -> Result<(), BoxError> {
+    let channel = connect(url, tls).await?;
     let mut client = client::route_discovery(channel);
     let (tx, rx) = mpsc::channel(4);
     let (version_info, content_hash) = applier.serving().unwrap_or_default();

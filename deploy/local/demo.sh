@@ -3,6 +3,8 @@
 # control plane, two proxies and two echo backends (in a network namespace: Kubernetes
 # rejects loopback endpoint addresses), applies deploy/examples/, prints ready-to-paste
 # curl and grpcurl commands, and stays in the foreground. Ctrl-C cleans everything up.
+# The planes talk mutual TLS and secure.demo.test is served over HTTPS, all with
+# certificates from a throwaway local CA (holdfast-dev-certs, rcgen).
 # Needs root (network namespace). HOLDFAST_DEMO_SKIP_BUILD=1 skips `cargo build`.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,22 +56,34 @@ for host in 3 4; do ip -n "$NETNS" addr add "$SUBNET.$host/32" dev lo; done
 ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.3:8080" --name echo-a & pids+=($!)
 ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.4:8080" --name echo-b & pids+=($!)
 
+PKI=$DIR/pki
+OPERATOR=$("$BIN/holdfast-dev-certs" --out "$PKI" --proxy proxy-1 --proxy proxy-2 --host secure.demo.test)
+
 "$KUBECTL" apply -f "$REPO/deploy/kubernetes/ingressclass.yaml" -f "$REPO/deploy/examples/demo.yaml" >"$DIR/apply.log"
+"$KUBECTL" -n demo create secret tls site-tls --cert "$PKI/site.crt" --key "$PKI/site.key" >>"$DIR/apply.log"
 
 CP=$(free_port); CPA=$(free_port)
+# --verbose-errors is for development: error pages then say which backend failed and why.
 RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
   --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
+  --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
+  --admin-identities "$OPERATOR" \
   >"$DIR/control-plane.log" 2>&1 & pids+=($!)
-P=(); A=()
+P=(); S=(); A=()
 for i in 1 2; do
-  P+=("$(free_port)"); A+=("$(free_port)")
-  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --admin-listen "127.0.0.1:${A[-1]}" \
-    --control-plane "http://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
+  P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)")
+  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --listen-tls "127.0.0.1:${S[-1]}" \
+    --admin-listen "127.0.0.1:${A[-1]}" \
+    --control-plane "https://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
+    --tls-cert "$PKI/proxy-$i.crt" --tls-key "$PKI/proxy-$i.key" --control-plane-ca "$PKI/ca.crt" \
     >"$DIR/proxy-$i.log" 2>&1 & pids+=($!)
 done
 for i in 0 1; do
   until_ok "proxy-$((i + 1))" curl -sf -H 'Host: web.demo.test' "http://127.0.0.1:${P[$i]}/"
+  until_ok "proxy-$((i + 1)) over HTTPS" curl -sf --cacert "$PKI/ca.crt" \
+    --resolve "secure.demo.test:${S[$i]}:127.0.0.1" "https://secure.demo.test:${S[$i]}/"
 done
+GRPCURL="grpcurl -cacert $PKI/ca.crt -cert $PKI/operator.crt -key $PKI/operator.key"
 
 cat <<TXT
 
@@ -81,12 +95,17 @@ holdfast demo ready. Logs: $DIR/*.log. Paste these into another shell (as root):
   $ curl -s -H 'Host: api.demo.test' http://127.0.0.1:${P[0]}/v1/users
   $ curl -s -H 'Host: api.demo.test' http://127.0.0.1:${P[1]}/healthz
   $ curl -s -i -H 'Host: shop.demo.test' http://127.0.0.1:${P[0]}/
+  $ curl -s --cacert $PKI/ca.crt --resolve secure.demo.test:${S[0]}:127.0.0.1 https://secure.demo.test:${S[0]}/
+  $ curl -s -i -H 'Host: secure.demo.test' http://127.0.0.1:${P[0]}/
   $ curl -s 'http://127.0.0.1:${A[0]}/debug/explain?host=api.demo.test&path=/v1/users'
-  $ grpcurl -plaintext 127.0.0.1:$CP list
-  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/GetSnapshot
-  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/ListProxies
-  $ grpcurl -plaintext 127.0.0.1:$CP holdfast.v1.Admin/GetStatus
+  $ $GRPCURL 127.0.0.1:$CP list
+  $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/GetSnapshot
+  $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/ListProxies
+  $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/GetStatus
   $ kubectl get ingress -A
+
+The gRPC port speaks mutual TLS: grpcurl presents the operator's certificate (identity
+$OPERATOR, the only one in --admin-identities). A proxy's certificate, or none, is refused.
 
 Try: kubectl -n demo delete ingress shop (the route goes), or kill the control plane
 (proxies keep serving). Ctrl-C stops everything.

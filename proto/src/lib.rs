@@ -5,6 +5,8 @@
 //! - [`wire`]: `DiscoveryResponse`, hand-written so a snapshot is encoded once and its
 //!   bytes shared by every stream.
 //! - [`certificate`]: parsing and checking a TLS certificate and key (both planes).
+//! - [`mtls`]: mutual TLS between the planes (configurations from files, reloaded on
+//!   change; identities from certificates).
 //! - [`content`]: the bytes a snapshot's content hash covers, written in one pass.
 //! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
 //!   planes.
@@ -15,6 +17,7 @@
 pub mod certificate;
 pub mod client;
 pub mod content;
+pub mod mtls;
 pub mod snapshot;
 pub mod wire;
 

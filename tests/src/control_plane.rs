@@ -20,11 +20,15 @@ pub struct ControlPlane {
     pub grpc: SocketAddr,
     /// HTTP admin address (/healthz, /readyz, /metrics).
     pub admin: SocketAddr,
+    /// Whether gRPC is mutual TLS (the default) rather than `--insecure-plaintext`.
+    pub tls: bool,
 }
 
 impl ControlPlane {
     /// Starts one with `kubeconfig`, on free ports, with `extra` flags; logs go to
-    /// `<log_dir>/<name>.log`.
+    /// `<log_dir>/<name>.log`. gRPC is mutual TLS with the process's test certificates
+    /// ([`crate::tls::Planes`]) unless `extra` has `--insecure-plaintext` or its own
+    /// `--tls-cert`.
     pub fn start(name: &str, kubeconfig: &Path, log_dir: &Path, extra: &[&str]) -> Result<Self> {
         let any: SocketAddr = ([127, 0, 0, 1], 0).into();
         Self::start_at(name, kubeconfig, log_dir, extra, any, any)
@@ -51,6 +55,10 @@ impl ControlPlane {
         .chain(extra.iter().copied())
         .map(String::from)
         .collect();
+        let plaintext = extra.contains(&"--insecure-plaintext");
+        if !plaintext && !extra.contains(&"--tls-cert") {
+            args.extend(crate::tls::Planes::get().control_plane_flags());
+        }
         args.extend(["--instance".to_string(), name.to_string()]);
         let mut proc = Proc::spawn(
             name,
@@ -73,12 +81,18 @@ impl ControlPlane {
             }
         }
         proc.restart_with_args_later(fixed);
-        Ok(ControlPlane { proc, grpc, admin })
+        Ok(ControlPlane {
+            proc,
+            grpc,
+            admin,
+            tls: !plaintext,
+        })
     }
 
-    /// `http://<grpc>` for clients.
+    /// `https://<grpc>` (or `http://` in plaintext mode) for clients.
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.grpc)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.grpc)
     }
 
     /// GET on the admin listener: (status, body).

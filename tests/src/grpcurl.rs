@@ -5,10 +5,23 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-/// Runs `grpcurl -plaintext [-d DATA] ADDR ARGS…`; returns stdout, or an error with stderr.
+/// Runs `grpcurl -cacert CA -cert OPERATOR.crt -key OPERATOR.key [-d DATA] ADDR ARGS…`
+/// against a control plane serving mutual TLS with the test certificates, as an operator;
+/// returns stdout, or an error with stderr.
 pub fn grpcurl(addr: SocketAddr, data: Option<&str>, args: &[&str]) -> Result<String> {
+    grpcurl_with(&crate::tls::Planes::get().grpcurl_flags(), addr, data, args)
+}
+
+/// Like [`grpcurl`], with `tls` in place of the operator's TLS flags (for example the
+/// flags of another client certificate, or `-plaintext`).
+pub fn grpcurl_with(
+    tls: &[String],
+    addr: SocketAddr,
+    data: Option<&str>,
+    args: &[&str],
+) -> Result<String> {
     let mut cmd = Command::new(crate::cluster::tools_bin()?.join("grpcurl"));
-    cmd.arg("-plaintext");
+    cmd.args(tls);
     if let Some(d) = data {
         cmd.args(["-d", d]);
     }

@@ -25,7 +25,9 @@ pub struct ProxyProc {
 
 impl ProxyProc {
     /// Starts `holdfast-proxy` named `name` on free ports with `control_planes`, state in
-    /// `state_dir`, logs in `<log_dir>/<name>.log`, and `extra` flags.
+    /// `state_dir`, logs in `<log_dir>/<name>.log`, and `extra` flags. Towards https://
+    /// control planes it presents a test client certificate for node `name`; towards
+    /// http:// ones it runs with `--insecure-plaintext` (unless `extra` says otherwise).
     pub fn start(
         name: &str,
         control_planes: &[String],
@@ -47,6 +49,13 @@ impl ProxyProc {
         ];
         for cp in control_planes {
             args.extend(["--control-plane".to_string(), cp.clone()]);
+        }
+        if !extra.contains(&"--tls-cert") && !extra.contains(&"--insecure-plaintext") {
+            if control_planes.iter().any(|c| c.starts_with("https://")) {
+                args.extend(crate::tls::Planes::get().proxy_flags(name));
+            } else {
+                args.push("--insecure-plaintext".into());
+            }
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut proc = Proc::spawn(

@@ -22,11 +22,10 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
-    /// Connects to `url` as node `id`, stating that it serves `holds`.
+    /// Connects to `url` as node `id` (over https://, with the test client certificate of
+    /// node `id`), stating that it serves `holds`.
     pub async fn connect(url: &str, id: &str, holds: Option<Snapshot>) -> Result<Self> {
-        let channel = client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
-            .connect()
-            .await?;
+        let channel = crate::tls::Planes::get().channel(url, Some(id)).await?;
         let mut client = client::route_discovery(channel);
         let (tx, rx) = mpsc::channel(16);
         let node = Node {

@@ -228,3 +228,143 @@ pub async fn https_get(
         .await
         .with_context(|| format!("GET https://{sni}{path} via {addr} timed out"))?
 }
+
+/// The identity (a URI SAN) of the operators' test certificate, given to control planes
+/// as `--admin-identities`.
+pub const OPERATOR: &str = "spiffe://holdfast.test/operator";
+
+/// The certificates of the planes for one test process: a CA, the control plane's
+/// serving certificate (127.0.0.1 and localhost), an operator's client certificate, and a
+/// client certificate per proxy node id, all as files.
+pub struct Planes {
+    /// The CA that signs everything here.
+    pub ca: TestCa,
+    /// Where the files are.
+    pub dir: PathBuf,
+    /// `ca.crt`.
+    pub ca_file: PathBuf,
+    /// The control plane's serving certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// The operator's client certificate and key ([`OPERATOR`]).
+    pub operator: (PathBuf, PathBuf),
+    proxies: std::sync::Mutex<std::collections::BTreeMap<String, (PathBuf, PathBuf)>>,
+}
+
+impl Planes {
+    /// The process's planes certificates (made on first use).
+    pub fn get() -> &'static Planes {
+        static PLANES: std::sync::OnceLock<Planes> = std::sync::OnceLock::new();
+        PLANES.get_or_init(|| {
+            let dir = crate::repo_root()
+                .join("target/e2e-pki")
+                .join(std::process::id().to_string());
+            std::fs::create_dir_all(&dir).expect("PKI directory");
+            let ca = TestCa::new("holdfast test planes CA");
+            let ca_file = ca.write(&dir, "ca").expect("CA file");
+            let server = ca
+                .server(&["127.0.0.1", "localhost"])
+                .write(&dir, "control-plane")
+                .expect("server files");
+            let operator = ca
+                .client(&[], &[OPERATOR])
+                .write(&dir, "operator")
+                .expect("operator files");
+            Planes {
+                ca,
+                dir,
+                ca_file,
+                server,
+                operator,
+                proxies: Default::default(),
+            }
+        })
+    }
+
+    /// A client certificate whose identity is the DNS name `node_id` (issued once).
+    pub fn proxy(&self, node_id: &str) -> (PathBuf, PathBuf) {
+        let mut proxies = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+        proxies
+            .entry(node_id.to_owned())
+            .or_insert_with(|| {
+                self.ca
+                    .client(&[node_id], &[])
+                    .write(&self.dir, &format!("proxy-{node_id}"))
+                    .expect("proxy files")
+            })
+            .clone()
+    }
+
+    /// A gRPC channel to `url`: plaintext for http://, mutual TLS for https:// with the
+    /// certificate of proxy `node_id` (or the operator's, for None).
+    pub async fn channel(
+        &self,
+        url: &str,
+        node_id: Option<&str>,
+    ) -> Result<tonic::transport::Channel> {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())?;
+        if !url.starts_with("https://") {
+            return Ok(endpoint.connect().await?);
+        }
+        let (cert, key) = match node_id {
+            Some(id) => self.proxy(id),
+            None => self.operator.clone(),
+        };
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(
+                &self.ca_file,
+            )?))
+            .identity(tonic::transport::Identity::from_pem(
+                std::fs::read(cert)?,
+                std::fs::read(key)?,
+            ))
+            .domain_name("localhost");
+        Ok(endpoint.tls_config(tls)?.connect().await?)
+    }
+
+    /// The control plane's mutual-TLS flags (serving certificate, client CA, operator
+    /// identity, a fast reload interval for rotation tests).
+    pub fn control_plane_flags(&self) -> Vec<String> {
+        let p = |p: &Path| p.to_string_lossy().into_owned();
+        vec![
+            "--tls-cert".into(),
+            p(&self.server.0),
+            "--tls-key".into(),
+            p(&self.server.1),
+            "--client-ca".into(),
+            p(&self.ca_file),
+            "--admin-identities".into(),
+            OPERATOR.into(),
+            "--tls-reload-interval".into(),
+            "200ms".into(),
+        ]
+    }
+
+    /// A proxy's mutual-TLS flags for node `node_id`.
+    pub fn proxy_flags(&self, node_id: &str) -> Vec<String> {
+        let (cert, key) = self.proxy(node_id);
+        let p = |p: &Path| p.to_string_lossy().into_owned();
+        vec![
+            "--tls-cert".into(),
+            p(&cert),
+            "--tls-key".into(),
+            p(&key),
+            "--control-plane-ca".into(),
+            p(&self.ca_file),
+            "--tls-reload-interval".into(),
+            "200ms".into(),
+        ]
+    }
+
+    /// grpcurl's flags for the operator: `-cacert -cert -key`.
+    pub fn grpcurl_flags(&self) -> Vec<String> {
+        let p = |p: &Path| p.to_string_lossy().into_owned();
+        vec![
+            "-cacert".into(),
+            p(&self.ca_file),
+            "-cert".into(),
+            p(&self.operator.0),
+            "-key".into(),
+            p(&self.operator.1),
+        ]
+    }
+}

@@ -136,8 +136,8 @@ async fn grpcurl_lists_and_describes_services_and_reflection_v1alpha_answers() -
     use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-    let channel = tonic::transport::Channel::from_shared(cp.grpc_url())?
-        .connect()
+    let channel = holdfast_tests::tls::Planes::get()
+        .channel(&cp.grpc_url(), None)
         .await?;
     let mut client = ServerReflectionClient::new(channel);
     let request = ServerReflectionRequest {

@@ -63,10 +63,30 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
     assert_eq!(health.trim(), "echo-a");
     let shop = run(curls.iter().find(|c| c.contains("shop.demo.test")).unwrap())?;
     assert!(shop.starts_with("HTTP/1.1 503"), "{shop}");
+    let secure = run(curls
+        .iter()
+        .find(|c| c.contains("https://secure.demo.test"))
+        .unwrap())?;
+    assert!(secure.starts_with("echo-"), "{secure}");
+    let redirect = run(curls
+        .iter()
+        .find(|c| c.contains("Host: secure.demo.test"))
+        .unwrap())?;
+    assert!(redirect.starts_with("HTTP/1.1 308"), "{redirect}");
     let explain = run(curls.iter().find(|c| c.contains("/debug/explain")).unwrap())?;
     assert!(explain.contains("\"matched\": true"), "{explain}");
 
-    for cmd in commands.iter().filter(|c| c.starts_with("grpcurl")) {
+    let grpcurls: Vec<&&str> = commands
+        .iter()
+        .filter(|c| c.starts_with("grpcurl"))
+        .collect();
+    assert!(
+        grpcurls
+            .iter()
+            .all(|c| c.contains("-cert ") && !c.contains("-plaintext")),
+        "{grpcurls:?}"
+    );
+    for cmd in grpcurls {
         let answer = run(cmd)?;
         assert!(!answer.trim().is_empty(), "`{cmd}` printed nothing");
     }

@@ -255,11 +255,20 @@ async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Resul
 
     let kubeconfig =
         cluster.service_account_kubeconfig("holdfast-system", "holdfast-control-plane")?;
-    // The token is the deploy ServiceAccount's: it cannot, for example, read Secrets.
+    // The token is the deploy ServiceAccount's: it can read (TLS) Secrets, but not write
+    // them, and cannot read ConfigMaps, for example.
     let sa = client_from_kubeconfig(&kubeconfig).await?;
     assert!(
-        Api::<k8s_openapi::api::core::v1::Secret>::all(sa)
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::all(sa.clone())
             .list(&Default::default())
+            .await
+            .is_err()
+    );
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "nope" } }))?;
+    assert!(
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(sa, &ns)
+            .create(&Default::default(), &secret)
             .await
             .is_err()
     );

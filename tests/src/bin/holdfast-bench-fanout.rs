@@ -142,7 +142,10 @@ async fn serve(bytes: usize) -> anyhow::Result<()> {
         shared.published().expect("published").encoded.bytes().len()
     );
     let server = tonic::transport::Server::builder()
-        .add_service(Discovery::new(shared.clone()))
+        .add_service(Discovery::new(
+            shared.clone(),
+            holdfast_control_plane::authn::Mode::Plaintext,
+        ))
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     tokio::spawn(server);
     // Commands on stdin: "next" publishes the prepared revision (publishing encodes it

@@ -168,7 +168,14 @@ async fn main() -> anyhow::Result<()> {
         .join("target/e2e-logs")
         .join(&ns);
     std::fs::create_dir_all(&logs)?;
-    let mut cp_args = vec!["--ingress-class".to_string(), class.clone()];
+    // Plaintext: these lightweight subscribers share connections across many node ids,
+    // which mutual TLS (one identity per certificate) would refuse; TLS adds a handshake
+    // per connection and encryption of the same shared bytes, not per-change work.
+    let mut cp_args = vec![
+        "--ingress-class".to_string(),
+        class.clone(),
+        "--insecure-plaintext".to_string(),
+    ];
     cp_args.extend(args.cp_arg.iter().cloned());
     let cp_refs: Vec<&str> = cp_args.iter().map(String::as_str).collect();
     let cp_started = Instant::now();
