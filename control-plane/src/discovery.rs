@@ -117,6 +117,7 @@ async fn stream_routes(
         ));
     }
     let identity = mode.check_node(&extensions, &node.id).inspect_err(|status| {
+        shared.metrics().streams_refused.inc();
         tracing::warn!(proxy.id = %node.id, %peer, error = %status.message(), "refused a proxy stream");
     })?;
     // Room for one response (head and snapshot) and the trailers: a proxy that does not

@@ -66,6 +66,8 @@ pub struct Metrics {
     /// TLS handshakes on the gRPC listener that failed (no or wrong client certificate,
     /// too slow).
     pub tls_handshake_failures: Counter,
+    /// Proxy streams refused (a node id the client certificate does not prove).
+    pub streams_refused: Counter,
     /// Reloads of the gRPC listener's TLS files.
     pub tls_reloads: Counter,
     /// Changed TLS files that did not load (the previous ones stay in use).
@@ -93,6 +95,7 @@ impl Metrics {
             certificate_expiry: Family::default(),
             problems: Family::default(),
             tls_handshake_failures: Counter::default(),
+            streams_refused: Counter::default(),
             tls_reloads: Counter::default(),
             tls_reload_failures: Counter::default(),
         };
@@ -172,6 +175,11 @@ impl Metrics {
             "grpc_tls_handshake_failures",
             "TLS handshakes on the gRPC listener that failed or timed out",
             m.tls_handshake_failures.clone(),
+        );
+        r.register(
+            "proxy_streams_refused",
+            "Proxy streams refused: the node id is not an identity of the client certificate",
+            m.streams_refused.clone(),
         );
         r.register(
             "grpc_tls_reloads",

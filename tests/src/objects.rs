@@ -103,3 +103,32 @@ where
         .await?;
     Ok(())
 }
+
+/// A `kubernetes.io/tls` Secret with `cert_pem` and `key_pem`.
+pub fn tls_secret(name: &str, cert_pem: &str, key_pem: &str) -> k8s_openapi::api::core::v1::Secret {
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "type": "kubernetes.io/tls",
+        "stringData": { "tls.crt": cert_pem, "tls.key": key_pem }
+    }))
+    .expect("a valid Secret")
+}
+
+/// Ingress `name` of `class` routing `host` `/` to `svc:port`, serving `host` over HTTPS
+/// with Secret `secret`, with `annotations`.
+pub fn tls_ingress(
+    name: &str,
+    class: &str,
+    host: &str,
+    svc: &str,
+    port: i32,
+    secret: &str,
+    annotations: serde_json::Value,
+) -> Ingress {
+    let mut ing = ingress(name, class, host, svc, port);
+    let mut v = serde_json::to_value(&ing).expect("serialisable");
+    v["spec"]["tls"] = serde_json::json!([{ "hosts": [host], "secretName": secret }]);
+    v["metadata"]["annotations"] = annotations;
+    ing = serde_json::from_value(v).expect("a valid Ingress");
+    ing
+}

@@ -1,0 +1,424 @@
+//! Mutual TLS between the planes, against the real kube-apiserver, the real control plane,
+//! real proxies and the real grpcurl: who may stream routes, who may call Admin, rotation
+//! of the serving certificate on disk, and plaintext mode refusing to send keys.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use holdfast_proto::v1::{DiscoveryRequest, Node};
+use holdfast_tests::cluster::LocalCluster;
+use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::grpcurl::{call, grpcurl_with};
+use holdfast_tests::objects::{self, create, create_class};
+use holdfast_tests::proxy::ProxyProc;
+use holdfast_tests::tls::{OPERATOR, Planes, TestCa};
+use holdfast_tests::wait;
+use serde_json::json;
+use tokio_stream::wrappers::ReceiverStream;
+
+const T: Duration = Duration::from_secs(30);
+
+struct Setup {
+    client: kube::Client,
+    ns: String,
+    class: String,
+    logs: PathBuf,
+}
+
+/// A namespace and IngressClass of its own, with Ingress `web` routing `web.<ns>.test`.
+async fn setup(prefix: &str) -> anyhow::Result<Setup> {
+    let cluster = LocalCluster::shared();
+    let client = cluster.client().await?;
+    let ns = cluster.namespace(&client, prefix).await?;
+    let class = format!("hf-{ns}");
+    create_class(&client, &class).await?;
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    let s = Setup {
+        client,
+        ns,
+        class,
+        logs,
+    };
+    s.ingress("web").await?;
+    Ok(s)
+}
+
+impl Setup {
+    async fn ingress(&self, name: &str) -> anyhow::Result<()> {
+        let host = format!("{name}.{}.test", self.ns);
+        create(
+            &self.client,
+            Some(&self.ns),
+            &objects::ingress(name, &self.class, &host, "web", 80),
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn control_plane(&self, extra: &[&str]) -> anyhow::Result<ControlPlane> {
+        let mut args = vec!["--ingress-class", self.class.as_str(), "--debounce", "50ms"];
+        args.extend_from_slice(extra);
+        ControlPlane::start(
+            "control-plane",
+            &LocalCluster::shared().kubeconfig(),
+            &self.logs,
+            &args,
+        )
+    }
+}
+
+/// Opens a RouteDiscovery stream to `url` with `tls` as node `node_id` and waits for the
+/// first response: Ok(()) if one arrives, else the gRPC status.
+async fn first_response(
+    url: &str,
+    tls: tonic::transport::ClientTlsConfig,
+    node_id: &str,
+) -> Result<(), tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .tls_config(tls)
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let mut client = holdfast_proto::client::route_discovery(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: node_id.into(),
+            zone: String::new(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("channel open");
+    let mut inbound = client
+        .stream_routes(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = tokio::time::timeout(T, inbound.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no response"))??;
+    first
+        .map(|_| ())
+        .ok_or_else(|| tonic::Status::cancelled("stream closed"))
+}
+
+fn client_tls(
+    ca_pem: &str,
+    identity: Option<(String, String)>,
+) -> tonic::transport::ClientTlsConfig {
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+        .domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    tls
+}
+
+#[tokio::test]
+async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certificate_does_not_prove_is_refused()
+-> anyhow::Result<()> {
+    let s = setup("mtlsauth").await?;
+    let cp = s.control_plane(&[])?;
+    let url = cp.grpc_url();
+    let planes = Planes::get();
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+    let (a_cert, a_key) = planes.proxy("proxy-a");
+
+    // The certificate proves the node id: routes flow.
+    let good = client_tls(&planes.ca.cert_pem, Some((read(&a_cert), read(&a_key))));
+    first_response(&url, good.clone(), "proxy-a").await?;
+
+    // No client certificate; one from another CA: no stream at all.
+    let none = first_response(&url, client_tls(&planes.ca.cert_pem, None), "proxy-a").await;
+    assert!(none.is_err(), "no client certificate was accepted");
+    let other = TestCa::new("another CA").client(&["proxy-a"], &[]);
+    let foreign = first_response(
+        &url,
+        client_tls(&planes.ca.cert_pem, Some((other.cert_pem, other.key_pem))),
+        "proxy-a",
+    )
+    .await;
+    assert!(
+        foreign.is_err(),
+        "a certificate from another CA was accepted"
+    );
+    assert!(
+        cp.metric("holdfast_grpc_tls_handshake_failures_total")
+            .await?
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+
+    // A node id the certificate does not prove.
+    let status = first_response(&url, good, "proxy-b").await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status}");
+
+    // A real proxy presenting another node's certificate never gets routes.
+    let state = tempfile::tempdir()?;
+    let flags = planes.proxy_flags("someone-else");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let p = ProxyProc::start("proxy-x", &[url.clone()], state.path(), &s.logs, &flags)?;
+    wait::until("the control plane to refuse proxy-x", T, || async {
+        let refused = cp
+            .metric("holdfast_proxy_streams_refused_total")
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(0.0);
+        Ok((refused >= 2.0).then_some(()))
+    })
+    .await?;
+    assert_eq!(p.admin_get("/readyz").await?.0, 503);
+
+    // ListProxies shows the verified identity of the one accepted stream kept open.
+    let (cert, key) = (read(&a_cert), read(&a_key));
+    let kept = tokio::spawn(async move {
+        let tls = client_tls(&Planes::get().ca.cert_pem, Some((cert, key)));
+        let channel = tonic::transport::Endpoint::from_shared(url)?
+            .tls_config(tls)?
+            .connect()
+            .await?;
+        let mut client = holdfast_proto::client::route_discovery(channel);
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(DiscoveryRequest {
+            node: Some(Node {
+                id: "proxy-a".into(),
+                zone: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await?;
+        let mut inbound = client
+            .stream_routes(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        while inbound.message().await?.is_some() {}
+        drop(tx);
+        anyhow::Ok(())
+    });
+    let proxies = wait::until("proxy-a in ListProxies", T, || async {
+        let v = call(cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let found = v["proxies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["id"] == "proxy-a")
+            .cloned();
+        Ok(found)
+    })
+    .await?;
+    assert_eq!(proxies["identity"], "proxy-a");
+    kept.abort();
+    Ok(())
+}
+
+#[tokio::test]
+async fn admin_is_for_operator_identities_and_a_proxy_certificate_is_denied() -> anyhow::Result<()>
+{
+    let s = setup("mtlsadmin").await?;
+    let cp = s.control_plane(&[])?;
+    let planes = Planes::get();
+    let (cert, key) = planes.proxy("proxy-admin");
+    let p = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let proxy_flags = vec![
+        "-cacert".to_string(),
+        p(&planes.ca_file),
+        "-cert".into(),
+        p(&cert),
+        "-key".into(),
+        p(&key),
+    ];
+    for (method, data) in [
+        ("holdfast.v1.Admin/GetSnapshot", "{}"),
+        ("holdfast.v1.Admin/ListProxies", "{}"),
+        ("holdfast.v1.Admin/GetStatus", "{}"),
+        (
+            "holdfast.v1.Admin/ApproveHeldSnapshot",
+            r#"{"version": "1-x"}"#,
+        ),
+    ] {
+        let err = grpcurl_with(&proxy_flags, cp.grpc, Some(data), &[method])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("PermissionDenied"), "{method}: {err}");
+    }
+    // Health and reflection stay open to any client of the CA.
+    let listed = grpcurl_with(&proxy_flags, cp.grpc, None, &["list"])?;
+    assert!(listed.contains("holdfast.v1.Admin"), "{listed}");
+    grpcurl_with(
+        &proxy_flags,
+        cp.grpc,
+        Some("{}"),
+        &["grpc.health.v1.Health/Check"],
+    )?;
+    // No client certificate: nothing at all.
+    let bare = vec!["-cacert".to_string(), p(&planes.ca_file)];
+    assert!(grpcurl_with(&bare, cp.grpc, None, &["list"]).is_err());
+    // The operator's certificate works (identity in --admin-identities).
+    let status = wait::until("GetStatus ready", T, || async {
+        let v = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok((v["ready"] == true).then_some(v))
+    })
+    .await?;
+    assert!(status["publishedVersion"].is_string());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_serving_certificate_is_rotated_on_disk_while_proxies_stay_connected_and_keep_acking()
+-> anyhow::Result<()> {
+    let s = setup("mtlsrotate").await?;
+    let planes = Planes::get();
+    let dir = tempfile::tempdir()?;
+    let first = planes.ca.server(&["127.0.0.1", "localhost"]);
+    let (crt, key) = first.write(dir.path(), "serving")?;
+    let (crt_s, key_s, ca_s) = (
+        crt.to_string_lossy().into_owned(),
+        key.to_string_lossy().into_owned(),
+        planes.ca_file.to_string_lossy().into_owned(),
+    );
+    let cp = s.control_plane(&[
+        "--tls-cert",
+        &crt_s,
+        "--tls-key",
+        &key_s,
+        "--client-ca",
+        &ca_s,
+        "--admin-identities",
+        OPERATOR,
+        "--tls-reload-interval",
+        "200ms",
+    ])?;
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start("proxy-r", &[cp.grpc_url()], state.path(), &s.logs, &[])?;
+    p.wait_ready(T).await?;
+    let acked = || async {
+        let v = call(cp.grpc, "holdfast.v1.Admin/ListProxies", "{}")?;
+        let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+        let proxy = v["proxies"][0].clone();
+        anyhow::Ok((proxy, status["publishedVersion"].clone()))
+    };
+    let (before, _) = acked().await?;
+    let serial = |cfg| async move {
+        let tcp = tokio::net::TcpStream::connect(cp.grpc).await?;
+        let tls = tokio_rustls::TlsConnector::from(cfg)
+            .connect("localhost".try_into()?, tcp)
+            .await?;
+        let der = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        anyhow::Ok(holdfast_tests::tls::serial_of(&der))
+    };
+    let operator_config = || {
+        holdfast_proto::mtls::client_config(&holdfast_proto::mtls::Files {
+            cert: planes.operator.0.clone(),
+            key: planes.operator.1.clone(),
+            ca: planes.ca_file.clone(),
+        })
+        .expect("the operator's files load")
+    };
+    assert_eq!(serial(operator_config()).await?, first.serial());
+
+    // cert-manager renews in place.
+    let renewed = planes.ca.server(&["127.0.0.1", "localhost"]);
+    renewed.write(dir.path(), "serving")?;
+    wait::until(
+        "new handshakes to see the renewed certificate",
+        T,
+        || async {
+            let now = serial(operator_config()).await.map_err(|e| e.to_string())?;
+            Ok((now == renewed.serial()).then_some(()))
+        },
+    )
+    .await?;
+    assert!(
+        cp.metric("holdfast_grpc_tls_reloads_total")
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+
+    // The proxy's stream was not dropped, and it ACKs the next snapshot on it.
+    s.ingress("after").await?;
+    let (after, published) = wait::until("the proxy to ACK the new snapshot", T, || async {
+        let (proxy, published) = acked().await.map_err(|e| e.to_string())?;
+        Ok(
+            (proxy["ackedVersion"] == published && published != before["ackedVersion"])
+                .then_some((proxy, published)),
+        )
+    })
+    .await?;
+    assert_eq!(after["connectedSince"], before["connectedSince"]);
+    assert_eq!(after["ackedVersion"], published);
+    let host = format!("after.{}.test", s.ns);
+    assert_eq!(p.get(&host, "/").await?.0, 503, "routed (no endpoints)");
+    Ok(())
+}
+
+#[tokio::test]
+async fn in_plaintext_mode_the_control_plane_sends_no_keys_unless_allowed() -> anyhow::Result<()> {
+    let s = setup("plainkeys").await?;
+    let site = TestCa::new("site CA").server(&[&format!("secure.{}.test", s.ns)]);
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::tls_secret("site", &site.cert_pem, &site.key_pem),
+    )
+    .await?;
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::tls_ingress(
+            "secure",
+            &s.class,
+            &format!("secure.{}.test", s.ns),
+            "web",
+            80,
+            "site",
+            json!({}),
+        ),
+    )
+    .await?;
+    let plain = ["-plaintext".to_string()];
+    for (extra, keys) in [
+        (&["--insecure-plaintext"][..], false),
+        (
+            &["--insecure-plaintext", "--allow-plaintext-secrets"][..],
+            true,
+        ),
+    ] {
+        let cp = s.control_plane(extra)?;
+        let status = wait::until("a published snapshot", T, || async {
+            let out = grpcurl_with(
+                &plain,
+                cp.grpc,
+                Some("{}"),
+                &["holdfast.v1.Admin/GetStatus"],
+            )
+            .map_err(|e| e.to_string())?;
+            let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            Ok((v["ready"] == true).then_some(v))
+        })
+        .await?;
+        let snapshot = grpcurl_with(
+            &plain,
+            cp.grpc,
+            Some("{}"),
+            &["holdfast.v1.Admin/GetSnapshot"],
+        )?;
+        let disabled = status["problems"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["reason"] == "TLSDisabled");
+        assert_eq!(disabled, !keys, "{status}");
+        assert_eq!(snapshot.contains("certificates"), keys, "{snapshot}");
+        // Even when keys are sent to proxies, Admin never shows them.
+        assert!(!snapshot.contains("privateKey"), "{snapshot}");
+        assert!(!snapshot.contains("PRIVATE KEY"), "{snapshot}");
+    }
+    Ok(())
+}
