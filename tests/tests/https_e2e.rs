@@ -1,0 +1,288 @@
+//! HTTPS from Ingress `spec.tls` end to end: the real kube-apiserver and etcd, the real
+//! control plane (mutual TLS to the proxy), a real proxy with `--listen-tls`, echo
+//! backends in a test network namespace, certificates from a test CA in Secrets.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use holdfast_tests::cluster::LocalCluster;
+use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::grpcurl::call;
+use holdfast_tests::netns::TestNet;
+use holdfast_tests::objects::{self, create, create_class};
+use holdfast_tests::proxy::ProxyProc;
+use holdfast_tests::tls::{Issued, TestCa, client_config, https_get};
+use holdfast_tests::wait;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(30);
+
+struct World {
+    _net: TestNet,
+    client: kube::Client,
+    ns: String,
+    ca: TestCa,
+    cp: ControlPlane,
+    p: ProxyProc,
+    _state: tempfile::TempDir,
+    _logs: PathBuf,
+}
+
+impl World {
+    fn host(&self, name: &str) -> String {
+        format!("{name}.{}.test", self.ns)
+    }
+}
+
+/// Service `web` with an echo backend; Ingresses `secure` (HTTPS, Secret `site`), `open`
+/// (HTTPS with the redirect turned off, Secret `open`) and `broken` (Secret `broken`,
+/// which holds garbage); a control plane and a proxy with an HTTPS listener.
+async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
+    let cluster = LocalCluster::shared();
+    let client = cluster.client().await?;
+    let ns = cluster.namespace(&client, prefix).await?;
+    let class = format!("hf-{ns}");
+    create_class(&client, &class).await?;
+    let mut net = TestNet::create("tls")?;
+    let a = net.spawn_echo("echo-tls", 8080)?.ip().to_string();
+    let nsr = Some(ns.as_str());
+    create(&client, nsr, &objects::service("web", 80, 8080)).await?;
+    create(
+        &client,
+        nsr,
+        &objects::endpoint_slice("web-1", "web", 8080, &[&a]),
+    )
+    .await?;
+    let ca = TestCa::new("holdfast test site CA");
+    let host = |n: &str| format!("{n}.{ns}.test");
+    let site = ca.server(&[&host("secure")]);
+    let open = ca.server(&[&host("open")]);
+    for (name, cert, key) in [
+        ("site", site.cert_pem.as_str(), site.key_pem.as_str()),
+        ("open", open.cert_pem.as_str(), open.key_pem.as_str()),
+        ("broken", "not a certificate", "not a key"),
+    ] {
+        create(&client, nsr, &objects::tls_secret(name, cert, key)).await?;
+    }
+    for (name, secret, annotations) in [
+        ("secure", "site", json!({})),
+        (
+            "open",
+            "open",
+            json!({ "holdfast.dev/ssl-redirect": "false" }),
+        ),
+        ("broken", "broken", json!({})),
+    ] {
+        create(
+            &client,
+            nsr,
+            &objects::tls_ingress(name, &class, &host(name), "web", 80, secret, annotations),
+        )
+        .await?;
+    }
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    let cp = ControlPlane::start(
+        "control-plane",
+        &cluster.kubeconfig(),
+        &logs,
+        &["--ingress-class", &class, "--debounce", "50ms"],
+    )?;
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-tls",
+        &[cp.grpc_url()],
+        state.path(),
+        &logs,
+        &["--listen-tls", "127.0.0.1:0"],
+    )?;
+    p.wait_ready(T).await?;
+    Ok((
+        World {
+            _net: net,
+            client,
+            ns,
+            ca,
+            cp,
+            p,
+            _state: state,
+            _logs: logs,
+        },
+        site,
+    ))
+}
+
+#[tokio::test]
+async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_nothing_else()
+-> anyhow::Result<()> {
+    let (w, site) = world("tlse2e").await?;
+    let https = w.p.https.expect("https listener");
+    let (secure, open, broken) = (w.host("secure"), w.host("open"), w.host("broken"));
+    let h2 = client_config(&w.ca.cert_pem, &["h2", "http/1.1"]);
+    let seen = wait::until("HTTPS from the Secret's certificate", T, || async {
+        https_get(https, h2.clone(), &secure, "/")
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+    assert_eq!((seen.status, seen.body.as_str()), (200, "echo-tls\n"));
+    assert_eq!((seen.alpn.as_str(), seen.serial), ("h2", site.serial()));
+    let h1 = client_config(&w.ca.cert_pem, &["http/1.1"]);
+    let seen = https_get(https, h1.clone(), &secure, "/").await?;
+    assert_eq!((seen.status, seen.alpn.as_str()), (200, "http/1.1"));
+    assert_eq!(seen.headers["x-echo-x-forwarded-proto"], "https");
+
+    // Plain HTTP: 308 to https, unless the Ingress opts out; the opted-out host still
+    // serves HTTPS.
+    let (status, headers, _) = holdfast_tests::http::get_full(w.p.addr, &secure, "/a?b=c").await?;
+    assert_eq!(status, 308);
+    assert_eq!(
+        headers["location"],
+        format!("https://{secure}/a?b=c").as_str()
+    );
+    assert_eq!(w.p.get(&open, "/").await?.0, 200);
+    assert_eq!(https_get(https, h2.clone(), &open, "/").await?.status, 200);
+
+    // The broken Secret: its host has no certificate (no HTTPS, no redirect, still
+    // routed), an Event and a problem say why, and no other host is affected.
+    assert!(https_get(https, h2.clone(), &broken, "/").await.is_err());
+    assert_eq!(w.p.get(&broken, "/").await?.0, 200);
+    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
+    wait::until("an InvalidTLSSecret Event on Ingress broken", T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("InvalidTLSSecret")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
+            }))
+        }
+    })
+    .await?;
+    let status = call(w.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    let problems = status["problems"].as_array().cloned().unwrap_or_default();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["reason"] == "InvalidTLSSecret" && p["name"] == "broken"),
+        "{status}"
+    );
+    assert!(!status.to_string().contains("not a key"));
+
+    // Operators see certificates by fingerprint, never their keys.
+    let snapshot = call(w.cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;
+    let text = snapshot.to_string();
+    assert!(
+        !text.contains("privateKey") && !text.contains("PRIVATE KEY"),
+        "{text}"
+    );
+    let key_line = site.key_pem.lines().nth(1).unwrap();
+    assert!(!text.contains(key_line));
+    let cert = snapshot["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == format!("{}/site", w.ns))
+        .cloned()
+        .expect("the site certificate");
+    assert_eq!(cert["serial"], site.serial());
+    let expiry =
+        w.cp.metric(&format!(
+            "holdfast_certificate_expiry_timestamp_seconds{{certificate=\"{}/site\"}}",
+            w.ns
+        ))
+        .await?;
+    assert_eq!(
+        expiry.map(|e| e as i64).map(|e| e.to_string()),
+        cert["notAfter"].as_str().map(str::to_owned)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn renewing_the_secret_under_traffic_fails_no_request_and_new_handshakes_see_the_new_serial()
+-> anyhow::Result<()> {
+    let (w, site) = world("tlsrenew").await?;
+    let https = w.p.https.expect("https listener");
+    let secure = w.host("secure");
+    let h1 = client_config(&w.ca.cert_pem, &["http/1.1"]);
+    wait::until("HTTPS up", T, || async {
+        https_get(https, h1.clone(), &secure, "/")
+            .await
+            .map(|s| (s.serial == site.serial()).then_some(()))
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let traffic = {
+        let (stop, ok, failed, h1, host) = (
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+            h1.clone(),
+            secure.clone(),
+        );
+        tokio::spawn(async move {
+            for _ in 0..50_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match https_get(https, h1.clone(), &host, "/").await {
+                    Ok(s) if s.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    let renewed = w.ca.server(&[&secure]);
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &w.ns);
+    secrets
+        .patch(
+            "site",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": {
+                "tls.crt": renewed.cert_pem, "tls.key": renewed.key_pem
+            }})),
+        )
+        .await?;
+    wait::until(
+        "a new handshake to see the renewed certificate",
+        T,
+        || async {
+            let fresh = client_config(&w.ca.cert_pem, &["http/1.1"]);
+            let seen = https_get(https, fresh, &secure, "/")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((seen.serial == renewed.serial()).then_some(()))
+        },
+    )
+    .await?;
+    let before = ok.load(Ordering::Relaxed);
+    wait::until("traffic after the renewal", T, || async {
+        Ok::<_, String>((ok.load(Ordering::Relaxed) > before + 10).then_some(()))
+    })
+    .await?;
+    stop.store(true, Ordering::Relaxed);
+    traffic.await?;
+    assert!(ok.load(Ordering::Relaxed) > 20);
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed during the renewal"
+    );
+    Ok(())
+}
