@@ -382,3 +382,73 @@ async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>
         Err(error) => tracing::warn!(%error, "fresh read failed; still holding"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use holdfast_proto::v1::{Certificate, IngressRef};
+
+    use super::*;
+
+    #[test]
+    fn certificates_near_or_past_expiry_are_problems_on_the_ingresses_they_serve() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let day = 86_400;
+        let at = |days: i64| 1_000_000_000 + days * day;
+        let snapshot = Snapshot {
+            certificates: vec![
+                Certificate {
+                    name: "ns/expired".into(),
+                    not_after: at(-3),
+                    ..Default::default()
+                },
+                Certificate {
+                    name: "ns/fine".into(),
+                    not_after: at(60),
+                    ..Default::default()
+                },
+                Certificate {
+                    name: "ns/soon".into(),
+                    not_after: at(10),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let user = |cert: &str, ing: &str| {
+            (
+                cert.to_string(),
+                IngressRef {
+                    namespace: "ns".into(),
+                    name: ing.into(),
+                },
+            )
+        };
+        let problems = expiry_problems(
+            &snapshot,
+            &[
+                user("ns/expired", "a"),
+                user("ns/fine", "b"),
+                user("ns/soon", "c"),
+                user("ns/soon", "d"),
+            ],
+            now,
+        );
+        let got: Vec<(&str, &str)> = problems
+            .iter()
+            .map(|p| (p.name.as_str(), p.reason))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", "CertificateExpired"),
+                ("c", "CertificateExpiresSoon"),
+                ("d", "CertificateExpiresSoon")
+            ]
+        );
+        assert!(
+            problems[1].message.contains("10 days"),
+            "{}",
+            problems[1].message
+        );
+    }
+}

@@ -138,6 +138,8 @@ pub struct Seen {
     pub alpn: String,
     /// The server certificate's serial (lower-case hex).
     pub serial: String,
+    /// Whether the TLS session was resumed (no full handshake).
+    pub resumed: bool,
 }
 
 /// A rustls client configuration that trusts `ca_pem` and offers `alpn`.
@@ -182,6 +184,7 @@ pub async fn https_get(
             .alpn_protocol()
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .unwrap_or_default();
+        let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
         let serial = conn
             .peer_certificates()
             .and_then(|c| c.first())
@@ -222,6 +225,7 @@ pub async fn https_get(
             body: String::from_utf8_lossy(&body).into_owned(),
             alpn,
             serial,
+            resumed,
         })
     };
     tokio::time::timeout(Duration::from_secs(10), fut)

@@ -135,9 +135,14 @@ async fn https_is_served_by_sni_over_h2_and_http1_and_unknown_names_fail_the_han
     assert_eq!(seen.headers["x-echo-x-forwarded-proto"], "https");
 
     let h1 = client_config(&s.ca.cert_pem, &["http/1.1"]);
-    let seen = https_get(https, h1, "a.test", "/x").await?;
+    let seen = https_get(https, h1.clone(), "a.test", "/x").await?;
     assert_eq!((seen.status, seen.alpn.as_str()), (200, "http/1.1"));
     assert_eq!(seen.headers["x-echo-x-forwarded-proto"], "https");
+    assert!(!seen.resumed);
+    // Session resumption: the same client's next connection skips the full handshake.
+    let again = https_get(https, h1, "a.test", "/x").await?;
+    assert_eq!(again.status, 200);
+    assert!(again.resumed, "the session was not resumed");
 
     // A wildcard certificate covers one label, not two.
     let seen = https_get(https, h2.clone(), "b.example.test", "/").await?;

@@ -190,6 +190,10 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
     );
     let key_line = site.key_pem.lines().nth(1).unwrap();
     assert!(!text.contains(key_line));
+    // Nor do the logs.
+    for log in [w.cp.proc.log(), w.p.proc.log()] {
+        assert!(!log.contains(key_line) && !log.contains("PRIVATE KEY"));
+    }
     let cert = snapshot["certificates"]
         .as_array()
         .into_iter()
@@ -283,6 +287,103 @@ async fn renewing_the_secret_under_traffic_fails_no_request_and_new_handshakes_s
         failed.load(Ordering::Relaxed),
         0,
         "requests failed during the renewal"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_permission_to_read_tls_secrets_the_control_plane_publishes_nothing()
+-> anyhow::Result<()> {
+    let cluster = LocalCluster::shared();
+    let client = cluster.client().await?;
+    let ns = cluster.namespace(&client, "tlsrbac").await?;
+    let class = format!("hf-{ns}");
+    create_class(&client, &class).await?;
+    let host = format!("web.{ns}.test");
+    create(
+        &client,
+        Some(&ns),
+        &objects::ingress("web", &class, &host, "web", 80),
+    )
+    .await?;
+    // Everything the control plane reads, except Secrets.
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{ name: holdfast-cp, namespace: {ns} }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{ name: {ns}-no-secrets }}
+rules:
+- apiGroups: [networking.k8s.io]
+  resources: [ingresses, ingressclasses]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{ name: {ns}-no-secrets }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-no-secrets }}
+subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
+"#
+    );
+    let logs = holdfast_tests::repo_root()
+        .join("target/e2e-logs")
+        .join(&ns);
+    std::fs::create_dir_all(&logs)?;
+    let path = logs.join("rbac.yaml");
+    std::fs::write(&path, rbac)?;
+    cluster.kubectl_run(&["apply", "-f", &path.to_string_lossy()])?;
+    let kubeconfig = cluster.service_account_kubeconfig(&ns, "holdfast-cp")?;
+    let cp = ControlPlane::start(
+        "control-plane-no-secrets",
+        &kubeconfig,
+        &logs,
+        &["--ingress-class", &class, "--debounce", "50ms"],
+    )?;
+    let secret_cache = wait::until("a 403 on Secrets in GetStatus", T, || async {
+        let st = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let cache = st["caches"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["kind"] == "Secret")
+            .cloned();
+        Ok(cache.filter(|c| {
+            c["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("permission denied (403)"))
+        }))
+    })
+    .await?;
+    assert_ne!(secret_cache["synced"], true);
+    // The other four caches complete; still nothing is published.
+    let st = wait::until("the other caches complete", T, || async {
+        let st = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let synced = st["caches"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["synced"] == true)
+            .count();
+        Ok((synced == 4).then_some(st))
+    })
+    .await?;
+    assert_ne!(st["ready"], true);
+    assert_eq!(
+        call(cp.grpc, "grpc.health.v1.Health/Check", "{}")?["status"],
+        "NOT_SERVING"
+    );
+    assert_eq!(
+        cp.metric("holdfast_snapshots_published_total").await?,
+        Some(0.0)
     );
     Ok(())
 }

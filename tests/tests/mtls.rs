@@ -163,7 +163,13 @@ async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certific
     let state = tempfile::tempdir()?;
     let flags = planes.proxy_flags("someone-else");
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let p = ProxyProc::start("proxy-x", &[url.clone()], state.path(), &s.logs, &flags)?;
+    let p = ProxyProc::start(
+        "proxy-x",
+        std::slice::from_ref(&url),
+        state.path(),
+        &s.logs,
+        &flags,
+    )?;
     wait::until("the control plane to refuse proxy-x", T, || async {
         let refused = cp
             .metric("holdfast_proxy_streams_refused_total")
