@@ -14,6 +14,8 @@
 #   k8s.sh netns down NAME             remove it and every process inside
 #   k8s.sh netns gc                    remove netns left behind by dead owners
 #   k8s.sh tools-dir                   print the cache's bin directory
+#   k8s.sh cert-manager-crds           fetch cert-manager's CRDs at the pinned version (Go
+#                                      module proxy, cached) and print their directory
 #
 # Environment: HOLDFAST_TOOLS_DIR (cache root for this pin set), HOLDFAST_K8S_DIR (default
 # DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies).
@@ -117,11 +119,15 @@ build_grpcurl() {
   mv "$work/grpcurl" "$BIN/grpcurl"
 }
 
+need_go() {
+  [[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
+  command -v go >/dev/null || die "go is not installed; the tools are built from source with it"
+}
+
 cmd_ensure() {
   mkdir -p "$BIN"
   have_all_tools && return 0
-  [[ -x /usr/local/go/bin/go ]] && PATH=$PATH:/usr/local/go/bin
-  command -v go >/dev/null || die "go is not installed; the tools are built from source with it"
+  need_go
   # Parallel test binaries call ensure at once: one builds, the others wait for it.
   exec 9>"$TOOLS_DIR/.lock"
   flock 9
@@ -135,6 +141,57 @@ cmd_ensure() {
   rm -rf "$TOOLS_DIR/src"
   log "tools ready in $BIN ($((SECONDS - start)) s)"
   flock -u 9
+}
+
+# ---------------------------------------------------------------------------------------
+# cert-manager-crds: cert-manager's CustomResourceDefinitions at CERT_MANAGER_VERSION, so
+# the Certificates and Issuers of deploy/kubernetes/certificates.yaml can be checked by a
+# real API server. Release assets (GitHub) are not reachable here; the Go module of the
+# same tag is, and its deploy/crds holds the CRDs (plain controller-gen YAML in recent
+# releases; older ones, v1.16 for example, wrap the same YAML in a few Helm template lines,
+# which are rendered below). For checking manifests, not for installing cert-manager: use
+# its release manifests or Helm chart for that.
+
+CERT_MANAGER_MODULE=github.com/cert-manager/cert-manager
+CERT_MANAGER_CRDS=$TOOLS_DIR/cert-manager-$CERT_MANAGER_VERSION/crds
+
+fetch_cert_manager_crds() {
+  local parent work json mod f crd
+  parent=$(dirname "$CERT_MANAGER_CRDS")
+  mkdir -p "$parent"
+  work=$(mktemp -d "$parent/.crds.XXXXXX")
+  # Every failure below removes the half-made directory first.
+  fail() { rm -rf "$work"; die "$*"; }
+  json=$(cd "$work" && go mod download -json "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION") ||
+    fail "go mod download $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION failed:" \
+      "$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")"
+  mod=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  [[ -d $mod/deploy/crds ]] || fail "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION has no deploy/crds"
+  for f in "$mod"/deploy/crds/*.yaml; do
+    grep -q '^kind: CustomResourceDefinition$' "$f" || continue
+    # Helm-templated releases: the only template code outside comments is in labels.
+    sed -e "s/'{{ template \"cert-manager.name\" . }}'/cert-manager/" \
+      -e "s/'{{ .Release.Name }}'/cert-manager/" "$f" >"$work/${f##*/}"
+    if grep -v '^[[:space:]]*#' "$work/${f##*/}" | grep -q '{{'; then
+      fail "${f#"$mod"/} holds Helm template code this script cannot render"
+    fi
+  done
+  for crd in certificates issuers clusterissuers certificaterequests; do
+    grep -lq "^  name: $crd\.cert-manager\.io\$" "$work"/*.yaml 2>/dev/null ||
+      fail "no $crd.cert-manager.io CRD in $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION/deploy/crds"
+  done
+  chmod 0755 "$work"
+  # Atomic: a parallel caller that finished first keeps its (identical) copy.
+  mv -T "$work" "$CERT_MANAGER_CRDS" 2>/dev/null || rm -rf "$work"
+  log "cert-manager $CERT_MANAGER_VERSION CRDs in $CERT_MANAGER_CRDS"
+}
+
+cmd_cert_manager_crds() {
+  if [[ ! -d $CERT_MANAGER_CRDS ]]; then
+    need_go
+    fetch_cert_manager_crds
+  fi
+  echo "$CERT_MANAGER_CRDS"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -436,6 +493,7 @@ main() {
   case $cmd in
   ensure) cmd_ensure ;;
   tools-dir) echo "$BIN" ;;
+  cert-manager-crds) cmd_cert_manager_crds ;;
   up) cmd_up "${1:-$DEFAULT_DIR}" ;;
   down) cmd_down "${1:-$DEFAULT_DIR}" ;;
   env) cmd_env "${1:-$DEFAULT_DIR}" ;;
@@ -451,7 +509,7 @@ main() {
     esac
     ;;
   *)
-    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [[ -z $cmd ]] && exit 2
     die "unknown command '$cmd'"
     ;;

@@ -10,6 +10,11 @@
 # For each run: achieved rps, p50/p99/p99.9, errors, proxy CPU % (utime+stime over wall
 # time, from /proc) and proxy RSS (VmHWM), and the holdfast/nginx ratio. Markdown on stdout.
 #
+# HTTPS, the same way: both serve the same ECDSA P-256 certificate (holdfast-dev-certs),
+# TLS 1.3, a session cache and tickets on both; wrk over keep-alive TLS connections, and
+# new TLS handshakes per second with `openssl s_time` (-new: full handshakes, resumption
+# off; -reuse: resumed sessions).
+#
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
 #                        [--flamegraph FILE.svg]
 #
@@ -44,10 +49,15 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
 UP=$(free_port); CP=$(free_port); HF=$(free_port); HFA=$(free_port); NG=$(free_port)
+HFS=$(free_port); NGS=$(free_port)
+"$BIN/holdfast-dev-certs" --out "$work/pki" --host bench.test >/dev/null
 taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=($!)
-"$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+"$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" \
+  --tls-cert "$work/pki/site.crt" --tls-key "$work/pki/site.key" 2>/dev/null & pids+=($!)
 wait_port "$UP"; wait_port "$CP"
-RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" --admin-listen "127.0.0.1:$HFA" \
+# Plaintext to the stand-in control plane: the benchmark measures the proxy's client side.
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" --listen-tls "127.0.0.1:$HFS" \
+  --admin-listen "127.0.0.1:$HFA" --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id bench --worker-threads 1 & pids+=($!)
 hf_pid=$!
 cat >"$work/nginx.conf" <<NGINX
@@ -62,6 +72,12 @@ http {
   upstream echo { server 127.0.0.1:$UP; keepalive 128; }
   server {
     listen 127.0.0.1:$NG;
+    listen 127.0.0.1:$NGS ssl;
+    ssl_certificate $work/pki/site.crt;
+    ssl_certificate_key $work/pki/site.key;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_cache shared:SSL:10m;
+    ssl_session_tickets on;
     location / {
       proxy_pass http://echo;
       proxy_http_version 1.1;
@@ -79,6 +95,10 @@ wait_port "$HF"; wait_port "$NG"
 for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null && break; sleep 0.1; done
 curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null || { echo "holdfast-proxy never served the route" >&2; exit 1; }
 curl -sf -H 'Host: bench.test' "http://127.0.0.1:$NG/" >/dev/null || { echo "nginx never served" >&2; exit 1; }
+for port in "$HFS" "$NGS"; do
+  curl -sf --cacert "$work/pki/ca.crt" --resolve "bench.test:$port:127.0.0.1" "https://bench.test:$port/" >/dev/null ||
+    { echo "no HTTPS on port $port" >&2; exit 1; }
+done
 
 TICKS=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -94,11 +114,11 @@ measure() {
   python3 -c "print(f'{($c1 - $c0) / $TICKS / ($t1 - $t0) * 100:.0f}%', '$(hwm_mib "$pid") MiB')" >&3
 }
 
-# wrk closed loop: "rps|p50|p99|p99.9|errors|cpu|rss"
+# wrk closed loop: "rps|p50|p99|p99.9|errors|cpu|rss" (SCHEME: http, or https)
 wrk_run() {
-  local name=$1 port=$2 pid=$3 usage
+  local name=$1 port=$2 pid=$3 scheme=${4:-http} usage
   usage=$(measure "$pid" taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -H 'Host: bench.test' \
-    "http://127.0.0.1:$port/" 3>&1 >"$work/$name.wrk")
+    "$scheme://127.0.0.1:$port/" 3>&1 >"$work/$name.wrk")
   python3 - "$work/$name.wrk" "$usage" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
@@ -133,6 +153,20 @@ print(f"{s['requestsPerSec']:.0f}|{ms(p['p50'])}|{ms(p['p99'])}|{ms(p['p99.9'])}
 PY
 }
 
+# openssl s_time: new TLS handshakes per second, "rate|cpu|rss" (MODE: -new or -reuse)
+stime_run() {
+  local name=$1 port=$2 pid=$3 mode=$4 usage
+  usage=$(measure "$pid" taskset -c 1 openssl s_time -connect "127.0.0.1:$port" "$mode" -time "$DURATION" \
+    -CAfile "$work/pki/ca.crt" 3>&1 >"$work/$name$mode.stime" 2>&1)
+  python3 - "$work/$name$mode.stime" "$usage" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"(\d+) connections in ([\d.]+)s;", text)
+cpu, rss = sys.argv[2].split(" ", 1)
+print(f"{int(m.group(1)) / float(m.group(2)):.0f}|{cpu}|{rss}")
+PY
+}
+
 row() { local name=$1 line=$2; echo "| $name | ${line//|/ | } |"; }
 ratio() { python3 -c "print(f'{float(\"${1%%|*}\") / float(\"${2%%|*}\"):.2f}')"; }
 
@@ -156,6 +190,29 @@ for rate in "${rates[@]}"; do
 done
 echo
 echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(oha --version), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."
+
+# Warm both over TLS.
+taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$HFS/" >/dev/null
+taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$NGS/" >/dev/null
+echo
+echo "### HTTPS against nginx (same ECDSA P-256 certificate, TLS 1.3, ${DURATION} s per run)"
+echo
+echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+hf=$(wrk_run holdfast-tls "$HFS" "$hf_pid" https); ng=$(wrk_run nginx-tls "$NGS" "$ng_pid" https)
+echo "| wrk keep-alive over TLS (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+echo "| wrk keep-alive over TLS (max) | nginx $nginx_version | ${ng//|/ | } | |"
+echo
+echo "| handshakes | proxy | handshakes/s | proxy CPU | proxy peak RSS | holdfast/nginx |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for mode in -new -reuse; do
+  what="full (resumption off)"; [[ $mode == -reuse ]] && what="resumed (resumption on)"
+  hf=$(stime_run holdfast "$HFS" "$hf_pid" "$mode"); ng=$(stime_run nginx "$NGS" "$ng_pid" "$mode")
+  echo "| $what | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+  echo "| $what | nginx $nginx_version | ${ng//|/ | } | |"
+done
+echo
+echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a time on the other core."
 
 if [[ -n $FLAME ]]; then
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }

@@ -114,6 +114,18 @@ impl ProxyProc {
         Ok(crate::http::metric(&body, name))
     }
 
+    /// Waits until `/debug/snapshot` shows the proxy serving `version`.
+    pub async fn wait_version(&self, version: &str, timeout: Duration) -> Result<()> {
+        crate::wait::until(&format!("proxy serving {version}"), timeout, || async {
+            let (_, body) = self
+                .admin_get("/debug/snapshot")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body.contains(version).then_some(()))
+        })
+        .await
+    }
+
     /// Waits until `/readyz` answers 200.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
         crate::wait::until("proxy /readyz 200", timeout, || async {

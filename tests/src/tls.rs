@@ -372,3 +372,22 @@ impl Planes {
         ]
     }
 }
+
+/// A snapshot's certificate resource named `name` for `issued` (facts filled in as the
+/// control plane fills them).
+pub fn certificate_resource(name: &str, issued: &Issued) -> holdfast_proto::v1::Certificate {
+    let facts =
+        holdfast_proto::certificate::parse(issued.cert_pem.as_bytes(), issued.key_pem.as_bytes())
+            .expect("a good certificate")
+            .facts;
+    holdfast_proto::v1::Certificate {
+        name: name.into(),
+        certificate_chain: issued.cert_pem.clone().into_bytes(),
+        private_key: issued.key_pem.clone().into_bytes(),
+        fingerprint_sha256: facts.fingerprint_sha256,
+        subject: facts.subject,
+        dns_names: facts.dns_names,
+        not_after: facts.not_after,
+        serial: facts.serial,
+    }
+}

@@ -34,14 +34,7 @@ fn closed_port() -> SocketAddr {
 }
 
 async fn wait_version(p: &ProxyProc, version: &str) -> anyhow::Result<()> {
-    wait::until(&format!("proxy serving {version}"), T, || async {
-        let (_, body) = p
-            .admin_get("/debug/snapshot")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(body.contains(version).then_some(()))
-    })
-    .await
+    p.wait_version(version, T).await
 }
 
 #[tokio::test]

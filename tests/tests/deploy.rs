@@ -1,10 +1,15 @@
 //! `deploy/kubernetes` against the real API server: every manifest is accepted, the RBAC
-//! and pod specs follow the allowlist, and the control plane works with exactly that RBAC.
+//! and pod specs follow the allowlist, mutual TLS between the planes is wired consistently,
+//! and the control plane works with exactly that RBAC.
+//!
+//! `certificates.yaml` holds cert-manager objects, so cert-manager's CRDs (pinned in
+//! `deploy/local/versions.env`, fetched by `k8s.sh cert-manager-crds`) are installed first.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig};
+use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig, run_script};
 use holdfast_tests::control_plane::ControlPlane;
 use holdfast_tests::objects::{self, create};
 use holdfast_tests::subscriber::{Subscriber, routes};
@@ -23,8 +28,51 @@ fn kustomize_dir() -> String {
         .into_owned()
 }
 
+/// Installs cert-manager's CRDs at the pinned version into `cluster` (once per test binary)
+/// and waits until the API server serves their kinds.
+fn install_cert_manager_crds(cluster: &LocalCluster) -> anyhow::Result<()> {
+    static INSTALLED: Mutex<bool> = Mutex::new(false);
+    let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    if *installed {
+        return Ok(());
+    }
+    let dir = run_script(&["cert-manager-crds"])?;
+    let dir = dir.trim();
+    // Server-side: the biggest CRDs exceed the size limit of the annotation that a
+    // client-side apply writes.
+    cluster.kubectl_run(&["apply", "--server-side", "-f", dir])?;
+    cluster.kubectl_run(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "-f",
+        dir,
+    ])?;
+    let deadline = Instant::now() + T;
+    loop {
+        let served = cluster
+            .kubectl_run(&["get", "--raw", "/apis/cert-manager.io/v1"])
+            .unwrap_or_default();
+        if ["\"certificates\"", "\"issuers\"", "\"clusterissuers\""]
+            .iter()
+            .all(|r| served.contains(r))
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "cert-manager.io/v1 not served: {served}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    *installed = true;
+    Ok(())
+}
+
 /// The rendered manifests as JSON objects.
 fn rendered(cluster: &LocalCluster) -> anyhow::Result<Vec<Value>> {
+    // kubectl maps every kind through discovery, even in a client dry run.
+    install_cert_manager_crds(cluster)?;
     let out = cluster.kubectl_run(&[
         "apply",
         "--dry-run=client",
@@ -49,6 +97,8 @@ async fn every_manifest_passes_server_side_dry_run() -> anyhow::Result<()> {
     let cluster = LocalCluster::shared();
     // Namespaced objects need their namespace to exist even in a dry run.
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
+    // The Certificates and Issuers are checked against cert-manager's real schemas.
+    install_cert_manager_crds(cluster)?;
     let out = cluster.kubectl_run(&["apply", "--dry-run=server", "-k", &kustomize_dir()])?;
     let kinds: BTreeSet<&str> = out.lines().filter_map(|l| l.split('/').next()).collect();
     for kind in [
@@ -62,6 +112,8 @@ async fn every_manifest_passes_server_side_dry_run() -> anyhow::Result<()> {
         "horizontalpodautoscaler.autoscaling",
         "networkpolicy.networking.k8s.io",
         "ingressclass.networking.k8s.io",
+        "certificate.cert-manager.io",
+        "issuer.cert-manager.io",
     ] {
         assert!(
             kinds.contains(kind),
@@ -224,10 +276,197 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The value of `--flag=value` in a container's args.
+fn arg<'a>(container: &'a Value, flag: &str) -> &'a str {
+    let prefix = format!("--{flag}=");
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str().unwrap().strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no --{flag} in {}", container["args"]))
+}
+
+/// The volume `path` is on (mounted at it or at a parent of it), and its mount path.
+fn volume_under<'a>(pod: &'a Value, container: &Value, path: &str) -> (&'a Value, String) {
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            let dir = m["mountPath"].as_str().unwrap();
+            let rest = path.strip_prefix(dir);
+            rest.is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
+        .unwrap_or_else(|| panic!("{path} is on no volume"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    (volume, mount["mountPath"].as_str().unwrap().to_owned())
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The gRPC link is mutual TLS from cert-manager, and every name on both sides agrees: the
+/// control plane's certificate is valid for the host proxies dial and its CA is the one
+/// that signs proxies; a proxy's certificate names its pod, which is its node id; the
+/// operator identity is the one Admin allows. Plus HTTPS end to end, and the state volume.
+#[tokio::test]
+async fn mutual_tls_between_the_planes_is_wired_consistently() -> anyhow::Result<()> {
+    let objects = rendered(LocalCluster::shared())?;
+    let issuer = |name: &str| find(&objects, "Issuer", name);
+    let certificate = |name: &str| find(&objects, "Certificate", name);
+
+    // The CA: self-signed, ECDSA P-256, its Secret behind the CA Issuer.
+    let ca = certificate("holdfast-ca");
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(ca["spec"]["privateKey"]["algorithm"], "ECDSA");
+    assert_eq!(ca["spec"]["privateKey"]["size"], 256);
+    let root = issuer(ca["spec"]["issuerRef"]["name"].as_str().unwrap());
+    assert!(root["spec"]["selfSigned"].is_object());
+    assert_eq!(
+        issuer("holdfast-ca")["spec"]["ca"]["secretName"],
+        ca["spec"]["secretName"]
+    );
+
+    // Control plane: serving certificate, key and client CA from its Certificate's Secret.
+    let cp_dep = find(&objects, "Deployment", "holdfast-control-plane");
+    let cp_pod = &cp_dep["spec"]["template"]["spec"];
+    let cp = &cp_pod["containers"][0];
+    let serving = certificate("holdfast-control-plane");
+    assert_eq!(serving["spec"]["issuerRef"]["name"], "holdfast-ca");
+    assert!(strings(&serving["spec"]["usages"]).contains(&"server auth"));
+    for (flag, file) in [
+        ("tls-cert", "tls.crt"),
+        ("tls-key", "tls.key"),
+        ("client-ca", "ca.crt"),
+    ] {
+        let path = arg(cp, flag);
+        let (volume, dir) = volume_under(cp_pod, cp, path);
+        assert_eq!(path, format!("{dir}/{file}"), "--{flag}");
+        assert_eq!(
+            volume["secret"]["secretName"], serving["spec"]["secretName"],
+            "--{flag}"
+        );
+    }
+    assert!(!cp["args"].to_string().contains("--insecure-plaintext"));
+
+    // The operator: a client certificate whose identity is the only admin identity.
+    let operator = certificate("holdfast-operator");
+    assert_eq!(operator["spec"]["issuerRef"]["name"], "holdfast-ca");
+    assert_eq!(
+        strings(&operator["spec"]["usages"]),
+        ["digital signature", "client auth"]
+    );
+    assert_eq!(
+        strings(&operator["spec"]["uris"]),
+        [arg(cp, "admin-identities")],
+        "--admin-identities is exactly the operator's identity"
+    );
+
+    // Proxies dial an https URL whose host the serving certificate names.
+    let dp_dep = find(&objects, "Deployment", "holdfast-proxy");
+    let dp_pod = &dp_dep["spec"]["template"]["spec"];
+    let dp = &dp_pod["containers"][0];
+    let url = arg(dp, "control-plane");
+    let host = url
+        .strip_prefix("https://")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("--control-plane {url} is not https://host:port"));
+    assert!(
+        strings(&serving["spec"]["dnsNames"]).contains(&host),
+        "the serving certificate does not name {host}"
+    );
+    assert!(url.ends_with(":18000"), "{url}");
+    assert!(!dp["args"].to_string().contains("--insecure-plaintext"));
+
+    // Each proxy's certificate comes from the csi-driver volume, for its own pod name,
+    // which is also its node id; the CA it trusts comes with it.
+    for (flag, file) in [
+        ("tls-cert", "tls.crt"),
+        ("tls-key", "tls.key"),
+        ("control-plane-ca", "ca.crt"),
+    ] {
+        let path = arg(dp, flag);
+        let (volume, dir) = volume_under(dp_pod, dp, path);
+        assert_eq!(path, format!("{dir}/{file}"), "--{flag}");
+        let csi = &volume["csi"];
+        assert_eq!(csi["driver"], "csi.cert-manager.io", "--{flag}");
+        assert_eq!(csi["readOnly"], true);
+        let attrs = &csi["volumeAttributes"];
+        let attr = |k: &str| attrs[format!("csi.cert-manager.io/{k}")].clone();
+        assert_eq!(attr("issuer-name"), "holdfast-ca");
+        assert_eq!(attr("issuer-kind"), "Issuer");
+        assert_eq!(attr("dns-names"), "${POD_NAME}");
+        assert!(attr("key-usages").as_str().unwrap().contains("client auth"));
+        // The files are mode 0440 owned by root: readable through the group only.
+        assert_eq!(
+            attr("fs-group").as_str().unwrap(),
+            dp_pod["securityContext"]["runAsGroup"].to_string()
+        );
+    }
+    let node_id = dp["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "HOLDFAST_NODE_ID")
+        .expect("HOLDFAST_NODE_ID");
+    assert_eq!(
+        node_id["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert!(!dp["args"].to_string().contains("--node-id"));
+
+    // HTTPS: listener, container port, Service port 443, NetworkPolicy.
+    let tls_port: u16 = arg(dp, "listen-tls").rsplit(':').next().unwrap().parse()?;
+    let https = dp["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "https")
+        .expect("an https container port");
+    assert_eq!(https["containerPort"], tls_port);
+    let svc = find(&objects, "Service", "holdfast-proxy");
+    assert!(
+        svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == 443 && p["targetPort"] == "https")
+    );
+    let np = find(&objects, "NetworkPolicy", "holdfast-proxy");
+    assert!(
+        np["spec"]["ingress"]
+            .to_string()
+            .contains(&format!("\"port\":{tls_port}"))
+    );
+
+    // The state directory holds private keys: in memory, and a directory the proxy creates
+    // (it makes it 0700; the volume's root is not its own to chmod).
+    let state = arg(dp, "state-dir");
+    let (volume, dir) = volume_under(dp_pod, dp, state);
+    assert_ne!(
+        state.trim_end_matches('/'),
+        dir,
+        "--state-dir is the volume root"
+    );
+    assert_eq!(volume["emptyDir"]["medium"], "Memory");
+    assert!(volume["emptyDir"]["sizeLimit"].is_string());
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Result<()> {
     let cluster = LocalCluster::shared();
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
+    install_cert_manager_crds(cluster)?;
     cluster.kubectl_run(&["apply", "-k", &kustomize_dir()])?;
     let admin = cluster.client().await?;
     let ns = cluster.namespace(&admin, "rbacapp").await?;

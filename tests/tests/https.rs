@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use holdfast_proto::v1::{Certificate, Snapshot};
+use holdfast_proto::v1::Snapshot;
 use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
 use holdfast_tests::proxy::ProxyProc;
-use holdfast_tests::tls::{Issued, TestCa, client_config, https_get};
+use holdfast_tests::tls::{Issued, TestCa, certificate_resource, client_config, https_get};
 use holdfast_tests::{echo, wait};
 
 const T: Duration = Duration::from_secs(20);
@@ -23,23 +23,6 @@ fn dirs(test: &str) -> (tempfile::TempDir, PathBuf) {
         .join(format!("https-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&logs).unwrap();
     (tempfile::tempdir().unwrap(), logs)
-}
-
-fn certificate(name: &str, issued: &Issued) -> Certificate {
-    let facts =
-        holdfast_proto::certificate::parse(issued.cert_pem.as_bytes(), issued.key_pem.as_bytes())
-            .expect("a good test certificate")
-            .facts;
-    Certificate {
-        name: name.into(),
-        certificate_chain: issued.cert_pem.clone().into_bytes(),
-        private_key: issued.key_pem.clone().into_bytes(),
-        fingerprint_sha256: facts.fingerprint_sha256,
-        subject: facts.subject,
-        dns_names: facts.dns_names,
-        not_after: facts.not_after,
-        serial: facts.serial,
-    }
 }
 
 /// Routes for a.test, *.example.test, open.test and plain.test to `web`; certificates:
@@ -55,7 +38,10 @@ fn tls_snapshot(revision: u64, web: SocketAddr, certs: &[(&str, &Issued)]) -> Sn
         ],
         &[("web", &[web])],
     );
-    s.certificates = certs.iter().map(|(n, i)| certificate(n, i)).collect();
+    s.certificates = certs
+        .iter()
+        .map(|(n, i)| certificate_resource(n, i))
+        .collect();
     s.certificates.sort_by(|a, b| a.name.cmp(&b.name));
     for v in &mut s.virtual_hosts {
         (v.certificate, v.ssl_redirect) = match v.host.as_str() {
@@ -67,17 +53,6 @@ fn tls_snapshot(revision: u64, web: SocketAddr, certs: &[(&str, &Issued)]) -> Sn
     }
     holdfast_proto::snapshot::seal(&mut s, revision);
     s
-}
-
-async fn wait_version(p: &ProxyProc, version: &str) -> anyhow::Result<()> {
-    wait::until(&format!("proxy serving {version}"), T, || async {
-        let (_, body) = p
-            .admin_get("/debug/snapshot")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(body.contains(version).then_some(()))
-    })
-    .await
 }
 
 struct Setup {
@@ -108,7 +83,7 @@ async fn setup(test: &str) -> anyhow::Result<Setup> {
         &logs,
         &["--listen-tls", "127.0.0.1:0"],
     )?;
-    wait_version(&p, &s.version).await?;
+    p.wait_version(&s.version, T).await?;
     Ok(Setup {
         ca,
         a,
@@ -274,7 +249,7 @@ async fn a_rotated_certificate_serves_new_handshakes_with_no_failed_request_and_
         &[("a", &renewed), ("wild", &s.wild), ("open", &s.open)],
     );
     s.cp.push(next.clone());
-    wait_version(&s.p, &next.version).await?;
+    s.p.wait_version(&next.version, T).await?;
     wait::until(
         "a new handshake sees the renewed certificate",
         T,
