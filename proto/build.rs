@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Debug for Certificate is hand-written (src/certificate.rs): never the key.
+        .skip_debug([".holdfast.v1.Certificate"])
         // Hand-written (see src/wire.rs) so snapshot bytes are shared across streams.
         .extern_path(
             ".holdfast.v1.DiscoveryResponse",

@@ -6,7 +6,8 @@
 //!   `PERMISSION_DENIED`. The verified identity is what `ListProxies` shows.
 //! - **Admin**: only callers whose certificate proves one of `--admin-identities` (the
 //!   operators); everyone else, proxies included, gets `PERMISSION_DENIED`.
-//! - Health and reflection need a client certificate from the CA, nothing more.
+//! - Health and reflection stay open: a client without a certificate may use them (one
+//!   with a certificate from another CA fails the handshake).
 //!
 //! In plaintext mode (`--insecure-plaintext`, development only) nobody is authenticated:
 //! both rules are off.
@@ -60,16 +61,38 @@ pub fn peer_identities(extensions: &Extensions) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The serial of the peer's client certificate ("" over plaintext or without one).
+pub fn peer_serial(extensions: &Extensions) -> String {
+    extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.peer_certs())
+        .and_then(|certs| certs.first().map(mtls::serial))
+        .unwrap_or_default()
+}
+
+/// What a proxy's certificate proved: its identity and the certificate's serial (both
+/// empty in plaintext mode).
+#[derive(Debug, Clone, Default)]
+pub struct Proven {
+    /// The identity, equal to the node id.
+    pub identity: String,
+    /// The client certificate's serial.
+    pub serial: String,
+}
+
 impl Mode {
-    /// The identity a proxy proves for `node_id`: `Ok(identity)` (empty in plaintext
-    /// mode), or `PERMISSION_DENIED` when its certificate does not prove that node id.
-    pub fn check_node(&self, extensions: &Extensions, node_id: &str) -> Result<String, Status> {
+    /// What a proxy proves for `node_id`, or `PERMISSION_DENIED` when its certificate
+    /// does not prove that node id.
+    pub fn check_node(&self, extensions: &Extensions, node_id: &str) -> Result<Proven, Status> {
         match self {
-            Mode::Plaintext => Ok(String::new()),
+            Mode::Plaintext => Ok(Proven::default()),
             Mode::MutualTls { .. } => {
                 let identities = peer_identities(extensions);
                 if identities.iter().any(|i| i == node_id) {
-                    Ok(node_id.to_owned())
+                    Ok(Proven {
+                        identity: node_id.to_owned(),
+                        serial: peer_serial(extensions),
+                    })
                 } else {
                     Err(Status::permission_denied(format!(
                         "node id {node_id:?} is not an identity of the client certificate ({identities:?})"
@@ -98,7 +121,7 @@ impl Mode {
 }
 
 /// Accepts TCP connections on `listener` and yields those that complete a TLS handshake
-/// (with a client certificate the current configuration accepts) within
+/// (with no client certificate, or one the current configuration accepts) within
 /// [`HANDSHAKE_TIMEOUT`]. Each handshake uses the configuration current at accept time.
 pub fn tls_incoming(
     listener: TcpListener,

@@ -116,7 +116,7 @@ async fn stream_routes(
             "the first request must name the node (node.id)",
         ));
     }
-    let identity = mode.check_node(&extensions, &node.id).inspect_err(|status| {
+    let proven = mode.check_node(&extensions, &node.id).inspect_err(|status| {
         shared.metrics().streams_refused.inc();
         tracing::warn!(proxy.id = %node.id, %peer, error = %status.message(), "refused a proxy stream");
     })?;
@@ -124,7 +124,7 @@ async fn stream_routes(
     // read holds at most one response in flight.
     let (tx, rx) = mpsc::channel(3);
     tokio::spawn(async move {
-        let end = serve_stream(shared, first, inbound, &tx, peer, identity).await;
+        let end = serve_stream(shared, first, inbound, &tx, peer, proven).await;
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from(end.code() as i32));
         if end.code() != Code::Ok
@@ -149,12 +149,13 @@ async fn serve_stream(
     mut inbound: Streaming<DiscoveryRequest>,
     tx: &FrameSender,
     peer: String,
-    identity: String,
+    proven: authn::Proven,
 ) -> Status {
     let node = first.node.clone().unwrap_or_default();
     let id = shared.add_proxy(ProxyStatus {
         id: node.id.clone(),
-        identity,
+        identity: proven.identity,
+        certificate_serial: proven.serial,
         zone: node.zone.clone(),
         peer_address: peer.clone(),
         connected_since: Some(SystemTime::now().into()),

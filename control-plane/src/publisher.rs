@@ -88,21 +88,19 @@ pub fn expiry_problems(
             continue;
         };
         let not_after = snapshot.certificates[i].not_after;
+        // The date, not a count of days: the message (and so the Event) stays the same from
+        // one day to the next.
+        let date = k8s_openapi::jiff::Timestamp::from_second(not_after)
+            .map_or_else(|_| not_after.to_string(), |t| t.to_string());
         let (reason, message) = if not_after <= now {
             (
                 "CertificateExpired",
-                format!(
-                    "the certificate of Secret {name:?} expired {} days ago; it is still served",
-                    (now - not_after) / 86_400
-                ),
+                format!("the certificate of Secret {name:?} expired at {date}; it is still served"),
             )
         } else if not_after - now <= EXPIRY_WARNING.as_secs() as i64 {
             (
                 "CertificateExpiresSoon",
-                format!(
-                    "the certificate of Secret {name:?} expires in {} days",
-                    (not_after - now) / 86_400
-                ),
+                format!("the certificate of Secret {name:?} expires at {date}"),
             )
         } else {
             continue;
@@ -446,7 +444,7 @@ mod tests {
             ]
         );
         assert!(
-            problems[1].message.contains("10 days"),
+            problems[1].message.contains("2001-09-19T01:46:40Z"),
             "{}",
             problems[1].message
         );

@@ -645,7 +645,8 @@ pub fn digest_secret(secret: &Secret) -> SecretDigest {
         let f = parsed.facts;
         Ok(Certificate {
             name: key.clone().unwrap_or_default(),
-            certificate_chain: chain.to_vec(),
+            // Only the certificates: a combined tls.crt also holds the key.
+            certificate_chain: certificate::certificate_blocks(chain),
             private_key: private_key.to_vec(),
             fingerprint_sha256: f.fingerprint_sha256,
             subject: f.subject,

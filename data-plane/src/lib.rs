@@ -132,10 +132,18 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         }
     };
     let tls_watch = tls.as_ref().map(|t| {
-        t.config.watch(args.tls_reload_interval, |outcome| match outcome {
-            Ok(()) => tracing::info!("reloaded the control-plane TLS files; the next connection uses them"),
-            Err(error) => tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones"),
-        })
+        let m = metrics.clone();
+        t.config
+            .watch(args.tls_reload_interval, move |outcome| match outcome {
+                Ok(()) => {
+                    m.tls_reloads.inc();
+                    tracing::info!("reloaded the control-plane TLS files; the next connection uses them")
+                }
+                Err(error) => {
+                    m.tls_reload_failures.inc();
+                    tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones")
+                }
+            })
     });
     let subscriber = tokio::spawn(subscriber::run(
         args.control_planes.clone(),

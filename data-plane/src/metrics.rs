@@ -63,6 +63,10 @@ pub struct Metrics {
     pub upstream_connect_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
     pub tls_handshake_failures: Counter,
+    /// Reloads of the control-plane connection's TLS files.
+    pub tls_reloads: Counter,
+    /// Changed TLS files that did not load (the previous ones stay in use).
+    pub tls_reload_failures: Counter,
 }
 
 impl Metrics {
@@ -78,6 +82,8 @@ impl Metrics {
             nacks: Counter::default(),
             upstream_connect_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
+            tls_reloads: Counter::default(),
+            tls_reload_failures: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
         r.register(
@@ -115,6 +121,16 @@ impl Metrics {
             "tls_handshake_failures",
             "TLS handshakes that failed or timed out",
             m.tls_handshake_failures.clone(),
+        );
+        r.register(
+            "tls_reloads",
+            "Reloads of the control-plane connection's TLS files",
+            m.tls_reloads.clone(),
+        );
+        r.register(
+            "tls_reload_failures",
+            "Changed TLS files that did not load (the previous ones stay in use)",
+            m.tls_reload_failures.clone(),
         );
         r.register(
             "upstream_connect_errors",

@@ -234,7 +234,8 @@ async fn connect(
     let name = ServerName::try_from(name)?;
     let connector = tokio_rustls::TlsConnector::from(tls.config.current());
     let address = format!("{host}:{port}");
-    // Called once per (re)connect of the channel: always the current configuration.
+    // The configuration current when this stream's connection is made: every reconnect
+    // goes through `connect` again and picks up renewed files.
     let connect = tower::service_fn(move |_: http::Uri| {
         let (connector, name, address) = (connector.clone(), name.clone(), address.clone());
         async move {

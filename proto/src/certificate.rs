@@ -116,6 +116,45 @@ fn facts(leaf: &CertificateDer<'_>) -> Result<Facts, CertificateError> {
     })
 }
 
+/// Only the `CERTIFICATE` blocks of a PEM text, each with its BEGIN and END lines, in
+/// order. A `tls.crt` sometimes holds the private key too (a "combined" PEM); what is
+/// carried and shown as the certificate chain must never contain it.
+pub fn certificate_blocks(pem: &[u8]) -> Vec<u8> {
+    const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+    const END: &[u8] = b"-----END CERTIFICATE-----";
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
+    let mut out = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = find(rest, BEGIN) {
+        let after = &rest[start..];
+        let Some(end) = find(after, END) else { break };
+        out.extend_from_slice(&after[..end + END.len()]);
+        out.push(b'\n');
+        rest = &after[end + END.len()..];
+    }
+    out
+}
+
+/// What `{:?}` shows of a snapshot's certificate: its name and facts, never the chain's
+/// or the key's bytes (a snapshot printed for debugging must not leak keys into logs).
+impl std::fmt::Debug for crate::v1::Certificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Certificate")
+            .field("name", &self.name)
+            .field(
+                "certificate_chain",
+                &format_args!("<{} bytes>", self.certificate_chain.len()),
+            )
+            .field("private_key", &format_args!("<redacted>"))
+            .field("fingerprint_sha256", &self.fingerprint_sha256)
+            .field("subject", &self.subject)
+            .field("dns_names", &self.dns_names)
+            .field("not_after", &self.not_after)
+            .field("serial", &self.serial)
+            .finish()
+    }
+}
+
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -192,6 +231,45 @@ mod tests {
             parse(chain.as_bytes(), b"").unwrap_err(),
             CertificateError::Key(_)
         ));
+    }
+
+    #[test]
+    fn a_combined_pem_yields_only_its_certificate_blocks() {
+        let (chain, key) = issue(&["a.example.test"]);
+        let combined = format!("{key}{chain}junk\n{chain}");
+        let blocks = String::from_utf8(certificate_blocks(combined.as_bytes())).unwrap();
+        assert!(!blocks.contains("PRIVATE KEY"), "{blocks}");
+        assert!(!blocks.contains("junk"));
+        assert_eq!(blocks.matches("BEGIN CERTIFICATE").count(), 2);
+        // What is left still parses as the chain.
+        assert!(parse(&certificate_blocks(combined.as_bytes()), key.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn debug_output_of_a_certificate_never_holds_its_key() {
+        let (chain, key) = issue(&["a.example.test"]);
+        let c = crate::v1::Certificate {
+            name: "ns/site".into(),
+            certificate_chain: chain.into_bytes(),
+            private_key: key.clone().into_bytes(),
+            ..Default::default()
+        };
+        let shown = format!(
+            "{:?}",
+            crate::v1::Snapshot {
+                certificates: vec![c],
+                ..Default::default()
+            }
+        );
+        assert!(
+            shown.contains("ns/site") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        let body = key.lines().nth(1).unwrap();
+        assert!(
+            !shown.contains(body) && !shown.contains("PRIVATE"),
+            "{shown}"
+        );
     }
 
     #[test]

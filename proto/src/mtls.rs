@@ -1,9 +1,11 @@
 //! Mutual TLS between the planes: the control plane's gRPC server and the proxies' (and
 //! operators') clients, from PEM files that are reloaded when they change on disk.
 //!
-//! - The server presents `--tls-cert`/`--tls-key` and requires a client certificate that
-//!   chains to `--client-ca`. A caller's identity is in its certificate: the DNS and URI
-//!   subject alternative names ([`identities`]), never what the caller says.
+//! - The server presents `--tls-cert`/`--tls-key`. A client certificate, when presented,
+//!   must chain to `--client-ca` (else the handshake fails); a caller's identity is in it:
+//!   the DNS and URI subject alternative names ([`identities`]), never what the caller
+//!   says. A client without a certificate completes the handshake with no identity: it may
+//!   use health and reflection only (the services check identities themselves).
 //! - A client presents `--tls-cert`/`--tls-key` and verifies the server against its CA
 //!   and the expected server name.
 //! - Both offer ALPN `h2` (gRPC clients such as grpcurl insist on it).
@@ -125,11 +127,13 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The control plane's server configuration: our certificate, and a client certificate
-/// chaining to `files.ca` required on every connection.
+/// The control plane's server configuration: our certificate; a client certificate, if
+/// presented, must chain to `files.ca`. Connections without one carry no identity, and
+/// every service that needs one refuses them.
 pub fn server_config(files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(files.roots()?), provider())
+            .allow_unauthenticated()
             .build()
             .map_err(|e| TlsError::Verifier(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider())
@@ -170,6 +174,14 @@ pub fn identities(cert: &CertificateDer<'_>) -> Vec<String> {
     }
     uris.extend(dns);
     uris
+}
+
+/// The serial number of a certificate, lower-case hex ("" if it does not parse).
+pub fn serial(cert: &CertificateDer<'_>) -> String {
+    use x509_parser::prelude::*;
+    X509Certificate::from_der(cert.as_ref())
+        .map(|(_, c)| crate::certificate::hex(c.raw_serial()))
+        .unwrap_or_default()
 }
 
 /// A TLS configuration built from files, rebuilt when their contents change.

@@ -14,9 +14,16 @@ use crate::v1::Snapshot;
 const SNAPSHOT_TAG: u32 = 3;
 
 /// A snapshot encoded once, shared by reference count.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Default, PartialEq)]
 pub struct EncodedSnapshot {
     bytes: Bytes,
+}
+
+/// The length only: the bytes hold certificates' private keys.
+impl std::fmt::Debug for EncodedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EncodedSnapshot(<{} bytes>)", self.bytes.len())
+    }
 }
 
 impl EncodedSnapshot {

@@ -37,7 +37,16 @@ impl Issued {
             dir.join(format!("{name}.key")),
         );
         std::fs::write(&crt, &self.cert_pem)?;
-        std::fs::write(&key, &self.key_pem)?;
+        // A key is private to this user, as a key should be.
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&key)?
+            .write_all(self.key_pem.as_bytes())?;
         Ok((crt, key))
     }
 

@@ -96,6 +96,16 @@ async fn setup(test: &str) -> anyhow::Result<Setup> {
     })
 }
 
+fn roots(ca_pem: &str) -> rustls::RootCertStore {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    roots
+}
+
 #[tokio::test]
 async fn https_is_served_by_sni_over_h2_and_http1_and_unknown_names_fail_the_handshake()
 -> anyhow::Result<()> {
@@ -118,6 +128,17 @@ async fn https_is_served_by_sni_over_h2_and_http1_and_unknown_names_fail_the_han
     let again = https_get(https, h1, "a.test", "/x").await?;
     assert_eq!(again.status, 200);
     assert!(again.resumed, "the session was not resumed");
+
+    // TLS 1.2 too.
+    let mut tls12 = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])?
+    .with_root_certificates(roots(&s.ca.cert_pem))
+    .with_no_client_auth();
+    tls12.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let seen = https_get(https, std::sync::Arc::new(tls12), "a.test", "/").await?;
+    assert_eq!(seen.status, 200);
 
     // A wildcard certificate covers one label, not two.
     let seen = https_get(https, h2.clone(), "b.example.test", "/").await?;

@@ -70,6 +70,12 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     ] {
         create(&client, nsr, &objects::tls_secret(name, cert, key)).await?;
     }
+    // A good certificate in a Secret of another type: the control plane never reads it
+    // (its Secret watch selects type=kubernetes.io/tls), so to it the Secret is missing.
+    let opaque = ca.server(&[&host("opaque")]);
+    let mut secret = objects::tls_secret("opaque", &opaque.cert_pem, &opaque.key_pem);
+    secret.type_ = Some("Opaque".into());
+    create(&client, nsr, &secret).await?;
     for (name, secret, annotations) in [
         ("secure", "site", json!({})),
         (
@@ -78,6 +84,7 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
             json!({ "holdfast.dev/ssl-redirect": "false" }),
         ),
         ("broken", "broken", json!({})),
+        ("opaque", "opaque", json!({})),
     ] {
         create(
             &client,
@@ -180,6 +187,17 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
         "{status}"
     );
     assert!(!status.to_string().contains("not a key"));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["reason"] == "MissingTLSSecret" && p["name"] == "opaque"),
+        "{status}"
+    );
+    assert!(
+        https_get(https, h2.clone(), &w.host("opaque"), "/")
+            .await
+            .is_err()
+    );
 
     // Operators see certificates by fingerprint, never their keys.
     let snapshot = call(w.cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;

@@ -1276,6 +1276,31 @@ fn a_tls_host_gets_its_secrets_certificate_once_and_a_redirect_and_keys_stay_in_
 }
 
 #[test]
+fn a_combined_pem_in_tls_crt_never_puts_the_key_into_the_certificate_chain() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let t = run(&with_secrets(
+        vec![tls_ingress(
+            "web",
+            1,
+            &["a.example.test"],
+            &["a.example.test"],
+            "site",
+            json!({}),
+        )],
+        vec![tls_secret(
+            "default",
+            "site",
+            &format!("{key}{chain}"),
+            &key,
+        )],
+    ));
+    let c = &t.snapshot.certificates[0];
+    let shown = String::from_utf8(c.certificate_chain.clone()).unwrap();
+    assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+    assert!(shown.contains("BEGIN CERTIFICATE"));
+}
+
+#[test]
 fn unreferenced_secrets_never_enter_the_snapshot() {
     let (chain, key) = cert_pem(&["a.example.test"]);
     let st = with_secrets(
