@@ -153,17 +153,26 @@ print(f"{s['requestsPerSec']:.0f}|{ms(p['p50'])}|{ms(p['p99'])}|{ms(p['p99.9'])}
 PY
 }
 
-# openssl s_time: new TLS handshakes per second, "rate|cpu|rss" (MODE: -new or -reuse)
+# openssl s_time: TLS handshakes per second, "rate|cpu|cpu per handshake|rss|resumed"
+# (MODE: "-new" for full handshakes, "-reuse" to resume the first session; extra s_time
+# flags may follow, such as -tls1_2). s_time prints one mark per connection: "r" for a
+# resumed session, so the share of resumed handshakes is counted, not assumed.
 stime_run() {
-  local name=$1 port=$2 pid=$3 mode=$4 usage
-  usage=$(measure "$pid" taskset -c 1 openssl s_time -connect "127.0.0.1:$port" "$mode" -time "$DURATION" \
-    -CAfile "$work/pki/ca.crt" 3>&1 >"$work/$name$mode.stime" 2>&1)
-  python3 - "$work/$name$mode.stime" "$usage" <<'PY'
+  local name=$1 port=$2 pid=$3 usage tag; shift 3
+  tag=$(echo "$*" | tr -d ' -')
+  usage=$(measure "$pid" taskset -c 1 openssl s_time -connect "127.0.0.1:$port" "$@" -time "$DURATION" \
+    -CAfile "$work/pki/ca.crt" 3>&1 >"$work/$name-$tag.stime" 2>&1)
+  python3 - "$work/$name-$tag.stime" "$usage" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 m = re.search(r"(\d+) connections in ([\d.]+)s;", text)
+count, secs = int(m.group(1)), float(m.group(2))
+rate = count / secs
+marks = "".join(l for l in text.splitlines() if re.fullmatch(r"[r*0-9a-zA-Z]+", l.strip() or "x") and "connections" not in l)
+resumed = marks.count("r")
 cpu, rss = sys.argv[2].split(" ", 1)
-print(f"{int(m.group(1)) / float(m.group(2)):.0f}|{cpu}|{rss}")
+per = float(cpu.rstrip("%")) / 100 / rate * 1e6 if rate else 0
+print(f"{rate:.0f}|{cpu}|{per:.0f} µs|{rss}|{resumed * 100 // max(len(marks), 1)}%")
 PY
 }
 
@@ -203,13 +212,20 @@ hf=$(wrk_run holdfast-tls "$HFS" "$hf_pid" https); ng=$(wrk_run nginx-tls "$NGS"
 echo "| wrk keep-alive over TLS (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
 echo "| wrk keep-alive over TLS (max) | nginx $nginx_version | ${ng//|/ | } | |"
 echo
-echo "| handshakes | proxy | handshakes/s | proxy CPU | proxy peak RSS | holdfast/nginx |"
-echo "| --- | --- | --- | --- | --- | --- |"
-for mode in -new -reuse; do
-  what="full (resumption off)"; [[ $mode == -reuse ]] && what="resumed (resumption on)"
-  hf=$(stime_run holdfast "$HFS" "$hf_pid" "$mode"); ng=$(stime_run nginx "$NGS" "$ng_pid" "$mode")
-  echo "| $what | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-  echo "| $what | nginx $nginx_version | ${ng//|/ | } | |"
+echo "| handshakes | proxy | handshakes/s | proxy CPU | proxy CPU per handshake | proxy peak RSS | resumed | holdfast/nginx handshakes/s | nginx/holdfast CPU per handshake |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+for mode in "-new" "-new -tls1_2" "-reuse -tls1_2"; do
+  case $mode in
+    "-new") what="full, TLS 1.3 (resumption off)" ;;
+    "-new -tls1_2") what="full, TLS 1.2 (resumption off)" ;;
+    *) what="resumed, TLS 1.2 (resumption on)" ;;
+  esac
+  # shellcheck disable=SC2086 # the mode is several flags
+  hf=$(stime_run holdfast "$HFS" "$hf_pid" $mode); ng=$(stime_run nginx "$NGS" "$ng_pid" $mode)
+  per() { local f; IFS='|' read -ra f <<<"$1"; echo "${f[2]% µs}"; }
+  cpu_ratio=$(python3 -c "a, b = float('$(per "$hf")'), float('$(per "$ng")'); print(f'{b / a:.2f}' if a else '—')")
+  echo "| $what | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $cpu_ratio |"
+  echo "| $what | nginx $nginx_version | ${ng//|/ | } | | |"
 done
 echo
 echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a time on the other core."
