@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig, run_script};
 use holdfast_tests::control_plane::ControlPlane;
@@ -27,6 +27,11 @@ fn kustomize_dir() -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// Serialises the tests that apply the kustomization to the shared API server: a server
+/// dry run racing a real apply of the same objects can see one missing, then try to
+/// create it after the real apply did (AlreadyExists).
+static KUSTOMIZE_APPLY: Mutex<()> = Mutex::new(());
 
 /// Installs cert-manager's CRDs at the pinned version into `cluster` (once per test binary)
 /// and waits until the API server serves their kinds.
@@ -48,23 +53,15 @@ fn install_cert_manager_crds(cluster: &LocalCluster) -> anyhow::Result<()> {
         "-f",
         dir,
     ])?;
-    let deadline = Instant::now() + T;
-    loop {
+    holdfast_tests::wait::until_blocking("cert-manager.io/v1 served", T, || {
         let served = cluster
             .kubectl_run(&["get", "--raw", "/apis/cert-manager.io/v1"])
             .unwrap_or_default();
-        if ["\"certificates\"", "\"issuers\"", "\"clusterissuers\""]
+        let all = ["\"certificates\"", "\"issuers\"", "\"clusterissuers\""]
             .iter()
-            .all(|r| served.contains(r))
-        {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "cert-manager.io/v1 not served: {served}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+            .all(|r| served.contains(r));
+        if all { Ok(Some(())) } else { Err(served) }
+    })?;
     *installed = true;
     Ok(())
 }
@@ -99,7 +96,10 @@ async fn every_manifest_passes_server_side_dry_run() -> anyhow::Result<()> {
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
     // The Certificates and Issuers are checked against cert-manager's real schemas.
     install_cert_manager_crds(cluster)?;
-    let out = cluster.kubectl_run(&["apply", "--dry-run=server", "-k", &kustomize_dir()])?;
+    let out = {
+        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        cluster.kubectl_run(&["apply", "--dry-run=server", "-k", &kustomize_dir()])?
+    };
     let kinds: BTreeSet<&str> = out.lines().filter_map(|l| l.split('/').next()).collect();
     for kind in [
         "namespace",
@@ -467,7 +467,10 @@ async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Resul
     let cluster = LocalCluster::shared();
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
     install_cert_manager_crds(cluster)?;
-    cluster.kubectl_run(&["apply", "-k", &kustomize_dir()])?;
+    {
+        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        cluster.kubectl_run(&["apply", "-k", &kustomize_dir()])?;
+    }
     let admin = cluster.client().await?;
     let ns = cluster.namespace(&admin, "rbacapp").await?;
     // Two Ingresses with a true conflict, so an Event has to be written too.
