@@ -388,7 +388,11 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
     )
     .await?;
     // The real snapshot, fetched with the Admin API, is the proxy's good starting point.
-    let mut admin = holdfast_proto::v1::admin_client::AdminClient::connect(s.cp.grpc_url()).await?;
+    // (As an operator: Admin is for --admin-identities only.)
+    let channel = holdfast_tests::tls::Planes::get()
+        .channel(&s.cp.grpc_url(), None)
+        .await?;
+    let mut admin = holdfast_proto::v1::admin_client::AdminClient::new(channel);
     let real = admin
         .get_snapshot(holdfast_proto::v1::GetSnapshotRequest {})
         .await?
@@ -446,6 +450,9 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
         .position(|a| a == "--control-plane")
         .expect("flag");
     args[i + 1] = s.cp.grpc_url();
+    // The real control plane speaks mutual TLS (the stand-in spoke plaintext).
+    args.retain(|a| a != "--insecure-plaintext");
+    args.extend(holdfast_tests::tls::Planes::get().proxy_flags("proxy-fake"));
     p.proc.restart_with(args)?;
     let proxies = wait::until("ListProxies showing the NACK", T, || async {
         let l =
