@@ -11,7 +11,8 @@
 //! - **Hosts.** Lower-cased; `*.example.com` is a one-label wildcard; a rule without a
 //!   host goes to the virtual host `""`. An invalid host skips that rule.
 //! - **Paths.** `Exact` and `Prefix` as written; `ImplementationSpecific` is treated as
-//!   `Prefix`. A path must start with `/` and contain no whitespace, `?` or `#`. A Prefix
+//!   `Prefix`, and refused (with a [`Problem`]) if it holds `%`, `\`, `//` or a dot
+//!   segment, which normalised request paths never do. A path must start with `/` and contain no whitespace, `?` or `#`. A Prefix
 //!   path loses its trailing `/` (`/foo/` ≡ `/foo`; `/` stays). An invalid path skips
 //!   that path only.
 //! - **Merge.** Rules for one host from several Ingresses merge. The same host, path and
@@ -238,6 +239,24 @@ pub fn normalise_path(path: Option<&str>, kind: MatchKind) -> Result<String, Str
         }
         _ => path.to_owned(),
     })
+}
+
+/// Why a rule path could never match a normalised request path (the proxy decodes
+/// escapes, merges `//` and removes dot segments before matching), if it could not.
+/// The API server refuses such paths for `Exact` and `Prefix`; `ImplementationSpecific`
+/// is checked here.
+pub fn unnormalised(path: &str) -> Option<&'static str> {
+    if path.contains('%') {
+        Some("contains '%'")
+    } else if path.contains('\\') {
+        Some("contains '\\'")
+    } else if path.contains("//") {
+        Some("contains '//'")
+    } else if path.split('/').any(|s| s == "." || s == "..") {
+        Some("contains a '.' or '..' segment")
+    } else {
+        None
+    }
 }
 
 /// The match kind for an Ingress `pathType`.
@@ -474,6 +493,18 @@ pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
                     continue;
                 }
             };
+            if p.path_type == "ImplementationSpecific"
+                && let Some(why) = p.path.as_deref().and_then(unnormalised)
+            {
+                digest.problems.push((
+                    "InvalidPath",
+                    format!(
+                        "ImplementationSpecific path {:?} on host {host:?} skipped: it {why}, and proxies match normalised request paths, which never do",
+                        p.path.as_deref().unwrap_or("")
+                    ),
+                ));
+                continue;
+            }
             let path = match normalise_path(p.path.as_deref(), kind) {
                 Ok(path) => path,
                 Err(e) => {

@@ -15,6 +15,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::path::EscapedSlashes;
 use crate::table::{Miss, RouteTable, normalise_host};
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
@@ -29,8 +30,30 @@ fn json_reply(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>>
     reply(status, "application/json", format!("{v:#}\n"))
 }
 
-/// What `/debug/explain` says about a request to `host` and `path`.
-pub fn explain(table: Option<&RouteTable>, host: &str, path: &str) -> serde_json::Value {
+/// What `/debug/explain` says about a request to `host` and `path`: the path as
+/// received and as routed and forwarded (normalised the way the proxy does, see
+/// [`crate::path`]), and the route, or why there is none.
+pub fn explain(
+    table: Option<&RouteTable>,
+    host: &str,
+    raw_path: &str,
+    escaped: EscapedSlashes,
+) -> serde_json::Value {
+    let path = match crate::path::normalise(raw_path, escaped) {
+        Ok(p) => p.into_owned(),
+        Err(e) => {
+            return json!({ "matched": false, "status": 400, "path": raw_path, "reason": format!("the path cannot be normalised safely: {e}") });
+        }
+    };
+    let mut out = explain_normalised(table, host, &path);
+    if let Some(o) = out.as_object_mut() {
+        o.insert("path".into(), json!(raw_path));
+        o.insert("normalised_path".into(), json!(path));
+    }
+    out
+}
+
+fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> serde_json::Value {
     let Some(t) = table else {
         return json!({ "matched": false, "status": 503, "reason": "no route table yet: waiting for a snapshot" });
     };
@@ -86,6 +109,7 @@ fn route(
     req: &Request<Incoming>,
     table: &ArcSwapOption<RouteTable>,
     registry: &Registry,
+    escaped: EscapedSlashes,
 ) -> Response<Full<Bytes>> {
     let text = |status, body: String| reply(status, "text/plain; charset=utf-8", body);
     let current = table.load_full();
@@ -130,7 +154,7 @@ fn route(
             let (Some(host), Some(path)) = (query_param(query, "host"), query_param(query, "path")) else {
                 return text(StatusCode::BAD_REQUEST, "usage: /debug/explain?host=HOST&path=/PATH\n".into());
             };
-            json_reply(StatusCode::OK, explain(current.as_deref(), &host, &path))
+            json_reply(StatusCode::OK, explain(current.as_deref(), &host, &path, escaped))
         }
         _ => text(
             StatusCode::NOT_FOUND,
@@ -144,6 +168,7 @@ pub async fn serve(
     listener: TcpListener,
     table: Arc<ArcSwapOption<RouteTable>>,
     registry: Arc<Registry>,
+    escaped: EscapedSlashes,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -161,7 +186,7 @@ pub async fn serve(
         let registry = registry.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let response = route(&req, &table, &registry);
+                let response = route(&req, &table, &registry, escaped);
                 async move { Ok::<_, Infallible>(response) }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())

@@ -15,6 +15,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// What to do with an escaped `/` or `\` (`%2F`, `%5C`) in a request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EscapedSlashesArg {
+    /// 400: a backend that decodes them would see another path than the one routed.
+    Reject,
+    /// Keep them escaped, inside their segment (for APIs that put `%2F` in paths on
+    /// purpose). Safe only if the backend does not decode them before routing.
+    Keep,
+}
+
 /// holdfast proxy: serves HTTP/1.1 and h2c from the route snapshots of a holdfast control
 /// plane, and keeps serving its last applied snapshot (persisted in --state-dir) while the
 /// control plane or the Kubernetes API server is down.
@@ -101,6 +111,15 @@ pub struct Args {
     /// Worker threads (default: one per CPU); 1 runs everything on one thread.
     #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Requests whose path contains `%2F` or `%5C`: `reject` (400) or `keep` (forwarded
+    /// escaped; see the README's path policy for the risk).
+    #[arg(
+        long,
+        env = "HOLDFAST_ESCAPED_SLASHES",
+        value_enum,
+        default_value = "reject"
+    )]
+    pub escaped_slashes: EscapedSlashesArg,
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -7,6 +7,7 @@
 //! - [`headers`]: request framing checks and header rewriting (pure).
 //! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
 //!   request-smuggling shapes hyper would otherwise normalise silently (pure).
+//! - [`path`]: the request path normalised as the backend will see it (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
 //! - [`server`]: the client listeners (HTTP/1.1 + h2c; HTTPS), limits, idle timeout,
 //!   draining.
@@ -23,6 +24,7 @@ pub mod config;
 pub mod framing;
 pub mod headers;
 pub mod metrics;
+pub mod path;
 pub mod persist;
 pub mod proxy;
 pub mod server;
@@ -98,6 +100,10 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     };
     tracing::info!(proxy = %listener.local_addr()?, https = %https, admin = %admin_listener.local_addr()?, node = %config.node_id, "listening");
 
+    let escaped_slashes = match args.escaped_slashes {
+        config::EscapedSlashesArg::Reject => path::EscapedSlashes::Reject,
+        config::EscapedSlashesArg::Keep => path::EscapedSlashes::Keep,
+    };
     let forwarder = Arc::new(Forwarder::new(
         table.clone(),
         ForwardSettings {
@@ -105,6 +111,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             response_timeout: args.upstream_response_timeout,
             eject_for: args.eject_for,
             pool_idle_per_host: args.upstream_pool_idle,
+            escaped_slashes,
         },
         metrics.clone(),
     ));
@@ -157,6 +164,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         admin_listener,
         table.clone(),
         Arc::new(registry),
+        escaped_slashes,
         shutdown.clone(),
     ));
     let listen = ListenSettings {

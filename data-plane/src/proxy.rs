@@ -37,6 +37,8 @@ pub struct ForwardSettings {
     pub eject_for: Duration,
     /// Idle upstream connections kept per endpoint.
     pub pool_idle_per_host: usize,
+    /// What to do with `%2F` and `%5C` in request paths.
+    pub escaped_slashes: crate::path::EscapedSlashes,
 }
 
 /// The forwarding service, shared by all connections.
@@ -220,9 +222,43 @@ impl Forwarder {
                 none(),
             );
         };
-        let path = req.uri().path();
+        // Route on, and forward, the path the backend will see (see `path`).
+        let normalised =
+            match crate::path::normalise(req.uri().path(), self.settings.escaped_slashes) {
+                Ok(std::borrow::Cow::Borrowed(_)) => None,
+                Ok(std::borrow::Cow::Owned(p)) => Some(p),
+                Err(e) => {
+                    return (
+                        local(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
+                        none(),
+                    );
+                }
+            };
+        let forward_path = match &normalised {
+            Some(p) => {
+                let pq = match req.uri().query() {
+                    Some(q) => format!("{p}?{q}"),
+                    None => p.clone(),
+                };
+                match PathAndQuery::try_from(pq) {
+                    Ok(pq) => Some(pq),
+                    Err(_) => {
+                        return (
+                            local(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
+                            none(),
+                        );
+                    }
+                }
+            }
+            None => None,
+        };
+        let path = normalised.as_deref().unwrap_or_else(|| req.uri().path());
         if !tls && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
-            return (redirect_to_https(&host, req.uri()), none());
+            let target = forward_path
+                .as_ref()
+                .or(req.uri().path_and_query())
+                .map_or("/", PathAndQuery::as_str);
+            return (redirect_to_https(&host, target), none());
         }
         let route = match table.lookup(&host, path) {
             Ok(r) => r,
@@ -259,10 +295,8 @@ impl Forwarder {
         {
             parts.headers.insert(header::HOST, v);
         }
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .cloned()
+        let path_and_query = forward_path
+            .or_else(|| parts.uri.path_and_query().cloned())
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let slot = Arc::new(Mutex::new(Some(body)));
 
@@ -388,10 +422,9 @@ impl Forwarder {
 const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
 
 /// `308 Permanent Redirect` to the same host (without its port: HTTPS is served on 443
-/// behind the proxies' Service), path and query over https.
-fn redirect_to_https(host: &str, uri: &Uri) -> Response<ProxyBody> {
-    let path = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-    let location = format!("https://{host}{path}");
+/// behind the proxies' Service), normalised path and query over https.
+fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
+    let location = format!("https://{host}{path_and_query}");
     let mut response = local(StatusCode::PERMANENT_REDIRECT, "308 redirecting to https");
     match HeaderValue::from_str(&location) {
         Ok(v) => {

@@ -537,3 +537,99 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> anyhow::Result<String> 
         buf.extend_from_slice(&chunk[..n]);
     }
 }
+
+/// Sends one raw request on a fresh connection; returns the response head, lower-cased.
+async fn raw_head(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(request.as_bytes()).await?;
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(T, s.read(&mut buf)).await??;
+        anyhow::ensure!(n > 0, "connection closed before a response head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&head).to_lowercase())
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+#[tokio::test]
+async fn routing_sees_the_normalised_path_the_backend_sees_and_unsafe_paths_get_400()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("paths");
+    let app = echo_on_loopback("app").await;
+    let auth = echo_on_loopback("auth").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(
+        1,
+        &[("a.test", "/", "app"), ("a.test", "/admin", "auth")],
+        &[("app", &[app]), ("auth", &[auth])],
+    );
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-paths", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let get =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n");
+
+    // Every shape of "/admin" reaches the admin route, and the backend sees "/admin".
+    for path in [
+        "/admin",
+        "//admin",
+        "/./admin",
+        "/%61dmin",
+        "/x/../admin",
+        "/x/%2e%2e/admin?q=1",
+    ] {
+        let head = raw_head(p.addr, &get(path)).await?;
+        assert!(head.starts_with("http/1.1 200"), "{path}: {head}");
+        assert_eq!(header(&head, "x-echo-name"), Some("auth"), "{path}");
+        let seen = header(&head, "x-echo-path").unwrap_or_default();
+        assert!(
+            seen == "/admin" || seen == "/admin?q=1",
+            "{path}: backend saw {seen}"
+        );
+    }
+    // What cannot be normalised safely is refused.
+    for path in [
+        "/public/..%2fadmin",
+        "/a%5cb",
+        "/a%00",
+        "/../admin",
+        "/a%zz",
+    ] {
+        let head = raw_head(p.addr, &get(path)).await?;
+        assert!(head.starts_with("http/1.1 400"), "{path}: {head}");
+    }
+    // The debug endpoint shows both forms.
+    let (_, body) = p
+        .admin_get("/debug/explain?host=a.test&path=%2F%2Fadmin")
+        .await?;
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        (v["path"].as_str(), v["normalised_path"].as_str()),
+        (Some("//admin"), Some("/admin"))
+    );
+    assert_eq!(v["route"]["path"], "/admin");
+    drop(p);
+
+    // --escaped-slashes=keep: an escaped slash stays inside its segment.
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-paths-keep",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--escaped-slashes", "keep"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let head = raw_head(p.addr, &get("/public/..%2fadmin")).await?;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(header(&head, "x-echo-name"), Some("app"));
+    assert_eq!(header(&head, "x-echo-path"), Some("/public/..%2fadmin"));
+    Ok(())
+}

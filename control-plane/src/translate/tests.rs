@@ -1533,3 +1533,31 @@ fn the_default_certificate_is_carried_when_it_is_usable() {
     assert!(t.snapshot.certificates.is_empty());
     assert_eq!(reasons(&t), ["MissingTLSSecret"]);
 }
+
+#[test]
+fn implementation_specific_paths_a_normalised_request_never_has_are_refused() {
+    let paths = json!([
+        { "path": "/ok", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/a/../admin", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "//admin", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/%61dmin", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/a\\b", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/v1..2", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } }
+    ]);
+    let t = run(&state(vec![ingress(
+        "default",
+        "web",
+        1,
+        json!([{ "host": "a.example.com", "http": { "paths": paths } }]),
+    )]));
+    let kept: Vec<String> = routes(&t).into_iter().map(|r| r.2).collect();
+    assert_eq!(kept, ["/v1..2", "/ok"]);
+    assert_eq!(t.problems.len(), 4, "{:?}", t.problems);
+    assert!(t.problems.iter().all(|p| p.reason == "InvalidPath"));
+}
