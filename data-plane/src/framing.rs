@@ -220,8 +220,12 @@ impl Tracker {
                         .to_owned();
                     match u64::from_str_radix(&size, 16) {
                         Ok(0) => self.state = State::Trailers(Vec::new()),
-                        // Data, then its CRLF.
-                        Ok(n) => self.state = State::ChunkData(n + 2),
+                        // Data, then its CRLF. A size this large is not a real chunk:
+                        // stop following (hyper refuses it), never overflow.
+                        Ok(n) => match n.checked_add(2) {
+                            Some(n) => self.state = State::ChunkData(n),
+                            None => self.state = State::Off,
+                        },
                         Err(_) => self.state = State::Off,
                     }
                 }
@@ -287,6 +291,17 @@ mod tests {
         );
         t.feed(b"G");
         assert!(t.head_pending());
+    }
+
+    #[test]
+    fn a_chunk_size_too_large_to_follow_stops_the_tracker_without_overflowing() {
+        let mut t = Tracker::default();
+        t.feed(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
+        t.feed(b"ffffffffffffffff\r\n");
+        assert!(t.flagged().is_none());
+        assert!(!t.head_pending());
+        t.feed(b"more bytes");
+        assert!(t.flagged().is_none());
     }
 
     /// Feeds `stream` in every possible two-way split and in 1-byte pieces; all must agree.

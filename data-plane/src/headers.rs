@@ -34,6 +34,9 @@ pub enum BadRequest {
     /// No host to route on.
     #[error("no Host header")]
     NoHost,
+    /// More than one Host header (RFC 9112 §3.2): which one routes is ambiguous.
+    #[error("more than one Host header")]
+    DuplicateHost,
 }
 
 /// Refuses the request shapes used for request smuggling.
@@ -45,6 +48,9 @@ pub fn check_framing(headers: &HeaderMap) -> Result<(), BadRequest> {
     }
     if lengths.len() > 1 {
         return Err(BadRequest::DuplicateLength);
+    }
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Err(BadRequest::DuplicateHost);
     }
     if let Some(v) = lengths.first() {
         let s = v.to_str().map_err(|_| BadRequest::BadLength)?;
@@ -188,6 +194,10 @@ mod tests {
         assert_eq!(
             check_framing(&map(&[("transfer-encoding", "xchunked")])),
             Err(BadRequest::BadTransferEncoding)
+        );
+        assert_eq!(
+            check_framing(&map(&[("host", "a.test"), ("host", "b.test")])),
+            Err(BadRequest::DuplicateHost)
         );
     }
 

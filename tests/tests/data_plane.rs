@@ -256,6 +256,8 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
     assert!(raw(p.addr, twice).await?.contains(" 400 "));
     let listed = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4, 4\r\n\r\nabcd";
     assert!(raw(p.addr, listed).await?.contains(" 400 "));
+    let two_hosts = "GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n";
+    assert!(raw(p.addr, two_hosts).await?.contains(" 400 "));
     let fine = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nabcd";
     assert!(raw(p.addr, fine).await?.contains(" 200 "));
 
