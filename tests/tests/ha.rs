@@ -94,7 +94,8 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
     })
     .await?;
     let (li, fi) = if leader == "cp-a" { (0, 1) } else { (1, 0) };
-    assert_eq!(replicas[li].metric("holdfast_leader").await?, Some(1.0));
+    // The Lease is written before the winner sets its gauge: wait for it.
+    leader_gauge_is_one(&replicas[li]).await?;
     assert_eq!(
         replicas[fi].metric("holdfast_leader").await?,
         Some(0.0),
@@ -119,7 +120,7 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
         took <= LEASE + Duration::from_secs(2),
         "takeover took {took:?}"
     );
-    assert_eq!(replicas[fi].metric("holdfast_leader").await?, Some(1.0));
+    leader_gauge_is_one(&replicas[fi]).await?;
 
     // The new leader writes status, and the survivor keeps serving its proxy.
     create(
@@ -139,5 +140,17 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
             routes(s).len() == 2
         })
         .await?;
+    Ok(())
+}
+
+async fn leader_gauge_is_one(cp: &ControlPlane) -> anyhow::Result<()> {
+    wait::until("holdfast_leader 1", T, || async {
+        Ok(cp
+            .metric("holdfast_leader")
+            .await
+            .map_err(|e| e.to_string())?
+            .filter(|v| *v == 1.0))
+    })
+    .await?;
     Ok(())
 }
