@@ -1,4 +1,4 @@
-//! Request-smuggling detection on the raw HTTP/1.1 byte stream.
+//! Request-smuggling detection and head timing on the raw client byte stream.
 //!
 //! hyper already handles ambiguous framing safely (with both Content-Length and
 //! Transfer-Encoding it drops the length and closes the connection; it folds identical
@@ -6,13 +6,23 @@
 //! rejects them with 400, so this tracker follows the client's bytes: each request head
 //! (checked as a whole) and its body framing (Content-Length or chunked), so it knows where
 //! the next head starts. It flags the index of the first offending request; the handler of
-//! that request answers 400 and closes the connection. It stops at an HTTP/2 preface, an
-//! upgrade, anything it cannot parse (hyper then rejects it itself), or after a flag.
+//! that request answers 400 and closes the connection.
+//!
+//! The same walk times request heads for the header read timeout, whatever the client
+//! sends: heads with bytes that are not UTF-8 are followed like any other, an upgrade
+//! request waits for the upstream's answer (tracking resumes if it was refused), and after
+//! an HTTP/2 preface the tracker follows frames ([`FrameScanner`]): a stream's header block
+//! is pending from its first byte until END_HEADERS, and only frames that carry requests
+//! (HEADERS, CONTINUATION, DATA) count as activity, not PING, SETTINGS or WINDOW_UPDATE.
+//! It stops only after a flag or at what hyper itself refuses (and closes).
 
 use crate::headers::BadRequest;
 
 /// Most bytes of a request head the tracker keeps (hyper refuses larger heads anyway).
 const MAX_HEAD: usize = 256 * 1024;
+
+/// The rest of the HTTP/2 connection preface after its `PRI * HTTP/2.0\r\n\r\n` "head".
+const PREFACE_TAIL: usize = b"SM\r\n\r\n".len();
 
 #[derive(Debug)]
 enum State {
@@ -26,6 +36,11 @@ enum State {
     ChunkData(u64),
     /// Reading trailer lines until an empty one.
     Trailers(Vec<u8>),
+    /// An upgrade request (index) waits for its answer; bytes that arrive meanwhile are
+    /// kept (a refused upgrade goes on as HTTP/1.1, and they are its next request).
+    UpgradeWait(u64, Vec<u8>),
+    /// HTTP/2 frames, after skipping what is left of the preface.
+    H2(usize, FrameScanner),
     /// Not tracking any more.
     Off,
 }
@@ -59,7 +74,17 @@ struct HeadInfo {
 }
 
 fn parse_head(head: &[u8]) -> Result<HeadInfo, Option<BadRequest>> {
-    let text = std::str::from_utf8(head).map_err(|_| None)?;
+    // A line ended by a bare LF: hyper accepts it, but another parser in front of or
+    // behind holdfast may split the head elsewhere (RFC 9112 §2.2 allows refusing it).
+    if head
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    {
+        return Err(Some(BadRequest::BareLineFeed));
+    }
+    // Header values may carry obs-text; only ASCII names and values matter here.
+    let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
     let request_line = lines.next().unwrap_or("");
     if request_line.starts_with("PRI * HTTP/2.0") {
@@ -128,17 +153,69 @@ impl Tracker {
 
     /// True while part of a request head has arrived but not all of it: the time a client
     /// may take for that is the header read timeout. Not between requests (an idle
-    /// keep-alive connection is governed by the idle timeout), and not once tracking has
-    /// stopped (HTTP/2, an upgrade, or a connection hyper rejects itself).
+    /// keep-alive connection is governed by the idle timeout). Over HTTP/2, true while a
+    /// stream's header block is arriving.
     pub fn head_pending(&self) -> bool {
-        matches!(&self.state, State::Head(buf) if !buf.is_empty())
+        match &self.state {
+            State::Head(buf) => !buf.is_empty(),
+            State::H2(_, frames) => frames.headers_pending(),
+            // Bytes sent before the upgrade's answer: if it is refused they are the next
+            // head, so they are timed from now on (a tunnel is not timed at all).
+            State::UpgradeWait(_, pending) => !pending.is_empty(),
+            _ => false,
+        }
     }
 
-    /// Feeds bytes read from the client.
-    pub fn feed(&mut self, mut data: &[u8]) {
+    /// The upgrade request waiting for its answer, if any (see [`Tracker::upgrade_answered`]).
+    pub fn awaiting_upgrade(&self) -> Option<u64> {
+        match &self.state {
+            State::UpgradeWait(index, _) => Some(*index),
+            _ => None,
+        }
+    }
+
+    /// The upgrade request is answered: `switched` (101) hands the connection to a tunnel,
+    /// which is not HTTP any more; otherwise HTTP/1.1 goes on, starting with the bytes that
+    /// arrived meanwhile.
+    pub fn upgrade_answered(&mut self, switched: bool) {
+        if let State::UpgradeWait(_, pending) = &mut self.state {
+            let pending = std::mem::take(pending);
+            if switched {
+                self.state = State::Off;
+            } else {
+                self.state = State::Head(Vec::new());
+                self.feed(&pending);
+            }
+        }
+    }
+
+    /// True once the connection speaks HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        matches!(self.state, State::H2(..))
+    }
+
+    /// Feeds bytes read from the client. Returns whether they count as activity for the
+    /// idle timeout (over HTTP/2, only frames that carry requests do).
+    pub fn feed(&mut self, mut data: &[u8]) -> bool {
+        let mut active = !self.is_h2();
         while !data.is_empty() {
             match &mut self.state {
-                State::Off => return,
+                State::Off => break,
+                State::UpgradeWait(_, pending) => {
+                    if pending.len() + data.len() > MAX_HEAD {
+                        self.state = State::Off;
+                    } else {
+                        pending.extend_from_slice(data);
+                    }
+                    break;
+                }
+                State::H2(skip, frames) => {
+                    let n = (*skip).min(data.len());
+                    *skip -= n;
+                    data = &data[n..];
+                    active |= frames.feed(data);
+                    break;
+                }
                 State::Head(buf) => {
                     // Leading empty lines between requests are allowed (RFC 9112 §2.2).
                     if buf.is_empty() {
@@ -148,19 +225,16 @@ impl Tracker {
                             .count();
                         data = &data[skip..];
                         if data.is_empty() {
-                            return;
+                            break;
                         }
                     }
                     let before = buf.len();
                     buf.extend_from_slice(data);
-                    let search_from = before.saturating_sub(3);
-                    let Some(end) =
-                        find(&buf[search_from..], b"\r\n\r\n").map(|i| search_from + i + 4)
-                    else {
+                    let Some(end) = head_end(buf, before.saturating_sub(2)) else {
                         if buf.len() > MAX_HEAD {
                             self.state = State::Off;
                         }
-                        return;
+                        break;
                     };
                     let consumed_now = end - before;
                     let head = std::mem::take(buf);
@@ -169,19 +243,21 @@ impl Tracker {
                         Err(Some(bad)) => {
                             self.flagged = Some((self.request, bad));
                             self.state = State::Off;
-                            return;
+                            break;
                         }
                         Err(None) => {
                             self.state = State::Off;
-                            return;
+                            break;
                         }
-                        Ok(info) if info.h2_preface || info.upgrade => {
-                            self.state = State::Off;
-                            return;
+                        Ok(info) if info.h2_preface => {
+                            self.state = State::H2(PREFACE_TAIL, FrameScanner::default());
                         }
                         Ok(info) => {
+                            let index = self.request;
                             self.request += 1;
-                            self.state = if info.chunked {
+                            self.state = if info.upgrade {
+                                State::UpgradeWait(index, Vec::new())
+                            } else if info.chunked {
                                 State::ChunkSize(Vec::new())
                             } else {
                                 match info.length {
@@ -206,7 +282,7 @@ impl Tracker {
                         if line.len() > 4096 {
                             self.state = State::Off;
                         }
-                        return;
+                        break;
                     };
                     line.extend_from_slice(&data[..=i]);
                     data = &data[i + 1..];
@@ -243,7 +319,7 @@ impl Tracker {
                         if line.len() > MAX_HEAD {
                             self.state = State::Off;
                         }
-                        return;
+                        break;
                     };
                     line.extend_from_slice(&data[..=i]);
                     data = &data[i + 1..];
@@ -255,11 +331,83 @@ impl Tracker {
                 }
             }
         }
+        active
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// The end (exclusive) of the first head in `buf`, searching from `from`: an empty line,
+/// whether lines end in CRLF or (refused later) a bare LF.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    (from..buf.len()).find_map(|i| {
+        if buf[i] != b'\n' {
+            return None;
+        }
+        match buf.get(i + 1..) {
+            Some([b'\n', ..]) => Some(i + 2),
+            Some([b'\r', b'\n', ..]) => Some(i + 3),
+            _ => None,
+        }
+    })
+}
+
+/// Follows HTTP/2 frames (RFC 9113 §4.1) in one direction, by their 9-byte headers.
+#[derive(Debug, Default)]
+pub struct FrameScanner {
+    header: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to skip.
+    remaining: u32,
+    /// Inside the payload of a HEADERS or CONTINUATION frame.
+    in_block: bool,
+    /// A header block was started and its END_HEADERS has not arrived.
+    block_open: bool,
+}
+
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+
+impl FrameScanner {
+    /// Feeds bytes; returns whether they started a frame that carries a request or
+    /// response (HEADERS, CONTINUATION, DATA).
+    pub fn feed(&mut self, mut data: &[u8]) -> bool {
+        let mut active = false;
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let take = (self.remaining as usize).min(data.len());
+                self.remaining -= take as u32;
+                data = &data[take..];
+                if self.remaining == 0 {
+                    self.in_block = false;
+                }
+                continue;
+            }
+            let take = (9 - self.have).min(data.len());
+            self.header[self.have..self.have + take].copy_from_slice(&data[..take]);
+            self.have += take;
+            data = &data[take..];
+            if self.have < 9 {
+                break;
+            }
+            self.have = 0;
+            let h = self.header;
+            let length = u32::from_be_bytes([0, h[0], h[1], h[2]]);
+            let (kind, flags) = (h[3], h[4]);
+            active |= matches!(kind, DATA | HEADERS | CONTINUATION);
+            if matches!(kind, HEADERS | CONTINUATION) {
+                self.block_open = flags & END_HEADERS == 0;
+                self.in_block = length > 0;
+            }
+            self.remaining = length;
+        }
+        active
+    }
+
+    /// True from the first byte of a header block until its END_HEADERS frame is whole.
+    pub fn headers_pending(&self) -> bool {
+        self.block_open || self.in_block
+    }
 }
 
 #[cfg(test)]
@@ -364,20 +512,97 @@ mod tests {
     }
 
     #[test]
-    fn h2_prefaces_and_upgrades_stop_tracking() {
+    fn an_h2_preface_switches_to_frames_and_a_body_shaped_like_a_head_is_not_flagged() {
         assert_eq!(
             flagged(
                 "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
             ),
             None
         );
-        let upgrade =
-            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
-        assert_eq!(
-            flagged(&format!(
-                "{upgrade}POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n"
-            )),
-            None
+    }
+
+    const UPGRADE: &str =
+        "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    const BAD: &str = "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx";
+
+    #[test]
+    fn an_accepted_upgrade_stops_tracking_the_tunnel() {
+        let mut t = Tracker::default();
+        t.feed(UPGRADE.as_bytes());
+        assert_eq!(t.awaiting_upgrade(), Some(0));
+        assert!(!t.head_pending(), "waiting for the upstream is not a head");
+        t.upgrade_answered(true);
+        t.feed(BAD.as_bytes());
+        assert_eq!(t.flagged(), None, "tunnel bytes are not requests");
+        t.feed(b"GET / HTT");
+        assert!(!t.head_pending(), "tunnel bytes are not a head");
+    }
+
+    #[test]
+    fn a_refused_upgrade_goes_on_as_http_1_with_the_bytes_that_arrived_meanwhile() {
+        let mut t = Tracker::default();
+        t.feed(format!("{GET}{UPGRADE}GET / HT").as_bytes());
+        assert_eq!(t.awaiting_upgrade(), Some(1));
+        assert!(
+            t.head_pending(),
+            "bytes after an upgrade request are timed until it is answered"
         );
+        t.upgrade_answered(false);
+        assert!(t.head_pending(), "the next head is timed again");
+        t.feed(b"TP/1.1\r\nHost: a\r\n\r\n");
+        assert!(!t.head_pending());
+        t.feed(BAD.as_bytes());
+        assert_eq!(t.flagged(), Some(&(3, BadRequest::DuplicateLength)));
+    }
+
+    #[test]
+    fn a_head_with_bytes_that_are_not_utf8_is_still_followed_and_timed() {
+        let mut t = Tracker::default();
+        t.feed(b"GET / HTTP/1.1\r\nHost: a\r\nX-Name: caf\xe9\r\n\r\n");
+        assert_eq!(t.flagged(), None);
+        t.feed(b"GET / HTTP/1.1\r\nHo");
+        assert!(t.head_pending(), "the next head is timed");
+    }
+
+    #[test]
+    fn a_head_ended_by_bare_line_feeds_is_flagged() {
+        assert_eq!(
+            flagged("GET / HTTP/1.1\nHost: a\n\n"),
+            Some((0, BadRequest::BareLineFeed))
+        );
+        assert_eq!(
+            flagged(&format!("{GET}GET / HTTP/1.1\r\nHost: a\n\r\n")),
+            Some((1, BadRequest::BareLineFeed))
+        );
+    }
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = (payload.len() as u32).to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, flags, 0, 0, 0, 1];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn over_h2_a_header_block_is_pending_until_end_headers_and_pings_are_not_activity() {
+        let mut t = Tracker::default();
+        assert!(t.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+        assert!(t.is_h2());
+        assert!(!t.feed(&frame(0x4, 0, &[])), "SETTINGS");
+        assert!(!t.feed(&frame(0x6, 0, &[0; 8])), "PING");
+        assert!(!t.feed(&frame(0x8, 0, &[0, 0, 1, 0])), "WINDOW_UPDATE");
+        assert!(!t.head_pending());
+        // HEADERS without END_HEADERS: pending until the CONTINUATION that ends it.
+        let headers = frame(0x1, 0, b"abc");
+        assert!(!t.feed(&headers[..5]), "part of a frame header");
+        assert!(t.feed(&headers[5..10]), "a HEADERS frame is activity");
+        assert!(t.head_pending(), "a header block arriving");
+        t.feed(&headers[10..]);
+        assert!(t.head_pending(), "no END_HEADERS yet");
+        assert!(!t.feed(&frame(0x6, 0, &[0; 8])));
+        assert!(t.head_pending(), "a PING does not end a header block");
+        assert!(t.feed(&frame(0x9, 0x4, b"d")));
+        assert!(!t.head_pending());
+        assert!(t.feed(&frame(0x0, 0x1, b"body")), "DATA");
     }
 }

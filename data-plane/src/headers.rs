@@ -37,6 +37,9 @@ pub enum BadRequest {
     /// More than one Host header (RFC 9112 §3.2): which one routes is ambiguous.
     #[error("more than one Host header")]
     DuplicateHost,
+    /// A head line ended by a bare LF instead of CRLF (RFC 9112 §2.2).
+    #[error("a line of the request head ends without CR")]
+    BareLineFeed,
 }
 
 /// Refuses the request shapes used for request smuggling.

@@ -19,8 +19,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::task::TaskTracker;
 
-use crate::framing::Tracker;
-use crate::headers::BadRequest;
+use crate::framing::{FrameScanner, Tracker};
+use crate::headers::{BadRequest, is_upgrade};
 use crate::proxy::Forwarder;
 
 /// Client-side limits and timeouts.
@@ -140,19 +140,22 @@ impl Connection {
         let activity = Arc::new(Activity::new());
         let in_flight = Arc::new(AtomicUsize::new(0));
         let smuggling = Arc::new(OnceLock::new());
+        let upgrades = Arc::new(AtomicU64::new(0));
         let io = TokioIo::new(IdleIo {
             inner: stream,
             activity: activity.clone(),
             tracker: Tracker::default(),
+            out: FrameScanner::default(),
             flagged: smuggling.clone(),
+            upgrades: upgrades.clone(),
         });
         let forwarder = self.forwarder.clone();
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
-        let svc = service_fn(move |req| {
+        let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let forwarder = forwarder.clone();
-            let counter = counter.clone();
-            counter.fetch_add(1, Ordering::AcqRel);
+            // Dropped when the handler finishes or is dropped (an HTTP/2 stream reset).
+            let guard = InFlight::enter(&counter);
             // HTTP/1.1 requests on a connection are handled in order: this is the index
             // the framing tracker counts in.
             let index = requests.fetch_add(1, Ordering::AcqRel);
@@ -160,18 +163,27 @@ impl Connection {
                 .get()
                 .filter(|(i, _)| *i == index)
                 .map(|(_, bad)| bad.clone());
+            let upgrade = req.version() == http::Version::HTTP_11 && is_upgrade(req.headers());
+            let upgrades = upgrades.clone();
             async move {
                 let response = match smuggled {
                     Some(bad) => forwarder.reject(&bad),
                     None => forwarder.handle(req, peer, tls).await,
                 };
-                counter.fetch_sub(1, Ordering::AcqRel);
+                if upgrade {
+                    let switched = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+                    upgrades.store(((index + 1) << 1) | u64::from(switched), Ordering::Release);
+                }
+                drop(guard);
                 Ok::<_, std::convert::Infallible>(response)
             }
         });
         let conn = self.builder.serve_connection_with_upgrades(io, svc);
         tokio::pin!(conn);
         let mut draining = false;
+        // Set when an idle connection was asked to close: a client that does not take
+        // part in a graceful close (an unanswered HTTP/2 GOAWAY PING) loses the socket.
+        let mut idle_close: Option<Instant> = None;
         let check =
             (self.idle_timeout.min(self.header_read_timeout) / 4).max(Duration::from_millis(50));
         loop {
@@ -186,16 +198,40 @@ impl Connection {
                         tracing::debug!(%peer, "request head not complete within the header read timeout; closing");
                         break;
                     }
+                    if let Some(since) = idle_close {
+                        if since.elapsed() >= self.idle_timeout.min(self.header_read_timeout) {
+                            tracing::debug!(%peer, "idle connection did not close gracefully; closing");
+                            break;
+                        }
+                        continue;
+                    }
                     if draining {
                         continue;
                     }
                     if in_flight.load(Ordering::Acquire) == 0 && activity.idle_for() >= self.idle_timeout {
                         draining = true;
+                        idle_close = Some(Instant::now());
                         conn.as_mut().graceful_shutdown();
                     }
                 }
             }
         }
+    }
+}
+
+/// One request in flight on a connection, counted until it is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn enter(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -241,13 +277,50 @@ impl Activity {
     }
 }
 
-/// A stream that records activity for the idle timeout and follows HTTP/1.1 framing to
-/// flag request-smuggling shapes (see `framing`). Over TLS it wraps the decrypted stream.
+/// A stream that records activity for the idle timeout and times request heads, and
+/// follows HTTP/1.1 framing to flag request-smuggling shapes (see `framing`). Over TLS it
+/// wraps the decrypted stream.
 struct IdleIo<S> {
     inner: S,
     activity: Arc<Activity>,
     tracker: Tracker,
+    /// Over HTTP/2, the frames written (only those carrying responses are activity).
+    out: FrameScanner,
     flagged: Arc<OnceLock<(u64, BadRequest)>>,
+    /// The last upgrade request answered: `(index + 1) << 1 | switched`.
+    upgrades: Arc<AtomicU64>,
+}
+
+impl<S> IdleIo<S> {
+    fn read(&mut self, data: &[u8]) {
+        if let Some(index) = self.tracker.awaiting_upgrade() {
+            let answer = self.upgrades.load(Ordering::Acquire);
+            if answer >> 1 == index + 1 {
+                self.tracker.upgrade_answered(answer & 1 == 1);
+            }
+        }
+        let active = self.tracker.feed(data);
+        if active {
+            self.activity.touch();
+        }
+        if self.flagged.get().is_none()
+            && let Some(flag) = self.tracker.flagged()
+        {
+            let _ = self.flagged.set(flag.clone());
+        }
+        // After a flag the handler answers 400 and closes the connection.
+        let pending = self.flagged.get().is_none() && self.tracker.head_pending();
+        self.activity.head_pending(pending);
+    }
+
+    fn wrote(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        if !self.tracker.is_h2() || self.out.feed(data) {
+            self.activity.touch();
+        }
+    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for IdleIo<S> {
@@ -259,17 +332,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for IdleIo<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.activity.touch();
-            if self.flagged.get().is_none() {
-                let this = &mut *self;
-                this.tracker.feed(&buf.filled()[before..]);
-                if let Some(flag) = this.tracker.flagged() {
-                    let _ = this.flagged.set(flag.clone());
-                }
-                this.activity.head_pending(this.tracker.head_pending());
-            } else {
-                self.activity.head_pending(false);
-            }
+            self.read(&buf.filled()[before..]);
         }
         r
     }
@@ -282,8 +345,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        if let Poll::Ready(Ok(n)) = r {
+            self.wrote(&data[..n]);
         }
         r
     }
@@ -293,8 +356,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        if let Poll::Ready(Ok(mut n)) = r {
+            for b in bufs {
+                let take = n.min(b.len());
+                self.wrote(&b[..take]);
+                n -= take;
+                if n == 0 {
+                    break;
+                }
+            }
         }
         r
     }

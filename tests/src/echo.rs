@@ -6,7 +6,7 @@
 //!
 //! `?delay_ms=N` makes it wait N ms before answering (a slow upstream). A request with
 //! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
-//! every byte back.
+//! every byte back, unless the query has `refuse_upgrade` (then it is answered normally).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -49,7 +49,16 @@ async fn respond(
     name: std::sync::Arc<str>,
     mut req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if let Some(protocol) = req.headers().get(http::header::UPGRADE).cloned() {
+    let refuse_upgrade = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.contains("refuse_upgrade"));
+    if let Some(protocol) = req
+        .headers()
+        .get(http::header::UPGRADE)
+        .filter(|_| !refuse_upgrade)
+        .cloned()
+    {
         let upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             if let Ok(upgraded) = upgrade.await {

@@ -635,3 +635,173 @@ async fn routing_sees_the_normalised_path_the_backend_sees_and_unsafe_paths_get_
     assert_eq!(header(&head, "x-echo-path"), Some("/public/..%2fadmin"));
     Ok(())
 }
+
+/// Waits until the proxy closes `s` (EOF or reset), reading and discarding what it sends;
+/// returns how long that took.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> anyhow::Result<Duration> {
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(limit.saturating_sub(started.elapsed()), s.read(&mut buf)).await
+        {
+            Err(_) => anyhow::bail!("the connection was still open after {limit:?}"),
+            Ok(Ok(0) | Err(_)) => return Ok(started.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// The header read timeout holds whatever came before on the connection: a head with
+/// bytes that are not UTF-8, and an upgrade the upstream refused. A head ended by bare LFs
+/// gets a 400.
+#[tokio::test]
+async fn the_header_timeout_holds_after_odd_heads_and_refused_upgrades() -> anyhow::Result<()> {
+    let (state, logs) = dirs("header-timeout-2");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-header-timeout-2",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+
+    let partial = b"GET / HTTP/1.1\r\nHost: a.te";
+    let firsts: [&[u8]; 2] = [
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nX-Name: caf\xe9\r\n\r\n",
+        b"GET /ws?refuse_upgrade HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    ];
+    for first in firsts {
+        let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+        c.write_all(first).await?;
+        let answer = read_response(&mut c).await?;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        c.write_all(partial).await?;
+        let took = closed_within(&mut c, Duration::from_secs(8)).await?;
+        assert!(
+            took >= Duration::from_millis(900),
+            "cut after {took:?}, before the timeout"
+        );
+    }
+
+    let bare = raw_head(p.addr, "GET / HTTP/1.1\nHost: a.test\n\n").await?;
+    assert!(bare.starts_with("http/1.1 400"), "{bare}");
+    Ok(())
+}
+
+/// An HTTP/2 frame: 9-byte header (stream 1 unless `stream` says otherwise) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK header block for `GET http://{authority}{path}` (literals, no Huffman).
+fn h2_get(authority: &str, path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+    for (index, value) in [(4u8, path), (1u8, authority)] {
+        block.push(index); // literal without indexing, indexed name
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+async fn h2_connect(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+    s.write_all(&h2_frame(0x4, 0, 0, &[])).await?;
+    Ok(s)
+}
+
+/// Over HTTP/2: PINGs do not keep an idle connection open, a header block must complete
+/// within the header read timeout, and a stream the client reset does not count as a
+/// request in flight (which would keep the connection from ever being idle).
+#[tokio::test]
+async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("h2-timeouts");
+    let (gated, arrived, _release) = gated_upstream().await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[gated])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-h2-timeouts",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--header-read-timeout", "1s", "--idle-timeout", "1s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let limit = Duration::from_secs(6);
+
+    // PINGs every 200 ms for up to 8 s: the connection is idle anyway.
+    let (mut r, mut w) = h2_connect(p.addr).await?.into_split();
+    let pinger = tokio::spawn(async move {
+        for i in 0u64..40 {
+            if w.write_all(&h2_frame(0x6, 0, 0, &i.to_be_bytes()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(limit.saturating_sub(started.elapsed()), r.read(&mut buf)).await
+        {
+            Err(_) => anyhow::bail!("PINGs kept an idle HTTP/2 connection open for {limit:?}"),
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(_)) => {}
+        }
+    }
+    pinger.abort();
+
+    // A HEADERS frame without END_HEADERS, and no CONTINUATION (idle timeout is 1 s too,
+    // so with the header block not counted, the idle close would also come: raise it).
+    drop(p);
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-h2-timeouts-2",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let mut c = h2_connect(p.addr).await?;
+    c.write_all(&h2_frame(0x1, 0x1, 1, &h2_get("a.test", "/")))
+        .await?;
+    let took = closed_within(&mut c, limit).await?;
+    assert!(took >= Duration::from_millis(900), "cut after {took:?}");
+    drop(p);
+
+    // A request in flight, reset by the client: the connection is idle again.
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-h2-timeouts-3",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--header-read-timeout", "60s", "--idle-timeout", "1s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let mut c = h2_connect(p.addr).await?;
+    // END_STREAM | END_HEADERS.
+    c.write_all(&h2_frame(0x1, 0x5, 1, &h2_get("a.test", "/")))
+        .await?;
+    tokio::time::timeout(T, arrived).await??;
+    c.write_all(&h2_frame(0x3, 0, 1, &8u32.to_be_bytes()))
+        .await?; // RST_STREAM CANCEL
+    closed_within(&mut c, limit).await?;
+    Ok(())
+}
