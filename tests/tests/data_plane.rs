@@ -726,18 +726,23 @@ async fn h2_connect(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
 #[tokio::test]
 async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets()
 -> anyhow::Result<()> {
-    let (state, logs) = dirs("h2-timeouts");
+    let (_, logs) = dirs("h2-timeouts");
     let (gated, arrived, _release) = gated_upstream().await;
     let cp = FakeControlPlane::start(None).await?;
     let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[gated])]);
     cp.push(s.clone());
-    let p = ProxyProc::start(
-        "proxy-h2-timeouts",
-        &[cp.url()],
-        state.path(),
-        &logs,
-        &["--header-read-timeout", "1s", "--idle-timeout", "1s"],
-    )?;
+    let start = |name: &str, header: &str, idle: &str| {
+        let state = tempfile::tempdir()?;
+        let p = ProxyProc::start(
+            name,
+            &[cp.url()],
+            state.path(),
+            &logs,
+            &["--header-read-timeout", header, "--idle-timeout", idle],
+        )?;
+        anyhow::Ok((p, state))
+    };
+    let (p, _state) = start("proxy-h2-timeouts", "1s", "1s")?;
     wait_version(&p, &s.version).await?;
     let limit = Duration::from_secs(6);
 
@@ -769,14 +774,7 @@ async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets(
     // A HEADERS frame without END_HEADERS, and no CONTINUATION (idle timeout is 1 s too,
     // so with the header block not counted, the idle close would also come: raise it).
     drop(p);
-    let state = tempfile::tempdir()?;
-    let p = ProxyProc::start(
-        "proxy-h2-timeouts-2",
-        &[cp.url()],
-        state.path(),
-        &logs,
-        &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
-    )?;
+    let (p, _state) = start("proxy-h2-timeouts-2", "1s", "60s")?;
     wait_version(&p, &s.version).await?;
     let mut c = h2_connect(p.addr).await?;
     c.write_all(&h2_frame(0x1, 0x1, 1, &h2_get("a.test", "/")))
@@ -786,14 +784,7 @@ async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets(
     drop(p);
 
     // A request in flight, reset by the client: the connection is idle again.
-    let state = tempfile::tempdir()?;
-    let p = ProxyProc::start(
-        "proxy-h2-timeouts-3",
-        &[cp.url()],
-        state.path(),
-        &logs,
-        &["--header-read-timeout", "60s", "--idle-timeout", "1s"],
-    )?;
+    let (p, _state) = start("proxy-h2-timeouts-3", "60s", "1s")?;
     wait_version(&p, &s.version).await?;
     let mut c = h2_connect(p.addr).await?;
     // END_STREAM | END_HEADERS.
