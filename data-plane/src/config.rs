@@ -120,6 +120,11 @@ pub struct Args {
         default_value = "reject"
     )]
     pub escaped_slashes: EscapedSlashesArg,
+    /// Error pages (400, 404, 502, 503, 504) say why: the backend, the endpoint address,
+    /// the error chain. For development only: without it a client learns the status and
+    /// nothing else, and the detail goes to the debug log and /debug/explain.
+    #[arg(long, env = "HOLDFAST_VERBOSE_ERRORS")]
+    pub verbose_errors: bool,
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

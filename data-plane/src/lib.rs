@@ -112,6 +112,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             eject_for: args.eject_for,
             pool_idle_per_host: args.upstream_pool_idle,
             escaped_slashes,
+            verbose_errors: args.verbose_errors,
         },
         metrics.clone(),
     ));

@@ -39,6 +39,8 @@ pub struct ForwardSettings {
     pub pool_idle_per_host: usize,
     /// What to do with `%2F` and `%5C` in request paths.
     pub escaped_slashes: crate::path::EscapedSlashes,
+    /// Error pages say why (backend, endpoint, error chain); otherwise only the status.
+    pub verbose_errors: bool,
 }
 
 /// The forwarding service, shared by all connections.
@@ -65,6 +67,15 @@ fn local(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> 
         .header("x-holdfast-reason", status.canonical_reason().unwrap_or(""))
         .body(Either::Right(Full::new(Bytes::from(body))))
         .expect("static response parts are valid")
+}
+
+/// The body of an error page a client sees: the status and its reason phrase only.
+fn generic(status: StatusCode) -> String {
+    format!(
+        "{} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error")
+    )
 }
 
 /// Why forwarding failed, by whose fault (pingora-style classification).
@@ -142,12 +153,25 @@ impl Forwarder {
 
     /// Answers a request the framing tracker flagged: 400, and the connection is closed.
     pub fn reject(&self, bad: &BadRequest) -> Response<ProxyBody> {
-        let mut response = local(StatusCode::BAD_REQUEST, format!("400 bad request: {bad}"));
+        let mut response = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {bad}"));
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         self.metrics.count("(none)", 400);
         response
+    }
+
+    /// An error answer. What went wrong (`detail`) can name backends, pod addresses and
+    /// error chains: it goes to the debug log, and to the client only with
+    /// `--verbose-errors`. The client otherwise learns the status and nothing else.
+    fn fail(&self, status: StatusCode, detail: impl Into<String>) -> Response<ProxyBody> {
+        let detail = detail.into();
+        tracing::debug!(status = status.as_u16(), %detail, "error answer");
+        if self.settings.verbose_errors {
+            local(status, detail)
+        } else {
+            local(status, generic(status))
+        }
     }
 
     /// The metrics.
@@ -189,7 +213,7 @@ impl Forwarder {
             && let Err(e) = check_framing(req.headers())
         {
             return (
-                local(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
+                self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
                 none(),
             );
         }
@@ -205,7 +229,7 @@ impl Forwarder {
             });
         let Some(raw_host) = raw_host.filter(|h| !h.is_empty()) else {
             return (
-                local(
+                self.fail(
                     StatusCode::BAD_REQUEST,
                     format!("400 bad request: {}", BadRequest::NoHost),
                 ),
@@ -215,7 +239,7 @@ impl Forwarder {
         let host = normalise_host(&raw_host);
         let Some(table) = table else {
             return (
-                local(
+                self.fail(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "503 no route table yet: waiting for a snapshot",
                 ),
@@ -229,7 +253,7 @@ impl Forwarder {
                 Ok(std::borrow::Cow::Owned(p)) => Some(p),
                 Err(e) => {
                     return (
-                        local(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
+                        self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
                         none(),
                     );
                 }
@@ -244,7 +268,7 @@ impl Forwarder {
                     Ok(pq) => Some(pq),
                     Err(_) => {
                         return (
-                            local(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
+                            self.fail(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
                             none(),
                         );
                     }
@@ -269,14 +293,14 @@ impl Forwarder {
                         format!("404 no route: no path of {vhost:?} matches {path}")
                     }
                 };
-                return (local(StatusCode::NOT_FOUND, why), none());
+                return (self.fail(StatusCode::NOT_FOUND, why), none());
             }
         };
         let label = Some(route);
         let backend = &table.backends[route.backend];
         if let Some(reason) = &backend.unavailable_reason {
             return (
-                local(
+                self.fail(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("503 backend unavailable: {reason}"),
                 ),
@@ -328,7 +352,7 @@ impl Forwarder {
             uri.path_and_query = Some(path_and_query.clone());
             let Ok(uri) = Uri::from_parts(uri) else {
                 return (
-                    local(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
+                    self.fail(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
                     label,
                 );
             };
@@ -398,14 +422,14 @@ impl Forwarder {
             }
         }
         let response = match failure {
-            Failure::Connect(e) => local(
+            Failure::Connect(e) => self.fail(
                 StatusCode::BAD_GATEWAY,
                 format!("502 upstream connect failed: {e}"),
             ),
             Failure::Upstream(e) => {
-                local(StatusCode::BAD_GATEWAY, format!("502 upstream failed: {e}"))
+                self.fail(StatusCode::BAD_GATEWAY, format!("502 upstream failed: {e}"))
             }
-            Failure::Timeout => local(
+            Failure::Timeout => self.fail(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
                     "504 upstream did not answer within {:?}",

@@ -63,7 +63,6 @@ OPERATOR=$("$BIN/holdfast-dev-certs" --out "$PKI" --proxy proxy-1 --proxy proxy-
 "$KUBECTL" -n demo create secret tls site-tls --cert "$PKI/site.crt" --key "$PKI/site.key" >>"$DIR/apply.log"
 
 CP=$(free_port); CPA=$(free_port)
-# --verbose-errors is for development: error pages then say which backend failed and why.
 RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
   --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
   --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
@@ -72,8 +71,9 @@ RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.
 P=(); S=(); A=()
 for i in 1 2; do
   P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)")
+  # --verbose-errors is for development: error pages then say which backend failed and why.
   RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --listen-tls "127.0.0.1:${S[-1]}" \
-    --admin-listen "127.0.0.1:${A[-1]}" \
+    --admin-listen "127.0.0.1:${A[-1]}" --verbose-errors \
     --control-plane "https://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
     --tls-cert "$PKI/proxy-$i.crt" --tls-key "$PKI/proxy-$i.key" --control-plane-ca "$PKI/ca.crt" \
     >"$DIR/proxy-$i.log" 2>&1 & pids+=($!)

@@ -140,6 +140,7 @@ async fn an_invalid_snapshot_is_nacked_with_the_reason_and_the_old_routes_keep_s
 async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow::Result<()> {
     let (state, logs) = dirs("codes");
     let a = echo_on_loopback("echo-a").await;
+    let down = closed_port();
     let cp = FakeControlPlane::start(None).await?;
     let mut s = snapshot(
         1,
@@ -149,7 +150,7 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
             ("down.test", "/", "down"),
             ("slow.test", "/", "web"),
         ],
-        &[("web", &[a]), ("empty", &[]), ("down", &[closed_port()])],
+        &[("web", &[a]), ("empty", &[]), ("down", &[down])],
     );
     s.backends[1].unavailable_reason = "service ns/empty not found".into();
     holdfast_proto::snapshot::seal(&mut s, 1);
@@ -163,18 +164,16 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
     )?;
     wait_version(&p, &s.version).await?;
 
-    let (code, body) = p.get("nothing.test", "/").await?;
-    assert_eq!(code, 404);
-    assert!(body.contains("no route"), "{body}");
-    let (code, body) = p.get("empty.test", "/").await?;
-    assert_eq!(code, 503);
-    assert!(body.contains("service ns/empty not found"), "{body}");
-    let (code, body) = p.get("down.test", "/").await?;
-    assert_eq!(code, 502);
-    assert!(body.contains("connect"), "{body}");
-    let (code, body) = p.get("slow.test", "/?delay_ms=3000").await?;
-    assert_eq!(code, 504);
-    assert!(body.contains("504"), "{body}");
+    // A client learns the status and nothing else: no Service name, no pod address.
+    let pages = [
+        ("nothing.test", "/", 404, "404 Not Found\n"),
+        ("empty.test", "/", 503, "503 Service Unavailable\n"),
+        ("down.test", "/", 502, "502 Bad Gateway\n"),
+        ("slow.test", "/?delay_ms=3000", 504, "504 Gateway Timeout\n"),
+    ];
+    for (host, path, code, page) in pages {
+        assert_eq!(p.get(host, path).await?, (code, page.to_owned()), "{host}");
+    }
     assert_eq!(p.get("ok.test", "/").await?.0, 200);
 
     let (_, metrics) = p.admin_get("/metrics").await?;
@@ -190,6 +189,43 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
         metrics.contains("holdfast_proxy_upstream_latency_seconds_bucket"),
         "{metrics}"
     );
+    drop(p);
+
+    // --verbose-errors (development): the pages say why.
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-codes-verbose",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--upstream-response-timeout", "500ms", "--verbose-errors"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    for (host, path, code, says) in [
+        (
+            "nothing.test",
+            "/",
+            404,
+            "no virtual host for nothing.test".to_owned(),
+        ),
+        (
+            "empty.test",
+            "/",
+            503,
+            "service ns/empty not found".to_owned(),
+        ),
+        ("down.test", "/", 502, format!("connect failed: {down}")),
+        (
+            "slow.test",
+            "/?delay_ms=3000",
+            504,
+            "did not answer within".to_owned(),
+        ),
+    ] {
+        let (got, body) = p.get(host, path).await?;
+        assert_eq!(got, code, "{host}: {body}");
+        assert!(body.contains(&says), "{host}: {body}");
+    }
     Ok(())
 }
 

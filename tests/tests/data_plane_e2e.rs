@@ -118,9 +118,12 @@ async fn the_proxy_serves_a_route_created_through_the_api_server() -> anyhow::Re
     );
     let (code, body) = p.get(&w.host("ghost"), "/").await?;
     assert_eq!(code, 503, "a missing Service is 503, not 404: {body}");
+    let (_, why) = p
+        .admin_get(&format!("/debug/explain?host={}&path=/", w.host("ghost")))
+        .await?;
     assert!(
-        body.contains(&format!("service {}/ghost not found", w.ns)),
-        "{body}"
+        why.contains(&format!("service {}/ghost not found", w.ns)),
+        "{why}"
     );
     assert_eq!(p.get(&format!("nothing.{}.test", w.ns), "/").await?.0, 404);
     Ok(())
@@ -182,7 +185,8 @@ async fn a_corrupt_or_truncated_state_file_keeps_the_proxy_not_ready_until_a_con
         assert_eq!(p.admin_get("/readyz").await?.0, 503, "{what}");
         let (code, body) = p.get(&w.host("web"), "/").await?;
         assert_eq!(code, 503, "{what}: {body}");
-        assert!(body.contains("no route table"), "{what}: {body}");
+        let (_, why) = p.admin_get("/debug/explain?host=x&path=/").await?;
+        assert!(why.contains("no route table"), "{what}: {why}");
         let log = p.proc.log();
         assert!(
             log.contains("rejected the state file"),

@@ -63,6 +63,8 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
     assert_eq!(health.trim(), "echo-a");
     let shop = run(curls.iter().find(|c| c.contains("shop.demo.test")).unwrap())?;
     assert!(shop.starts_with("HTTP/1.1 503"), "{shop}");
+    // The demo runs with --verbose-errors: the page says why.
+    assert!(shop.contains("service demo/shop not found"), "{shop}");
     let secure = run(curls
         .iter()
         .find(|c| c.contains("https://secure.demo.test"))
