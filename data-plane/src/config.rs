@@ -125,9 +125,32 @@ pub struct Args {
     /// nothing else, and the detail goes to the debug log and /debug/explain.
     #[arg(long, env = "HOLDFAST_VERBOSE_ERRORS")]
     pub verbose_errors: bool,
+    /// Upgrade protocols passed through to backends (comma-separated). Other upgrade
+    /// requests go upstream as plain requests with Upgrade removed; `h2c` is refused here
+    /// and never forwarded.
+    #[arg(
+        long,
+        env = "HOLDFAST_ALLOW_UPGRADE",
+        value_delimiter = ',',
+        default_value = "websocket"
+    )]
+    pub allow_upgrade: Vec<String>,
+    /// Balancers in front of the proxies whose X-Forwarded-Proto/Host/Port, X-Real-IP and
+    /// Forwarded headers are kept (CIDRs, comma-separated; like nginx set_real_ip_from).
+    /// From any other peer these headers are replaced with what the proxy saw.
+    /// X-Forwarded-For always gets the peer appended.
+    #[arg(long, env = "HOLDFAST_TRUST_FORWARDED_FROM", value_delimiter = ',', value_parser = parse_net)]
+    pub trust_forwarded_from: Vec<ipnet::IpNet>,
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// A CIDR (`10.0.0.0/8`) or a single address (`10.0.0.1`, `::1`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is not an address or a CIDR (like 10.0.0.0/8)"))
 }
 
 /// Validated configuration.
@@ -187,6 +210,16 @@ impl Args {
                     ));
                 }
             }
+        }
+        if let Some(p) = self
+            .allow_upgrade
+            .iter()
+            .find(|p| p.eq_ignore_ascii_case("h2c") || p.trim().is_empty())
+        {
+            return Err(err(
+                "allow-upgrade",
+                &format!("{p:?} cannot be allowed (h2c upgrades are never forwarded)"),
+            ));
         }
         let tls = match (&self.tls_cert, &self.tls_key, &self.control_plane_ca) {
             (Some(cert), Some(key), Some(ca)) => Some(holdfast_proto::mtls::Files {

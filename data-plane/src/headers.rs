@@ -84,6 +84,25 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
 }
 
+/// May this upgrade be forwarded? Every protocol in `Upgrade` must be in `allowed`
+/// (lower case), and `h2c` never is: an h2c upgrade would turn the proxy's upstream
+/// connection into HTTP/2 that no route rule governs.
+pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    let mut protocols = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("\u{0}").split(','))
+        .map(|p| {
+            p.trim()
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        })
+        .peekable();
+    protocols.peek().is_some() && protocols.all(|p| p != "h2c" && allowed.iter().any(|a| *a == p))
+}
+
 fn connection_has(headers: &HeaderMap, token: &str) -> bool {
     headers
         .get_all(header::CONNECTION)
@@ -104,7 +123,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
         .collect();
     for name in named {
-        if keep_upgrade && name == header::UPGRADE {
+        if (keep_upgrade && name == header::UPGRADE) || is_forwarding(&name) || name == header::HOST
+        {
             continue;
         }
         headers.remove(name);
@@ -119,9 +139,41 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Adds `X-Forwarded-For` (appending the client), `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` (the host the client asked for).
-pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &'static str, host: &str) {
+/// Headers that say who the client is and how it reached the edge. A client cannot name
+/// them in `Connection` to have them removed: that would strip what a trusted balancer in
+/// front of holdfast added.
+const FORWARDING: [&str; 6] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-forwarded-proto",
+    "x-real-ip",
+];
+
+/// Is this one of the [`FORWARDING`] headers?
+fn is_forwarding(name: &HeaderName) -> bool {
+    FORWARDING.contains(&name.as_str())
+}
+
+/// How the request reached this proxy, for the forwarding headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Hop<'a> {
+    /// The peer's address.
+    pub client: IpAddr,
+    /// `http` or `https`.
+    pub proto: &'static str,
+    /// The host the client asked for (Host or the request target's authority).
+    pub host: &'a str,
+    /// The peer is a balancer in `--trust-forwarded-from`: what it says is kept.
+    pub trusted: bool,
+}
+
+/// Sets the forwarding headers. `X-Forwarded-For` always gets the peer appended. From an
+/// untrusted peer, `X-Forwarded-Proto`, `-Host`, `-Port`, `X-Real-IP` and `Forwarded` are
+/// replaced with what this proxy saw; from a trusted one (a balancer in front), they are
+/// kept, and only filled in where missing (`Forwarded` gets this hop appended).
+pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
     let xff = HeaderName::from_static("x-forwarded-for");
     let prior: Vec<String> = headers
         .get_all(&xff)
@@ -129,8 +181,9 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &'static st
         .filter_map(|v| v.to_str().ok())
         .map(str::to_owned)
         .collect();
+    let client = hop.client.to_string();
     let value = if prior.is_empty() {
-        client.to_string()
+        client.clone()
     } else {
         format!("{}, {client}", prior.join(", "))
     };
@@ -138,12 +191,42 @@ pub fn add_forwarded(headers: &mut HeaderMap, client: IpAddr, proto: &'static st
     if let Ok(v) = HeaderValue::from_str(&value) {
         headers.insert(xff, v);
     }
-    headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static(proto),
-    );
-    if let Ok(v) = HeaderValue::from_str(host) {
-        headers.insert(HeaderName::from_static("x-forwarded-host"), v);
+    let port = hop
+        .host
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(if hop.proto == "https" { 443 } else { 80 })
+        .to_string();
+    let node = match hop.client {
+        IpAddr::V4(_) => client.clone(),
+        IpAddr::V6(_) => format!("\"[{client}]\""),
+    };
+    let quoted_host = hop.host.replace(['"', '\\'], "");
+    let this_hop = format!("for={node};host=\"{quoted_host}\";proto={}", hop.proto);
+    let forwarded = HeaderName::from_static("forwarded");
+    let forwarded_value = match headers.get(&forwarded).and_then(|v| v.to_str().ok()) {
+        Some(prior) if hop.trusted => format!("{prior}, {this_hop}"),
+        _ => this_hop,
+    };
+    let ours = [
+        ("x-forwarded-proto", hop.proto.to_owned()),
+        ("x-forwarded-host", hop.host.to_owned()),
+        ("x-forwarded-port", port),
+        ("x-real-ip", client),
+    ];
+    for (name, value) in ours {
+        let name = HeaderName::from_static(name);
+        if hop.trusted && headers.contains_key(&name) {
+            continue;
+        }
+        headers.remove(&name);
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    headers.remove(&forwarded);
+    if let Ok(v) = HeaderValue::from_str(&forwarded_value) {
+        headers.insert(forwarded, v);
     }
 }
 
@@ -250,17 +333,102 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_headers_append_the_client_and_name_the_host() {
+    fn forwarded_headers_from_an_untrusted_client_are_replaced_and_the_peer_appended() {
         let mut h = map(&[
             ("x-forwarded-for", "203.0.113.1"),
             ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.test"),
+            ("x-forwarded-port", "1"),
+            ("x-real-ip", "192.0.2.1"),
+            ("forwarded", "for=192.0.2.1;proto=https"),
         ]);
-        add_forwarded(&mut h, "10.0.0.7".parse().unwrap(), "http", "a.example.com");
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "203.0.113.1, 10.0.0.7");
-        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
-        assert_eq!(h.get("x-forwarded-host").unwrap(), "a.example.com");
+        let hop = Hop {
+            client: "10.0.0.7".parse().unwrap(),
+            proto: "http",
+            host: "a.example.com:8080",
+            trusted: false,
+        };
+        add_forwarded(&mut h, hop);
+        assert_eq!(h["x-forwarded-for"], "203.0.113.1, 10.0.0.7");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "a.example.com:8080");
+        assert_eq!(h["x-forwarded-port"], "8080");
+        assert_eq!(h["x-real-ip"], "10.0.0.7");
+        assert_eq!(
+            h["forwarded"],
+            "for=10.0.0.7;host=\"a.example.com:8080\";proto=http"
+        );
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "10.0.0.7".parse().unwrap(), "http", "b");
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.7");
+        add_forwarded(
+            &mut h,
+            Hop {
+                client: "::1".parse().unwrap(),
+                proto: "https",
+                host: "b",
+                trusted: false,
+            },
+        );
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h["x-forwarded-port"], "443");
+        assert_eq!(h["forwarded"], "for=\"[::1]\";host=\"b\";proto=https");
+    }
+
+    #[test]
+    fn forwarded_headers_from_a_trusted_balancer_are_kept() {
+        let mut h = map(&[
+            ("x-forwarded-for", "203.0.113.1"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-port", "443"),
+            ("x-real-ip", "203.0.113.1"),
+            ("forwarded", "for=203.0.113.1;proto=https"),
+        ]);
+        let hop = Hop {
+            client: "10.0.0.7".parse().unwrap(),
+            proto: "http",
+            host: "a.example.com",
+            trusted: true,
+        };
+        add_forwarded(&mut h, hop);
+        assert_eq!(h["x-forwarded-for"], "203.0.113.1, 10.0.0.7");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-port"], "443");
+        assert_eq!(h["x-real-ip"], "203.0.113.1");
+        assert_eq!(h["x-forwarded-host"], "a.example.com", "filled in");
+        assert_eq!(
+            h["forwarded"],
+            "for=203.0.113.1;proto=https, for=10.0.0.7;host=\"a.example.com\";proto=http"
+        );
+    }
+
+    #[test]
+    fn only_listed_upgrades_are_allowed_and_never_h2c() {
+        let allowed = vec!["websocket".to_owned(), "h2c".to_owned()];
+        let up = |v: &str| map(&[("connection", "upgrade"), ("upgrade", v)]);
+        assert!(upgrade_allowed(&up("websocket"), &allowed));
+        assert!(upgrade_allowed(&up("WebSocket"), &allowed));
+        assert!(!upgrade_allowed(&up("h2c"), &allowed), "never h2c");
+        assert!(!upgrade_allowed(&up("websocket, h2c"), &allowed));
+        assert!(!upgrade_allowed(&up("foo/1"), &allowed));
+        assert!(!upgrade_allowed(&map(&[]), &allowed));
+    }
+
+    #[test]
+    fn connection_cannot_name_forwarding_headers_or_host_for_removal() {
+        let mut h = map(&[
+            (
+                "connection",
+                "x-forwarded-for, X-Real-IP, forwarded, host, x-other",
+            ),
+            ("x-forwarded-for", "203.0.113.1"),
+            ("x-real-ip", "203.0.113.1"),
+            ("forwarded", "for=203.0.113.1"),
+            ("host", "a"),
+            ("x-other", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        for kept in ["x-forwarded-for", "x-real-ip", "forwarded", "host"] {
+            assert!(h.contains_key(kept), "{kept}");
+        }
+        assert!(!h.contains_key("x-other"));
     }
 }

@@ -113,6 +113,12 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             pool_idle_per_host: args.upstream_pool_idle,
             escaped_slashes,
             verbose_errors: args.verbose_errors,
+            trust_forwarded_from: args.trust_forwarded_from.clone(),
+            allow_upgrade: args
+                .allow_upgrade
+                .iter()
+                .map(|p| p.trim().to_ascii_lowercase())
+                .collect(),
         },
         metrics.clone(),
     ));

@@ -19,7 +19,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use crate::headers::{BadRequest, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop};
+use crate::headers::{
+    BadRequest, Hop, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop, upgrade_allowed,
+};
 use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
@@ -41,6 +43,10 @@ pub struct ForwardSettings {
     pub escaped_slashes: crate::path::EscapedSlashes,
     /// Error pages say why (backend, endpoint, error chain); otherwise only the status.
     pub verbose_errors: bool,
+    /// Upgrade protocols forwarded (lower case; never h2c).
+    pub allow_upgrade: Vec<String>,
+    /// Peers whose forwarding headers are kept (balancers in front of the proxies).
+    pub trust_forwarded_from: Vec<ipnet::IpNet>,
 }
 
 /// The forwarding service, shared by all connections.
@@ -308,12 +314,26 @@ impl Forwarder {
             );
         }
 
-        let upgrade = req.version() == Version::HTTP_11 && is_upgrade(req.headers());
+        // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
+        // Upgrade header removed.
+        let upgrade = req.version() == Version::HTTP_11
+            && is_upgrade(req.headers())
+            && upgrade_allowed(req.headers(), &self.settings.allow_upgrade);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers, upgrade);
         let proto = if tls { "https" } else { "http" };
-        add_forwarded(&mut parts.headers, client.ip(), proto, &raw_host);
+        let hop = Hop {
+            client: client.ip(),
+            proto,
+            host: &raw_host,
+            trusted: self
+                .settings
+                .trust_forwarded_from
+                .iter()
+                .any(|net| net.contains(&client.ip())),
+        };
+        add_forwarded(&mut parts.headers, hop);
         if !parts.headers.contains_key(header::HOST)
             && let Ok(v) = HeaderValue::from_str(&raw_host)
         {

@@ -2,7 +2,7 @@
 //! backend served. It speaks HTTP/1.1 and h2c, and reports what it received in headers:
 //! `x-echo-name`, `x-echo-path` (path and query), `x-echo-host`, `x-echo-headers` (the
 //! names of all request headers) and `x-echo-body-len`; forwarded headers
-//! (`x-forwarded-*`) are copied back as `x-echo-<name>`.
+//! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
 //!
 //! `?delay_ms=N` makes it wait N ms before answering (a slow upstream). A request with
 //! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
@@ -102,7 +102,7 @@ async fn respond(
         .header("x-echo-path", path)
         .header("x-echo-host", host);
     for (k, v) in req.headers() {
-        if k.as_str().starts_with("x-forwarded-") {
+        if k.as_str().starts_with("x-forwarded-") || k == "x-real-ip" || k == "forwarded" {
             resp = resp.header(format!("x-echo-{}", k.as_str()), v.clone());
         }
     }

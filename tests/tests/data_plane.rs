@@ -298,11 +298,13 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
     assert!(raw(p.addr, fine).await?.contains(" 200 "));
 
     // Hop-by-hop headers (and those Connection names) are removed; X-Forwarded-* added.
-    let mut s = tokio::net::TcpStream::connect(p.addr).await?;
-    let req = "GET /x?y=1 HTTP/1.1\r\nHost: A.test:80\r\nConnection: keep-alive, x-secret\r\nKeep-Alive: timeout=5\r\nX-Secret: 1\r\nTE: trailers\r\nX-Forwarded-For: 203.0.113.9\r\nX-Kept: yes\r\n\r\n";
-    s.write_all(req.as_bytes()).await?;
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    // A client cannot name forwarding headers in Connection, nor set them: they are
+    // replaced with what the proxy saw (X-Forwarded-For is appended to).
+    let req = "GET /x?y=1 HTTP/1.1\r\nHost: A.test:80\r\nConnection: keep-alive, x-secret, x-forwarded-for\r\nKeep-Alive: timeout=5\r\nX-Secret: 1\r\nTE: trailers\r\nX-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\nX-Real-IP: 203.0.113.9\r\nForwarded: for=203.0.113.9\r\nX-Kept: yes\r\n\r\n";
+    c.write_all(req.as_bytes()).await?;
     let mut buf = vec![0u8; 8192];
-    let n = tokio::time::timeout(T, s.read(&mut buf)).await??;
+    let n = tokio::time::timeout(T, c.read(&mut buf)).await??;
     let head = String::from_utf8_lossy(&buf[..n]).to_lowercase();
     let seen = head
         .lines()
@@ -327,6 +329,33 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
         "{head}"
     );
     assert!(head.contains("x-echo-path: /x?y=1"), "{head}");
+    assert_eq!(header(&head, "x-echo-x-real-ip"), Some("127.0.0.1"));
+    assert_eq!(header(&head, "x-echo-x-forwarded-port"), Some("80"));
+    assert_eq!(
+        header(&head, "x-echo-forwarded"),
+        Some("for=127.0.0.1;host=\"a.test:80\";proto=http")
+    );
+    drop(p);
+
+    // From a balancer in --trust-forwarded-from, what it says is kept.
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-headers-trusted",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--trust-forwarded-from", "127.0.0.0/8"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let req = "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\nX-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Port: 443\r\nX-Real-IP: 203.0.113.9\r\n\r\n";
+    let head = raw_head(p.addr, req).await?;
+    assert_eq!(
+        header(&head, "x-echo-x-forwarded-for"),
+        Some("203.0.113.9, 127.0.0.1")
+    );
+    assert_eq!(header(&head, "x-echo-x-forwarded-proto"), Some("https"));
+    assert_eq!(header(&head, "x-echo-x-forwarded-port"), Some("443"));
+    assert_eq!(header(&head, "x-echo-x-real-ip"), Some("203.0.113.9"));
     Ok(())
 }
 
@@ -370,6 +399,34 @@ async fn h2c_with_prior_knowledge_and_websocket_upgrades_pass_through() -> anyho
     let mut got = vec![0u8; 22];
     tokio::time::timeout(T, ws.read_exact(&mut got)).await??;
     assert_eq!(&got, b"ping through the proxy");
+
+    // An h2c upgrade, or a protocol not on --allow-upgrade, goes upstream as a plain
+    // request without Upgrade (the echo answers 101 to any Upgrade it sees).
+    let upgrade = |protocol: &str| {
+        format!(
+            "GET /up HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: {protocol}\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+        )
+    };
+    for protocol in ["h2c", "foo"] {
+        let head = raw_head(p.addr, &upgrade(protocol)).await?;
+        assert!(head.starts_with("http/1.1 200"), "{protocol}: {head}");
+        let seen = header(&head, "x-echo-headers").unwrap_or_default();
+        assert!(!seen.contains("upgrade"), "{protocol}: {seen}");
+    }
+    drop(p);
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-h2-allow",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--allow-upgrade", "websocket,foo"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let head = raw_head(p.addr, &upgrade("foo")).await?;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    let head = raw_head(p.addr, &upgrade("h2c")).await?;
+    assert!(head.starts_with("http/1.1 200"), "never h2c: {head}");
     Ok(())
 }
 
