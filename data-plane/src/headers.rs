@@ -100,7 +100,7 @@ pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
                 .to_ascii_lowercase()
         })
         .peekable();
-    protocols.peek().is_some() && protocols.all(|p| p != "h2c" && allowed.iter().any(|a| *a == p))
+    protocols.peek().is_some() && protocols.all(|p| p != "h2c" && allowed.contains(&p))
 }
 
 fn connection_has(headers: &HeaderMap, token: &str) -> bool {
