@@ -223,10 +223,15 @@ impl Forwarder {
                 none(),
             );
         }
+        // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
+        // replaces it upstream: the host routed on is the host the backend sees.
         let raw_host = req
             .uri()
             .authority()
-            .map(|a| a.as_str().to_owned())
+            .map(|a| match a.port() {
+                Some(port) => format!("{}:{port}", a.host()),
+                None => a.host().to_owned(),
+            })
             .or_else(|| {
                 req.headers()
                     .get(header::HOST)
@@ -334,9 +339,7 @@ impl Forwarder {
                 .any(|net| net.contains(&client.ip())),
         };
         add_forwarded(&mut parts.headers, hop);
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(v) = HeaderValue::from_str(&raw_host)
-        {
+        if let Ok(v) = HeaderValue::from_str(&raw_host) {
             parts.headers.insert(header::HOST, v);
         }
         let path_and_query = forward_path

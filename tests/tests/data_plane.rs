@@ -363,8 +363,13 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
 async fn h2c_with_prior_knowledge_and_websocket_upgrades_pass_through() -> anyhow::Result<()> {
     let (state, logs) = dirs("h2-ws");
     let a = echo_on_loopback("echo-a").await;
+    let b = echo_on_loopback("echo-b").await;
     let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    let s = snapshot(
+        1,
+        &[("a.test", "/", "web"), ("b.test", "/", "other")],
+        &[("web", &[a]), ("other", &[b])],
+    );
     cp.push(s.clone());
     let p = ProxyProc::start("proxy-h2", &[cp.url()], state.path(), &logs, &[])?;
     wait_version(&p, &s.version).await?;
@@ -383,6 +388,23 @@ async fn h2c_with_prior_knowledge_and_websocket_upgrades_pass_through() -> anyho
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_2);
     assert_eq!(resp.headers()["x-echo-name"], "echo-a");
+
+    // :authority wins over a Host header, and is the Host the backend sees.
+    let req = http::Request::get("http://b.test/h2")
+        .header(http::header::HOST, "a.test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    assert_eq!(resp.headers()["x-echo-name"], "echo-b");
+    assert_eq!(resp.headers()["x-echo-host"], "b.test");
+
+    // So does an absolute-form target over HTTP/1.1.
+    let head = raw_head(
+        p.addr,
+        "GET http://b.test/abs HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    assert_eq!(header(&head, "x-echo-name"), Some("echo-b"), "{head}");
+    assert_eq!(header(&head, "x-echo-host"), Some("b.test"), "{head}");
 
     // Upgrade: 101 from the upstream, then bytes flow both ways.
     let mut ws = tokio::net::TcpStream::connect(p.addr).await?;
