@@ -429,9 +429,26 @@ fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
                 ));
                 continue;
             }
+            if let Some(suffix) = wildcard_over_public_suffix(&host) {
+                digest.problems.push((
+                    "PublicSuffixWildcard",
+                    format!("spec.tls host {host:?} skipped: it covers every name under the public suffix {suffix:?}"),
+                ));
+                continue;
+            }
             digest.tls.push((host, format!("{ns}/{secret}")));
         }
     }
+}
+
+/// For a wildcard such as `*.com` or `*.co.uk`, the public suffix it covers: such a host
+/// would take every site under a registry. The list is Mozilla's Public Suffix List
+/// (the `psl` crate); only its explicit rules count, so private names such as `*.test`
+/// or `*.internal` (under the list's implicit `*` rule) are allowed.
+pub fn wildcard_over_public_suffix(host: &str) -> Option<&str> {
+    let parent = host.strip_prefix("*.")?;
+    let suffix = psl::suffix(parent.as_bytes())?;
+    (suffix.is_known() && suffix.as_bytes() == parent.as_bytes()).then_some(parent)
 }
 
 /// Digests one Ingress.
@@ -474,6 +491,15 @@ pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
                 "InvalidHost",
                 format!(
                     "rule for host {host:?} skipped: not a valid host name or one-label wildcard"
+                ),
+            ));
+            continue;
+        }
+        if let Some(suffix) = wildcard_over_public_suffix(&host) {
+            digest.problems.push((
+                "PublicSuffixWildcard",
+                format!(
+                    "rule for host {host:?} skipped: it covers every name under the public suffix {suffix:?}"
                 ),
             ));
             continue;

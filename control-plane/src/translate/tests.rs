@@ -1561,3 +1561,38 @@ fn implementation_specific_paths_a_normalised_request_never_has_are_refused() {
     assert_eq!(t.problems.len(), 4, "{:?}", t.problems);
     assert!(t.problems.iter().all(|p| p.reason == "InvalidPath"));
 }
+
+#[test]
+fn wildcards_over_a_public_suffix_are_refused_and_private_ones_allowed() {
+    for host in ["*.com", "*.co.uk", "*.github.io"] {
+        assert!(
+            wildcard_over_public_suffix(host).is_some(),
+            "{host} covers a public suffix"
+        );
+    }
+    for host in [
+        "*.example.com",
+        "*.example.co.uk",
+        "*.test",
+        "*.ns.test",
+        "a.com",
+        "com",
+    ] {
+        assert_eq!(wildcard_over_public_suffix(host), None, "{host}");
+    }
+    let t = run(&state(vec![ingress(
+        "default",
+        "a",
+        0,
+        json!([
+            rule("*.co.uk", "/", "Prefix", "web", json!({"number": 80})),
+            rule("*.example.com", "/", "Prefix", "web", json!({"number": 80}))
+        ]),
+    )]));
+    assert_eq!(
+        routes(&t),
+        [r("*.example.com", MatchKind::Prefix, "/", "default/web:80")]
+    );
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(t.problems[0].reason, "PublicSuffixWildcard");
+}
