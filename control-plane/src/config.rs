@@ -49,6 +49,11 @@ pub struct Args {
     /// snapshots (otherwise TLS hosts get no certificate, with a problem saying why).
     #[arg(long, env = "HOLDFAST_ALLOW_PLAINTEXT_SECRETS")]
     pub allow_plaintext_secrets: bool,
+    /// Let ExternalName Services be backends. Off by default: an ExternalName can send the
+    /// proxies to any DNS name, including another namespace's internal Services
+    /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.
+    #[arg(long, env = "HOLDFAST_ALLOW_EXTERNAL_NAME")]
+    pub allow_external_name: bool,
     /// Address of the HTTP admin listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:18001")]
     pub admin_listen: SocketAddr,

@@ -92,6 +92,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             ingress_class: args.ingress_class.clone(),
             default_certificate: args.default_certificate.clone(),
             allow_certificates: config.tls.is_some() || args.allow_plaintext_secrets,
+            allow_external_name: args.allow_external_name,
         },
         debounce: args.debounce,
         max_delay: args.max_delay,

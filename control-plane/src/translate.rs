@@ -23,7 +23,8 @@
 //!   the EndpointSlices labelled `kubernetes.io/service-name`, on the slice port named like
 //!   the Service port (falling back to a numeric targetPort), per slice. Only ready
 //!   endpoints (`ready` unset counts as ready), first address, deduplicated and sorted.
-//!   An ExternalName Service resolves to its DNS name.
+//!   An ExternalName Service resolves to its DNS name only with `allow_external_name`;
+//!   otherwise its backend is unavailable (503) and its Ingresses get a [`Problem`].
 //! - **Unknown is not absent.** A missing Service, a missing port or no ready endpoints
 //!   keeps the route, with a backend that has no endpoints and an `unavailable_reason`
 //!   (the proxy answers 503). Routes are removed only when their Ingress rule is.
@@ -99,6 +100,11 @@ pub struct Options {
     /// control plane serves plaintext gRPC without `--allow-plaintext-secrets`: TLS hosts
     /// then get no certificate, with a problem saying why.
     pub allow_certificates: bool,
+    /// Whether ExternalName Services may be backends (`--allow-external-name`). Off, such
+    /// a backend answers 503 and its Ingresses get an `ExternalNameDisabled` problem: an
+    /// ExternalName can point the proxies at any host, including cluster-internal ones
+    /// another namespace owns (CVE-2021-25740).
+    pub allow_external_name: bool,
 }
 
 impl Default for Options {
@@ -108,6 +114,7 @@ impl Default for Options {
             ingress_class: None,
             default_certificate: None,
             allow_certificates: true,
+            allow_external_name: false,
         }
     }
 }
@@ -868,6 +875,8 @@ struct HostEntry {
 struct BackendEntry {
     users: usize,
     backend: Backend,
+    /// An ExternalName Service, refused because `allow_external_name` is off.
+    refused_external: bool,
 }
 
 impl BackendEntry {
@@ -876,6 +885,7 @@ impl BackendEntry {
         BackendEntry {
             users,
             backend: Backend::default(),
+            refused_external: false,
         }
     }
 }
@@ -1142,21 +1152,29 @@ impl Translator {
             let slices = slices_by_key
                 .get(key.service_key())
                 .map_or(&[][..], Vec::as_slice);
-            resolve_backend(key, by_key.get(key.service_key()).map(|s| &**s), slices)
+            resolve_backend(
+                key,
+                by_key.get(key.service_key()).map(|s| &**s),
+                slices,
+                opts.allow_external_name,
+            )
         });
         if to_resolve.len() > self.backends.entries.len() / 8 {
             // Many: walk the map and the (sorted) results together.
             let mut results = to_resolve.iter().zip(resolved).peekable();
             for (name, entry) in self.backends.entries.iter_mut() {
                 while results.next_if(|(key, _)| key.name < *name).is_some() {}
-                if let Some((_, backend)) = results.next_if(|(key, _)| key.name == *name) {
+                if let Some((_, (backend, refused))) = results.next_if(|(key, _)| key.name == *name)
+                {
                     entry.backend = backend;
+                    entry.refused_external = refused;
                 }
             }
         } else {
-            for (key, backend) in to_resolve.iter().zip(resolved) {
+            for (key, (backend, refused)) in to_resolve.iter().zip(resolved) {
                 if let Some(entry) = self.backends.entries.get_mut(&key.name) {
                     entry.backend = backend;
+                    entry.refused_external = refused;
                 }
             }
         }
@@ -1197,6 +1215,7 @@ impl Translator {
                 problems.extend(entry.problems.iter().cloned());
             }
         }
+        self.refused_external_problems(&mut problems);
         for d in self.with_problems.values() {
             problems.extend(d.problems.iter().map(|(reason, message)| Problem {
                 namespace: d.source.namespace.clone(),
@@ -1217,6 +1236,37 @@ impl Translator {
             },
             problems: problems.into_iter().collect(),
             certificate_users: tls.users,
+        }
+    }
+
+    /// An `ExternalNameDisabled` problem for each Ingress routing to a refused
+    /// ExternalName backend. Walks the routes only while there is such a backend.
+    fn refused_external_problems(&self, problems: &mut BTreeSet<Problem>) {
+        let refused: HashSet<&str> = self
+            .backends
+            .entries
+            .iter()
+            .filter(|(_, e)| e.refused_external)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if refused.is_empty() {
+            return;
+        }
+        for entry in self.hosts.values() {
+            for route in &entry.vhost.routes {
+                if let (true, Some(src)) = (refused.contains(route.backend.as_str()), &route.source)
+                {
+                    problems.insert(Problem {
+                        namespace: src.namespace.clone(),
+                        name: src.name.clone(),
+                        reason: "ExternalNameDisabled",
+                        message: format!(
+                            "backend {} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
+                            route.backend
+                        ),
+                    });
+                }
+            }
         }
     }
 
@@ -1599,11 +1649,25 @@ fn build_host(host: &str, contributors: &[Arc<IngressDigest>]) -> HostEntry {
     }
 }
 
-/// Resolves one backend against its Service and that Service's EndpointSlices.
+/// Resolves one backend against its Service and that Service's EndpointSlices; true with
+/// it if it is an ExternalName Service refused because `allow_external` is off.
 fn resolve_backend(
     key: &BackendRef,
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
+    allow_external: bool,
+) -> (Backend, bool) {
+    (
+        resolve_allowed_backend(key, svc, slices, allow_external),
+        !allow_external && svc.is_some_and(|s| s.external_name.is_some()),
+    )
+}
+
+fn resolve_allowed_backend(
+    key: &BackendRef,
+    svc: Option<&ServiceDigest>,
+    slices: &[Arc<SliceDigest>],
+    allow_external: bool,
 ) -> Backend {
     let (ns, svc_name, port_ref) = (key.namespace(), key.service(), key.port());
     let mut backend = Backend {
@@ -1615,6 +1679,12 @@ fn resolve_backend(
         return backend;
     };
     if let Some(external) = &svc.external_name {
+        if !allow_external {
+            backend.unavailable_reason = format!(
+                "ExternalName service {ns}/{svc_name} is not allowed (--allow-external-name is off)"
+            );
+            return backend;
+        }
         if external.is_empty() {
             backend.unavailable_reason =
                 format!("ExternalName service {ns}/{svc_name} has no externalName");

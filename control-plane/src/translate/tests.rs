@@ -114,14 +114,18 @@ fn state(ingresses: Vec<Arc<Ingress>>) -> ClusterState {
 /// building is the snapshot's content hash, and that a long-lived translator (digests
 /// remembered from an earlier build of other objects) gives the same result.
 fn run(state: &ClusterState) -> Translation {
-    let t = translate(state, &Options::default());
+    run_with(state, &Options::default())
+}
+
+fn run_with(state: &ClusterState, opts: &Options) -> Translation {
+    let t = translate(state, opts);
     assert_eq!(
         t.snapshot.content_hash,
         holdfast_proto::snapshot::content_hash(&t.snapshot)
     );
     let mut warm = Translator::default();
-    warm.translate(&self::state(vec![]), &Options::default());
-    let again = warm.translate(state, &Options::default());
+    warm.translate(&self::state(vec![]), opts);
+    let again = warm.translate(state, opts);
     assert_eq!(again.snapshot, t.snapshot);
     assert_eq!(again.problems, t.problems);
     t
@@ -414,7 +418,7 @@ fn a_service_without_ready_endpoints_or_the_port_keeps_the_route_and_says_why() 
 }
 
 #[test]
-fn external_name_services_resolve_to_their_dns_name() {
+fn external_name_services_resolve_to_their_dns_name_only_when_allowed() {
     let svc: Arc<Service> = Arc::new(
         serde_json::from_value(json!({
             "metadata": { "namespace": "default", "name": "ext" },
@@ -441,13 +445,32 @@ fn external_name_services_resolve_to_their_dns_name() {
         endpoint_slices: vec![],
         ..Default::default()
     };
-    let t = run(&st);
+    let allowed = Options {
+        allow_external_name: true,
+        ..Options::default()
+    };
+    let t = run_with(&st, &allowed);
     let b = backend(&t, "default/ext:https");
     assert_eq!(
         (b.external_name.as_str(), b.external_port),
         ("api.example.org", 443)
     );
     assert!(b.unavailable_reason.is_empty());
+    assert!(t.problems.is_empty());
+
+    // Off by default: 503, and the Ingress hears why.
+    let t = run(&st);
+    let b = backend(&t, "default/ext:https");
+    assert!(b.external_name.is_empty());
+    assert_eq!(
+        b.unavailable_reason,
+        "ExternalName service default/ext is not allowed (--allow-external-name is off)"
+    );
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(
+        (t.problems[0].reason, t.problems[0].name.as_str()),
+        ("ExternalNameDisabled", "a")
+    );
 }
 
 #[test]
@@ -1010,8 +1033,19 @@ fn random_slice(rng: &mut Rng, name: &str, ns: &str, n: usize) -> Arc<EndpointSl
 
 #[test]
 fn a_long_lived_translator_builds_what_a_fresh_one_builds_after_every_change() {
+    long_lived_builds_what_fresh_builds(Options::default());
+}
+
+#[test]
+fn a_long_lived_translator_builds_what_a_fresh_one_builds_with_external_names_allowed() {
+    long_lived_builds_what_fresh_builds(Options {
+        allow_external_name: true,
+        ..Options::default()
+    });
+}
+
+fn long_lived_builds_what_fresh_builds(opts: Options) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let opts = Options::default();
     let mut st = ClusterState {
         ingress_classes: vec![ours()],
         ..Default::default()
