@@ -54,6 +54,25 @@ pub struct Args {
     /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.
     #[arg(long, env = "HOLDFAST_ALLOW_EXTERNAL_NAME")]
     pub allow_external_name: bool,
+    /// Who may add rules to a host: `first-namespace` (the namespace of the host's oldest
+    /// Ingress; rules from other namespaces are skipped with a Warning Event) or `shared`
+    /// (any namespace may add paths to any host).
+    #[arg(
+        long,
+        env = "HOLDFAST_HOST_OWNERSHIP",
+        value_enum,
+        default_value = "first-namespace"
+    )]
+    pub host_ownership: crate::translate::HostOwnership,
+    /// Namespaces whose Ingresses may set the `defaultBackend`, the cluster-wide catch-all
+    /// for requests no rule matches (comma-separated; default: all, as the Ingress spec
+    /// expects). An Ingress elsewhere gets a Warning Event, and unmatched requests get 404.
+    #[arg(
+        long,
+        env = "HOLDFAST_DEFAULT_BACKEND_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub default_backend_namespaces: Option<Vec<String>>,
     /// Address of the HTTP admin listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:18001")]
     pub admin_listen: SocketAddr,

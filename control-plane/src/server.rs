@@ -93,6 +93,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             default_certificate: args.default_certificate.clone(),
             allow_certificates: config.tls.is_some() || args.allow_plaintext_secrets,
             allow_external_name: args.allow_external_name,
+            host_ownership: args.host_ownership,
+            default_backend_namespaces: args
+                .default_backend_namespaces
+                .as_ref()
+                .map(|list| list.iter().map(|n| n.trim().to_owned()).collect()),
         },
         debounce: args.debounce,
         max_delay: args.max_delay,

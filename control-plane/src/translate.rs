@@ -105,6 +105,24 @@ pub struct Options {
     /// ExternalName can point the proxies at any host, including cluster-internal ones
     /// another namespace owns (CVE-2021-25740).
     pub allow_external_name: bool,
+    /// Who may add rules to a host (`--host-ownership`).
+    pub host_ownership: HostOwnership,
+    /// The namespaces whose Ingresses may set the cluster-wide `defaultBackend`
+    /// (`--default-backend-namespaces`); None: all.
+    pub default_backend_namespaces: Option<BTreeSet<String>>,
+}
+
+/// Who may add rules to a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HostOwnership {
+    /// A host belongs to the namespace of its oldest Ingress; rules for it from other
+    /// namespaces are skipped with a problem, so one namespace cannot take paths on
+    /// another's host.
+    #[default]
+    FirstNamespace,
+    /// Every namespace may add paths to any host (the oldest Ingress still wins a
+    /// path both route).
+    Shared,
 }
 
 impl Default for Options {
@@ -115,6 +133,8 @@ impl Default for Options {
             default_certificate: None,
             allow_certificates: true,
             allow_external_name: false,
+            host_ownership: HostOwnership::FirstNamespace,
+            default_backend_namespaces: None,
         }
     }
 }
@@ -1085,7 +1105,9 @@ impl Translator {
         }
         let contributors = &self.contributors;
         let built = parallel_map(&dirty_hosts, |host| {
-            contributors.get(host).map(|list| build_host(host, list))
+            contributors
+                .get(host)
+                .map(|list| build_host(host, list, opts.host_ownership))
         });
         let mut acquired: Vec<Arc<BackendRef>> = Vec::new();
         let mut new_hosts: Vec<(String, HostEntry)> = Vec::with_capacity(dirty_hosts.len());
@@ -1110,6 +1132,23 @@ impl Translator {
         let mut defaults: Vec<&Arc<IngressDigest>> = self.with_default.values().collect();
         defaults.sort_unstable_by(|a, b| by_age(a, b));
         let mut problems: BTreeSet<Problem> = BTreeSet::new();
+        if let Some(allowed) = &opts.default_backend_namespaces {
+            defaults.retain(|d| {
+                let ok = allowed.contains(&d.source.namespace);
+                if !ok {
+                    problems.insert(Problem {
+                        namespace: d.source.namespace.clone(),
+                        name: d.source.name.clone(),
+                        reason: "DefaultBackendNotAllowed",
+                        message: format!(
+                            "defaultBackend ignored: namespace {:?} may not set the cluster-wide default backend (--default-backend-namespaces)",
+                            d.source.namespace
+                        ),
+                    });
+                }
+                ok
+            });
+        }
         let winner = defaults.first().copied().cloned();
         for loser in defaults.iter().skip(1) {
             let w = winner.as_ref().map(|w| &w.source);
@@ -1583,9 +1622,32 @@ impl Backends {
 
 /// Builds one virtual host from the Ingresses that route it: on the same host, path and
 /// kind twice, the oldest Ingress wins and the others (if other Ingresses) get a problem.
-fn build_host(host: &str, contributors: &[Arc<IngressDigest>]) -> HostEntry {
+fn build_host(
+    host: &str,
+    contributors: &[Arc<IngressDigest>],
+    ownership: HostOwnership,
+) -> HostEntry {
     let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
     ordered.sort_unstable_by(|a, b| by_age(a, b));
+    let mut problems = Vec::new();
+    if ownership == HostOwnership::FirstNamespace
+        && let Some(owner) = ordered.first().map(|d| d.source.namespace.clone())
+    {
+        ordered.retain(|d| {
+            let own = d.source.namespace == owner;
+            if !own {
+                problems.push(Problem {
+                    namespace: d.source.namespace.clone(),
+                    name: d.source.name.clone(),
+                    reason: "HostOwnedByOtherNamespace",
+                    message: format!(
+                        "rules for host {host:?} skipped: the host belongs to namespace {owner:?} (its oldest Ingress); see --host-ownership"
+                    ),
+                });
+            }
+            own
+        });
+    }
     let mut candidates: Vec<(&RouteDigest, usize)> = ordered
         .iter()
         .enumerate()
@@ -1601,7 +1663,6 @@ fn build_host(host: &str, contributors: &[Arc<IngressDigest>]) -> HostEntry {
             .cmp(&(b.kind as i32, b.path_key))
             .then_with(|| (&a.path, ra).cmp(&(&b.path, rb)))
     });
-    let mut problems = Vec::new();
     let mut winners: Vec<(&RouteDigest, usize)> = Vec::with_capacity(candidates.len());
     for (route, rank) in candidates {
         if let Some((w, wrank)) = winners.last()

@@ -704,3 +704,98 @@ async fn a_stuck_proxy_delays_nobody_and_is_sent_the_newest_snapshot_when_it_ans
     assert_eq!(next.version_info, newest.version);
     Ok(())
 }
+
+/// Waits for a Warning Event with `reason` on Ingress `name` in `ns`.
+async fn warning_event(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    name: &str,
+) -> anyhow::Result<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let event = wait::until(&format!("a {reason} Event on {ns}/{name}"), T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            }))
+        }
+    })
+    .await?;
+    anyhow::ensure!(event.type_.as_deref() == Some("Warning"), "{event:?}");
+    Ok(event)
+}
+
+/// Tenants: a host belongs to the namespace of its oldest Ingress (another namespace
+/// cannot take a path on it), and ExternalName backends are off by default; both are
+/// skipped with a Warning Event and a problem in GetStatus, and nothing else changes.
+#[tokio::test]
+async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_off()
+-> anyhow::Result<()> {
+    let s = setup("tenants").await?;
+    s.web_and_ingress("site").await?;
+    let other = s.cluster.namespace(&s.client, "tenants-b").await?;
+    create(&s.client, Some(&other), &objects::service("web", 80, 8080)).await?;
+    let grab = objects::ingress_paths(
+        "grab",
+        &s.class,
+        &s.host("site"),
+        &[("/admin", "Prefix", "web", 80)],
+    );
+    create(&s.client, Some(&other), &grab).await?;
+    let external: Service = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "ext" },
+        "spec": { "type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local",
+                  "ports": [{ "name": "http", "port": 80 }] }
+    }))?;
+    create(&s.client, Some(&s.ns), &external).await?;
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::ingress("to-ext", &s.class, &s.host("ext"), "ext", 80),
+    )
+    .await?;
+
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let snap = sub
+        .wait_for("the site and the ExternalName route", T, |snap| {
+            route_hosts(snap).len() == 2
+        })
+        .await?;
+    let site = snap
+        .virtual_hosts
+        .iter()
+        .find(|v| v.host == s.host("site"))
+        .expect("site");
+    assert_eq!(site.routes.len(), 1, "only the owner's path: {site:?}");
+    let ext = snap
+        .backends
+        .iter()
+        .find(|b| b.name.ends_with("/ext:80"))
+        .expect("ext backend");
+    assert!(ext.external_name.is_empty(), "{ext:?}");
+    assert!(!ext.unavailable_reason.is_empty(), "{ext:?}");
+
+    warning_event(&s.client, &other, "HostOwnedByOtherNamespace", "grab").await?;
+    warning_event(&s.client, &s.ns, "ExternalNameDisabled", "to-ext").await?;
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    let problems = status["problems"].as_array().cloned().unwrap_or_default();
+    for (reason, name) in [
+        ("HostOwnedByOtherNamespace", "grab"),
+        ("ExternalNameDisabled", "to-ext"),
+    ] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p["reason"] == reason && p["name"] == name),
+            "{reason}: {status}"
+        );
+    }
+    Ok(())
+}

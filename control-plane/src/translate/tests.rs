@@ -833,6 +833,37 @@ fn default_backend_of_the_oldest_ingress_wins() {
 }
 
 #[test]
+fn only_listed_namespaces_may_set_the_default_backend() {
+    let db = |svc: &str| json!({ "ingressClassName": "holdfast", "defaultBackend": { "service": { "name": svc, "port": { "number": 80 } } } });
+    let st = state(vec![
+        ingress_with("tenant", "catch-all", 1, db("web")),
+        ingress_with("edge", "fallback", 3, db("web")),
+    ]);
+    let opts = Options {
+        default_backend_namespaces: Some(["edge".to_owned()].into()),
+        ..Options::default()
+    };
+    let t = run_with(&st, &opts);
+    let d = t
+        .snapshot
+        .default_backend
+        .as_ref()
+        .expect("default backend");
+    assert_eq!(d.source.as_ref().unwrap().namespace, "edge");
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(
+        (t.problems[0].reason, t.problems[0].namespace.as_str()),
+        ("DefaultBackendNotAllowed", "tenant")
+    );
+    let only_tenant = state(vec![ingress_with("tenant", "catch-all", 1, db("web"))]);
+    let t = run_with(&only_tenant, &opts);
+    assert_eq!(
+        t.snapshot.default_backend, None,
+        "unmatched requests get 404"
+    );
+}
+
+#[test]
 fn resource_backends_are_skipped_with_a_problem() {
     let t = run(&state(vec![ingress(
         "default",
@@ -1629,4 +1660,67 @@ fn wildcards_over_a_public_suffix_are_refused_and_private_ones_allowed() {
     );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(t.problems[0].reason, "PublicSuffixWildcard");
+}
+
+#[test]
+fn a_host_belongs_to_the_namespace_of_its_oldest_ingress_unless_shared() {
+    let st = state(vec![
+        ingress(
+            "team-a",
+            "site",
+            0,
+            json!([rule(
+                "a.example.com",
+                "/",
+                "Prefix",
+                "web",
+                json!({"number": 80})
+            )]),
+        ),
+        ingress(
+            "team-b",
+            "grab",
+            1,
+            json!([rule(
+                "a.example.com",
+                "/admin",
+                "Prefix",
+                "web",
+                json!({"number": 80})
+            )]),
+        ),
+    ]);
+    let t = run(&st);
+    assert_eq!(
+        routes(&t),
+        [r("a.example.com", MatchKind::Prefix, "/", "team-a/web:80")]
+    );
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(
+        (
+            t.problems[0].reason,
+            t.problems[0].namespace.as_str(),
+            t.problems[0].name.as_str()
+        ),
+        ("HostOwnedByOtherNamespace", "team-b", "grab")
+    );
+
+    let shared = Options {
+        host_ownership: HostOwnership::Shared,
+        ..Options::default()
+    };
+    let t = run_with(&st, &shared);
+    assert_eq!(
+        routes(&t),
+        [
+            r(
+                "a.example.com",
+                MatchKind::Prefix,
+                "/admin",
+                "team-b/web:80"
+            ),
+            r("a.example.com", MatchKind::Prefix, "/", "team-a/web:80")
+        ]
+    );
+    assert!(t.problems.is_empty());
 }
