@@ -132,3 +132,33 @@ pub fn tls_ingress(
     ing = serde_json::from_value(v).expect("a valid Ingress");
     ing
 }
+
+/// Waits for a Warning Event with `reason` on Ingress `name` in `ns`.
+pub async fn warning_event(
+    client: &kube::Client,
+    ns: &str,
+    reason: &str,
+    name: &str,
+) -> anyhow::Result<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let event = crate::wait::until(
+        &format!("a {reason} Event on {ns}/{name}"),
+        std::time::Duration::from_secs(30),
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(list.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                }))
+            }
+        },
+    )
+    .await?;
+    anyhow::ensure!(event.type_.as_deref() == Some("Warning"), "{event:?}");
+    Ok(event)
+}

@@ -18,7 +18,6 @@ use holdfast_tests::subscriber::{Subscriber, routes};
 use holdfast_tests::wait;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -576,22 +575,7 @@ async fn a_conflicting_rule_is_skipped_with_an_event_and_other_routes_are_unaffe
         ]
     );
 
-    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.ns);
-    let event = wait::until("a ConflictingRoute Event on the newer Ingress", T, || {
-        let events = events.clone();
-        async move {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some("ConflictingRoute")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("beta")
-            }))
-        }
-    })
-    .await?;
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let event = objects::warning_event(&s.client, &s.ns, "ConflictingRoute", "beta").await?;
     assert!(event.note.unwrap_or_default().contains("alpha"));
     assert!(cp.proc.log().contains("ConflictingRoute"));
     Ok(())
@@ -705,32 +689,6 @@ async fn a_stuck_proxy_delays_nobody_and_is_sent_the_newest_snapshot_when_it_ans
     Ok(())
 }
 
-/// Waits for a Warning Event with `reason` on Ingress `name` in `ns`.
-async fn warning_event(
-    client: &kube::Client,
-    ns: &str,
-    reason: &str,
-    name: &str,
-) -> anyhow::Result<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let event = wait::until(&format!("a {reason} Event on {ns}/{name}"), T, || {
-        let events = events.clone();
-        async move {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            }))
-        }
-    })
-    .await?;
-    anyhow::ensure!(event.type_.as_deref() == Some("Warning"), "{event:?}");
-    Ok(event)
-}
-
 /// Tenants: a host belongs to the namespace of its oldest Ingress (another namespace
 /// cannot take a path on it), and ExternalName backends are off by default; both are
 /// skipped with a Warning Event and a problem in GetStatus, and nothing else changes.
@@ -782,8 +740,8 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
     assert!(ext.external_name.is_empty(), "{ext:?}");
     assert!(!ext.unavailable_reason.is_empty(), "{ext:?}");
 
-    warning_event(&s.client, &other, "HostOwnedByOtherNamespace", "grab").await?;
-    warning_event(&s.client, &s.ns, "ExternalNameDisabled", "to-ext").await?;
+    objects::warning_event(&s.client, &other, "HostOwnedByOtherNamespace", "grab").await?;
+    objects::warning_event(&s.client, &s.ns, "ExternalNameDisabled", "to-ext").await?;
     let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
     let problems = status["problems"].as_array().cloned().unwrap_or_default();
     for (reason, name) in [

@@ -16,7 +16,6 @@ use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::tls::{Issued, TestCa, client_config, https_get};
 use holdfast_tests::wait;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -163,21 +162,7 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
     // routed), an Event and a problem say why, and no other host is affected.
     assert!(https_get(https, h2.clone(), &broken, "/").await.is_err());
     assert_eq!(w.p.get(&broken, "/").await?.0, 200);
-    let events: Api<Event> = Api::namespaced(w.client.clone(), &w.ns);
-    wait::until("an InvalidTLSSecret Event on Ingress broken", T, || {
-        let events = events.clone();
-        async move {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some("InvalidTLSSecret")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
-            }))
-        }
-    })
-    .await?;
+    objects::warning_event(&w.client, &w.ns, "InvalidTLSSecret", "broken").await?;
     let status = call(w.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
     let problems = status["problems"].as_array().cloned().unwrap_or_default();
     assert!(
