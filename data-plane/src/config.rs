@@ -102,6 +102,22 @@ pub struct Args {
     /// Largest request head accepted, in bytes.
     #[arg(long, env = "HOLDFAST_MAX_HEADER_BYTES", default_value_t = 65536)]
     pub max_header_bytes: usize,
+    /// Largest request body forwarded, in bytes (0: unlimited). A larger Content-Length
+    /// gets 413 at once; a chunked body is cut when it passes the limit (413).
+    #[arg(long, env = "HOLDFAST_MAX_REQUEST_BODY", default_value_t = 100 * 1024 * 1024)]
+    pub max_request_body: u64,
+    /// A request body that sends nothing for this long gets 408 and the connection closes.
+    #[arg(long, env = "HOLDFAST_BODY_READ_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
+    /// A response write that makes no progress for this long (a client that stopped
+    /// reading) closes the connection.
+    #[arg(long, env = "HOLDFAST_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
+    /// Most client connections open at once, per listener (default: 8192 per worker
+    /// thread). Past it new connections are closed at once and counted in
+    /// holdfast_proxy_connections_refused_total; open connections are unaffected.
+    #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "HOLDFAST_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,

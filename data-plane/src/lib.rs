@@ -113,6 +113,8 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             pool_idle_per_host: args.upstream_pool_idle,
             escaped_slashes,
             verbose_errors: args.verbose_errors,
+            max_request_body: args.max_request_body,
+            body_read_timeout: args.body_read_timeout,
             trust_forwarded_from: args.trust_forwarded_from.clone(),
             allow_upgrade: args
                 .allow_upgrade
@@ -180,6 +182,13 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         max_headers: args.max_headers,
         max_header_bytes: args.max_header_bytes,
         shutdown_grace: args.shutdown_grace,
+        send_timeout: args.send_timeout,
+        max_connections: args.max_connections.unwrap_or_else(|| {
+            let workers = args.worker_threads.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            });
+            8192 * workers
+        }),
     };
     let https = match tls_listener {
         Some(l) => {

@@ -61,6 +61,10 @@ pub struct Metrics {
     pub nacks: Counter,
     /// Upstream connection failures (retried or answered 502).
     pub upstream_connect_errors: Counter,
+    /// Client connections closed at once because --max-connections were open.
+    pub connections_refused: Counter,
+    /// Failed accepts on the client listeners (EMFILE and the like).
+    pub accept_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
     pub tls_handshake_failures: Counter,
     /// Reloads of the control-plane connection's TLS files.
@@ -81,6 +85,8 @@ impl Metrics {
             applied: Counter::default(),
             nacks: Counter::default(),
             upstream_connect_errors: Counter::default(),
+            connections_refused: Counter::default(),
+            accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
             tls_reloads: Counter::default(),
             tls_reload_failures: Counter::default(),
@@ -112,6 +118,16 @@ impl Metrics {
             m.control_plane_connected.clone(),
         );
         r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
+        r.register(
+            "connections_refused",
+            "Client connections closed at once because --max-connections were open",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts on the client listeners (EMFILE, ENFILE and the like)",
+            m.accept_errors.clone(),
+        );
         r.register(
             "snapshot_nacks",
             "Snapshots rejected (NACKed)",

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,10 @@ pub struct ForwardSettings {
     pub escaped_slashes: crate::path::EscapedSlashes,
     /// Error pages say why (backend, endpoint, error chain); otherwise only the status.
     pub verbose_errors: bool,
+    /// Largest request body forwarded, in bytes (0: no limit); larger gets 413.
+    pub max_request_body: u64,
+    /// Longest wait for the next bytes of a request body; then 408.
+    pub body_read_timeout: Duration,
     /// Upgrade protocols forwarded (lower case; never h2c).
     pub allow_upgrade: Vec<String>,
     /// Peers whose forwarding headers are kept (balancers in front of the proxies).
@@ -345,7 +349,26 @@ impl Forwarder {
         let path_and_query = forward_path
             .or_else(|| parts.uri.path_and_query().cloned())
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let slot = Arc::new(Mutex::new(Some(body)));
+        let declared = body.size_hint().exact();
+        let max = self.settings.max_request_body;
+        if max > 0 && declared.is_some_and(|n| n > max) {
+            return (
+                self.fail(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "413 request body of {} bytes is over --max-request-body",
+                        declared.unwrap_or(0)
+                    ),
+                ),
+                label,
+            );
+        }
+        let slot = Arc::new(BodySlot {
+            body: Mutex::new(Some(body)),
+            limit: OnceLock::new(),
+            max_bytes: max,
+            read_timeout: self.settings.body_read_timeout,
+        });
 
         // A second attempt only happens on another endpoint: keep a copy of the headers
         // for it only when there is one.
@@ -433,7 +456,7 @@ impl Forwarder {
                     }
                     failure = Failure::Connect(format!("{authority}: {}", error_chain(&e)));
                     // Retry only if the request body was never sent.
-                    let unsent = slot.lock().map(|s| s.is_some()).unwrap_or(false);
+                    let unsent = slot.body.lock().map(|s| s.is_some()).unwrap_or(false);
                     if !unsent {
                         break;
                     }
@@ -443,6 +466,26 @@ impl Forwarder {
                     break;
                 }
             }
+        }
+        match slot.limit.get() {
+            Some(BodyLimit::TooLarge) => {
+                return (
+                    self.fail(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "413 request body over --max-request-body",
+                    ),
+                    label,
+                );
+            }
+            Some(BodyLimit::Stalled) => {
+                let mut response =
+                    self.fail(StatusCode::REQUEST_TIMEOUT, "408 request body stalled");
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                return (response, label);
+            }
+            None => {}
         }
         let response = match failure {
             Failure::Connect(e) => self.fail(
@@ -497,42 +540,123 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Why a request body was cut short by the proxy's own limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyLimit {
+    /// Longer than `--max-request-body`: 413.
+    TooLarge,
+    /// No bytes for `--body-read-timeout`: 408.
+    Stalled,
+}
+
+impl std::fmt::Display for BodyLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BodyLimit::TooLarge => "request body larger than --max-request-body",
+            BodyLimit::Stalled => "request body stalled for --body-read-timeout",
+        })
+    }
+}
+
+impl std::error::Error for BodyLimit {}
+
+/// The request body, with the limits it is read under, shared by the attempts.
+struct BodySlot {
+    body: Mutex<Option<Incoming>>,
+    /// Set when a limit cut the body: the answer is 413 or 408, not 502.
+    limit: OnceLock<BodyLimit>,
+    max_bytes: u64,
+    read_timeout: Duration,
+}
+
 /// The request body, handed to the upstream client in a way that can be taken back if
 /// the client never started sending it (a connection failure), so the request can be
-/// retried on another endpoint without buffering the body.
+/// retried on another endpoint without buffering the body. It enforces
+/// `--max-request-body` (counting what arrives, whatever Content-Length said) and
+/// `--body-read-timeout` (the longest wait for the next bytes).
 pub struct ReclaimBody {
-    slot: Arc<Mutex<Option<Incoming>>>,
+    slot: Arc<BodySlot>,
     body: Option<Incoming>,
+    read: u64,
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ReclaimBody {
-    fn new(slot: Arc<Mutex<Option<Incoming>>>) -> Self {
-        ReclaimBody { slot, body: None }
+    fn new(slot: Arc<BodySlot>) -> Self {
+        ReclaimBody {
+            slot,
+            body: None,
+            read: 0,
+            stall: None,
+        }
     }
 
     fn with_slot<T>(&self, f: impl FnOnce(Option<&Incoming>) -> T) -> T {
         match &self.body {
             Some(b) => f(Some(b)),
-            None => f(self.slot.lock().unwrap_or_else(|e| e.into_inner()).as_ref()),
+            None => f(self
+                .slot
+                .body
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()),
         }
+    }
+
+    fn cut(&mut self, why: BodyLimit) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let _ = self.slot.limit.set(why);
+        self.body = None;
+        Poll::Ready(Some(Err(Box::new(why))))
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 impl Body for ReclaimBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.body.is_none() {
-            this.body = this.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            this.body = this
+                .slot
+                .body
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
         }
-        match &mut this.body {
-            Some(b) => Pin::new(b).poll_frame(cx),
-            None => Poll::Ready(None),
+        let Some(b) = &mut this.body else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(b).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.stall = None;
+                if let Some(data) = frame.data_ref() {
+                    this.read += data.len() as u64;
+                    if this.slot.max_bytes > 0 && this.read > this.slot.max_bytes {
+                        return this.cut(BodyLimit::TooLarge);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(other) => {
+                this.stall = None;
+                Poll::Ready(other.map(|r| r.map_err(BoxError::from)))
+            }
+            Poll::Pending => {
+                let timeout = this.slot.read_timeout;
+                let stall = this
+                    .stall
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stall.as_mut().poll(cx).is_ready() {
+                    return this.cut(BodyLimit::Stalled);
+                }
+                Poll::Pending
+            }
         }
     }
 

@@ -36,6 +36,11 @@ pub struct ListenSettings {
     pub max_header_bytes: usize,
     /// How long in-flight requests may take to finish on shutdown.
     pub shutdown_grace: Duration,
+    /// A response write that makes no progress for this long closes the connection.
+    pub send_timeout: Duration,
+    /// Most client connections open at once on this listener; past it new ones are
+    /// closed at once.
+    pub max_connections: usize,
 }
 
 /// Serves `listener` until `shutdown` turns true, then drains. With `tls`, every
@@ -67,19 +72,31 @@ pub async fn serve(
     let builder = Arc::new(builder);
     let connections = TaskTracker::new();
     let (drain_tx, drain_rx) = watch::channel(false);
+    let open = Arc::new(AtomicUsize::new(0));
     loop {
-        let (stream, peer) = tokio::select! {
+        let accepted = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
         };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(error) => {
+                forwarder.metrics().accept_errors.inc();
+                accept_backoff(&error).await;
+                continue;
+            }
+        };
+        if open.load(Ordering::Acquire) >= settings.max_connections {
+            forwarder.metrics().connections_refused.inc();
+            tracing::debug!(%peer, max = settings.max_connections, "connection limit reached; closing");
+            drop(stream);
+            continue;
+        }
+        let open_guard = InFlight::enter(&open);
         let _ = stream.set_nodelay(true);
         let conn = Connection {
+            _open: open_guard,
+            send_timeout: settings.send_timeout,
             builder: builder.clone(),
             forwarder: forwarder.clone(),
             idle_timeout: settings.idle_timeout,
@@ -123,7 +140,29 @@ pub async fn serve(
     }
 }
 
+/// After a failed accept: a lack of file descriptors or memory (EMFILE, ENFILE, ENOBUFS,
+/// ENOMEM) does not go away by retrying at once, so wait a little instead of spinning;
+/// other errors (a connection reset before it was accepted) are retried at once.
+pub async fn accept_backoff(error: &std::io::Error) {
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    const ENOBUFS: i32 = 105;
+    const ENOMEM: i32 = 12;
+    if matches!(
+        error.raw_os_error(),
+        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM)
+    ) {
+        tracing::warn!(%error, "accept failed: out of file descriptors or memory; backing off");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    } else {
+        tracing::debug!(%error, "accept failed");
+    }
+}
+
 struct Connection {
+    /// Counts this connection against `--max-connections` until it is dropped.
+    _open: InFlight,
+    send_timeout: Duration,
     builder: Arc<auto::Builder<TokioExecutor>>,
     forwarder: Arc<Forwarder>,
     idle_timeout: Duration,
@@ -198,6 +237,10 @@ impl Connection {
                         tracing::debug!(%peer, "request head not complete within the header read timeout; closing");
                         break;
                     }
+                    if activity.write_blocked_for().is_some_and(|t| t >= self.send_timeout) {
+                        tracing::debug!(%peer, "a response write made no progress within the send timeout; closing");
+                        break;
+                    }
                     if let Some(since) = idle_close {
                         if since.elapsed() >= self.idle_timeout.min(self.header_read_timeout) {
                             tracing::debug!(%peer, "idle connection did not close gracefully; closing");
@@ -241,6 +284,8 @@ struct Activity {
     last_ms: AtomicU64,
     /// 1 + the ms at which the pending request head's first byte arrived; 0 if none.
     head_since: AtomicU64,
+    /// 1 + the ms at which a write first could not proceed; 0 if writes are flowing.
+    write_blocked_since: AtomicU64,
 }
 
 impl Activity {
@@ -249,6 +294,7 @@ impl Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            write_blocked_since: AtomicU64::new(0),
         }
     }
     /// Records whether a request head is pending after a read.
@@ -264,6 +310,25 @@ impl Activity {
     /// How long the pending request head has been arriving, if one is.
     fn head_pending_for(&self) -> Option<Duration> {
         let since = self.head_since.load(Ordering::Relaxed).checked_sub(1)?;
+        let now = self.start.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(now.saturating_sub(since)))
+    }
+    /// Records whether a write had to wait (the client is not reading).
+    fn write_blocked(&self, blocked: bool) {
+        let since = self.write_blocked_since.load(Ordering::Relaxed);
+        if blocked && since == 0 {
+            let now = self.start.elapsed().as_millis() as u64;
+            self.write_blocked_since.store(now + 1, Ordering::Relaxed);
+        } else if !blocked && since != 0 {
+            self.write_blocked_since.store(0, Ordering::Relaxed);
+        }
+    }
+    /// How long writes have been waiting, if they are.
+    fn write_blocked_for(&self) -> Option<Duration> {
+        let since = self
+            .write_blocked_since
+            .load(Ordering::Relaxed)
+            .checked_sub(1)?;
         let now = self.start.elapsed().as_millis() as u64;
         Some(Duration::from_millis(now.saturating_sub(since)))
     }
@@ -345,6 +410,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.activity.write_blocked(r.is_pending());
         if let Poll::Ready(Ok(n)) = r {
             self.wrote(&data[..n]);
         }
@@ -356,6 +422,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.activity.write_blocked(r.is_pending());
         if let Poll::Ready(Ok(mut n)) = r {
             for b in bufs {
                 let take = n.min(b.len());
@@ -372,7 +439,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         self.inner.is_write_vectored()
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.activity.write_blocked(r.is_pending());
+        r
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)

@@ -4,7 +4,8 @@
 //! names of all request headers) and `x-echo-body-len`; forwarded headers
 //! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
 //!
-//! `?delay_ms=N` makes it wait N ms before answering (a slow upstream). A request with
+//! `?delay_ms=N` makes it wait N ms before answering (a slow upstream); `?bytes=N`
+//! answers N bytes of `x` instead of the name. A request with
 //! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
 //! every byte back, unless the query has `refuse_upgrade` (then it is answered normally).
 
@@ -99,7 +100,7 @@ async fn respond(
     let mut resp = Response::builder()
         .header("x-echo-headers", names.join(","))
         .header("x-echo-name", &*name)
-        .header("x-echo-path", path)
+        .header("x-echo-path", &path)
         .header("x-echo-host", host);
     for (k, v) in req.headers() {
         if k.as_str().starts_with("x-forwarded-") || k == "x-real-ip" || k == "forwarded" {
@@ -111,9 +112,23 @@ async fn respond(
         Ok(b) => b.to_bytes().len(),
         Err(_) => 0,
     };
+    let size = req_query_value(&path, "bytes").and_then(|v| v.parse::<usize>().ok());
+    let body = match size {
+        Some(n) => Bytes::from(vec![b'x'; n]),
+        None => Bytes::from(format!("{name}\n")),
+    };
     let resp = resp
         .header("x-echo-body-len", len.to_string())
-        .body(Full::new(Bytes::from(format!("{name}\n"))))
+        .body(Full::new(body))
         .expect("static response parts are valid");
     Ok(resp)
+}
+
+/// The value of `key` in the query of `path_and_query`.
+fn req_query_value<'a>(path_and_query: &'a str, key: &str) -> Option<&'a str> {
+    path_and_query
+        .split_once('?')?
+        .1
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }

@@ -911,3 +911,136 @@ async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets(
     closed_within(&mut c, limit).await?;
     Ok(())
 }
+
+/// Request bodies: over --max-request-body gets 413 (by Content-Length at once, or when a
+/// chunked body passes it); a body that stalls gets 408 after --body-read-timeout and the
+/// connection closes.
+#[tokio::test]
+async fn request_bodies_over_the_limit_get_413_and_stalled_ones_408() -> anyhow::Result<()> {
+    let (state, logs) = dirs("bodies");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-bodies",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--max-request-body", "1000", "--body-read-timeout", "1s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+
+    let post = |headers: &str, body: &str| {
+        format!("POST / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n{headers}\r\n{body}")
+    };
+    let fits = raw_head(p.addr, &post("Content-Length: 1000\r\n", &"b".repeat(1000))).await?;
+    assert!(fits.starts_with("http/1.1 200"), "{fits}");
+    assert_eq!(header(&fits, "x-echo-body-len"), Some("1000"));
+    let declared = raw_head(p.addr, &post("Content-Length: 1001\r\n", "")).await?;
+    assert!(declared.starts_with("http/1.1 413"), "{declared}");
+    let chunk = format!("258\r\n{}\r\n", "c".repeat(600));
+    let chunked = raw_head(
+        p.addr,
+        &post(
+            "Transfer-Encoding: chunked\r\n",
+            &format!("{chunk}{chunk}0\r\n\r\n"),
+        ),
+    )
+    .await?;
+    assert!(chunked.starts_with("http/1.1 413"), "{chunked}");
+
+    // 10 of 100 bytes, then nothing.
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(post("Content-Length: 100\r\n", "0123456789").as_bytes())
+        .await?;
+    let started = std::time::Instant::now();
+    let answer = read_response(&mut c).await?;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    closed_within(&mut c, Duration::from_secs(5)).await?;
+    Ok(())
+}
+
+/// A client that stops reading its response loses the connection after --send-timeout.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::Result<()> {
+    let (state, logs) = dirs("send-timeout");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-send-timeout",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--send-timeout", "1s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    const SIZE: usize = 64 << 20;
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(format!("GET /?bytes={SIZE} HTTP/1.1\r\nHost: a.test\r\n\r\n").as_bytes())
+        .await?;
+    // The behaviour under test: the client reads nothing for 3 s (not synchronisation).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(T, c.read(&mut buf)).await? {
+            Ok(0) | Err(_) => break,
+            Ok(n) => total += n,
+        }
+    }
+    assert!(
+        total < SIZE,
+        "the whole {SIZE}-byte response arrived: the proxy waited for the reader"
+    );
+    Ok(())
+}
+
+/// Past --max-connections, new connections are closed at once and counted; the open
+/// ones keep working.
+#[tokio::test]
+async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<()> {
+    let (state, logs) = dirs("max-connections");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-max-connections",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--max-connections", "2"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let request = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+        c.write_all(request).await?;
+        assert!(read_response(&mut c).await?.starts_with("HTTP/1.1 200"));
+        open.push(c);
+    }
+    let mut third = tokio::net::TcpStream::connect(p.addr).await?;
+    let _ = third.write_all(request).await;
+    closed_within(&mut third, Duration::from_secs(5)).await?;
+    assert!(
+        p.metric("holdfast_proxy_connections_refused_total")
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    for c in &mut open {
+        c.write_all(request).await?;
+        assert!(read_response(c).await?.starts_with("HTTP/1.1 200"));
+    }
+    drop(open);
+    wait::until("a new connection to be served", T, || async {
+        Ok((p.get("a.test", "/").await.map_err(|e| e.to_string())?.0 == 200).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
