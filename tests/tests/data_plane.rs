@@ -37,6 +37,35 @@ async fn wait_version(p: &ProxyProc, version: &str) -> anyhow::Result<()> {
     p.wait_version(version, T).await
 }
 
+/// A proxy with `args`, fed one route (`a.test/` to an echo named `echo-a`) by an
+/// in-test control plane, serving it. Keep the returned parts alive while it runs.
+struct OneRoute {
+    p: ProxyProc,
+    _state: tempfile::TempDir,
+    _cp: FakeControlPlane,
+}
+
+async fn one_route(test: &str, args: &[&str]) -> anyhow::Result<OneRoute> {
+    let (state, logs) = dirs(test);
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        &format!("proxy-{test}"),
+        &[cp.url()],
+        state.path(),
+        &logs,
+        args,
+    )?;
+    wait_version(&p, &s.version).await?;
+    Ok(OneRoute {
+        p,
+        _state: state,
+        _cp: cp,
+    })
+}
+
 #[tokio::test]
 async fn an_invalid_snapshot_is_nacked_with_the_reason_and_the_old_routes_keep_serving()
 -> anyhow::Result<()> {
@@ -771,19 +800,12 @@ async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> anyhow
 /// gets a 400.
 #[tokio::test]
 async fn the_header_timeout_holds_after_odd_heads_and_refused_upgrades() -> anyhow::Result<()> {
-    let (state, logs) = dirs("header-timeout-2");
-    let a = echo_on_loopback("echo-a").await;
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start(
-        "proxy-header-timeout-2",
-        &[cp.url()],
-        state.path(),
-        &logs,
+    let w = one_route(
+        "header-timeout-2",
         &["--header-read-timeout", "1s", "--idle-timeout", "60s"],
-    )?;
-    wait_version(&p, &s.version).await?;
+    )
+    .await?;
+    let p = &w.p;
 
     let partial = b"GET / HTTP/1.1\r\nHost: a.te";
     let firsts: [&[u8]; 2] = [
@@ -917,19 +939,12 @@ async fn h2_idle_and_header_timeouts_hold_against_pings_slow_headers_and_resets(
 /// connection closes.
 #[tokio::test]
 async fn request_bodies_over_the_limit_get_413_and_stalled_ones_408() -> anyhow::Result<()> {
-    let (state, logs) = dirs("bodies");
-    let a = echo_on_loopback("echo-a").await;
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start(
-        "proxy-bodies",
-        &[cp.url()],
-        state.path(),
-        &logs,
+    let w = one_route(
+        "bodies",
         &["--max-request-body", "1000", "--body-read-timeout", "1s"],
-    )?;
-    wait_version(&p, &s.version).await?;
+    )
+    .await?;
+    let p = &w.p;
 
     let post = |headers: &str, body: &str| {
         format!("POST / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n{headers}\r\n{body}")
@@ -965,19 +980,8 @@ async fn request_bodies_over_the_limit_get_413_and_stalled_ones_408() -> anyhow:
 /// A client that stops reading its response loses the connection after --send-timeout.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::Result<()> {
-    let (state, logs) = dirs("send-timeout");
-    let a = echo_on_loopback("echo-a").await;
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start(
-        "proxy-send-timeout",
-        &[cp.url()],
-        state.path(),
-        &logs,
-        &["--send-timeout", "1s"],
-    )?;
-    wait_version(&p, &s.version).await?;
+    let w = one_route("send-timeout", &["--send-timeout", "1s"]).await?;
+    let p = &w.p;
     const SIZE: usize = 64 << 20;
     let mut c = tokio::net::TcpStream::connect(p.addr).await?;
     c.write_all(format!("GET /?bytes={SIZE} HTTP/1.1\r\nHost: a.test\r\n\r\n").as_bytes())
@@ -1003,19 +1007,8 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::
 /// ones keep working.
 #[tokio::test]
 async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<()> {
-    let (state, logs) = dirs("max-connections");
-    let a = echo_on_loopback("echo-a").await;
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start(
-        "proxy-max-connections",
-        &[cp.url()],
-        state.path(),
-        &logs,
-        &["--max-connections", "2"],
-    )?;
-    wait_version(&p, &s.version).await?;
+    let w = one_route("max-connections", &["--max-connections", "2"]).await?;
+    let p = &w.p;
     let request = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
     let mut open = Vec::new();
     for _ in 0..2 {
