@@ -1,7 +1,6 @@
 //! Operators' interfaces: the `holdfast.v1.Admin` gRPC service and the HTTP admin
 //! listener (`/healthz`, `/readyz`, `/metrics`).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,7 +12,6 @@ use holdfast_proto::v1::{
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tonic::Status;
@@ -93,30 +91,9 @@ pub async fn serve_http(
     registry: Arc<Registry>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    tracing::warn!(%error, "admin accept failed");
-                    continue;
-                }
-            },
-        };
-        let shared = shared.clone();
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let response = route(&req, &shared, &registry);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    let handler = move |req: &Request<Incoming>| route(req, &shared, &registry);
+    let limits = holdfast_proto::admin_http::Limits::default();
+    holdfast_proto::admin_http::serve(listener, limits, handler, shutdown).await;
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {

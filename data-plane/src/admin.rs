@@ -1,7 +1,7 @@
-//! The proxy's admin listener: `/healthz`, `/readyz`, `/metrics`, `/debug/snapshot`,
-//! `/debug/explain?host=H&path=P`.
+//! The proxy's admin listeners: `/healthz`, `/readyz` and `/metrics` on the admin address;
+//! `/debug/snapshot` and `/debug/explain?host=H&path=P` on the debug address (loopback
+//! by default: they show every route and pod address).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -105,15 +104,36 @@ fn query_param(query: &str, key: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
+/// Which pages a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// `/healthz`, `/readyz`, `/metrics`: the admin address (probes, Prometheus).
+    Admin,
+    /// `/debug/*`: every route, backend and pod address, so loopback by default.
+    Debug,
+}
+
 fn route(
     req: &Request<Incoming>,
+    pages: Pages,
     table: &ArcSwapOption<RouteTable>,
     registry: &Registry,
     escaped: EscapedSlashes,
 ) -> Response<Full<Bytes>> {
     let text = |status, body: String| reply(status, "text/plain; charset=utf-8", body);
+    let path = req.uri().path();
+    let debug = path.starts_with("/debug/");
+    if debug != (pages == Pages::Debug) {
+        let hint = match pages {
+            Pages::Admin => {
+                "not found: try /healthz, /readyz, /metrics (/debug/* is on --debug-listen)\n"
+            }
+            Pages::Debug => "not found: try /debug/snapshot, /debug/explain?host=&path=\n",
+        };
+        return text(StatusCode::NOT_FOUND, hint.into());
+    }
     let current = table.load_full();
-    match req.uri().path() {
+    match path {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => match &current {
             Some(t) => text(StatusCode::OK, format!("ready: serving {}\n", t.version)),
@@ -163,35 +183,19 @@ fn route(
     }
 }
 
-/// Serves the admin endpoints until `shutdown` turns true.
+/// Serves `pages` until `shutdown` turns true, under `limits`.
 pub async fn serve(
     listener: TcpListener,
+    pages: Pages,
+    limits: holdfast_proto::admin_http::Limits,
     table: Arc<ArcSwapOption<RouteTable>>,
     registry: Arc<Registry>,
     escaped: EscapedSlashes,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    tracing::warn!(%error, "admin accept failed");
-                    continue;
-                }
-            },
-        };
-        let table = table.clone();
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let response = route(&req, &table, &registry, escaped);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+    let handler = move |req: &Request<Incoming>| route(req, pages, &table, &registry, escaped);
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    holdfast_proto::admin_http::serve(listener, limits, handler, stop).await;
 }

@@ -38,9 +38,14 @@ pub struct Args {
     /// certificates of the snapshot's virtual hosts, chosen by SNI. Off when unset.
     #[arg(long, env = "HOLDFAST_LISTEN_TLS")]
     pub listen_tls: Option<SocketAddr>,
-    /// Address of the admin listener (/healthz, /readyz, /metrics, /debug/…).
+    /// Address of the admin listener (/healthz, /readyz, /metrics).
     #[arg(long, env = "HOLDFAST_ADMIN_LISTEN", default_value = "0.0.0.0:9901")]
     pub admin_listen: SocketAddr,
+    /// Address of the debug listener (/debug/snapshot, /debug/explain). They show every
+    /// route, backend and pod address, so the default is loopback (reach it with
+    /// `kubectl port-forward`).
+    #[arg(long, env = "HOLDFAST_DEBUG_LISTEN", default_value = "127.0.0.1:9902")]
+    pub debug_listen: SocketAddr,
     /// Control-plane gRPC URL (https://host:port; http:// only with --insecure-plaintext);
     /// repeat (or comma-separate) for several, tried in turn.
     #[arg(

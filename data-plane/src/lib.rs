@@ -94,11 +94,14 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     let admin_listener = TcpListener::bind(args.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    let debug_listener = TcpListener::bind(args.debug_listen)
+        .await
+        .with_context(|| format!("binding --debug-listen {}", args.debug_listen))?;
     let https = match &tls_listener {
         Some(l) => l.local_addr()?.to_string(),
         None => "off".into(),
     };
-    tracing::info!(proxy = %listener.local_addr()?, https = %https, admin = %admin_listener.local_addr()?, node = %config.node_id, "listening");
+    tracing::info!(proxy = %listener.local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %config.node_id, "listening");
 
     let escaped_slashes = match args.escaped_slashes {
         config::EscapedSlashesArg::Reject => path::EscapedSlashes::Reject,
@@ -169,10 +172,23 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         tls,
         shutdown.clone(),
     ));
+    let registry = Arc::new(registry);
+    let admin_limits = holdfast_proto::admin_http::Limits::default();
     let admin = tokio::spawn(admin::serve(
         admin_listener,
+        admin::Pages::Admin,
+        admin_limits,
         table.clone(),
-        Arc::new(registry),
+        registry.clone(),
+        escaped_slashes,
+        shutdown.clone(),
+    ));
+    let debug = tokio::spawn(admin::serve(
+        debug_listener,
+        admin::Pages::Debug,
+        admin_limits,
+        table.clone(),
+        registry,
         escaped_slashes,
         shutdown.clone(),
     ));
@@ -211,6 +227,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     }
     subscriber.abort();
     admin.abort();
+    debug.abort();
     if let Some(w) = tls_watch {
         w.abort();
     }

@@ -82,7 +82,7 @@ pub async fn serve(
             Ok(a) => a,
             Err(error) => {
                 forwarder.metrics().accept_errors.inc();
-                accept_backoff(&error).await;
+                holdfast_proto::admin_http::accept_backoff(&error).await;
                 continue;
             }
         };
@@ -137,25 +137,6 @@ pub async fn serve(
             connections = connections.len(),
             "grace period over; closing remaining connections"
         );
-    }
-}
-
-/// After a failed accept: a lack of file descriptors or memory (EMFILE, ENFILE, ENOBUFS,
-/// ENOMEM) does not go away by retrying at once, so wait a little instead of spinning;
-/// other errors (a connection reset before it was accepted) are retried at once.
-pub async fn accept_backoff(error: &std::io::Error) {
-    const EMFILE: i32 = 24;
-    const ENFILE: i32 = 23;
-    const ENOBUFS: i32 = 105;
-    const ENOMEM: i32 = 12;
-    if matches!(
-        error.raw_os_error(),
-        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM)
-    ) {
-        tracing::warn!(%error, "accept failed: out of file descriptors or memory; backing off");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    } else {
-        tracing::debug!(%error, "accept failed");
     }
 }
 

@@ -68,12 +68,12 @@ RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.
   --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
   --admin-identities "$OPERATOR" \
   >"$DIR/control-plane.log" 2>&1 & pids+=($!)
-P=(); S=(); A=()
+P=(); S=(); A=(); D=()
 for i in 1 2; do
-  P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)")
+  P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)"); D+=("$(free_port)")
   # --verbose-errors is for development: error pages then say which backend failed and why.
   RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --listen-tls "127.0.0.1:${S[-1]}" \
-    --admin-listen "127.0.0.1:${A[-1]}" --verbose-errors \
+    --admin-listen "127.0.0.1:${A[-1]}" --debug-listen "127.0.0.1:${D[-1]}" --verbose-errors \
     --control-plane "https://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
     --tls-cert "$PKI/proxy-$i.crt" --tls-key "$PKI/proxy-$i.key" --control-plane-ca "$PKI/ca.crt" \
     >"$DIR/proxy-$i.log" 2>&1 & pids+=($!)
@@ -97,7 +97,7 @@ holdfast demo ready. Logs: $DIR/*.log. Paste these into another shell (as root):
   $ curl -s -i -H 'Host: shop.demo.test' http://127.0.0.1:${P[0]}/
   $ curl -s --cacert $PKI/ca.crt --resolve secure.demo.test:${S[0]}:127.0.0.1 https://secure.demo.test:${S[0]}/
   $ curl -s -i -H 'Host: secure.demo.test' http://127.0.0.1:${P[0]}/
-  $ curl -s 'http://127.0.0.1:${A[0]}/debug/explain?host=api.demo.test&path=/v1/users'
+  $ curl -s 'http://127.0.0.1:${D[0]}/debug/explain?host=api.demo.test&path=/v1/users'
   $ $GRPCURL 127.0.0.1:$CP list
   $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/GetSnapshot
   $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/ListProxies

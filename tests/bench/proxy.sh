@@ -57,7 +57,7 @@ taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=
 wait_port "$UP"; wait_port "$CP"
 # Plaintext to the stand-in control plane: the benchmark measures the proxy's client side.
 RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" --listen-tls "127.0.0.1:$HFS" \
-  --admin-listen "127.0.0.1:$HFA" --insecure-plaintext \
+  --admin-listen "127.0.0.1:$HFA" --debug-listen 127.0.0.1:0 --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id bench --worker-threads 1 & pids+=($!)
 hf_pid=$!
 cat >"$work/nginx.conf" <<NGINX

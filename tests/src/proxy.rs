@@ -17,8 +17,10 @@ pub struct ProxyProc {
     pub addr: SocketAddr,
     /// HTTPS address, when started with `--listen-tls`.
     pub https: Option<SocketAddr>,
-    /// Admin address.
+    /// Admin address (/healthz, /readyz, /metrics).
     pub admin: SocketAddr,
+    /// Debug address (/debug/*).
+    pub debug: SocketAddr,
     /// Its state directory.
     pub state_dir: PathBuf,
 }
@@ -39,6 +41,8 @@ impl ProxyProc {
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--admin-listen".into(),
+            "127.0.0.1:0".into(),
+            "--debug-listen".into(),
             "127.0.0.1:0".into(),
             "--state-dir".into(),
             state_dir.to_string_lossy().into_owned(),
@@ -68,11 +72,16 @@ impl ProxyProc {
         let line = proc.wait_log("listening", 0, Duration::from_secs(20))?;
         let addr = addr_in(&line, "proxy")?;
         let admin = addr_in(&line, "admin")?;
+        let debug = addr_in(&line, "debug")?;
         let https = addr_in(&line, "https").ok();
         let mut fixed = proc.args().to_vec();
-        for (flag, a) in [("--listen", addr), ("--admin-listen", admin)]
-            .into_iter()
-            .chain(https.map(|h| ("--listen-tls", h)))
+        for (flag, a) in [
+            ("--listen", addr),
+            ("--admin-listen", admin),
+            ("--debug-listen", debug),
+        ]
+        .into_iter()
+        .chain(https.map(|h| ("--listen-tls", h)))
         {
             if let Some(i) = fixed.iter().position(|x| x == flag) {
                 fixed[i + 1] = a.to_string();
@@ -84,6 +93,7 @@ impl ProxyProc {
             addr,
             https,
             admin,
+            debug,
             state_dir: state_dir.to_path_buf(),
         })
     }
@@ -103,9 +113,14 @@ impl ProxyProc {
         crate::http::get(self.addr, host, path).await
     }
 
-    /// GET on the admin listener.
+    /// GET on the admin listener, or for `/debug/*` the debug listener.
     pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
-        crate::http::get(self.admin, "localhost", path).await
+        let addr = if path.starts_with("/debug/") {
+            self.debug
+        } else {
+            self.admin
+        };
+        crate::http::get(addr, "localhost", path).await
     }
 
     /// A metric's first sample.

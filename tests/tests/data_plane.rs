@@ -532,6 +532,14 @@ async fn admin_endpoints_explain_routes_and_report_readiness() -> anyhow::Result
         p.metric("holdfast_proxy_snapshot_cluster_revision").await?,
         Some(3.0)
     );
+
+    // /debug/* (every route and pod address) is only on the debug listener, and the
+    // admin address serves only the probes and metrics.
+    let on_admin = holdfast_tests::http::get(p.admin, "localhost", "/debug/snapshot").await?;
+    assert_eq!(on_admin.0, 404, "{on_admin:?}");
+    let on_debug = holdfast_tests::http::get(p.debug, "localhost", "/metrics").await?;
+    assert_eq!(on_debug.0, 404, "{on_debug:?}");
+    assert!(p.debug.ip().is_loopback());
     Ok(())
 }
 
@@ -1033,6 +1041,36 @@ async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<(
     drop(open);
     wait::until("a new connection to be served", T, || async {
         Ok((p.get("a.test", "/").await.map_err(|e| e.to_string())?.0 == 200).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The admin listener bounds its clients: a head that never completes is cut after its
+/// header timeout, and past its connection cap new connections are closed at once while
+/// the probes keep answering once a slot is free.
+#[tokio::test]
+async fn the_admin_listener_cuts_slow_heads_and_caps_connections() -> anyhow::Result<()> {
+    let w = one_route("admin-limits", &[]).await?;
+    let p = &w.p;
+    let mut slow = tokio::net::TcpStream::connect(p.admin).await?;
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHo").await?;
+    closed_within(&mut slow, Duration::from_secs(15)).await?;
+
+    // 64 connections that send nothing hold every slot; the 65th is closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        idle.push(tokio::net::TcpStream::connect(p.admin).await?);
+    }
+    let mut extra = tokio::net::TcpStream::connect(p.admin).await?;
+    let _ = extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let took = closed_within(&mut extra, Duration::from_secs(15)).await?;
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    drop(idle);
+    wait::until("/healthz again", T, || async {
+        Ok((p.admin_get("/healthz").await.map_err(|e| e.to_string())?.0 == 200).then_some(()))
     })
     .await?;
     Ok(())

@@ -1,0 +1,108 @@
+//! The admin listeners of both planes (`/healthz`, `/readyz`, `/metrics`, debug pages):
+//! small HTTP servers that a hostile or broken client must not exhaust. Each connection
+//! has a header read timeout and a lifetime, the listener a connection cap, and a failed
+//! accept for lack of file descriptors backs off instead of spinning.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+/// Limits of an admin listener.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A request head must arrive within this time.
+    pub header_read_timeout: Duration,
+    /// A connection is closed after this long, whatever it is doing.
+    pub max_connection_age: Duration,
+    /// Most connections open at once; past it new ones are closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: Duration::from_secs(5),
+            max_connection_age: Duration::from_secs(60),
+            max_connections: 64,
+        }
+    }
+}
+
+/// After a failed accept: a lack of file descriptors or memory (EMFILE, ENFILE, ENOBUFS,
+/// ENOMEM) does not go away by retrying at once, so wait a little instead of spinning;
+/// other errors (a connection reset before it was accepted) are retried at once.
+pub async fn accept_backoff(error: &std::io::Error) {
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    const ENOBUFS: i32 = 105;
+    const ENOMEM: i32 = 12;
+    if matches!(
+        error.raw_os_error(),
+        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM)
+    ) {
+        tracing::warn!(%error, "accept failed: out of file descriptors or memory; backing off");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    } else {
+        tracing::debug!(%error, "accept failed");
+    }
+}
+
+/// Serves `handler` on `listener` under `limits` until `shutdown` completes.
+pub async fn serve<H>(
+    listener: TcpListener,
+    limits: Limits,
+    handler: H,
+    shutdown: impl Future<Output = ()>,
+) where
+    H: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                accept_backoff(&error).await;
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+            open.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(
+                max = limits.max_connections,
+                "admin connection limit reached; closing"
+            );
+            continue;
+        }
+        let handler = handler.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let response = handler(&req);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            builder.http2().timer(TokioTimer::new());
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(limits.max_connection_age, conn).await;
+            open.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
