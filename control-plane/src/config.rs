@@ -49,6 +49,25 @@ pub struct Args {
     /// snapshots (otherwise TLS hosts get no certificate, with a problem saying why).
     #[arg(long, env = "HOLDFAST_ALLOW_PLAINTEXT_SECRETS")]
     pub allow_plaintext_secrets: bool,
+    /// Most concurrent HTTP/2 streams per gRPC connection.
+    #[arg(
+        long,
+        env = "HOLDFAST_GRPC_MAX_CONCURRENT_STREAMS",
+        default_value_t = 100
+    )]
+    pub grpc_max_concurrent_streams: u32,
+    /// A gRPC connection is asked to close (GOAWAY) after this long, so that proxies
+    /// spread over the replicas again after a rollout; they reconnect at once.
+    #[arg(long, env = "HOLDFAST_GRPC_MAX_CONNECTION_AGE", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub grpc_max_connection_age: std::time::Duration,
+    /// After --grpc-max-connection-age, how long its streams may stay before the
+    /// connection is closed.
+    #[arg(long, env = "HOLDFAST_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grpc_max_connection_age_grace: std::time::Duration,
+    /// Most route streams open at once per proxy identity (its certificate's identity,
+    /// or its node id over plaintext); more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "HOLDFAST_MAX_STREAMS_PER_IDENTITY", default_value_t = 4)]
+    pub max_streams_per_identity: usize,
     /// Let ExternalName Services be backends. Off by default: an ExternalName can send the
     /// proxies to any DNS name, including another namespace's internal Services
     /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.

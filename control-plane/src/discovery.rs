@@ -5,9 +5,11 @@
 //! ACK or NACK; when the proxy answers, it is sent the newest snapshot, never a backlog.
 //! Responses carry the snapshot's shared encoding.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 
@@ -30,6 +32,10 @@ use crate::state::Shared;
 pub const STREAM_ROUTES_PATH: &str = "/holdfast.v1.RouteDiscovery/StreamRoutes";
 /// Largest proxy → control plane message accepted (ACKs and NACKs are small).
 const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Longest node id accepted (a DNS name's length; ids are host or pod names).
+pub const MAX_NODE_ID_BYTES: usize = 253;
+/// Longest zone accepted (a label value's length).
+pub const MAX_ZONE_BYTES: usize = 63;
 
 /// The route discovery service.
 ///
@@ -42,12 +48,61 @@ const MAX_REQUEST_BYTES: usize = 1 << 20;
 pub struct Discovery {
     shared: Shared,
     mode: Mode,
+    streams: Arc<StreamCounts>,
 }
 
 impl Discovery {
-    /// Serves snapshots published into `shared` to proxies authenticated by `mode`.
-    pub fn new(shared: Shared, mode: Mode) -> Self {
-        Discovery { shared, mode }
+    /// Serves snapshots published into `shared` to proxies authenticated by `mode`, at
+    /// most `max_streams_per_identity` streams at once per proven identity (or node id).
+    pub fn new(shared: Shared, mode: Mode, max_streams_per_identity: usize) -> Self {
+        Discovery {
+            shared,
+            mode,
+            streams: Arc::new(StreamCounts {
+                max: max_streams_per_identity,
+                open: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+/// Open streams per identity: one proxy (or one stolen certificate) cannot hold more.
+#[derive(Debug)]
+struct StreamCounts {
+    max: usize,
+    open: Mutex<HashMap<String, usize>>,
+}
+
+/// One open stream of `identity`, counted until dropped.
+struct StreamSlot {
+    counts: Arc<StreamCounts>,
+    identity: String,
+}
+
+impl StreamCounts {
+    fn enter(self: &Arc<Self>, identity: &str) -> Option<StreamSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(identity.to_owned()).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot {
+            counts: self.clone(),
+            identity: identity.to_owned(),
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.identity) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.identity);
+            }
+        }
     }
 }
 
@@ -68,9 +123,10 @@ impl tower::Service<http::Request<tonic::body::Body>> for Discovery {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> ResponseFuture {
-        let (shared, mode) = (self.shared.clone(), self.mode.clone());
+        let (shared, mode, streams) =
+            (self.shared.clone(), self.mode.clone(), self.streams.clone());
         Box::pin(async move {
-            Ok(stream_routes(shared, mode, request)
+            Ok(stream_routes(shared, mode, streams, request)
                 .await
                 .unwrap_or_else(|status| status.into_http()))
         })
@@ -83,6 +139,7 @@ type FrameSender = mpsc::Sender<Frame<Bytes>>;
 async fn stream_routes(
     shared: Shared,
     mode: Mode,
+    streams: Arc<StreamCounts>,
     request: http::Request<tonic::body::Body>,
 ) -> Result<http::Response<tonic::body::Body>, Status> {
     if request.uri().path() != STREAM_ROUTES_PATH {
@@ -116,14 +173,34 @@ async fn stream_routes(
             "the first request must name the node (node.id)",
         ));
     }
+    if node.id.len() > MAX_NODE_ID_BYTES || node.zone.len() > MAX_ZONE_BYTES {
+        shared.metrics().streams_refused.inc();
+        return Err(Status::invalid_argument(format!(
+            "node.id is at most {MAX_NODE_ID_BYTES} bytes and node.zone at most {MAX_ZONE_BYTES}"
+        )));
+    }
     let proven = mode.check_node(&extensions, &node.id).inspect_err(|status| {
         shared.metrics().streams_refused.inc();
         tracing::warn!(proxy.id = %node.id, %peer, error = %status.message(), "refused a proxy stream");
     })?;
+    let who = if proven.identity.is_empty() {
+        node.id.clone()
+    } else {
+        proven.identity.clone()
+    };
+    let Some(slot) = streams.enter(&who) else {
+        shared.metrics().streams_refused.inc();
+        tracing::warn!(proxy.id = %node.id, %peer, max = streams.max, "refused a proxy stream: too many streams for this identity");
+        return Err(Status::resource_exhausted(format!(
+            "{} streams are already open for {who:?}",
+            streams.max
+        )));
+    };
     // Room for one response (head and snapshot) and the trailers: a proxy that does not
     // read holds at most one response in flight.
     let (tx, rx) = mpsc::channel(3);
     tokio::spawn(async move {
+        let _slot = slot;
         let end = serve_stream(shared, first, inbound, &tx, peer, proven).await;
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from(end.code() as i32));

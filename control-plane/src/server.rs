@@ -178,10 +178,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // Detect proxies that vanished without closing their stream.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        // tonic leaves these open: a client could open streams without bound, reset them
+        // faster than they are served (CVE-2023-44487), or hold one connection forever
+        // (after a rollout every proxy would stay on the replicas that came up first).
+        .max_concurrent_streams(args.grpc_max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(20))
+        .http2_max_local_error_reset_streams(Some(256))
+        .http2_max_header_list_size(16 * 1024)
+        .max_connection_age(args.grpc_max_connection_age)
+        .max_connection_age_grace(args.grpc_max_connection_age_grace)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(Discovery::new(shared.clone(), mode))
+        .add_service(Discovery::new(
+            shared.clone(),
+            mode,
+            args.max_streams_per_identity,
+        ))
         .add_service(AdminServer::with_interceptor(
             AdminService::new(shared.clone()),
             move |request: tonic::Request<()>| {

@@ -757,3 +757,76 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
     }
     Ok(())
 }
+
+/// The gRPC server caps what one client can hold: streams per proven identity, and the
+/// length of node ids and zones.
+#[tokio::test]
+async fn route_streams_are_capped_per_identity_and_node_ids_are_bounded() -> anyhow::Result<()> {
+    let s = setup("grpc-limits").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&["--max-streams-per-identity", "2"])?;
+    let code = |r: anyhow::Result<Subscriber>| match r {
+        Ok(_) => None,
+        Err(e) => e.downcast_ref::<tonic::Status>().map(tonic::Status::code),
+    };
+    let first = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let _second = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    assert_eq!(
+        code(Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await),
+        Some(tonic::Code::ResourceExhausted)
+    );
+    // Another identity is unaffected, and a closed stream frees its slot.
+    let _other = Subscriber::connect(&cp.grpc_url(), "proxy-2", None).await?;
+    drop(first);
+    wait::until("a free slot for proxy-1", T, || async {
+        Ok(Subscriber::connect(&cp.grpc_url(), "proxy-1", None)
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await?;
+
+    // A node id longer than a DNS name, over a channel with a valid certificate.
+    let channel = holdfast_tests::tls::Planes::get()
+        .channel(&cp.grpc_url(), Some("proxy-3"))
+        .await?;
+    let first = holdfast_proto::v1::DiscoveryRequest {
+        node: Some(holdfast_proto::v1::Node {
+            id: "p".repeat(254),
+            zone: String::new(),
+        }),
+        ..Default::default()
+    };
+    let refused = holdfast_proto::client::route_discovery(channel)
+        .stream_routes(tokio_stream::iter([first]))
+        .await
+        .expect_err("a 254-byte node id is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    drop(cp);
+
+    // --grpc-max-connection-age: a connection is closed after its age and grace, so
+    // proxies reconnect (and spread over replicas after a rollout).
+    let cp = s.control_plane(&[
+        "--grpc-max-connection-age",
+        "1s",
+        "--grpc-max-connection-age-grace",
+        "1s",
+    ])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let started = std::time::Instant::now();
+    let ended = loop {
+        match sub.next(Duration::from_secs(1)).await {
+            Err(e) => break e,
+            Ok(Some(r)) => {
+                sub.ack(r).await?;
+            }
+            Ok(None) => {}
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(15),
+            "the stream outlived its connection age"
+        );
+    };
+    eprintln!("stream ended after {:?}: {ended}", started.elapsed());
+    Ok(())
+}

@@ -145,6 +145,7 @@ async fn serve(bytes: usize) -> anyhow::Result<()> {
         .add_service(Discovery::new(
             shared.clone(),
             holdfast_control_plane::authn::Mode::Plaintext,
+            usize::MAX,
         ))
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     tokio::spawn(server);
