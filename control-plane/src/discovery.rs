@@ -237,6 +237,7 @@ async fn serve_stream(
         peer_address: peer.clone(),
         connected_since: Some(SystemTime::now().into()),
         acked_version: first.version_info.clone(),
+        persist_error: first.persist_error.clone(),
         ..Default::default()
     });
     tracing::info!(proxy.id = %node.id, %peer, holds = %first.version_info, "proxy connected");
@@ -245,6 +246,8 @@ async fn serve_stream(
     let mut serving_hash = first.content_hash.clone();
     let mut rejected_hash = String::new();
     let mut in_flight: Option<(String, String, String)> = None;
+    // The nonce last answered: a proxy repeats that answer when its persist state changes.
+    let mut answered = String::new();
     let mut nonce: u64 = 0;
     let mut end = Status::ok("");
 
@@ -284,7 +287,12 @@ async fn serve_stream(
             message = inbound.message() => match message {
                 Ok(Some(req)) => {
                     let Some((hash, sent_nonce, version)) = in_flight.clone() else {
-                        tracing::debug!(proxy.id = %node.id, "request with no response outstanding; ignored");
+                        if !answered.is_empty() && req.response_nonce == answered {
+                            tracing::info!(proxy.id = %node.id, persist_error = %req.persist_error, "proxy updated its persist state");
+                            shared.update_proxy(id, |p| p.persist_error = req.persist_error);
+                        } else {
+                            tracing::debug!(proxy.id = %node.id, "request with no response outstanding; ignored");
+                        }
                         continue;
                     };
                     if req.response_nonce != sent_nonce {
@@ -292,12 +300,17 @@ async fn serve_stream(
                         continue;
                     }
                     in_flight = None;
+                    answered = sent_nonce;
+                    if !req.persist_error.is_empty() {
+                        tracing::warn!(proxy.id = %node.id, %version, error = %req.persist_error, "proxy serves the snapshot but could not persist it");
+                    }
                     match req.error_detail {
                         Some(error) => {
                             rejected_hash = hash;
                             shared.metrics().nacks.inc();
                             tracing::warn!(proxy.id = %node.id, %version, error = %error.message, "proxy NACKed snapshot");
                             shared.update_proxy(id, |p| {
+                                p.persist_error = req.persist_error.clone();
                                 p.acked_version = req.version_info.clone();
                                 p.last_nack_version = version;
                                 p.last_nack_error = error.message;
@@ -308,7 +321,10 @@ async fn serve_stream(
                             serving_hash = hash;
                             shared.metrics().acks.inc();
                             tracing::debug!(proxy.id = %node.id, %version, "proxy ACKed snapshot");
-                            shared.update_proxy(id, |p| p.acked_version = req.version_info);
+                            shared.update_proxy(id, |p| {
+                                p.acked_version = req.version_info;
+                                p.persist_error = req.persist_error;
+                            });
                         }
                     }
                 }

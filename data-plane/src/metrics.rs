@@ -61,6 +61,10 @@ pub struct Metrics {
     pub nacks: Counter,
     /// Upstream connection failures (retried or answered 502).
     pub upstream_connect_errors: Counter,
+    /// Applied snapshots that could not be written to the state file.
+    pub persist_failures: Counter,
+    /// 1 when the served snapshot is in the state file (it survives a restart).
+    pub snapshot_persisted: Gauge,
     /// Client connections closed at once because --max-connections were open.
     pub connections_refused: Counter,
     /// Failed accepts on the client listeners (EMFILE and the like).
@@ -85,6 +89,8 @@ impl Metrics {
             applied: Counter::default(),
             nacks: Counter::default(),
             upstream_connect_errors: Counter::default(),
+            persist_failures: Counter::default(),
+            snapshot_persisted: Gauge::default(),
             connections_refused: Counter::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
@@ -118,6 +124,16 @@ impl Metrics {
             m.control_plane_connected.clone(),
         );
         r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
+        r.register(
+            "persist_failures",
+            "Applied snapshots that could not be written to the state file (served anyway)",
+            m.persist_failures.clone(),
+        );
+        r.register(
+            "snapshot_persisted",
+            "1 when the served snapshot is in the state file and survives a restart",
+            m.snapshot_persisted.clone(),
+        );
         r.register(
             "connections_refused",
             "Client connections closed at once because --max-connections were open",

@@ -134,39 +134,68 @@ pub fn load(dir: &Path) -> Result<Option<Snapshot>, PersistError> {
     }
 }
 
-/// Creates the state directory if needed and makes it private (0700).
+/// Creates the state directory if needed, makes it private (0700), and removes temp
+/// files a crash left behind.
 pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let prefix = format!(".{FILE_NAME}.");
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            tracing::info!(file = %name, "removing a temp file left by an earlier run");
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// A temp file name no other writer uses: process id and a per-process counter.
+fn temp_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(".{FILE_NAME}.{}.{n}.tmp", std::process::id())
 }
 
 /// Writes `snapshot` to the state file in `dir` atomically and durably, readable by this
 /// user only (0600).
 pub fn store(dir: &Path, snapshot: &Snapshot) -> Result<(), PersistError> {
+    store_as(dir, snapshot, &temp_name())
+}
+
+fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = path_in(dir);
-    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+    let tmp = dir.join(temp);
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| PersistError::Io { path: p, source }
     };
-    // A leftover from a crash is removed, so the file below is always created here, with
-    // our mode (create_new refuses anything already at the path, a symlink included).
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp)(e)),
-        _ => {}
+    // O_EXCL (create_new) and O_NOFOLLOW: the file is always created here, by us, with
+    // our mode; nothing already at the path, a symlink included, is written through.
+    const O_NOFOLLOW: i32 = 0o400000;
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(O_NOFOLLOW)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&encode(snapshot))?;
+        file.sync_all()
+    })();
+    if let Err(e) = written {
+        // A full disk leaves a partial file: do not leave it taking space.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&tmp)(e));
     }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    file.write_all(&encode(snapshot)).map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
-    drop(file);
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    if let Err(e) = std::fs::rename(&tmp, &path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&path)(e));
+    }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir))?;
@@ -208,7 +237,33 @@ mod tests {
         assert!(load(dir.path()).unwrap().is_none());
         store(dir.path(), &sample()).unwrap();
         assert_eq!(load(dir.path()).unwrap(), Some(sample()));
-        assert!(!dir.path().join(format!(".{FILE_NAME}.tmp")).exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [FILE_NAME], "no temp file left");
+    }
+
+    #[test]
+    fn leftover_temp_files_are_removed_at_start_and_a_symlink_is_never_written_through() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        let leftover = dir.join(format!(".{FILE_NAME}.123.0.tmp"));
+        std::fs::write(&leftover, b"junk").unwrap();
+        prepare_dir(&dir).unwrap();
+        assert!(!leftover.exists());
+
+        // A symlink planted at the temp name the next write uses.
+        let victim = parent.path().join("victim");
+        std::fs::write(&victim, b"untouched").unwrap();
+        let name = temp_name();
+        std::os::unix::fs::symlink(&victim, dir.join(&name)).unwrap();
+        assert!(
+            store_as(&dir, &sample(), &name).is_err(),
+            "O_EXCL|O_NOFOLLOW refuse the link"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"untouched");
     }
 
     #[test]
@@ -220,7 +275,6 @@ mod tests {
         // An earlier version's world-readable file and a leftover temporary file.
         std::fs::write(path_in(&dir), b"old").unwrap();
         std::fs::set_permissions(path_in(&dir), std::fs::Permissions::from_mode(0o644)).unwrap();
-        std::fs::write(dir.join(format!(".{FILE_NAME}.tmp")), b"junk").unwrap();
         store(&dir, &sample()).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path_in(&dir)), 0o600);

@@ -35,6 +35,8 @@ pub struct Applier {
     table: Arc<ArcSwapOption<RouteTable>>,
     state_dir: PathBuf,
     metrics: Metrics,
+    /// The served snapshot when it could not be written to the state file, and why.
+    unpersisted: std::sync::Mutex<Option<(Snapshot, String)>>,
 }
 
 impl Applier {
@@ -44,10 +46,12 @@ impl Applier {
         state_dir: PathBuf,
         metrics: Metrics,
     ) -> Self {
+        metrics.snapshot_persisted.set(1);
         Applier {
             table,
             state_dir,
             metrics,
+            unpersisted: std::sync::Mutex::new(None),
         }
     }
 
@@ -75,8 +79,44 @@ impl Applier {
         self.metrics.last_apply.set(now.as_secs() as i64);
     }
 
+    /// Why the served snapshot is not in the state file, or "" if it is.
+    pub fn persist_error(&self) -> String {
+        self.unpersisted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(_, e)| e.clone())
+            .unwrap_or_default()
+    }
+
+    /// Tries again to persist a served snapshot whose write failed. Returns true when
+    /// that succeeded now (the control plane should hear it).
+    pub fn retry_persist(&self) -> bool {
+        let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((snapshot, _)) = pending.as_ref() else {
+            return false;
+        };
+        match persist::store(&self.state_dir, snapshot) {
+            Ok(()) => {
+                tracing::info!(version = %snapshot.version, "persisted the served snapshot after an earlier failure");
+                *pending = None;
+                self.metrics.snapshot_persisted.set(1);
+                true
+            }
+            Err(error) => {
+                if let Some((_, e)) = pending.as_mut() {
+                    *e = error.to_string();
+                }
+                false
+            }
+        }
+    }
+
     /// Validates, compiles, persists and swaps in `snapshot`; on error nothing changes.
-    pub fn apply(&self, snapshot: Snapshot) -> Result<(), String> {
+    /// A snapshot that is valid but cannot be written to the state file is still served
+    /// (the newest routes matter more than the file), and the write error is returned
+    /// for the ACK: such a snapshot would not survive a restart (invariant 6).
+    pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
         validate(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
         if let Some(current) = self.table.load().as_ref()
             && snapshot.cluster_revision < current.cluster_revision
@@ -91,10 +131,25 @@ impl Applier {
         }
         let table =
             RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
-        if let Err(error) = persist::store(&self.state_dir, &snapshot) {
-            // Serving the newest table matters more than the file; the next apply retries.
-            tracing::error!(%error, "could not persist the snapshot");
-        }
+        let persisted = persist::store(&self.state_dir, &snapshot);
+        let persist_error = {
+            let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+            match persisted {
+                Ok(()) => {
+                    *pending = None;
+                    self.metrics.snapshot_persisted.set(1);
+                    None
+                }
+                Err(error) => {
+                    tracing::error!(%error, version = %snapshot.version, "could not persist the snapshot; serving it anyway and retrying");
+                    self.metrics.persist_failures.inc();
+                    self.metrics.snapshot_persisted.set(0);
+                    let message = error.to_string();
+                    *pending = Some((snapshot, message.clone()));
+                    Some(message)
+                }
+            }
+        };
         self.note_applied(&table);
         self.metrics.applied.inc();
         tracing::info!(
@@ -104,7 +159,7 @@ impl Applier {
             "applied snapshot"
         );
         self.table.store(Some(Arc::new(table)));
-        Ok(())
+        Ok(persist_error)
     }
 }
 
@@ -194,6 +249,9 @@ pub async fn run(
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How often a failed write of the served snapshot is tried again.
+const PERSIST_RETRY: Duration = Duration::from_secs(2);
+
 /// An error and its causes, in one line ("transport error" alone says nothing).
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -266,6 +324,7 @@ async fn stream_once(
         node: Some(node.clone()),
         version_info,
         content_hash,
+        persist_error: applier.persist_error(),
         ..Default::default()
     })
     .await?;
@@ -276,7 +335,27 @@ async fn stream_once(
     metrics.control_plane_connected.set(1);
     backoff.reset();
     tracing::info!(control_plane = %url, "connected to control plane");
-    while let Some(response) = inbound.message().await? {
+    // The last ACK or NACK, repeated when a failed write of the served snapshot succeeds
+    // later, so the control plane's view (ListProxies) is current.
+    let mut last: Option<DiscoveryRequest> = None;
+    let mut retry = tokio::time::interval(PERSIST_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let response = tokio::select! {
+            message = inbound.message() => match message? {
+                Some(r) => r,
+                None => return Ok(()),
+            },
+            _ = retry.tick() => {
+                if applier.retry_persist()
+                    && let Some(mut again) = last.clone()
+                {
+                    again.persist_error = String::new();
+                    tx.send(again).await?;
+                }
+                continue;
+            }
+        };
         let nonce = response.nonce.clone();
         let offered = response.version_info.clone();
         let result = match response.into_snapshot() {
@@ -285,23 +364,24 @@ async fn stream_once(
         };
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
         let error_detail = match result {
-            Ok(()) => None,
+            Ok(_) => None,
             Err(message) => {
                 metrics.nacks.inc();
                 tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
                 Some(ErrorDetail { message })
             }
         };
-        tx.send(DiscoveryRequest {
+        let request = DiscoveryRequest {
             node: Some(node.clone()),
             version_info,
             response_nonce: nonce,
             error_detail,
             content_hash,
-        })
-        .await?;
+            persist_error: applier.persist_error(),
+        };
+        last = Some(request.clone());
+        tx.send(request).await?;
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -69,6 +69,15 @@ impl Subscriber {
 
     /// ACKs `response`: it now serves its snapshot.
     pub async fn ack(&mut self, response: DiscoveryResponse) -> Result<Snapshot> {
+        self.ack_persisted(response, "").await
+    }
+
+    /// ACKs `response`, saying why it could not be persisted ("" if it was).
+    pub async fn ack_persisted(
+        &mut self,
+        response: DiscoveryResponse,
+        persist_error: &str,
+    ) -> Result<Snapshot> {
         let nonce = response.nonce.clone();
         let snapshot = response
             .into_snapshot()
@@ -80,6 +89,7 @@ impl Subscriber {
                 response_nonce: nonce,
                 content_hash: snapshot.content_hash.clone(),
                 error_detail: None,
+                persist_error: persist_error.into(),
             })
             .await?;
         self.serving = Some(snapshot.clone());
@@ -105,6 +115,7 @@ impl Subscriber {
                 error_detail: Some(ErrorDetail {
                     message: message.into(),
                 }),
+                persist_error: String::new(),
             })
             .await?;
         Ok(())

@@ -628,6 +628,23 @@ async fn list_proxies_shows_acked_versions_and_the_last_nack() -> anyhow::Result
     assert_eq!(cp.metric("holdfast_proxies_connected").await?, Some(2.0));
     // The NACKed snapshot is not resent.
     assert!(bad.next(Duration::from_secs(1)).await?.is_none());
+    assert!(g.get("persistError").is_none(), "{g}");
+
+    // A proxy that serves a snapshot it could not persist says so in its ACK.
+    let mut full = Subscriber::connect(&cp.grpc_url(), "full-disk-proxy", None).await?;
+    let response = full.next(T).await?.expect("a snapshot");
+    full.ack_persisted(response, "no space left on device")
+        .await?;
+    wait::until("the persist error in ListProxies", T, || async {
+        let list =
+            call(cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let proxies = list["proxies"].as_array().cloned().unwrap_or_default();
+        Ok(proxies
+            .iter()
+            .any(|p| p["id"] == "full-disk-proxy" && p["persistError"] == "no space left on device")
+            .then_some(()))
+    })
+    .await?;
     Ok(())
 }
 

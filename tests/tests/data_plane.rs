@@ -1075,3 +1075,125 @@ async fn the_admin_listener_cuts_slow_heads_and_caps_connections() -> anyhow::Re
     .await?;
     Ok(())
 }
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()?;
+        anyhow::ensure!(status.success(), "mount tmpfs: {status}");
+        Ok(Tmpfs { dir })
+    }
+
+    /// Fills the file system with `filler` until a write fails (ENOSPC).
+    fn fill(&self, filler: &std::path::Path) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(filler)?;
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).and_then(|_| f.sync_all()).is_ok() {}
+        Ok(())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Invariant 6 with a full disk: the proxy serves the new snapshot but ACKs it with the
+/// write error (the control plane shows it), counts it, stays ready, and persists the
+/// snapshot (and says so) once space returns.
+#[tokio::test]
+async fn a_full_disk_is_reported_in_the_ack_while_the_new_snapshot_serves_and_recovers()
+-> anyhow::Result<()> {
+    let (_, logs) = dirs("disk-full");
+    let fs = Tmpfs::mount("256k")?;
+    let state = fs.dir.path().join("state");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let first = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(first.clone());
+    let p = ProxyProc::start("proxy-disk-full", &[cp.url()], &state, &logs, &[])?;
+    wait_version(&p, &first.version).await?;
+    assert_eq!(
+        p.metric("holdfast_proxy_snapshot_persisted").await?,
+        Some(1.0)
+    );
+
+    let filler = fs.dir.path().join("filler");
+    fs.fill(&filler)?;
+    let second = snapshot(2, &[("b.test", "/", "web")], &[("web", &[a])]);
+    cp.push(second.clone());
+    wait_version(&p, &second.version).await?;
+    assert_eq!(
+        p.get("b.test", "/").await?.0,
+        200,
+        "the new snapshot serves"
+    );
+    assert_eq!(
+        p.admin_get("/readyz").await?.0,
+        200,
+        "readiness is unaffected"
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_snapshot_persisted").await?,
+        Some(0.0)
+    );
+    assert!(
+        p.metric("holdfast_proxy_persist_failures_total")
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    let ack = wait::until("an ACK of version 2 with the write error", T, || async {
+        Ok(cp
+            .requests()
+            .into_iter()
+            .find(|r| r.version_info == second.version && !r.persist_error.is_empty()))
+    })
+    .await?;
+    assert!(ack.error_detail.is_none(), "an ACK, not a NACK");
+
+    std::fs::remove_file(&filler)?;
+    wait::until("the snapshot persisted after space returned", T, || async {
+        let gauge = p
+            .metric("holdfast_proxy_snapshot_persisted")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((gauge == Some(1.0)).then_some(()))
+    })
+    .await?;
+    wait::until("a repeated ACK without the error", T, || async {
+        Ok(cp
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.response_nonce == ack.response_nonce && r.persist_error.is_empty()))
+    })
+    .await?;
+    // It survives a restart with no control plane.
+    drop(cp);
+    let mut p = p;
+    p.proc.kill();
+    p.restart()?;
+    wait_version(&p, &second.version).await?;
+    assert_eq!(p.get("b.test", "/").await?.0, 200);
+    Ok(())
+}
