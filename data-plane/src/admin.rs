@@ -116,6 +116,7 @@ pub enum Pages {
 fn route(
     req: &Request<Incoming>,
     pages: Pages,
+    draining: bool,
     table: &ArcSwapOption<RouteTable>,
     registry: &Registry,
     escaped: EscapedSlashes,
@@ -135,6 +136,10 @@ fn route(
     let current = table.load_full();
     match path {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" if draining => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down (draining)\n".into(),
+        ),
         "/readyz" => match &current {
             Some(t) => text(StatusCode::OK, format!("ready: serving {}\n", t.version)),
             None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot applied yet\n".into()),
@@ -183,7 +188,9 @@ fn route(
     }
 }
 
-/// Serves `pages` until `shutdown` turns true, under `limits`.
+/// Serves `pages` under `limits` until the task is aborted. Once `shutdown` turns true,
+/// `/readyz` fails, so that load balancers stop sending new connections while the
+/// listeners still accept them for `--drain-delay`.
 pub async fn serve(
     listener: TcpListener,
     pages: Pages,
@@ -191,11 +198,11 @@ pub async fn serve(
     table: Arc<ArcSwapOption<RouteTable>>,
     registry: Arc<Registry>,
     escaped: EscapedSlashes,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let handler = move |req: &Request<Incoming>| route(req, pages, &table, &registry, escaped);
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
+    let handler = move |req: &Request<Incoming>| {
+        let draining = *shutdown.borrow();
+        route(req, pages, draining, &table, &registry, escaped)
     };
-    holdfast_proto::admin_http::serve(listener, limits, handler, stop).await;
+    holdfast_proto::admin_http::serve(listener, limits, handler, std::future::pending()).await;
 }

@@ -123,6 +123,11 @@ pub struct Args {
     /// holdfast_proxy_connections_refused_total; open connections are unaffected.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// On SIGTERM, /readyz fails at once and the listeners keep accepting for this long,
+    /// so that load balancers take the proxy out first; then it stops accepting and
+    /// drains. The manifests' preStop hook waits as long.
+    #[arg(long, env = "HOLDFAST_DRAIN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_delay: Duration,
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "HOLDFAST_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,

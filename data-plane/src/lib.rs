@@ -116,6 +116,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             pool_idle_per_host: args.upstream_pool_idle,
             escaped_slashes,
             verbose_errors: args.verbose_errors,
+            tunnel_idle_timeout: args.idle_timeout,
             max_request_body: args.max_request_body,
             body_read_timeout: args.body_read_timeout,
             trust_forwarded_from: args.trust_forwarded_from.clone(),
@@ -206,6 +207,24 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             8192 * workers
         }),
     };
+    // On SIGTERM: /readyz fails at once (above), the listeners keep accepting for
+    // --drain-delay so that balancers notice, then stop accepting and drain.
+    let (stop_tx, stop_accepting) = watch::channel(false);
+    let drain_delay = args.drain_delay;
+    let mut signalled = shutdown.clone();
+    let drain_started = Arc::new(std::sync::OnceLock::new());
+    let started = drain_started.clone();
+    let delay = tokio::spawn(async move {
+        if signalled.wait_for(|s| *s).await.is_ok() {
+            tracing::info!(
+                ?drain_delay,
+                "shutting down: not ready; still accepting for the drain delay"
+            );
+            tokio::time::sleep(drain_delay).await;
+        }
+        let _ = started.set(tokio::time::Instant::now());
+        let _ = stop_tx.send(true);
+    });
     let https = match tls_listener {
         Some(l) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(
@@ -216,12 +235,22 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
                 forwarder.clone(),
                 listen.clone(),
                 Some(acceptor),
-                shutdown.clone(),
+                stop_accepting.clone(),
             )))
         }
         None => None,
     };
-    server::serve(listener, forwarder, listen, None, shutdown).await;
+    let grace = listen.shutdown_grace;
+    server::serve(listener, forwarder.clone(), listen, None, stop_accepting).await;
+    delay.abort();
+    // Connections drained within the grace period (counted from when accepting stopped);
+    // upgraded tunnels get what is left of it, then are closed.
+    let deadline = drain_started
+        .get()
+        .copied()
+        .unwrap_or_else(tokio::time::Instant::now)
+        + grace;
+    forwarder.finish_tunnels(deadline).await;
     if let Some(https) = https {
         let _ = https.await;
     }

@@ -47,6 +47,8 @@ pub struct ForwardSettings {
     pub max_request_body: u64,
     /// Longest wait for the next bytes of a request body; then 408.
     pub body_read_timeout: Duration,
+    /// An upgraded tunnel (WebSocket) with no bytes either way for this long is closed.
+    pub tunnel_idle_timeout: Duration,
     /// Upgrade protocols forwarded (lower case; never h2c).
     pub allow_upgrade: Vec<String>,
     /// Peers whose forwarding headers are kept (balancers in front of the proxies).
@@ -65,6 +67,9 @@ pub struct Forwarder {
     /// Fast path: no lock while nothing is ejected.
     any_ejected: AtomicU64,
     epoch: Instant,
+    /// Upgraded tunnels, tracked so that shutdown can wait for them and then close them.
+    tunnels: tokio_util::task::TaskTracker,
+    close_tunnels: tokio::sync::watch::Sender<bool>,
 }
 
 /// A local answer: status and a short plain body saying why.
@@ -120,7 +125,31 @@ impl Forwarder {
             ejected: Mutex::new(Default::default()),
             any_ejected: AtomicU64::new(0),
             epoch: Instant::now(),
+            tunnels: tokio_util::task::TaskTracker::new(),
+            close_tunnels: tokio::sync::watch::channel(false).0,
         }
+    }
+
+    /// On shutdown: waits until `deadline` for upgraded tunnels to end, then closes the
+    /// rest.
+    pub async fn finish_tunnels(&self, deadline: tokio::time::Instant) {
+        self.tunnels.close();
+        if tokio::time::timeout_at(deadline, self.tunnels.wait())
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                tunnels = self.tunnels.len(),
+                "grace period over; closing upgraded tunnels"
+            );
+            self.close_tunnels.send_replace(true);
+            self.tunnels.wait().await;
+        }
+    }
+
+    /// Open upgraded tunnels.
+    pub fn tunnels_open(&self) -> usize {
+        self.tunnels.len()
     }
 
     fn now_ms(&self) -> u64 {
@@ -432,15 +461,13 @@ impl Forwarder {
                     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
                     if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
                         let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                        tokio::spawn(async move {
+                        let idle = self.settings.tunnel_idle_timeout;
+                        let close = self.close_tunnels.subscribe();
+                        self.tunnels.spawn(async move {
                             if let (Ok(down), Ok(up)) =
                                 (client_upgrade.await, upstream_upgrade.await)
                             {
-                                let _ = tokio::io::copy_bidirectional(
-                                    &mut TokioIo::new(down),
-                                    &mut TokioIo::new(up),
-                                )
-                                .await;
+                                tunnel(TokioIo::new(down), TokioIo::new(up), idle, close).await;
                             }
                         });
                     }
@@ -504,6 +531,89 @@ impl Forwarder {
             ),
         };
         (response, label)
+    }
+}
+
+/// Copies both ways between the client and the upstream of an upgraded connection until
+/// either side closes, nothing moves for `idle`, or `close` turns true (shutdown).
+async fn tunnel<A, B>(down: A, up: B, idle: Duration, mut close: tokio::sync::watch::Receiver<bool>)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let epoch = Instant::now();
+    let last = AtomicU64::new(0);
+    let (mut down, mut up) = (
+        Touched::new(down, &last, epoch),
+        Touched::new(up, &last, epoch),
+    );
+    let copy = tokio::io::copy_bidirectional(&mut down, &mut up);
+    tokio::pin!(copy);
+    let check = (idle / 4).max(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            _ = &mut copy => return,
+            _ = close.wait_for(|c| *c) => return,
+            _ = tokio::time::sleep(check) => {
+                let now = epoch.elapsed().as_millis() as u64;
+                if now.saturating_sub(last.load(Ordering::Relaxed)) >= idle.as_millis() as u64 {
+                    tracing::debug!("upgraded tunnel idle; closing");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A stream that records when bytes last moved through it.
+struct Touched<'a, S> {
+    inner: S,
+    last: &'a AtomicU64,
+    epoch: Instant,
+}
+
+impl<'a, S> Touched<'a, S> {
+    fn new(inner: S, last: &'a AtomicU64, epoch: Instant) -> Self {
+        Touched { inner, last, epoch }
+    }
+    fn touch(&self) {
+        self.last
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Touched<'_, S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Touched<'_, S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -574,23 +574,47 @@ async fn gated_upstream() -> (
 async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Result<()> {
     let (state, logs) = dirs("drain");
     let (upstream, arrived, release) = gated_upstream().await;
+    let echo = echo_on_loopback("echo").await;
     let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[upstream])]);
+    let s = snapshot(
+        1,
+        &[("a.test", "/", "web"), ("ws.test", "/", "ws")],
+        &[("web", &[upstream]), ("ws", &[echo])],
+    );
     cp.push(s.clone());
     let mut p = ProxyProc::start(
         "proxy-drain",
         &[cp.url()],
         state.path(),
         &logs,
-        &["--shutdown-grace", "10s"],
+        &["--shutdown-grace", "3s", "--drain-delay", "1s"],
     )?;
     wait_version(&p, &s.version).await?;
     let addr = p.addr;
+    let mut ws = tokio::net::TcpStream::connect(addr).await?;
+    ws.write_all(
+        b"GET / HTTP/1.1\r\nHost: ws.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, ws.read(&mut buf)).await??;
+    assert!(buf[..n].starts_with(b"HTTP/1.1 101"));
     let in_flight =
         tokio::spawn(async move { holdfast_tests::http::get(addr, "a.test", "/").await });
     tokio::time::timeout(T, arrived).await??;
 
+    // SIGTERM: not ready at once, but still serving new connections for the drain delay.
     p.proc.signal("TERM")?;
+    wait::until("/readyz to fail", T, || async {
+        let (code, _) = p.admin_get("/readyz").await.map_err(|e| e.to_string())?;
+        Ok((code == 503).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        p.get("ws.test", "/").await?.0,
+        200,
+        "accepting during the drain delay"
+    );
     wait::until("the proxy to stop accepting", T, || async {
         Ok(tokio::net::TcpStream::connect(addr)
             .await
@@ -598,6 +622,11 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
             .then_some(()))
     })
     .await?;
+    // The tunnel still works in the grace period; the in-flight request finishes.
+    ws.write_all(b"still here").await?;
+    let mut got = [0u8; 10];
+    tokio::time::timeout(T, ws.read_exact(&mut got)).await??;
+    assert_eq!(&got, b"still here");
     release
         .send(())
         .map_err(|_| anyhow::anyhow!("upstream gone"))?;
@@ -607,8 +636,27 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
         (200, "slow\n"),
         "the in-flight request finished"
     );
+    // The tunnel is closed at the end of the grace period, and the proxy exits.
+    closed_within(&mut ws, T).await?;
     let status = p.proc.wait_exit(T)?;
     assert!(status.success(), "{status}");
+    Ok(())
+}
+
+/// An upgraded tunnel with nothing moving for the idle timeout is closed.
+#[tokio::test]
+async fn an_idle_upgraded_tunnel_is_closed_after_the_idle_timeout() -> anyhow::Result<()> {
+    let w = one_route("tunnel-idle", &["--idle-timeout", "1s"]).await?;
+    let mut ws = tokio::net::TcpStream::connect(w.p.addr).await?;
+    ws.write_all(
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, ws.read(&mut buf)).await??;
+    assert!(buf[..n].starts_with(b"HTTP/1.1 101"));
+    let took = closed_within(&mut ws, Duration::from_secs(10)).await?;
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
     Ok(())
 }
 

@@ -246,6 +246,26 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         pod["automountServiceAccountToken"], false,
         "the proxy must have no API token"
     );
+    // Shutdown fits in the termination grace period: preStop, drain delay, grace.
+    let proxy = &pod["containers"][0];
+    let secs = |flag: &str| {
+        humantime::parse_duration(arg(proxy, flag))
+            .unwrap_or_else(|e| panic!("--{flag}: {e}"))
+            .as_secs()
+    };
+    let pre_stop = proxy["lifecycle"]["preStop"]["sleep"]["seconds"]
+        .as_u64()
+        .expect("a preStop sleep");
+    assert_eq!(
+        pre_stop,
+        secs("drain-delay"),
+        "the preStop matches --drain-delay"
+    );
+    assert!(
+        pod["terminationGracePeriodSeconds"].as_u64().unwrap()
+            > pre_stop + secs("drain-delay") + secs("shutdown-grace"),
+        "terminationGracePeriodSeconds leaves no room to drain"
+    );
     let mounts = pod["containers"][0]["volumeMounts"].to_string();
     let args = pod["containers"][0]["args"].to_string();
     assert!(mounts.contains("/var/lib/holdfast") && args.contains("--state-dir=/var/lib/holdfast"));
