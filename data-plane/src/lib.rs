@@ -214,8 +214,10 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     let mut signalled = shutdown.clone();
     let drain_started = Arc::new(std::sync::OnceLock::new());
     let started = drain_started.clone();
+    let draining = forwarder.clone();
     let delay = tokio::spawn(async move {
         if signalled.wait_for(|s| *s).await.is_ok() {
+            draining.start_draining();
             tracing::info!(
                 ?drain_delay,
                 "shutting down: not ready; still accepting for the drain delay"

@@ -70,6 +70,9 @@ pub struct Forwarder {
     /// Upgraded tunnels, tracked so that shutdown can wait for them and then close them.
     tunnels: tokio_util::task::TaskTracker,
     close_tunnels: tokio::sync::watch::Sender<bool>,
+    /// Shutting down: HTTP/1.1 responses carry `Connection: close`, so keep-alive clients
+    /// move to new connections (which balancers send elsewhere) before the listener closes.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// A local answer: status and a short plain body saying why.
@@ -127,7 +130,13 @@ impl Forwarder {
             epoch: Instant::now(),
             tunnels: tokio_util::task::TaskTracker::new(),
             close_tunnels: tokio::sync::watch::channel(false).0,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Starts draining: keep-alive connections are closed after their next response.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// On shutdown: waits until `deadline` for upgraded tunnels to end, then closes the
@@ -226,9 +235,18 @@ impl Forwarder {
         tls: bool,
     ) -> Response<ProxyBody> {
         let table = self.table.load_full();
-        let (response, route) = self
+        let http1 = req.version() <= Version::HTTP_11;
+        let (mut response, route) = self
             .route_and_forward(req, client, tls, table.as_deref())
             .await;
+        if http1
+            && self.draining.load(Ordering::Relaxed)
+            && response.status() != StatusCode::SWITCHING_PROTOCOLS
+        {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let status = response.status().as_u16();
         match route {
             Some(route) => self

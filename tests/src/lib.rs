@@ -26,6 +26,7 @@
 //! left by a test binary that was killed outright are removed by watchdogs and by the next
 //! start (see `k8s.sh`).
 
+pub mod balancer;
 pub mod cluster;
 pub mod control_plane;
 pub mod echo;

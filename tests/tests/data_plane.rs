@@ -1245,3 +1245,67 @@ async fn a_full_disk_is_reported_in_the_ack_while_the_new_snapshot_serves_and_re
     assert_eq!(p.get("b.test", "/").await?.0, 200);
     Ok(())
 }
+
+/// A rolling restart of two proxies behind a TCP round-robin balancer that health-checks
+/// /readyz, under keep-alive traffic: not one request fails. (SIGTERM fails /readyz at
+/// once, the listener keeps accepting for --drain-delay while keep-alive clients are sent
+/// `Connection: close`, then in-flight requests finish.)
+// Multi-threaded: the traffic and the balancer run while the test waits (blocking) for
+// processes to exit and restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_behind_a_balancer_loses_no_request() -> anyhow::Result<()> {
+    let (_, logs) = dirs("rolling");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let args = ["--drain-delay", "1s", "--shutdown-grace", "5s"];
+    let (state_1, state_2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut proxies = vec![
+        ProxyProc::start("proxy-roll-1", &[cp.url()], state_1.path(), &logs, &args)?,
+        ProxyProc::start("proxy-roll-2", &[cp.url()], state_2.path(), &logs, &args)?,
+    ];
+    for p in &proxies {
+        wait_version(p, &s.version).await?;
+    }
+    let lb = holdfast_tests::balancer::Balancer::start(
+        proxies.iter().map(|p| (p.addr, p.admin)).collect(),
+    )
+    .await?;
+    wait::until("both proxies in the balancer", T, || async {
+        Ok((lb.ready() == [true, true]).then_some(()))
+    })
+    .await?;
+
+    // Four keep-alive clients, 50 requests a second each.
+    let traffic = holdfast_tests::traffic::Traffic::start(
+        &[lb.addr, lb.addr, lb.addr, lb.addr],
+        vec!["a.test".into()],
+        50,
+    );
+    for i in 0..proxies.len() {
+        let p = &mut proxies[i];
+        p.proc.signal("TERM")?;
+        let status = p.proc.wait_exit(T)?;
+        assert!(status.success(), "{status}");
+        p.restart()?;
+        p.wait_ready(T).await?;
+        wait::until("the restarted proxy back in the balancer", T, || async {
+            Ok((lb.ready() == [true, true]).then_some(()))
+        })
+        .await?;
+    }
+    let report = traffic.stop().await;
+    eprintln!("{}", report.summary());
+    assert!(
+        report.total >= 200,
+        "too little traffic: {}",
+        report.summary()
+    );
+    assert!(
+        report.unexpected.is_empty(),
+        "requests failed: {:?}",
+        report.unexpected
+    );
+    Ok(())
+}
