@@ -1283,8 +1283,7 @@ async fn a_rolling_restart_behind_a_balancer_loses_no_request() -> anyhow::Resul
         vec!["a.test".into()],
         50,
     );
-    for i in 0..proxies.len() {
-        let p = &mut proxies[i];
+    for p in &mut proxies {
         p.proc.signal("TERM")?;
         let status = p.proc.wait_exit(T)?;
         assert!(status.success(), "{status}");
