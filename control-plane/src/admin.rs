@@ -76,7 +76,9 @@ impl Admin for AdminService {
             Ok(published_version) => Ok(tonic::Response::new(ApproveHeldSnapshotResponse {
                 published_version,
             })),
-            Err(e @ ApproveError::NothingHeld) => Err(Status::failed_precondition(e.to_string())),
+            Err(e @ (ApproveError::NothingHeld | ApproveError::TooLarge)) => {
+                Err(Status::failed_precondition(e.to_string()))
+            }
             Err(e @ ApproveError::VersionMismatch { .. }) => {
                 Err(Status::failed_precondition(e.to_string()))
             }

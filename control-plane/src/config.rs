@@ -68,6 +68,18 @@ pub struct Args {
     /// or its node id over plaintext); more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "HOLDFAST_MAX_STREAMS_PER_IDENTITY", default_value_t = 4)]
     pub max_streams_per_identity: usize,
+    /// Largest snapshot published, in encoded bytes (default 64 MiB). A larger one is
+    /// held (GetStatus says why) and cannot be approved; the proxies keep the last one.
+    /// Every proxy holds about three copies in memory while applying one; see the memory
+    /// limits in deploy/kubernetes.
+    #[arg(long, env = "HOLDFAST_MAX_SNAPSHOT_BYTES", default_value_t = 64 << 20)]
+    pub max_snapshot_bytes: usize,
+    /// Most rules one Ingress may have; a larger Ingress is skipped with a Warning Event.
+    #[arg(long, env = "HOLDFAST_MAX_RULES_PER_INGRESS", default_value_t = 1_000)]
+    pub max_rules_per_ingress: usize,
+    /// Most paths (over all its rules) one Ingress may have; a larger one is skipped.
+    #[arg(long, env = "HOLDFAST_MAX_PATHS_PER_INGRESS", default_value_t = 5_000)]
+    pub max_paths_per_ingress: usize,
     /// Let ExternalName Services be backends. Off by default: an ExternalName can send the
     /// proxies to any DNS name, including another namespace's internal Services
     /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.

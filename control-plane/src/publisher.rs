@@ -40,6 +40,8 @@ pub struct Settings {
     /// A held snapshot is released once its content has been stable this long and a fresh
     /// read confirms it.
     pub confirm_after: Duration,
+    /// Largest snapshot published, encoded (`--max-snapshot-bytes`); a larger one is held.
+    pub max_snapshot_bytes: usize,
 }
 
 /// Translates, seals and validates: the whole build, with no I/O. The translator is
@@ -293,7 +295,12 @@ fn rebuild(
     if !shared.all_synced() {
         return;
     }
-    offer(shared, candidate, settings.max_removal_share);
+    offer(
+        shared,
+        candidate,
+        settings.max_removal_share,
+        settings.max_snapshot_bytes,
+    );
 }
 
 /// Makes the last build's problems and certificates visible: metrics and `GetStatus`.
@@ -322,7 +329,12 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Snapshot) 
 }
 
 /// Publishes, holds or drops a sealed, valid candidate.
-pub fn offer(shared: &Shared, candidate: Snapshot, max_removal_share: f64) {
+pub fn offer(
+    shared: &Shared,
+    candidate: Snapshot,
+    max_removal_share: f64,
+    max_snapshot_bytes: usize,
+) {
     let published = shared.published();
     if published
         .as_ref()
@@ -332,11 +344,26 @@ pub fn offer(shared: &Shared, candidate: Snapshot, max_removal_share: f64) {
         shared.clear_hold();
         return;
     }
-    match assess(
-        published.as_ref().map(|p| &p.snapshot),
-        &candidate,
-        max_removal_share,
-    ) {
+    let size = prost::Message::encoded_len(&candidate);
+    let verdict = if size > max_snapshot_bytes {
+        Verdict::Hold {
+            reason: format!(
+                "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
+            ),
+            routes_published: published
+                .as_ref()
+                .map_or(0, |p| holdfast_proto::snapshot::route_count(&p.snapshot)),
+            routes_held: holdfast_proto::snapshot::route_count(&candidate),
+        }
+    } else {
+        assess(
+            published.as_ref().map(|p| &p.snapshot),
+            &candidate,
+            max_removal_share,
+        )
+    };
+    let confirmable = size <= max_snapshot_bytes;
+    match verdict {
         Verdict::Publish => {
             shared.clear_hold();
             shared.publish(candidate);
@@ -349,6 +376,7 @@ pub fn offer(shared: &Shared, candidate: Snapshot, max_removal_share: f64) {
             let version = candidate.version.clone();
             let new = shared.hold(Held {
                 snapshot: Arc::new(candidate),
+                confirmable,
                 reason: reason.clone(),
                 routes_published,
                 routes_held,
@@ -367,6 +395,9 @@ pub fn offer(shared: &Shared, candidate: Snapshot, max_removal_share: f64) {
 
 async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>, held: &Held) {
     let Some(fresh) = fresh else { return };
+    if !held.confirmable {
+        return;
+    }
     match fresh.confirms(caches).await {
         Ok(true) => {
             if shared.release_hold_if(&held.snapshot.content_hash) {

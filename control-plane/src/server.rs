@@ -94,6 +94,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             allow_certificates: config.tls.is_some() || args.allow_plaintext_secrets,
             allow_external_name: args.allow_external_name,
             host_ownership: args.host_ownership,
+            ingress_limits: translate::IngressLimits {
+                max_rules: args.max_rules_per_ingress,
+                max_paths: args.max_paths_per_ingress,
+            },
             default_backend_namespaces: args
                 .default_backend_namespaces
                 .as_ref()
@@ -103,6 +107,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_delay: args.max_delay,
         max_removal_share: args.max_removal_share,
         confirm_after: args.hold_confirm_after,
+        max_snapshot_bytes: args.max_snapshot_bytes,
     };
     let publish = match (&args.publish_service, args.publish_addresses.is_empty()) {
         (Some(svc), _) => {

@@ -51,6 +51,9 @@ pub struct CacheStatus {
 pub struct Held {
     /// The held snapshot (sealed and valid).
     pub snapshot: Arc<Snapshot>,
+    /// False for a hold nothing may release (over --max-snapshot-bytes): no fresh read
+    /// confirms it and no operator approves it; only a smaller snapshot replaces it.
+    pub confirmable: bool,
     /// Why it is held.
     pub reason: String,
     /// Routes in the published snapshot when it was held.
@@ -76,6 +79,9 @@ pub enum ApproveError {
     /// Nothing is held.
     #[error("no snapshot is held")]
     NothingHeld,
+    /// The held snapshot is over --max-snapshot-bytes.
+    #[error("the held snapshot is over --max-snapshot-bytes and cannot be approved")]
+    TooLarge,
     /// The held snapshot is not the one named.
     #[error("the held snapshot is {held}, not {requested}")]
     VersionMismatch {
@@ -270,6 +276,9 @@ impl Shared {
                 held: held.snapshot.version.clone(),
                 requested: version.to_owned(),
             });
+        }
+        if !held.confirmable {
+            return Err(ApproveError::TooLarge);
         }
         let held = status.held.take().expect("checked above");
         self.inner.metrics.held.set(0);

@@ -107,6 +107,8 @@ pub struct Options {
     pub allow_external_name: bool,
     /// Who may add rules to a host (`--host-ownership`).
     pub host_ownership: HostOwnership,
+    /// How large one Ingress may be.
+    pub ingress_limits: IngressLimits,
     /// The namespaces whose Ingresses may set the cluster-wide `defaultBackend`
     /// (`--default-backend-namespaces`); None: all.
     pub default_backend_namespaces: Option<BTreeSet<String>>,
@@ -134,6 +136,7 @@ impl Default for Options {
             allow_certificates: true,
             allow_external_name: false,
             host_ownership: HostOwnership::FirstNamespace,
+            ingress_limits: IngressLimits::default(),
             default_backend_namespaces: None,
         }
     }
@@ -480,6 +483,68 @@ pub fn wildcard_over_public_suffix(host: &str) -> Option<&str> {
 
 /// Digests one Ingress.
 pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
+    digest_ingress_within(ing, IngressLimits::default())
+}
+
+/// How large one Ingress may be: one tenant's huge Ingress must not grow every proxy's
+/// table (and snapshot) without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngressLimits {
+    /// Most rules (`--max-rules-per-ingress`).
+    pub max_rules: usize,
+    /// Most paths over all rules (`--max-paths-per-ingress`).
+    pub max_paths: usize,
+}
+
+impl Default for IngressLimits {
+    fn default() -> Self {
+        IngressLimits {
+            max_rules: 1_000,
+            max_paths: 5_000,
+        }
+    }
+}
+
+/// Digests one Ingress; one over `limits` is skipped whole, with a problem.
+pub fn digest_ingress_within(ing: &Ingress, limits: IngressLimits) -> IngressDigest {
+    let rules = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.rules.as_ref())
+        .map_or(0, Vec::len);
+    let paths: usize = ing
+        .spec
+        .iter()
+        .flat_map(|s| s.rules.iter().flatten())
+        .filter_map(|r| r.http.as_ref())
+        .map(|h| h.paths.len())
+        .sum();
+    if rules > limits.max_rules || paths > limits.max_paths {
+        let mut trimmed = Ingress {
+            metadata: ing.metadata.clone(),
+            ..Default::default()
+        };
+        trimmed.spec = ing
+            .spec
+            .as_ref()
+            .map(|s| k8s_openapi::api::networking::v1::IngressSpec {
+                ingress_class_name: s.ingress_class_name.clone(),
+                ..Default::default()
+            });
+        let mut digest = digest_ingress_unchecked(&trimmed);
+        digest.problems.push((
+            "IngressTooLarge",
+            format!(
+                "Ingress skipped: {rules} rules and {paths} paths, over the limits of {} rules (--max-rules-per-ingress) and {} paths (--max-paths-per-ingress)",
+                limits.max_rules, limits.max_paths
+            ),
+        ));
+        return digest;
+    }
+    digest_ingress_unchecked(ing)
+}
+
+fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
     let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
     let created = ing.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -785,7 +850,12 @@ struct Changes<D> {
 
 impl<K: Sync + Send, D: Send + Sync> Memo<K, D> {
     /// Digests what is new in `objects`, forgets what is gone, and says which is which.
-    fn refresh(&mut self, objects: &[Arc<K>], generation: u64, digest: fn(&K) -> D) -> Changes<D> {
+    fn refresh(
+        &mut self,
+        objects: &[Arc<K>],
+        generation: u64,
+        digest: impl Fn(&K) -> D + Sync,
+    ) -> Changes<D> {
         let mut missing: Vec<&Arc<K>> = Vec::new();
         for object in objects {
             match self.entries.get_mut(&addr(object)) {
@@ -965,9 +1035,9 @@ impl Translator {
     pub fn translate(&mut self, state: &ClusterState, opts: &Options) -> Translation {
         self.generation += 1;
         let generation = self.generation;
-        let ingresses = self
-            .ingresses
-            .refresh(&state.ingresses, generation, digest_ingress);
+        let ingresses = self.ingresses.refresh(&state.ingresses, generation, |ing| {
+            digest_ingress_within(ing, opts.ingress_limits)
+        });
         let services = self
             .services
             .refresh(&state.services, generation, digest_service);

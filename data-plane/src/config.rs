@@ -167,6 +167,11 @@ pub struct Args {
     /// X-Forwarded-For always gets the peer appended.
     #[arg(long, env = "HOLDFAST_TRUST_FORWARDED_FROM", value_delimiter = ',', value_parser = parse_net)]
     pub trust_forwarded_from: Vec<ipnet::IpNet>,
+    /// Largest snapshot applied, in encoded bytes (default 64 MiB); larger ones are
+    /// NACKed and the current one keeps serving. Memory: about three times this while
+    /// applying, plus the state file (in a memory-backed volume in deploy/kubernetes).
+    #[arg(long, env = "HOLDFAST_MAX_SNAPSHOT_BYTES", default_value_t = 64 << 20)]
+    pub max_snapshot_bytes: usize,
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -59,6 +59,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         table.clone(),
         args.state_dir.clone(),
         metrics.clone(),
+        args.max_snapshot_bytes,
     ));
 
     // Serve the persisted snapshot at once, before any control plane answers.

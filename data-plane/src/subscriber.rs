@@ -37,6 +37,8 @@ pub struct Applier {
     metrics: Metrics,
     /// The served snapshot when it could not be written to the state file, and why.
     unpersisted: std::sync::Mutex<Option<(Snapshot, String)>>,
+    /// Largest snapshot applied, encoded; larger ones are NACKed.
+    max_snapshot_bytes: usize,
 }
 
 impl Applier {
@@ -45,6 +47,7 @@ impl Applier {
         table: Arc<ArcSwapOption<RouteTable>>,
         state_dir: PathBuf,
         metrics: Metrics,
+        max_snapshot_bytes: usize,
     ) -> Self {
         metrics.snapshot_persisted.set(1);
         Applier {
@@ -52,6 +55,7 @@ impl Applier {
             state_dir,
             metrics,
             unpersisted: std::sync::Mutex::new(None),
+            max_snapshot_bytes,
         }
     }
 
@@ -117,6 +121,13 @@ impl Applier {
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
+        let size = prost::Message::encoded_len(&snapshot);
+        if size > self.max_snapshot_bytes {
+            return Err(format!(
+                "snapshot {} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
+                snapshot.version, self.max_snapshot_bytes
+            ));
+        }
         validate(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
         if let Some(current) = self.table.load().as_ref()
             && snapshot.cluster_revision < current.cluster_revision

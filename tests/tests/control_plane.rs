@@ -847,3 +847,83 @@ async fn route_streams_are_capped_per_identity_and_node_ids_are_bounded() -> any
     eprintln!("stream ended after {:?}: {ended}", started.elapsed());
     Ok(())
 }
+
+/// A snapshot over --max-snapshot-bytes is held with the reason in GetStatus; neither a
+/// fresh read nor an operator can release it, and the proxies keep the last one. An
+/// Ingress over the per-Ingress limits is skipped with an Event.
+#[tokio::test]
+async fn a_snapshot_over_the_size_limit_is_held_and_cannot_be_approved() -> anyhow::Result<()> {
+    let s = setup("snapshot-limit").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[
+        "--max-snapshot-bytes",
+        "3000",
+        "--max-paths-per-ingress",
+        "100",
+        "--hold-confirm-after",
+        "1s",
+    ])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let before = sub
+        .wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+
+    let many = |n: usize| -> Vec<(String, &'static str, &'static str, i32)> {
+        (0..n)
+            .map(|i| (format!("/path-number-{i}"), "Prefix", "web", 80))
+            .collect()
+    };
+    let paths = many(60);
+    let paths: Vec<(&str, &str, &str, i32)> = paths
+        .iter()
+        .map(|(p, k, b, n)| (p.as_str(), *k, *b, *n))
+        .collect();
+    let big = objects::ingress_paths("big", &s.class, &s.host("big"), &paths);
+    create(&s.client, Some(&s.ns), &big).await?;
+    let held = held_version(&cp).await?;
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    let reason = status["held"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("--max-snapshot-bytes"), "{status}");
+    assert_eq!(status["publishedVersion"], before.version.as_str());
+    let refused = grpcurl(
+        cp.grpc,
+        Some(&json!({ "version": held }).to_string()),
+        &["holdfast.v1.Admin/ApproveHeldSnapshot"],
+    );
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("FailedPrecondition")
+    );
+    // Past the confirmation period it is still held, and nothing was sent.
+    assert!(sub.next(Duration::from_secs(3)).await?.is_none());
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    assert_eq!(status["held"]["version"], held.as_str());
+
+    // Over --max-paths-per-ingress: that Ingress is skipped, so the rest publishes.
+    let paths = many(101);
+    let paths: Vec<(&str, &str, &str, i32)> = paths
+        .iter()
+        .map(|(p, k, b, n)| (p.as_str(), *k, *b, *n))
+        .collect();
+    let bigger = objects::ingress_paths("big", &s.class, &s.host("big"), &paths);
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .patch(
+            "big",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&bigger),
+        )
+        .await?;
+    objects::warning_event(&s.client, &s.ns, "IngressTooLarge", "big").await?;
+    wait::until("no hold", T, || async {
+        let status =
+            call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok(status.get("held").is_none().then_some(()))
+    })
+    .await?;
+    // The skipped Ingress leaves what was published as it was: nothing new to send.
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    assert_eq!(status["publishedVersion"], before.version.as_str());
+    Ok(())
+}

@@ -1308,3 +1308,36 @@ async fn a_rolling_restart_behind_a_balancer_loses_no_request() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// A snapshot over the proxy's own --max-snapshot-bytes is NACKed; the last one serves.
+#[tokio::test]
+async fn a_snapshot_over_the_proxys_size_limit_is_nacked() -> anyhow::Result<()> {
+    let (state, logs) = dirs("nack-size");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let good = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(good.clone());
+    let p = ProxyProc::start(
+        "proxy-nack-size",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--max-snapshot-bytes", "2000"],
+    )?;
+    wait_version(&p, &good.version).await?;
+    let hosts: Vec<String> = (0..100).map(|i| format!("host-{i}.test")).collect();
+    let routes: Vec<(&str, &str, &str)> = hosts.iter().map(|h| (h.as_str(), "/", "web")).collect();
+    let big = snapshot(2, &routes, &[("web", &[a])]);
+    assert!(prost::Message::encoded_len(&big) > 2000);
+    cp.push(big.clone());
+    let nack = wait::until("a NACK", T, || async {
+        Ok(cp.requests().into_iter().find(|r| r.error_detail.is_some()))
+    })
+    .await?;
+    let reason = nack.error_detail.unwrap().message;
+    assert!(reason.contains("--max-snapshot-bytes"), "{reason}");
+    assert_eq!(nack.version_info, good.version);
+    assert_eq!(p.get("a.test", "/").await?.0, 200);
+    assert_eq!(p.get("host-1.test", "/").await?.0, 404);
+    Ok(())
+}

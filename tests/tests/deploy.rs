@@ -266,6 +266,39 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             > pre_stop + secs("drain-delay") + secs("shutdown-grace"),
         "terminationGracePeriodSeconds leaves no room to drain"
     );
+    // Memory follows --max-snapshot-bytes (the arithmetic is in the manifest's comment):
+    // three copies while applying, the state file and its temp file in the memory-backed
+    // volume, and room for connections.
+    let max: u64 = arg(proxy, "max-snapshot-bytes").parse()?;
+    let mib = |q: &Value| {
+        q.as_str()
+            .and_then(|q| q.strip_suffix("Mi"))
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| n << 20)
+            .unwrap_or_else(|| panic!("not a quantity in Mi: {q}"))
+    };
+    let state_volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "state")
+        .expect("the state volume");
+    let size_limit = mib(&state_volume["emptyDir"]["sizeLimit"]);
+    assert!(
+        size_limit >= 2 * max,
+        "the state volume holds a file and its temp file"
+    );
+    let memory = mib(&proxy["resources"]["limits"]["memory"]);
+    assert!(
+        memory >= 3 * max + size_limit,
+        "the proxy's memory limit is below 3 x --max-snapshot-bytes + the state volume"
+    );
+    let cp_container = &cp["spec"]["template"]["spec"]["containers"][0];
+    let cp_max: u64 = arg(cp_container, "max-snapshot-bytes").parse()?;
+    assert!(
+        cp_max <= max,
+        "the proxies would NACK what the control plane publishes"
+    );
     let mounts = pod["containers"][0]["volumeMounts"].to_string();
     let args = pod["containers"][0]["args"].to_string();
     assert!(mounts.contains("/var/lib/holdfast") && args.contains("--state-dir=/var/lib/holdfast"));

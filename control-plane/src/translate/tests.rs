@@ -1724,3 +1724,67 @@ fn a_host_belongs_to_the_namespace_of_its_oldest_ingress_unless_shared() {
     );
     assert!(t.problems.is_empty());
 }
+
+#[test]
+fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaffected() {
+    let paths: Vec<Value> = (0..4)
+        .map(|i| {
+            rule(
+                "big.example.com",
+                &format!("/p{i}"),
+                "Prefix",
+                "web",
+                json!({"number": 80}),
+            )
+        })
+        .collect();
+    let st = state(vec![
+        ingress("default", "big", 0, Value::Array(paths)),
+        ingress(
+            "default",
+            "small",
+            1,
+            json!([rule(
+                "small.example.com",
+                "/",
+                "Prefix",
+                "web",
+                json!({"number": 80})
+            )]),
+        ),
+    ]);
+    let opts = Options {
+        ingress_limits: IngressLimits {
+            max_rules: 3,
+            max_paths: 100,
+        },
+        ..Options::default()
+    };
+    let t = run_with(&st, &opts);
+    assert_eq!(
+        routes(&t),
+        [r(
+            "small.example.com",
+            MatchKind::Prefix,
+            "/",
+            "default/web:80"
+        )]
+    );
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(
+        (t.problems[0].reason, t.problems[0].name.as_str()),
+        ("IngressTooLarge", "big")
+    );
+    let by_paths = Options {
+        ingress_limits: IngressLimits {
+            max_rules: 100,
+            max_paths: 3,
+        },
+        ..Options::default()
+    };
+    assert_eq!(
+        run_with(&st, &by_paths).problems[0].reason,
+        "IngressTooLarge"
+    );
+    assert_eq!(routes(&run(&st)).len(), 5, "within the defaults");
+}
