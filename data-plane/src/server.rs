@@ -69,6 +69,9 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(settings.max_header_bytes as u32);
+    // Over TLS, ALPN has already said "h2": such a connection is HTTP/2 only, so bytes
+    // that are not the connection preface get a GOAWAY, not an HTTP/1.1 answer.
+    let h2_only = Arc::new(builder.clone().http2_only());
     let builder = Arc::new(builder);
     let connections = TaskTracker::new();
     let (drain_tx, drain_rx) = watch::channel(false);
@@ -95,6 +98,7 @@ pub async fn serve(
         let open_guard = InFlight::enter(&open);
         let _ = stream.set_nodelay(true);
         let conn = Connection {
+            h2_only: false,
             _open: open_guard,
             send_timeout: settings.send_timeout,
             builder: builder.clone(),
@@ -109,9 +113,17 @@ pub async fn serve(
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
+                let h2_only = h2_only.clone();
                 connections.spawn(async move {
                     match tokio::time::timeout(conn.header_read_timeout, handshake).await {
-                        Ok(Ok(stream)) => conn.run(stream, peer, true).await,
+                        Ok(Ok(stream)) => {
+                            let mut conn = conn;
+                            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                                conn.builder = h2_only.clone();
+                                conn.h2_only = true;
+                            }
+                            conn.run(stream, peer, true).await
+                        }
                         Ok(Err(error)) => {
                             conn.forwarder.metrics().tls_handshake_failures.inc();
                             tracing::debug!(%peer, %error, "TLS handshake failed");
@@ -141,6 +153,8 @@ pub async fn serve(
 }
 
 struct Connection {
+    /// Negotiated HTTP/2 by ALPN: served as HTTP/2 only.
+    h2_only: bool,
     /// Counts this connection against `--max-connections` until it is dropped.
     _open: InFlight,
     send_timeout: Duration,
@@ -198,7 +212,26 @@ impl Connection {
                 Ok::<_, std::convert::Infallible>(response)
             }
         });
-        let conn = self.builder.serve_connection_with_upgrades(io, svc);
+        let builder = self.builder.clone();
+        if self.h2_only {
+            // hyper-util's upgrade-capable connection sniffs the version whatever the
+            // builder says; HTTP/2 needs no upgrades.
+            let conn = builder.serve_connection(io, svc);
+            self.drive(conn, &activity, &in_flight, peer).await;
+        } else {
+            let conn = builder.serve_connection_with_upgrades(io, svc);
+            self.drive(conn, &activity, &in_flight, peer).await;
+        }
+    }
+
+    /// Polls `conn` to its end, enforcing the header, send and idle timeouts and drain.
+    async fn drive<C: Served>(
+        &mut self,
+        conn: C,
+        activity: &Activity,
+        in_flight: &AtomicUsize,
+        peer: SocketAddr,
+    ) {
         tokio::pin!(conn);
         let mut draining = false;
         // Set when an idle connection was asked to close: a client that does not take
@@ -211,7 +244,7 @@ impl Connection {
                 _ = conn.as_mut() => break,
                 _ = self.drain.wait_for(|d| *d), if !draining => {
                     draining = true;
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().shutdown();
                 }
                 _ = tokio::time::sleep(check) => {
                     if activity.head_pending_for().is_some_and(|t| t >= self.header_read_timeout) {
@@ -235,11 +268,46 @@ impl Connection {
                     if in_flight.load(Ordering::Acquire) == 0 && activity.idle_for() >= self.idle_timeout {
                         draining = true;
                         idle_close = Some(Instant::now());
-                        conn.as_mut().graceful_shutdown();
+                        conn.as_mut().shutdown();
                     }
                 }
             }
         }
+    }
+}
+
+/// A hyper connection being served: a future that can be asked to close gracefully.
+trait Served: std::future::Future {
+    fn shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Served for auto::Connection<'_, I, S, TokioExecutor>
+where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    TokioExecutor: auto::HttpServerConnExec<S::Future, B>,
+{
+    fn shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, B> Served for auto::UpgradeableConnection<'_, I, S, TokioExecutor>
+where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>,
+    S::Future: 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    TokioExecutor: auto::HttpServerConnExec<S::Future, B>,
+{
+    fn shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
     }
 }
 

@@ -36,10 +36,25 @@ log() { printf 'k8s.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------------------------------
-# ensure: build etcd, kube-apiserver, kubectl and grpcurl from pinned module versions.
+# ensure: build etcd, kube-apiserver, kubectl, grpcurl and h2spec from pinned module versions.
 
 have_all_tools() {
-  [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]]
+  [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]] && have_h2spec
+}
+
+# h2spec is not part of PIN (a new h2spec must not rebuild Kubernetes): its version is
+# stamped next to the binary instead.
+have_h2spec() {
+  [[ -x $BIN/h2spec && "$(cat "$BIN/h2spec.version" 2>/dev/null)" == "$H2SPEC_VERSION" ]]
+}
+
+build_h2spec() {
+  grep -q "github.com/summerwind/h2spec $H2SPEC_VERSION" "$HERE/h2spec/go.mod" ||
+    die "deploy/local/h2spec/go.mod does not pin h2spec $H2SPEC_VERSION"
+  (cd "$HERE/h2spec" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
+    -o "$BIN/.h2spec.tmp" github.com/summerwind/h2spec/cmd/h2spec)
+  mv "$BIN/.h2spec.tmp" "$BIN/h2spec"
+  printf '%s\n' "$H2SPEC_VERSION" >"$BIN/h2spec.version"
 }
 
 build_etcd() {
@@ -134,6 +149,7 @@ cmd_ensure() {
   local start=$SECONDS
   [[ -x $BIN/etcd ]] || { log "building etcd $ETCD_VERSION"; build_etcd; }
   [[ -x $BIN/grpcurl ]] || { log "building grpcurl $GRPCURL_VERSION"; build_grpcurl; }
+  have_h2spec || { log "building h2spec $H2SPEC_VERSION"; build_h2spec; }
   if [[ ! -x $BIN/kube-apiserver || ! -x $BIN/kubectl ]]; then
     log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first time: many minutes)"
     build_kubernetes

@@ -1341,3 +1341,126 @@ async fn a_snapshot_over_the_proxys_size_limit_is_nacked() -> anyhow::Result<()>
     assert_eq!(p.get("host-1.test", "/").await?.0, 404);
     Ok(())
 }
+
+/// Writes `frames` until the proxy stops reading or closes; the bytes written.
+async fn flood(addr: SocketAddr, frames: impl Iterator<Item = Vec<u8>>) -> anyhow::Result<usize> {
+    let (mut r, mut w) = h2_connect(addr).await?.into_split();
+    // Read and drop what the proxy sends (PING ACKs, GOAWAY) so it never blocks on us.
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = r.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let mut written = 0;
+    for frame in frames {
+        match tokio::time::timeout(Duration::from_secs(5), w.write_all(&frame)).await {
+            Ok(Ok(())) => written += frame.len(),
+            _ => break,
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), reader).await;
+    Ok(written)
+}
+
+/// HTTP/2 abuse (rapid reset, a CONTINUATION flood, a PING flood, an oversized header
+/// list) on their own connections: each is cut or absorbed, and a legitimate client keeps
+/// getting answers quickly meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_abuse_is_cut_off_and_legitimate_clients_keep_being_served() -> anyhow::Result<()> {
+    let w = one_route("h2-abuse", &[]).await?;
+    let addr = w.p.addr;
+    let get = h2_get("a.test", "/");
+    // Rapid reset: a request and its RST_STREAM, over and over (CVE-2023-44487).
+    let rapid = (0..20_000u32).flat_map({
+        let get = get.clone();
+        move |i| {
+            let id = 2 * i + 1;
+            [
+                h2_frame(0x1, 0x5, id, &get),
+                h2_frame(0x3, 0, id, &8u32.to_be_bytes()),
+            ]
+        }
+    });
+    // CONTINUATION flood: one header block that never ends (CVE-2024-27316 and kin).
+    let block = std::iter::once(h2_frame(0x1, 0x1, 1, &get)).chain(
+        std::iter::repeat_with(|| {
+            h2_frame(
+                0x9,
+                0,
+                1,
+                &[
+                    0x40, 3, b'x', b'-', b'a', 10, b'0', b'1', b'2', b'3', b'4', b'5', b'6', b'7',
+                    b'8', b'9',
+                ],
+            )
+        })
+        .take(50_000),
+    );
+    let pings = (0..50_000u64).map(|i| h2_frame(0x6, 0, 0, &i.to_be_bytes()));
+    // One header list of 1 MiB (well over the 64 KiB limit), in 16 KiB frames.
+    let mut huge = get.clone();
+    for i in 0..64 {
+        huge.extend_from_slice(&[0x40, 5]);
+        huge.extend_from_slice(format!("x-{i:03}").as_bytes());
+        huge.extend_from_slice(&[0x7f, 0x81, 0x7f]); // length 127 + 16257 = 16384
+        huge.extend(std::iter::repeat_n(b'v', 16384));
+    }
+    let chunks: Vec<Vec<u8>> = huge.chunks(16384).map(<[u8]>::to_vec).collect();
+    let last = chunks.len() - 1;
+    let oversized: Vec<Vec<u8>> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let end = if i == last { 0x4 } else { 0 };
+            if i == 0 {
+                h2_frame(0x1, 0x1 | end, 1, c)
+            } else {
+                h2_frame(0x9, end, 1, c)
+            }
+        })
+        .collect();
+
+    let attacks = tokio::spawn(async move {
+        let (a, b, c, d) = tokio::join!(
+            flood(addr, rapid),
+            flood(addr, block),
+            flood(addr, pings),
+            flood(addr, oversized.into_iter()),
+        );
+        (a, b, c, d)
+    });
+    // A legitimate client meanwhile: every request answered, none slowly.
+    let started = std::time::Instant::now();
+    let mut served = 0;
+    while !attacks.is_finished() && started.elapsed() < Duration::from_secs(60) {
+        let t = std::time::Instant::now();
+        let (code, _) = w.p.get("a.test", "/").await?;
+        assert_eq!(code, 200);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "a legitimate request took {:?} under attack",
+            t.elapsed()
+        );
+        served += 1;
+    }
+    let (a, b, c, d) = attacks.await?;
+    let (rapid, block, pings, oversized) = (a?, b?, c?, d?);
+    eprintln!(
+        "legitimate requests served: {served}; bytes written before the proxy stopped reading: rapid reset {rapid}, CONTINUATION {block}, PING {pings}, oversized {oversized}"
+    );
+    assert!(served > 0);
+    // The rapid-reset and CONTINUATION floods were cut short, not absorbed.
+    assert!(
+        rapid < 20_000 * 40,
+        "rapid reset ran to the end: {rapid} bytes"
+    );
+    assert!(
+        block < 50_000 * 25,
+        "the CONTINUATION flood ran to the end: {block} bytes"
+    );
+    assert_eq!(w.p.get("a.test", "/").await?.0, 200);
+    Ok(())
+}
