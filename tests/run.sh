@@ -25,6 +25,15 @@ start=$SECONDS
 deploy/local/k8s.sh ensure
 echo "tests/run.sh: tools ready after $((SECONDS - start)) s" >&2
 
+# cargo-deny (pinned) from crates.io into ~/.cargo/bin: a few minutes the first time.
+CARGO_DENY_VERSION=0.18.9
+if [[ $(cargo deny --version 2>/dev/null) != "cargo-deny $CARGO_DENY_VERSION" ]]; then
+  echo "tests/run.sh: cargo install cargo-deny $CARGO_DENY_VERSION" >&2
+  cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
+fi
+# Licenses, banned crates and sources (deny.toml); advisories need GitHub, not reachable.
+cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
