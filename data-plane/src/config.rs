@@ -131,6 +131,15 @@ pub struct Args {
     /// On SIGTERM, how long in-flight requests may take to finish.
     #[arg(long, env = "HOLDFAST_SHUTDOWN_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+    /// Most requests in flight to one endpoint (each holds an upstream connection until
+    /// its response ends; 0: no cap). More wait up to --upstream-connect-timeout for a
+    /// slot, then get 503.
+    #[arg(
+        long,
+        env = "HOLDFAST_MAX_UPSTREAM_CONNECTIONS_PER_ENDPOINT",
+        default_value_t = 1024
+    )]
+    pub max_upstream_connections_per_endpoint: usize,
     /// Idle upstream connections kept per endpoint.
     #[arg(long, env = "HOLDFAST_UPSTREAM_POOL_IDLE", default_value_t = 64)]
     pub upstream_pool_idle: usize,

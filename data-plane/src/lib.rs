@@ -117,6 +117,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             pool_idle_per_host: args.upstream_pool_idle,
             escaped_slashes,
             verbose_errors: args.verbose_errors,
+            max_connections_per_endpoint: args.max_upstream_connections_per_endpoint,
             tunnel_idle_timeout: args.idle_timeout,
             max_request_body: args.max_request_body,
             body_read_timeout: args.body_read_timeout,

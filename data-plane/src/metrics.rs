@@ -65,6 +65,8 @@ pub struct Metrics {
     pub persist_failures: Counter,
     /// 1 when the served snapshot is in the state file (it survives a restart).
     pub snapshot_persisted: Gauge,
+    /// Requests answered 503 because their endpoint's connection slots stayed busy.
+    pub upstream_queue_timeouts: Counter,
     /// Client connections closed at once because --max-connections were open.
     pub connections_refused: Counter,
     /// Failed accepts on the client listeners (EMFILE and the like).
@@ -91,6 +93,7 @@ impl Metrics {
             upstream_connect_errors: Counter::default(),
             persist_failures: Counter::default(),
             snapshot_persisted: Gauge::default(),
+            upstream_queue_timeouts: Counter::default(),
             connections_refused: Counter::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
@@ -133,6 +136,11 @@ impl Metrics {
             "snapshot_persisted",
             "1 when the served snapshot is in the state file and survives a restart",
             m.snapshot_persisted.clone(),
+        );
+        r.register(
+            "upstream_queue_timeouts",
+            "Requests answered 503 because every connection slot of their endpoint stayed busy",
+            m.upstream_queue_timeouts.clone(),
         );
         r.register(
             "connections_refused",

@@ -26,7 +26,33 @@ use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
+
+/// An upstream response body, holding its endpoint's connection slot until it ends.
+pub struct UpstreamBody {
+    inner: Incoming,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Timeouts and limits of forwarding.
 #[derive(Debug, Clone)]
@@ -49,6 +75,9 @@ pub struct ForwardSettings {
     pub body_read_timeout: Duration,
     /// An upgraded tunnel (WebSocket) with no bytes either way for this long is closed.
     pub tunnel_idle_timeout: Duration,
+    /// Most requests in flight to one endpoint (each holds an upstream connection until
+    /// its response ends); more wait up to the connect timeout, then get 503. 0: no cap.
+    pub max_connections_per_endpoint: usize,
     /// Upgrade protocols forwarded (lower case; never h2c).
     pub allow_upgrade: Vec<String>,
     /// Peers whose forwarding headers are kept (balancers in front of the proxies).
@@ -67,6 +96,8 @@ pub struct Forwarder {
     /// Fast path: no lock while nothing is ejected.
     any_ejected: AtomicU64,
     epoch: Instant,
+    /// Connection slots per endpoint (`max_connections_per_endpoint`).
+    slots: Mutex<std::collections::HashMap<SocketAddr, Arc<tokio::sync::Semaphore>>>,
     /// Upgraded tunnels, tracked so that shutdown can wait for them and then close them.
     tunnels: tokio_util::task::TaskTracker,
     close_tunnels: tokio::sync::watch::Sender<bool>,
@@ -104,6 +135,8 @@ enum Failure {
     Upstream(String),
     /// No response head in time: 504.
     Timeout,
+    /// Every connection slot of the endpoint stayed busy past the connect timeout: 503.
+    Busy(SocketAddr),
 }
 
 impl Forwarder {
@@ -128,6 +161,7 @@ impl Forwarder {
             ejected: Mutex::new(Default::default()),
             any_ejected: AtomicU64::new(0),
             epoch: Instant::now(),
+            slots: Mutex::new(Default::default()),
             tunnels: tokio_util::task::TaskTracker::new(),
             close_tunnels: tokio::sync::watch::channel(false).0,
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -219,6 +253,33 @@ impl Forwarder {
             local(status, detail)
         } else {
             local(status, generic(status))
+        }
+    }
+
+    /// Waits (up to the connect timeout) for a connection slot of `endpoint`; None when
+    /// none frees up in time. Always a slot when there is no cap.
+    async fn slot(
+        &self,
+        endpoint: SocketAddr,
+    ) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+        let max = self.settings.max_connections_per_endpoint;
+        if max == 0 {
+            return Some(None);
+        }
+        let semaphore = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            if slots.len() > 4 * max.max(1024) {
+                // Endpoints come and go; forget those with no request in flight.
+                slots.retain(|_, s| s.available_permits() < max);
+            }
+            slots
+                .entry(endpoint)
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(max)))
+                .clone()
+        };
+        match tokio::time::timeout(self.settings.connect_timeout, semaphore.acquire_owned()).await {
+            Ok(Ok(permit)) => Some(Some(permit)),
+            _ => None,
         }
     }
 
@@ -425,16 +486,21 @@ impl Forwarder {
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::Connect("no endpoint".into());
         for attempt in 0..2 {
-            let authority = if let Some(external) = &backend.external_authority {
+            let (authority, slot_permit) = if let Some(external) = &backend.external_authority {
                 if attempt > 0 {
                     break;
                 }
-                external.clone()
+                (external.clone(), None)
             } else {
                 match self.pick(&backend.endpoints, start, tried) {
                     Some((i, a)) if Some(a) != tried => {
                         tried = Some(a);
-                        backend.authorities[i].clone()
+                        let Some(permit) = self.slot(a).await else {
+                            self.metrics.upstream_queue_timeouts.inc();
+                            failure = Failure::Busy(a);
+                            break;
+                        };
+                        (backend.authorities[i].clone(), permit)
                     }
                     _ => break,
                 }
@@ -491,13 +557,22 @@ impl Forwarder {
                     }
                     let (mut rparts, rbody) = resp.into_parts();
                     strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
-                    return (Response::from_parts(rparts, Either::Left(rbody)), label);
+                    let body = UpstreamBody {
+                        inner: rbody,
+                        _slot: slot_permit,
+                    };
+                    return (Response::from_parts(rparts, Either::Left(body)), label);
                 }
                 Ok(Err(e)) if e.is_connect() => {
                     self.metrics.upstream_connect_errors.inc();
                     if let Some(a) = tried {
-                        tracing::warn!(endpoint = %a, backend = %backend.name, error = %e, "upstream connect failed; ejecting endpoint");
-                        self.eject(a);
+                        if is_local_error(&e) {
+                            // Out of ports or descriptors here: the endpoint is not at fault.
+                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %error_chain(&e), "upstream connect failed for a local reason; not ejecting");
+                        } else {
+                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %e, "upstream connect failed; ejecting endpoint");
+                            self.eject(a);
+                        }
                     }
                     failure = Failure::Connect(format!("{authority}: {}", error_chain(&e)));
                     // Retry only if the request body was never sent.
@@ -540,6 +615,10 @@ impl Forwarder {
             Failure::Upstream(e) => {
                 self.fail(StatusCode::BAD_GATEWAY, format!("502 upstream failed: {e}"))
             }
+            Failure::Busy(a) => self.fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("503 endpoint {a} busy: --max-upstream-connections-per-endpoint in use"),
+            ),
             Failure::Timeout => self.fail(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
@@ -655,6 +734,22 @@ fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
             "400 bad request: unusable host or path",
         ),
     }
+}
+
+/// Is a connect error this machine's own (EADDRNOTAVAIL: no local port; EMFILE, ENFILE:
+/// no descriptor; ENOBUFS, ENOMEM), rather than the endpoint's?
+pub fn is_local_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    const LOCAL: [i32; 5] = [99, 24, 23, 105, 12];
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.raw_os_error().is_some_and(|c| LOCAL.contains(&c))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -797,5 +892,35 @@ impl Body for ReclaimBody {
             b.map(Body::size_hint)
                 .unwrap_or_else(|| SizeHint::with_exact(0))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connect failed")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn local_connect_errors_are_told_from_the_endpoints_own() {
+        for code in [99, 24, 23, 105, 12] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(code));
+            assert!(is_local_error(&e), "errno {code} is local");
+        }
+        for code in [111, 113, 110] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(code));
+            assert!(!is_local_error(&e), "errno {code} is the endpoint's");
+        }
     }
 }

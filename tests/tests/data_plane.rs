@@ -1464,3 +1464,47 @@ async fn h2_abuse_is_cut_off_and_legitimate_clients_keep_being_served() -> anyho
     assert_eq!(w.p.get("a.test", "/").await?.0, 200);
     Ok(())
 }
+
+/// --max-upstream-connections-per-endpoint: past the cap, a request waits for a slot up
+/// to the connect timeout, then gets 503 (counted); the held request is unaffected.
+#[tokio::test]
+async fn requests_past_the_per_endpoint_cap_wait_then_get_503() -> anyhow::Result<()> {
+    let (state, logs) = dirs("endpoint-cap");
+    let (upstream, arrived, release) = gated_upstream().await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[upstream])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-endpoint-cap",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &[
+            "--max-upstream-connections-per-endpoint",
+            "1",
+            "--upstream-connect-timeout",
+            "500ms",
+        ],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let addr = p.addr;
+    let held = tokio::spawn(async move { holdfast_tests::http::get(addr, "a.test", "/").await });
+    tokio::time::timeout(T, arrived).await??;
+    let started = std::time::Instant::now();
+    let (code, _) = p.get("a.test", "/").await?;
+    assert_eq!(code, 503, "the endpoint's only slot is taken");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "it waited for a slot"
+    );
+    assert_eq!(
+        p.metric("holdfast_proxy_upstream_queue_timeouts_total")
+            .await?,
+        Some(1.0)
+    );
+    release
+        .send(())
+        .map_err(|_| anyhow::anyhow!("upstream gone"))?;
+    assert_eq!(held.await??.0, 200);
+    Ok(())
+}
