@@ -13,7 +13,7 @@ export PATH
 # Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
 missing=()
 for pair in curl:curl openssl:openssl ip:iproute2 jq:jq flock:util-linux setsid:util-linux \
-  python3:python3 sha1sum:coreutils; do
+  python3:python3 sha1sum:coreutils prlimit:util-linux mount:mount; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if ((${#missing[@]})); then

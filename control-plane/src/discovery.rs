@@ -287,7 +287,8 @@ async fn serve_stream(
             message = inbound.message() => match message {
                 Ok(Some(req)) => {
                     let Some((hash, sent_nonce, version)) = in_flight.clone() else {
-                        if !answered.is_empty() && req.response_nonce == answered {
+                        // The nonce last answered ("" before any): a repeat of that answer.
+                        if req.response_nonce == answered {
                             tracing::info!(proxy.id = %node.id, persist_error = %req.persist_error, "proxy updated its persist state");
                             shared.update_proxy(id, |p| p.persist_error = req.persist_error);
                         } else {

@@ -956,6 +956,9 @@ fn by_age(a: &IngressDigest, b: &IngressDigest) -> std::cmp::Ordering {
 /// backends its routes use.
 struct HostEntry {
     vhost: VirtualHost,
+    /// The namespace of the host's oldest Ingress (who owns it, with
+    /// `HostOwnership::FirstNamespace`).
+    owner: String,
     problems: Vec<Problem>,
     backends: Vec<Arc<BackendRef>>,
 }
@@ -1415,6 +1418,20 @@ impl Translator {
         let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
         for d in &tls_ingresses {
             for (host, secret) in &d.tls {
+                if opts.host_ownership == HostOwnership::FirstNamespace
+                    && let Some(entry) = self.hosts.get(host.as_str())
+                    && entry.owner != d.source.namespace
+                {
+                    problems.insert(problem(
+                        &d.source,
+                        "HostOwnedByOtherNamespace",
+                        format!(
+                            "spec.tls host {host:?} ignored: the host belongs to namespace {:?} (its oldest Ingress); see --host-ownership",
+                            entry.owner
+                        ),
+                    ));
+                    continue;
+                }
                 match wanted.get(host.as_str()) {
                     None => {
                         wanted.insert(host, (secret, d));
@@ -1700,9 +1717,11 @@ fn build_host(
     let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
     ordered.sort_unstable_by(|a, b| by_age(a, b));
     let mut problems = Vec::new();
-    if ownership == HostOwnership::FirstNamespace
-        && let Some(owner) = ordered.first().map(|d| d.source.namespace.clone())
-    {
+    let owner = ordered
+        .first()
+        .map(|d| d.source.namespace.clone())
+        .unwrap_or_default();
+    if ownership == HostOwnership::FirstNamespace && !owner.is_empty() {
         ordered.retain(|d| {
             let own = d.source.namespace == owner;
             if !own {
@@ -1775,6 +1794,7 @@ fn build_host(
     };
     HostEntry {
         vhost,
+        owner,
         problems,
         backends,
     }

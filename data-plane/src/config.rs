@@ -348,6 +348,20 @@ mod tests {
         assert_eq!(c.args.listen.port(), 8080);
         assert_eq!(c.args.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.args.max_headers, 100);
+        // /debug/* shows every route and pod address: loopback unless told otherwise.
+        assert!(c.args.debug_listen.ip().is_loopback());
+        assert!(!c.args.verbose_errors, "error pages say only the status");
+        assert_eq!(c.args.allow_upgrade, ["websocket"]);
+        assert!(c.args.trust_forwarded_from.is_empty());
+        assert_eq!(c.args.max_request_body, 100 << 20);
+        assert_eq!(c.args.max_snapshot_bytes, 64 << 20);
+        assert_eq!(c.args.drain_delay, Duration::from_secs(5));
+        assert!(
+            parse(&["--allow-upgrade", "websocket,h2c"]).is_err(),
+            "never h2c"
+        );
+        assert!(parse(&["--trust-forwarded-from", "10.0.0.0/8,192.0.2.1"]).is_ok());
+        assert!(parse(&["--trust-forwarded-from", "nonsense"]).is_err());
     }
 
     #[test]

@@ -21,6 +21,10 @@ use crate::headers::BadRequest;
 /// Most bytes of a request head the tracker keeps (hyper refuses larger heads anyway).
 const MAX_HEAD: usize = 256 * 1024;
 
+/// Longest chunk-size line followed: more than hyper accepts (16 KiB of extensions), so
+/// a line past it has been refused by hyper, which closed the connection.
+const MAX_CHUNK_LINE: usize = 64 * 1024;
+
 /// The rest of the HTTP/2 connection preface after its `PRI * HTTP/2.0\r\n\r\n` "head".
 const PREFACE_TAIL: usize = b"SM\r\n\r\n".len();
 
@@ -39,6 +43,10 @@ enum State {
     /// An upgrade request (index) waits for its answer; bytes that arrive meanwhile are
     /// kept (a refused upgrade goes on as HTTP/1.1, and they are its next request).
     UpgradeWait(u64, Vec<u8>),
+    /// Too much arrived before an upgrade's answer to keep; if the upgrade is refused the
+    /// stream cannot be followed, so it is treated as a head that never ends (the header
+    /// timeout closes the connection).
+    Lost,
     /// HTTP/2 frames, after skipping what is left of the preface.
     H2(usize, FrameScanner),
     /// Not tracking any more.
@@ -162,6 +170,7 @@ impl Tracker {
             // Bytes sent before the upgrade's answer: if it is refused they are the next
             // head, so they are timed from now on (a tunnel is not timed at all).
             State::UpgradeWait(_, pending) => !pending.is_empty(),
+            State::Lost => true,
             _ => false,
         }
     }
@@ -174,10 +183,21 @@ impl Tracker {
         }
     }
 
+    /// True after the upgrade wait overflowed (see [`State::Lost`]).
+    fn lost(&self) -> bool {
+        matches!(self.state, State::Lost)
+    }
+
     /// The upgrade request is answered: `switched` (101) hands the connection to a tunnel,
     /// which is not HTTP any more; otherwise HTTP/1.1 goes on, starting with the bytes that
     /// arrived meanwhile.
     pub fn upgrade_answered(&mut self, switched: bool) {
+        if self.lost() {
+            if switched {
+                self.state = State::Off;
+            }
+            return;
+        }
         if let State::UpgradeWait(_, pending) = &mut self.state {
             let pending = std::mem::take(pending);
             if switched {
@@ -200,10 +220,10 @@ impl Tracker {
         let mut active = !self.is_h2();
         while !data.is_empty() {
             match &mut self.state {
-                State::Off => break,
+                State::Off | State::Lost => break,
                 State::UpgradeWait(_, pending) => {
                     if pending.len() + data.len() > MAX_HEAD {
-                        self.state = State::Off;
+                        self.state = State::Lost;
                     } else {
                         pending.extend_from_slice(data);
                     }
@@ -279,7 +299,8 @@ impl Tracker {
                 State::ChunkSize(line) => {
                     let Some(i) = data.iter().position(|b| *b == b'\n') else {
                         line.extend_from_slice(data);
-                        if line.len() > 4096 {
+                        // hyper refuses (and closes on) chunk extensions over 16 KiB.
+                        if line.len() > MAX_CHUNK_LINE {
                             self.state = State::Off;
                         }
                         break;
@@ -553,6 +574,33 @@ mod tests {
         assert!(!t.head_pending());
         t.feed(BAD.as_bytes());
         assert_eq!(t.flagged(), Some(&(3, BadRequest::DuplicateLength)));
+    }
+
+    #[test]
+    fn chunk_extensions_hyper_accepts_do_not_stop_the_tracker() {
+        let mut t = Tracker::default();
+        t.feed(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
+        t.feed(format!("1;ext={}\r\nx\r\n0\r\n\r\n", "e".repeat(8000)).as_bytes());
+        t.feed(b"GET / HT");
+        assert!(t.head_pending(), "the next head is still timed");
+    }
+
+    #[test]
+    fn too_much_before_an_upgrades_answer_is_timed_until_the_connection_ends() {
+        let mut t = Tracker::default();
+        t.feed(UPGRADE.as_bytes());
+        t.feed(&vec![b'x'; MAX_HEAD + 1]);
+        assert!(t.head_pending());
+        t.upgrade_answered(false);
+        assert!(
+            t.head_pending(),
+            "a refused upgrade after an overflow stays timed"
+        );
+        let mut t = Tracker::default();
+        t.feed(UPGRADE.as_bytes());
+        t.feed(&vec![b'x'; MAX_HEAD + 1]);
+        t.upgrade_answered(true);
+        assert!(!t.head_pending(), "a tunnel is not timed");
     }
 
     #[test]

@@ -161,6 +161,9 @@ fn is_forwarding(name: &HeaderName) -> bool {
 pub struct Hop<'a> {
     /// The peer's address.
     pub client: IpAddr,
+    /// The local port the request came in on (`X-Forwarded-Port`, like nginx's
+    /// `$server_port`; never what the client wrote in Host).
+    pub port: u16,
     /// `http` or `https`.
     pub proto: &'static str,
     /// The host the client asked for (Host or the request target's authority).
@@ -191,12 +194,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         headers.insert(xff, v);
     }
-    let port = hop
-        .host
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse::<u16>().ok())
-        .unwrap_or(if hop.proto == "https" { 443 } else { 80 })
-        .to_string();
+    let port = hop.port.to_string();
     let node = match hop.client {
         IpAddr::V4(_) => client.clone(),
         IpAddr::V6(_) => format!("\"[{client}]\""),
@@ -344,6 +342,7 @@ mod tests {
         ]);
         let hop = Hop {
             client: "10.0.0.7".parse().unwrap(),
+            port: 8080,
             proto: "http",
             host: "a.example.com:8080",
             trusted: false,
@@ -363,13 +362,14 @@ mod tests {
             &mut h,
             Hop {
                 client: "::1".parse().unwrap(),
+                port: 8443,
                 proto: "https",
                 host: "b",
                 trusted: false,
             },
         );
         assert_eq!(h["x-forwarded-for"], "::1");
-        assert_eq!(h["x-forwarded-port"], "443");
+        assert_eq!(h["x-forwarded-port"], "8443");
         assert_eq!(h["forwarded"], "for=\"[::1]\";host=\"b\";proto=https");
     }
 
@@ -384,6 +384,7 @@ mod tests {
         ]);
         let hop = Hop {
             client: "10.0.0.7".parse().unwrap(),
+            port: 8080,
             proto: "http",
             host: "a.example.com",
             trusted: true,

@@ -176,12 +176,11 @@ fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistEr
     };
     // O_EXCL (create_new) and O_NOFOLLOW: the file is always created here, by us, with
     // our mode; nothing already at the path, a symlink included, is written through.
-    const O_NOFOLLOW: i32 = 0o400000;
     let written = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .custom_flags(O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(&tmp)?;
         file.write_all(&encode(snapshot))?;

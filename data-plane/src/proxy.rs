@@ -28,6 +28,11 @@ use crate::table::{Miss, Route, RouteTable, normalise_host};
 /// What the proxy answers: an upstream body streamed through, or a short local body.
 pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 
+/// A client connection's place under `--max-connections`, carried in request extensions
+/// so that an upgraded tunnel keeps it until the tunnel ends.
+#[derive(Clone)]
+pub struct ConnectionSlot(pub Arc<crate::server::InFlight>);
+
 /// An upstream response body, holding its endpoint's connection slot until it ends.
 pub struct UpstreamBody {
     inner: Incoming,
@@ -268,9 +273,10 @@ impl Forwarder {
         }
         let semaphore = {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-            if slots.len() > 4 * max.max(1024) {
-                // Endpoints come and go; forget those with no request in flight.
-                slots.retain(|_, s| s.available_permits() < max);
+            if slots.len() > 4096 {
+                // Endpoints come and go: forget those nobody holds or waits on (the map is
+                // the only owner, so no one can be between cloning and acquiring).
+                slots.retain(|_, s| Arc::strong_count(s) > 1);
             }
             slots
                 .entry(endpoint)
@@ -283,22 +289,52 @@ impl Forwarder {
         }
     }
 
+    /// Sends `upstream`; Err when no response head arrives within the response timeout,
+    /// counted from when the request body has been read whole (a slow upload is bounded
+    /// by the body read timeout between its bytes, not by the response timeout).
+    async fn send(
+        &self,
+        upstream: Request<ReclaimBody>,
+        slot: &BodySlot,
+    ) -> Result<Result<Response<Incoming>, hyper_util::client::legacy::Error>, ()> {
+        let timeout = self.settings.response_timeout;
+        let request = self.client.request(upstream);
+        tokio::pin!(request);
+        let mut deadline = slot
+            .is_done()
+            .then(|| tokio::time::Instant::now() + timeout);
+        loop {
+            let sleep = tokio::time::sleep_until(
+                deadline.unwrap_or_else(|| tokio::time::Instant::now() + timeout),
+            );
+            tokio::select! {
+                r = &mut request => return Ok(r),
+                _ = slot.done_notify.notified(), if deadline.is_none() => {
+                    deadline = Some(tokio::time::Instant::now() + timeout);
+                }
+                _ = sleep, if deadline.is_some() => return Err(()),
+            }
+        }
+    }
+
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
-    /// Handles one request from `client` (`tls`: it came over HTTPS).
+    /// Handles one request from `client` (`tls`: it came over HTTPS; `port`: the local
+    /// port it came in on).
     pub async fn handle(
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
         tls: bool,
+        port: u16,
     ) -> Response<ProxyBody> {
         let table = self.table.load_full();
         let http1 = req.version() <= Version::HTTP_11;
         let (mut response, route) = self
-            .route_and_forward(req, client, tls, table.as_deref())
+            .route_and_forward(req, client, tls, port, table.as_deref())
             .await;
         if http1
             && self.draining.load(Ordering::Relaxed)
@@ -324,6 +360,7 @@ impl Forwarder {
         mut req: Request<Incoming>,
         client: SocketAddr,
         tls: bool,
+        port: u16,
         table: Option<&'t RouteTable>,
     ) -> (Response<ProxyBody>, Option<&'t Route>) {
         let none = || None;
@@ -433,6 +470,7 @@ impl Forwarder {
 
         // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
         // Upgrade header removed.
+        let connection_slot = req.extensions().get::<ConnectionSlot>().cloned();
         let upgrade = req.version() == Version::HTTP_11
             && is_upgrade(req.headers())
             && upgrade_allowed(req.headers(), &self.settings.allow_upgrade);
@@ -442,6 +480,7 @@ impl Forwarder {
         let proto = if tls { "https" } else { "http" };
         let hop = Hop {
             client: client.ip(),
+            port,
             proto,
             host: &raw_host,
             trusted: self
@@ -471,11 +510,14 @@ impl Forwarder {
                 label,
             );
         }
+        let empty = body.is_end_stream();
         let slot = Arc::new(BodySlot {
             body: Mutex::new(Some(body)),
             limit: OnceLock::new(),
             max_bytes: max,
             read_timeout: self.settings.body_read_timeout,
+            done: std::sync::atomic::AtomicBool::new(empty),
+            done_notify: tokio::sync::Notify::new(),
         });
 
         // A second attempt only happens on another endpoint: keep a copy of the headers
@@ -486,7 +528,7 @@ impl Forwarder {
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::Connect("no endpoint".into());
         for attempt in 0..2 {
-            let (authority, slot_permit) = if let Some(external) = &backend.external_authority {
+            let (authority, mut slot_permit) = if let Some(external) = &backend.external_authority {
                 if attempt > 0 {
                     break;
                 }
@@ -496,9 +538,10 @@ impl Forwarder {
                     Some((i, a)) if Some(a) != tried => {
                         tried = Some(a);
                         let Some(permit) = self.slot(a).await else {
+                            // Busy past the connect timeout: the next endpoint, if any.
                             self.metrics.upstream_queue_timeouts.inc();
                             failure = Failure::Busy(a);
-                            break;
+                            continue;
                         };
                         (backend.authorities[i].clone(), permit)
                     }
@@ -528,11 +571,7 @@ impl Forwarder {
             *upstream.version_mut() = Version::HTTP_11;
             *upstream.headers_mut() = request_headers;
             let sent = Instant::now();
-            let result = tokio::time::timeout(
-                self.settings.response_timeout,
-                self.client.request(upstream),
-            )
-            .await;
+            let result = self.send(upstream, &slot).await;
             match result {
                 Err(_) => {
                     failure = Failure::Timeout;
@@ -547,7 +586,11 @@ impl Forwarder {
                         let upstream_upgrade = hyper::upgrade::on(&mut resp);
                         let idle = self.settings.tunnel_idle_timeout;
                         let close = self.close_tunnels.subscribe();
+                        // The tunnel holds the client connection's and the endpoint's
+                        // slots until it ends.
+                        let held = (connection_slot.clone(), slot_permit.take());
                         self.tunnels.spawn(async move {
+                            let _held = held;
                             if let (Ok(down), Ok(up)) =
                                 (client_upgrade.await, upstream_upgrade.await)
                             {
@@ -790,6 +833,21 @@ struct BodySlot {
     limit: OnceLock<BodyLimit>,
     max_bytes: u64,
     read_timeout: Duration,
+    /// The whole body has been read: the upstream response timeout runs from then (an
+    /// upload is timed by `read_timeout` between its bytes instead).
+    done: std::sync::atomic::AtomicBool,
+    done_notify: tokio::sync::Notify,
+}
+
+impl BodySlot {
+    fn finished(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            self.done_notify.notify_one();
+        }
+    }
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
 }
 
 /// The request body, handed to the upstream client in a way that can be taken back if
@@ -864,10 +922,16 @@ impl Body for ReclaimBody {
                         return this.cut(BodyLimit::TooLarge);
                     }
                 }
+                if this.body.as_ref().is_some_and(Body::is_end_stream) {
+                    this.slot.finished();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(other) => {
                 this.stall = None;
+                if other.is_none() {
+                    this.slot.finished();
+                }
                 Poll::Ready(other.map(|r| r.map_err(BoxError::from)))
             }
             Poll::Pending => {

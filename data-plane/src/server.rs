@@ -98,8 +98,9 @@ pub async fn serve(
         let open_guard = InFlight::enter(&open);
         let _ = stream.set_nodelay(true);
         let conn = Connection {
+            port: stream.local_addr().map_or(0, |a| a.port()),
             h2_only: false,
-            _open: open_guard,
+            open_slot: Arc::new(open_guard),
             send_timeout: settings.send_timeout,
             builder: builder.clone(),
             forwarder: forwarder.clone(),
@@ -153,10 +154,12 @@ pub async fn serve(
 }
 
 struct Connection {
+    /// The local port the connection came in on.
+    port: u16,
     /// Negotiated HTTP/2 by ALPN: served as HTTP/2 only.
     h2_only: bool,
     /// Counts this connection against `--max-connections` until it is dropped.
-    _open: InFlight,
+    open_slot: Arc<InFlight>,
     send_timeout: Duration,
     builder: Arc<auto::Builder<TokioExecutor>>,
     forwarder: Arc<Forwarder>,
@@ -184,12 +187,19 @@ impl Connection {
             upgrades: upgrades.clone(),
         });
         let forwarder = self.forwarder.clone();
+        let port = self.port;
+        let open_slot = self.open_slot.clone();
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let forwarder = forwarder.clone();
             // Dropped when the handler finishes or is dropped (an HTTP/2 stream reset).
             let guard = InFlight::enter(&counter);
+            // An upgraded tunnel outlives this connection's task: it keeps the
+            // connection counted against --max-connections until it ends.
+            let mut req = req;
+            req.extensions_mut()
+                .insert(crate::proxy::ConnectionSlot(open_slot.clone()));
             // HTTP/1.1 requests on a connection are handled in order: this is the index
             // the framing tracker counts in.
             let index = requests.fetch_add(1, Ordering::AcqRel);
@@ -197,19 +207,25 @@ impl Connection {
                 .get()
                 .filter(|(i, _)| *i == index)
                 .map(|(_, bad)| bad.clone());
-            let upgrade = req.version() == http::Version::HTTP_11 && is_upgrade(req.headers());
+            // As the tracker sees it: any HTTP/1.x head asking for an upgrade waits for
+            // its answer (HTTP/1.0 ones are always refused).
+            let upgrade = req.version() < http::Version::HTTP_2 && is_upgrade(req.headers());
             let upgrades = upgrades.clone();
             async move {
                 let response = match smuggled {
                     Some(bad) => forwarder.reject(&bad),
-                    None => forwarder.handle(req, peer, tls).await,
+                    None => forwarder.handle(req, peer, tls, port).await,
                 };
                 if upgrade {
                     let switched = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
                     upgrades.store(((index + 1) << 1) | u64::from(switched), Ordering::Release);
                 }
-                drop(guard);
-                Ok::<_, std::convert::Infallible>(response)
+                // The request stays in flight until its response body has been sent (a
+                // streaming response is not an idle connection).
+                Ok::<_, std::convert::Infallible>(response.map(|inner| Guarded {
+                    inner,
+                    _guard: guard,
+                }))
             }
         });
         let builder = self.builder.clone();
@@ -311,8 +327,35 @@ where
     }
 }
 
-/// One request in flight on a connection, counted until it is dropped.
-struct InFlight(Arc<AtomicUsize>);
+/// A response body that keeps its request counted in flight until it is done or dropped.
+struct Guarded<B> {
+    inner: B,
+    _guard: InFlight,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One request in flight on a connection (or one open connection), counted until it is
+/// dropped.
+pub struct InFlight(Arc<AtomicUsize>);
 
 impl InFlight {
     fn enter(counter: &Arc<AtomicUsize>) -> Self {

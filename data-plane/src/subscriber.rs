@@ -328,7 +328,14 @@ async fn stream_once(
     backoff: &mut Backoff,
 ) -> Result<(), BoxError> {
     let channel = connect(url, tls).await?;
-    let mut client = client::route_discovery(channel);
+    // Decode a little past --max-snapshot-bytes, so a larger snapshot can be NACKed with
+    // the reason; one far larger fails the stream (and is never held in memory whole).
+    let limit = applier
+        .max_snapshot_bytes
+        .saturating_add(1 << 20)
+        .min(client::MAX_RESPONSE_BYTES);
+    let mut client = holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient::new(channel)
+        .max_decoding_message_size(limit);
     let (tx, rx) = mpsc::channel(4);
     let (version_info, content_hash) = applier.serving().unwrap_or_default();
     tx.send(DiscoveryRequest {
@@ -346,9 +353,14 @@ async fn stream_once(
     metrics.control_plane_connected.set(1);
     backoff.reset();
     tracing::info!(control_plane = %url, "connected to control plane");
-    // The last ACK or NACK, repeated when a failed write of the served snapshot succeeds
-    // later, so the control plane's view (ListProxies) is current.
-    let mut last: Option<DiscoveryRequest> = None;
+    // The last request (the first one, then each ACK or NACK), repeated when a failed
+    // write of the served snapshot succeeds later, so ListProxies is current.
+    let mut last: Option<DiscoveryRequest> = Some(DiscoveryRequest {
+        node: Some(node.clone()),
+        version_info: applier.serving().unwrap_or_default().0,
+        content_hash: applier.serving().unwrap_or_default().1,
+        ..Default::default()
+    });
     let mut retry = tokio::time::interval(PERSIST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -1,7 +1,8 @@
 //! The admin listeners of both planes (`/healthz`, `/readyz`, `/metrics`, debug pages):
 //! small HTTP servers that a hostile or broken client must not exhaust. Each connection
-//! has a header read timeout and a lifetime, the listener a connection cap, and a failed
-//! accept for lack of file descriptors backs off instead of spinning.
+//! must send its first byte, and each request head, within the header read timeout, and
+//! has a lifetime; the listener has a connection cap; and a failed accept for lack of
+//! file descriptors backs off instead of spinning.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -90,6 +91,14 @@ pub async fn serve<H>(
         let handler = handler.clone();
         let open = open.clone();
         tokio::spawn(async move {
+            // A connection that sends nothing must not hold a slot either (hyper's header
+            // timer starts only once it has chosen HTTP/1 or HTTP/2 from the first bytes).
+            let mut first = [0u8; 1];
+            let spoke = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first));
+            if !matches!(spoke.await, Ok(Ok(n)) if n > 0) {
+                open.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
             let svc = hyper::service::service_fn(move |req| {
                 let response = handler(&req);
                 async move { Ok::<_, Infallible>(response) }

@@ -814,11 +814,32 @@ async fn route_streams_are_capped_per_identity_and_node_ids_are_bounded() -> any
         }),
         ..Default::default()
     };
-    let refused = holdfast_proto::client::route_discovery(channel)
+    let refused = holdfast_proto::client::route_discovery(channel.clone())
         .stream_routes(tokio_stream::iter([first]))
         .await
         .expect_err("a 254-byte node id is refused");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    let long_zone = holdfast_proto::v1::DiscoveryRequest {
+        node: Some(holdfast_proto::v1::Node {
+            id: "proxy-3".into(),
+            zone: "z".repeat(64),
+        }),
+        ..Default::default()
+    };
+    let refused = holdfast_proto::client::route_discovery(channel)
+        .stream_routes(tokio_stream::iter([long_zone]))
+        .await
+        .expect_err("a 64-byte zone is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+
+    // The admin listener closes a connection that sends nothing.
+    let mut silent = tokio::net::TcpStream::connect(cp.admin).await?;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read =
+        tokio::time::timeout(T, tokio::io::AsyncReadExt::read(&mut silent, &mut buf)).await?;
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() >= Duration::from_secs(4));
     drop(cp);
 
     // --grpc-max-connection-age: a connection is closed after its age and grace, so

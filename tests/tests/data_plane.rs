@@ -359,7 +359,12 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
     );
     assert!(head.contains("x-echo-path: /x?y=1"), "{head}");
     assert_eq!(header(&head, "x-echo-x-real-ip"), Some("127.0.0.1"));
-    assert_eq!(header(&head, "x-echo-x-forwarded-port"), Some("80"));
+    // The port the request came in on, not the one the client wrote in Host.
+    let port = p.addr.port().to_string();
+    assert_eq!(
+        header(&head, "x-echo-x-forwarded-port"),
+        Some(port.as_str())
+    );
     assert_eq!(
         header(&head, "x-echo-forwarded"),
         Some("for=127.0.0.1;host=\"a.test:80\";proto=http")
@@ -1066,13 +1071,20 @@ async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<(
     let w = one_route("max-connections", &["--max-connections", "2"]).await?;
     let p = &w.p;
     let request = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    // One upgraded tunnel (it counts while it is open) and one keep-alive connection.
+    let mut ws = tokio::net::TcpStream::connect(p.addr).await?;
+    ws.write_all(
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, ws.read(&mut buf)).await??;
+    assert!(buf[..n].starts_with(b"HTTP/1.1 101"));
     let mut open = Vec::new();
-    for _ in 0..2 {
-        let mut c = tokio::net::TcpStream::connect(p.addr).await?;
-        c.write_all(request).await?;
-        assert!(read_response(&mut c).await?.starts_with("HTTP/1.1 200"));
-        open.push(c);
-    }
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(request).await?;
+    assert!(read_response(&mut c).await?.starts_with("HTTP/1.1 200"));
+    open.push(c);
     let mut third = tokio::net::TcpStream::connect(p.addr).await?;
     let _ = third.write_all(request).await;
     closed_within(&mut third, Duration::from_secs(5)).await?;
@@ -1086,7 +1098,11 @@ async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<(
         c.write_all(request).await?;
         assert!(read_response(c).await?.starts_with("HTTP/1.1 200"));
     }
+    ws.write_all(b"still open").await?;
+    let mut got = [0u8; 10];
+    tokio::time::timeout(T, ws.read_exact(&mut got)).await??;
     drop(open);
+    drop(ws);
     wait::until("a new connection to be served", T, || async {
         Ok((p.get("a.test", "/").await.map_err(|e| e.to_string())?.0 == 200).then_some(()))
     })
@@ -1104,6 +1120,10 @@ async fn the_admin_listener_cuts_slow_heads_and_caps_connections() -> anyhow::Re
     let mut slow = tokio::net::TcpStream::connect(p.admin).await?;
     slow.write_all(b"GET /metrics HTTP/1.1\r\nHo").await?;
     closed_within(&mut slow, Duration::from_secs(15)).await?;
+    // So is one that sends nothing at all.
+    let mut silent = tokio::net::TcpStream::connect(p.admin).await?;
+    let took = closed_within(&mut silent, Duration::from_secs(15)).await?;
+    assert!(took >= Duration::from_secs(4), "closed after {took:?}");
 
     // 64 connections that send nothing hold every slot; the 65th is closed at once.
     let mut idle = Vec::new();
@@ -1506,5 +1526,63 @@ async fn requests_past_the_per_endpoint_cap_wait_then_get_503() -> anyhow::Resul
         .send(())
         .map_err(|_| anyhow::anyhow!("upstream gone"))?;
     assert_eq!(held.await??.0, 200);
+    Ok(())
+}
+
+/// User plus system CPU time of process `pid`, from /proc.
+fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // USER_HZ is 100 on Linux.
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+/// Out of file descriptors (EMFILE), the proxy's accept loop backs off instead of
+/// spinning, counts the failures, and serves again once descriptors free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() -> anyhow::Result<()> {
+    let w = one_route("emfile", &[]).await?;
+    let pid = w.p.proc.pid().expect("running");
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), "--nofile=64:64"])
+        .status()?;
+    anyhow::ensure!(status.success(), "prlimit: {status}");
+    // More connections than the proxy has descriptors left: the rest wait in the backlog
+    // while every accept fails with EMFILE.
+    let mut held = Vec::new();
+    for _ in 0..96 {
+        held.push(tokio::net::TcpStream::connect(w.p.addr).await?);
+    }
+    let before = cpu_time(pid)?;
+    // The behaviour under test: 2 s of failing accepts (not synchronisation).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_time(pid)?.saturating_sub(before);
+    assert!(
+        used < Duration::from_millis(800),
+        "the proxy used {used:?} of CPU in 2 s of EMFILE: its accept loop spins"
+    );
+    drop(held);
+    wait::until("the proxy to serve again", T, || async {
+        Ok(w.p
+            .get("a.test", "/")
+            .await
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .map(|_| ()))
+    })
+    .await?;
+    assert!(
+        w.p.metric("holdfast_proxy_accept_errors_total")
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
     Ok(())
 }

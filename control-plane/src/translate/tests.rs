@@ -1788,3 +1788,37 @@ fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaff
     );
     assert_eq!(routes(&run(&st)).len(), 5, "within the defaults");
 }
+
+#[test]
+fn another_namespace_cannot_set_the_certificate_of_a_host_it_does_not_own() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let owner = tls_ingress("site", 0, &["a.example.test"], &[], "unused", json!({}));
+    let mut grab = (*tls_ingress(
+        "grab",
+        1,
+        &["a.example.test"],
+        &["a.example.test"],
+        "theirs",
+        json!({}),
+    ))
+    .clone();
+    grab.metadata.namespace = Some("other".into());
+    let st = with_secrets(
+        vec![owner, Arc::new(grab)],
+        vec![tls_secret("other", "theirs", &chain, &key)],
+    );
+    let t = run(&st);
+    assert_eq!(
+        tls_of(&t),
+        [("a.example.test".to_string(), String::new(), false)],
+        "no certificate and no redirect from another namespace"
+    );
+    assert!(t.snapshot.certificates.is_empty());
+    assert!(
+        t.problems
+            .iter()
+            .any(|p| p.reason == "HostOwnedByOtherNamespace" && p.namespace == "other"),
+        "{:?}",
+        reasons(&t)
+    );
+}
