@@ -20,6 +20,7 @@
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
 //! - [`http`]: a small HTTP client for admin endpoints and traffic; [`tls`]: a test CA
 //!   (rcgen), the certificates it signs, and an HTTPS client that reports ALPN and serial.
+//! - [`h2raw`]: raw HTTP/2 frames for abuse tests (resets, floods), plaintext or TLS.
 //! - [`wait`]: waiting for a condition with a deadline (tests never sleep to synchronise).
 //!
 //! Everything here cleans up after itself on drop, including when a test panics; processes
@@ -33,6 +34,7 @@ pub mod echo;
 pub mod fake_control_plane;
 pub mod faultproxy;
 pub mod grpcurl;
+pub mod h2raw;
 pub mod http;
 pub mod netns;
 pub mod objects;

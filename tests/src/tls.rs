@@ -334,6 +334,36 @@ impl Planes {
         Ok(endpoint.tls_config(tls)?.connect().await?)
     }
 
+    /// A raw TLS connection to the control plane's gRPC port at `addr`, ALPN h2, with the
+    /// certificate of proxy `node_id`: for tests that write HTTP/2 frames themselves.
+    pub async fn raw_h2(
+        &self,
+        addr: SocketAddr,
+        node_id: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let (cert, key) = self.proxy(node_id);
+        let issued = Issued {
+            cert_pem: std::fs::read_to_string(cert)?,
+            key_pem: std::fs::read_to_string(key)?,
+        };
+        let (chain, key) = identity(&issued);
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&self.ca_file)? {
+            roots.add(c?)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        Ok(TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await?)
+    }
+
     /// The control plane's mutual-TLS flags (serving certificate, client CA, operator
     /// identity, a fast reload interval for rotation tests).
     pub fn control_plane_flags(&self) -> Vec<String> {

@@ -869,6 +869,56 @@ async fn route_streams_are_capped_per_identity_and_node_ids_are_bounded() -> any
     Ok(())
 }
 
+/// Over mutual TLS, the gRPC server announces its per-connection stream cap and closes a
+/// connection that resets its requests as fast as it opens them (CVE-2023-44487); a
+/// proxy's route stream on another connection keeps being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_server_caps_streams_per_connection_and_cuts_a_rapid_reset_flood()
+-> anyhow::Result<()> {
+    use holdfast_tests::h2raw::{self, HEADERS, MAX_CONCURRENT_STREAMS, RST_STREAM};
+    let s = setup("grpc-h2").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&["--grpc-max-concurrent-streams", "7"])?;
+    anyhow::ensure!(cp.tls, "this test is about the mutual-TLS listener");
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    sub.wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+
+    const CALLS: u32 = 20_000;
+    let call = h2raw::grpc_block("localhost", "/grpc.health.v1.Health/Check");
+    let per_call = 2 * 9 + call.len() + 4;
+    let rapid = (0..CALLS).flat_map(move |i| {
+        let id = 2 * i + 1;
+        [
+            h2raw::frame(HEADERS, 0x4, id, &call),
+            h2raw::frame(RST_STREAM, 0, id, &8u32.to_be_bytes()), // CANCEL
+        ]
+    });
+    let mut conn = holdfast_tests::tls::Planes::get()
+        .raw_h2(cp.grpc, "proxy-flood")
+        .await?;
+    h2raw::start(&mut conn).await?;
+    let flooded = h2raw::flood(conn, rapid).await?;
+    eprintln!("{flooded:?}");
+    assert!(
+        flooded.settings.contains(&(MAX_CONCURRENT_STREAMS, 7)),
+        "SETTINGS_MAX_CONCURRENT_STREAMS: {:?}",
+        flooded.settings
+    );
+    assert!(flooded.goaway.is_some(), "no GOAWAY: {flooded:?}");
+    assert!(
+        flooded.written < CALLS as usize * per_call,
+        "the rapid reset ran to the end: {} bytes",
+        flooded.written
+    );
+
+    // The proxy's stream on its own connection still gets the next change.
+    s.web_and_ingress("b").await?;
+    sub.wait_for("the new route", T, |snap| routes(snap).len() == 2)
+        .await?;
+    Ok(())
+}
+
 /// A snapshot over --max-snapshot-bytes is held with the reason in GetStatus; neither a
 /// fresh read nor an operator can release it, and the proxies keep the last one. An
 /// Ingress over the per-Ingress limits is skipped with an Event.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
+use holdfast_tests::h2raw::{self, connect as h2_connect, frame as h2_frame, get_block as h2_get};
 use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::{echo, wait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -891,33 +892,6 @@ async fn the_header_timeout_holds_after_odd_heads_and_refused_upgrades() -> anyh
     Ok(())
 }
 
-/// An HTTP/2 frame: 9-byte header (stream 1 unless `stream` says otherwise) and payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// An HPACK header block for `GET http://{authority}{path}` (literals, no Huffman).
-fn h2_get(authority: &str, path: &str) -> Vec<u8> {
-    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
-    for (index, value) in [(4u8, path), (1u8, authority)] {
-        block.push(index); // literal without indexing, indexed name
-        block.push(value.len() as u8);
-        block.extend_from_slice(value.as_bytes());
-    }
-    block
-}
-
-async fn h2_connect(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
-    s.write_all(&h2_frame(0x4, 0, 0, &[])).await?;
-    Ok(s)
-}
-
 /// Over HTTP/2: PINGs do not keep an idle connection open, a header block must complete
 /// within the header read timeout, and a stream the client reset does not count as a
 /// request in flight (which would keep the connection from ever being idle).
@@ -1362,27 +1336,10 @@ async fn a_snapshot_over_the_proxys_size_limit_is_nacked() -> anyhow::Result<()>
     Ok(())
 }
 
-/// Writes `frames` until the proxy stops reading or closes; the bytes written.
+/// Writes `frames` on a new h2c connection until the proxy stops reading or closes; the
+/// bytes written.
 async fn flood(addr: SocketAddr, frames: impl Iterator<Item = Vec<u8>>) -> anyhow::Result<usize> {
-    let (mut r, mut w) = h2_connect(addr).await?.into_split();
-    // Read and drop what the proxy sends (PING ACKs, GOAWAY) so it never blocks on us.
-    let reader = tokio::spawn(async move {
-        let mut buf = vec![0u8; 1 << 16];
-        while let Ok(n) = r.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
-    });
-    let mut written = 0;
-    for frame in frames {
-        match tokio::time::timeout(Duration::from_secs(5), w.write_all(&frame)).await {
-            Ok(Ok(())) => written += frame.len(),
-            _ => break,
-        }
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), reader).await;
-    Ok(written)
+    Ok(h2raw::flood(h2_connect(addr).await?, frames).await?.written)
 }
 
 /// HTTP/2 abuse (rapid reset, a CONTINUATION flood, a PING flood, an oversized header

@@ -1,0 +1,155 @@
+//! Raw HTTP/2 frames for abuse tests: what a well-behaved client library will not send
+//! (a reset after every request, a header block that never ends, a PING flood), written
+//! byte by byte to a plaintext or TLS connection.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Frame types used by the tests (RFC 9113 §6).
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+pub const CONTINUATION: u8 = 0x9;
+
+/// SETTINGS_MAX_CONCURRENT_STREAMS.
+pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// One frame: the 9-byte header and `payload`.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK header block for `GET http://{authority}{path}` (literals, no Huffman).
+pub fn get_block(authority: &str, path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+    push_indexed_name(&mut block, 4, path);
+    push_indexed_name(&mut block, 1, authority);
+    block
+}
+
+/// An HPACK header block for a gRPC call of `path` over https (literals, no Huffman).
+pub fn grpc_block(authority: &str, path: &str) -> Vec<u8> {
+    let mut block = vec![0x83, 0x87]; // :method POST, :scheme https
+    push_indexed_name(&mut block, 4, path);
+    push_indexed_name(&mut block, 1, authority);
+    // content-type is static index 31: 4-bit prefix 15, then 16.
+    block.extend_from_slice(&[0x0f, 0x10, 16]);
+    block.extend_from_slice(b"application/grpc");
+    block.extend_from_slice(&[0x00, 2]);
+    block.extend_from_slice(b"te");
+    block.push(8);
+    block.extend_from_slice(b"trailers");
+    block
+}
+
+/// A literal header field without indexing whose name is static-table entry `index`
+/// (< 15) and whose value is shorter than 127 bytes.
+fn push_indexed_name(block: &mut Vec<u8>, index: u8, value: &str) {
+    assert!(index < 15 && value.len() < 127);
+    block.push(index);
+    block.push(value.len() as u8);
+    block.extend_from_slice(value.as_bytes());
+}
+
+/// A plaintext (h2c prior knowledge) connection to `addr`, preface and SETTINGS sent.
+pub async fn connect(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    start(&mut s).await?;
+    Ok(s)
+}
+
+/// Sends the client preface and an empty SETTINGS frame on `s`.
+pub async fn start<S: AsyncWrite + Unpin>(s: &mut S) -> anyhow::Result<()> {
+    s.write_all(PREFACE).await?;
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).await?;
+    Ok(())
+}
+
+/// What the server sent while a flood ran.
+#[derive(Debug, Default)]
+pub struct Flooded {
+    /// Bytes of the flood written before the server stopped reading or closed.
+    pub written: usize,
+    /// The settings of the server's first SETTINGS frame.
+    pub settings: Vec<(u16, u32)>,
+    /// The error code of the server's GOAWAY, if it sent one.
+    pub goaway: Option<u32>,
+}
+
+/// Writes `frames` to `stream` (whose preface was sent) until the server stops reading
+/// or closes, while reading what it sends so that it never blocks on us.
+pub async fn flood<S>(stream: S, frames: impl Iterator<Item = Vec<u8>>) -> anyhow::Result<Flooded>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut r, mut w) = tokio::io::split(stream);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Flooded::default()));
+    let reader = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut first_settings = true;
+            loop {
+                let mut head = [0u8; 9];
+                if r.read_exact(&mut head).await.is_err() {
+                    break;
+                }
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let mut payload = vec![0u8; len];
+                if r.read_exact(&mut payload).await.is_err() {
+                    break;
+                }
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                match head[3] {
+                    SETTINGS if head[4] & 0x1 == 0 && first_settings => {
+                        first_settings = false;
+                        seen.settings = payload
+                            .chunks_exact(6)
+                            .map(|s| {
+                                (
+                                    u16::from_be_bytes([s[0], s[1]]),
+                                    u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+                                )
+                            })
+                            .collect();
+                    }
+                    GOAWAY if payload.len() >= 8 => {
+                        seen.goaway = Some(u32::from_be_bytes([
+                            payload[4], payload[5], payload[6], payload[7],
+                        ]));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    let mut written = 0;
+    for frame in frames {
+        match tokio::time::timeout(Duration::from_secs(5), w.write_all(&frame)).await {
+            Ok(Ok(())) => written += frame.len(),
+            _ => break,
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), w.flush()).await;
+    // A server that absorbed the flood may keep the connection open: read for a while.
+    let abort = reader.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    seen.written = written;
+    Ok(seen)
+}
