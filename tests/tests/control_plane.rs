@@ -707,8 +707,10 @@ async fn a_stuck_proxy_delays_nobody_and_is_sent_the_newest_snapshot_when_it_ans
 }
 
 /// Tenants: a host belongs to the namespace of its oldest Ingress (another namespace
-/// cannot take a path on it), and ExternalName backends are off by default; both are
-/// skipped with a Warning Event and a problem in GetStatus, and nothing else changes.
+/// cannot take a path on it), ExternalName backends are off by default, and only the
+/// namespaces in --default-backend-namespaces may set the cluster-wide default backend;
+/// each is skipped with a Warning Event and a problem in GetStatus, and nothing else
+/// changes.
 #[tokio::test]
 async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_off()
 -> anyhow::Result<()> {
@@ -723,6 +725,17 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
         &[("/admin", "Prefix", "web", 80)],
     );
     create(&s.client, Some(&other), &grab).await?;
+    // Both namespaces set a defaultBackend; the other namespace's Ingress is older, so
+    // it would win if --default-backend-namespaces did not leave it out.
+    let with_default = |name: &str| -> anyhow::Result<Ingress> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "ingressClassName": s.class,
+                      "defaultBackend": { "service": { "name": "web", "port": { "number": 80 } } } }
+        }))?)
+    };
+    create(&s.client, Some(&other), &with_default("catch-all")?).await?;
+    create(&s.client, Some(&s.ns), &with_default("fallback")?).await?;
     let external: Service = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "ext" },
         "spec": { "type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local",
@@ -736,13 +749,15 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
     )
     .await?;
 
-    let cp = s.control_plane(&[])?;
+    let cp = s.control_plane(&["--default-backend-namespaces", &s.ns])?;
     let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
     let snap = sub
         .wait_for("the site and the ExternalName route", T, |snap| {
             route_hosts(snap).len() == 2
         })
         .await?;
+    let default = snap.default_backend.as_ref().expect("a default backend");
+    assert_eq!(default.backend, format!("{}/web:80", s.ns), "{default:?}");
     let site = snap
         .virtual_hosts
         .iter()
@@ -759,11 +774,13 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
 
     objects::warning_event(&s.client, &other, "HostOwnedByOtherNamespace", "grab").await?;
     objects::warning_event(&s.client, &s.ns, "ExternalNameDisabled", "to-ext").await?;
+    objects::warning_event(&s.client, &other, "DefaultBackendNotAllowed", "catch-all").await?;
     let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
     let problems = status["problems"].as_array().cloned().unwrap_or_default();
     for (reason, name) in [
         ("HostOwnedByOtherNamespace", "grab"),
         ("ExternalNameDisabled", "to-ext"),
+        ("DefaultBackendNotAllowed", "catch-all"),
     ] {
         assert!(
             problems
