@@ -1543,3 +1543,119 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() -> any
     );
     Ok(())
 }
+
+/// The soft RLIMIT_NOFILE of process `pid`.
+fn nofile(pid: u32) -> anyhow::Result<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .ok_or_else(|| anyhow::anyhow!("no open-files limit in {limits}"))?;
+    let soft = line.split_whitespace().nth(3).unwrap_or_default();
+    Ok(soft.parse()?)
+}
+
+/// Sets the soft RLIMIT_NOFILE of process `pid` (the hard limit stays).
+fn set_nofile(pid: u32, soft: u64) -> anyhow::Result<()> {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")])
+        .status()?;
+    anyhow::ensure!(status.success(), "prlimit: {status}");
+    Ok(())
+}
+
+/// A connect that fails for a local reason (EMFILE: the proxy is out of descriptors) is
+/// retried on another endpoint and does not eject the endpoint it was for, which is
+/// healthy: once descriptors are back, that endpoint serves again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_connect_error_does_not_eject_a_healthy_endpoint() -> anyhow::Result<()> {
+    let (state, logs) = dirs("local-error");
+    let a = echo_on_loopback("echo-a").await;
+    let b = echo_on_loopback("echo-b").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let only_b = snapshot(1, &[("a.test", "/", "web")], &[("web", &[b])]);
+    cp.push(only_b.clone());
+    let p = ProxyProc::start(
+        "proxy-local-error",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--eject-for", "60s"],
+    )?;
+    wait_version(&p, &only_b.version).await?;
+    // One client connection, kept alive, so that serving it needs no new descriptor;
+    // its first request leaves a connection to B in the proxy's pool.
+    let stream = tokio::net::TcpStream::connect(p.addr).await?;
+    let (mut client, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut get = async || -> anyhow::Result<(u16, String)> {
+        let req = http::Request::get("/")
+            .header(http::header::HOST, "a.test")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        // The previous exchange may still be finishing on the connection.
+        tokio::time::timeout(T, client.ready()).await??;
+        let resp = tokio::time::timeout(T, client.send_request(req)).await??;
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).trim().to_owned()))
+    };
+    assert_eq!(get().await?, (200, "echo-b".to_owned()));
+    let both = snapshot(2, &[("a.test", "/", "web")], &[("web", &[a, b])]);
+    cp.push(both.clone());
+    wait_version(&p, &both.version).await?;
+    let errors_before = p
+        .metric("holdfast_proxy_upstream_connect_errors_total")
+        .await?
+        .unwrap_or(0.0);
+
+    // No descriptor left: every new socket fails with EMFILE.
+    // The limit is on descriptor numbers and the proxy fills the lowest free one, so
+    // wait for it to close its side of the admin connections first (which would leave a
+    // free number below the limit).
+    let admin_port = format!(":{:04X} ", p.admin.port());
+    wait::until("the admin connections to close", T, || async {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").map_err(|e| e.to_string())?;
+        let open = tcp.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local address, state: ESTABLISHED (01) or CLOSE_WAIT (08)
+            f.len() > 3
+                && format!("{} ", f[1]).ends_with(&admin_port)
+                && (f[3] == "01" || f[3] == "08")
+        });
+        Ok((!open).then_some(()))
+    })
+    .await?;
+    let pid = p.proc.pid().expect("running");
+    let lowest_free = (0u64..)
+        .find(|fd| !std::path::Path::new(&format!("/proc/{pid}/fd/{fd}")).exists())
+        .expect("a free descriptor number");
+    let limit = nofile(pid)?;
+    set_nofile(pid, lowest_free)?;
+    // Round robin sends one of these to A: its connect fails here, and the request is
+    // retried on B's pooled connection.
+    let under_limit = [get().await, get().await];
+    set_nofile(pid, limit)?;
+    for answer in under_limit {
+        assert_eq!(answer?, (200, "echo-b".to_owned()));
+    }
+    let errors = p
+        .metric("holdfast_proxy_upstream_connect_errors_total")
+        .await?
+        .unwrap_or(0.0);
+    assert!(
+        errors > errors_before,
+        "no connect failed under the limit ({errors_before} -> {errors})"
+    );
+    // A was not ejected (for 60 s it would be skipped): round robin reaches it again.
+    let mut served_by = std::collections::BTreeSet::new();
+    for _ in 0..2 {
+        let (status, by) = get().await?;
+        assert_eq!(status, 200);
+        served_by.insert(by);
+    }
+    assert!(served_by.contains("echo-a"), "A was ejected: {served_by:?}");
+    Ok(())
+}
