@@ -13,7 +13,7 @@ export PATH
 # Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
 missing=()
 for pair in curl:curl openssl:openssl ip:iproute2 jq:jq flock:util-linux setsid:util-linux \
-  python3:python3 sha1sum:coreutils prlimit:util-linux mount:mount; do
+  python3:python3 sha1sum:coreutils prlimit:util-linux mount:mount make:make cc:gcc; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if ((${#missing[@]})); then
@@ -35,10 +35,16 @@ fi
 cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
 
 cargo fmt --all -- --check
+cargo fmt --manifest-path data-plane/fuzz/afl/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 # --all-targets also runs each criterion benchmark once (test mode), so the harness cannot rot.
 cargo test --workspace --all-targets --locked "$@"
+# Coverage-guided fuzzing (AFL++ through the pinned cargo-afl) of the framing tracker, the
+# path normaliser and matcher, snapshot decoding and the state-file loader, 5 s per target
+# from the committed corpora (proptest runs the same properties in `cargo test`). The
+# 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README, Security).
+data-plane/fuzz/afl.sh --seconds 5
 # A seconds-long version of every benchmark (criterion, proxy against nginx with wrk and
 # oha, fan-out, control plane at scale), so the harness cannot rot. Full runs:
 # tests/bench/run.sh (docs/benchmarks.md).

@@ -1,5 +1,6 @@
 //! Fuzzing of the parsers that take bytes from the network or the disk, with proptest on
-//! stable Rust (coverage-guided fuzzers need nightly or an AFL toolchain; see the README).
+//! stable Rust. The properties live in `data-plane/fuzz/targets.rs`, shared with the
+//! coverage-guided AFL++ harness (`data-plane/fuzz/afl`, run by `data-plane/fuzz/afl.sh`).
 //! Each target replays its committed seed corpus (`data-plane/fuzz/corpus/<target>/`), then
 //! runs inputs made by mutating the seeds (byte flips, insertions, deletions, splices,
 //! truncations) and fully random bytes, for `HOLDFAST_FUZZ_SECONDS` per target (default
@@ -17,33 +18,24 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use holdfast_data_plane::framing::Tracker;
-use holdfast_data_plane::path::{EscapedSlashes, normalise};
 use holdfast_data_plane::persist;
-use holdfast_data_plane::table::RouteTable;
-use holdfast_proto::v1::{Backend, MatchKind, Route, Snapshot, VirtualHost};
+use holdfast_proto::v1::Snapshot;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
+#[path = "../fuzz/targets.rs"]
+mod targets;
+
 fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(target)
+    corpus().join(target)
+}
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
 }
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.expect("corpus entry").path())
-        .collect();
-    files.sort();
-    let seeds: Vec<Vec<u8>> = files
-        .iter()
-        .map(|f| std::fs::read(f).expect("seed"))
-        .collect();
-    assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
-    seeds
+    targets::seeds(&corpus(), target)
 }
 
 fn budget() -> Duration {
@@ -123,7 +115,7 @@ fn inputs(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// Runs `check` on every seed, then on generated inputs until the time budget is spent.
-fn fuzz(target: &str, check: impl Fn(&[u8]) -> Result<(), TestCaseError>) {
+fn fuzz(target: &str, check: impl Fn(&[u8]) -> Result<(), String>) {
     let seeds = seeds(target);
     for (i, seed) in seeds.iter().enumerate() {
         if let Err(e) = check(seed) {
@@ -139,7 +131,9 @@ fn fuzz(target: &str, check: impl Fn(&[u8]) -> Result<(), TestCaseError>) {
             failure_persistence: None,
             ..Config::default()
         });
-        if let Err(e) = runner.run(&strategy, |input| check(&input)) {
+        if let Err(e) = runner.run(&strategy, |input| {
+            check(&input).map_err(TestCaseError::fail)
+        }) {
             panic!("{target}: {e}");
         }
         runs += 256;
@@ -152,123 +146,24 @@ fn fuzz(target: &str, check: impl Fn(&[u8]) -> Result<(), TestCaseError>) {
 
 #[test]
 fn fuzz_framing() {
-    fuzz("framing", |bytes| {
-        let mut whole = Tracker::default();
-        whole.feed(bytes);
-        let verdict = whole.flagged().cloned();
-        // The same bytes in reads of any size give the same verdict.
-        for step in [1usize, 3, 7, 64] {
-            let mut t = Tracker::default();
-            for chunk in bytes.chunks(step) {
-                t.feed(chunk);
-            }
-            prop_assert_eq!(t.flagged().cloned(), verdict.clone(), "reads of {}", step);
-        }
-        Ok(())
-    });
-}
-
-fn sample_snapshot() -> Snapshot {
-    let route = |kind: MatchKind, path: &str, backend: &str| Route {
-        match_kind: kind as i32,
-        path: path.into(),
-        backend: backend.into(),
-        source: None,
-    };
-    let mut s = Snapshot {
-        virtual_hosts: vec![VirtualHost {
-            host: "a.test".into(),
-            routes: vec![
-                route(MatchKind::Exact, "/exact", "auth"),
-                route(MatchKind::Prefix, "/admin", "auth"),
-                route(MatchKind::Prefix, "/api/v1", "app"),
-                route(MatchKind::Prefix, "/", "app"),
-            ],
-            ..Default::default()
-        }],
-        backends: vec![
-            Backend {
-                name: "app".into(),
-                endpoints: vec![holdfast_proto::v1::Endpoint {
-                    address: "10.0.0.1".into(),
-                    port: 8080,
-                    zone: "a".into(),
-                    ready: true,
-                }],
-                ..Default::default()
-            },
-            Backend {
-                name: "auth".into(),
-                ..Default::default()
-            },
-        ],
-        ..Default::default()
-    };
-    holdfast_proto::snapshot::seal(&mut s, 1);
-    s
+    fuzz("framing", targets::framing);
 }
 
 #[test]
 fn fuzz_path() {
-    let table = RouteTable::compile(&sample_snapshot()).expect("the fuzz table compiles");
-    fuzz("path", |bytes| {
-        let raw = String::from_utf8_lossy(bytes);
-        for mode in [EscapedSlashes::Reject, EscapedSlashes::Keep] {
-            let Ok(once) = normalise(&raw, mode) else {
-                continue;
-            };
-            if once == "*" {
-                continue; // OPTIONS * is left alone
-            }
-            prop_assert!(once.starts_with('/'), "{:?} -> {:?}", raw, once);
-            let segments: Vec<&str> = once.split('/').skip(1).collect();
-            // Every segment but the last (empty after a trailing slash) is a real name.
-            for segment in segments.iter().rev().skip(1) {
-                prop_assert!(
-                    !segment.is_empty() && *segment != "." && *segment != "..",
-                    "{:?} -> {:?}",
-                    raw,
-                    once
-                );
-            }
-            let twice = normalise(&once, mode).map(|p| p.into_owned());
-            prop_assert_eq!(twice.as_deref(), Ok(&*once), "not a fixed point: {:?}", raw);
-            let routed = table.lookup("a.test", &once).map(|r| r.path.clone()).ok();
-            let again = table
-                .lookup("a.test", twice.as_deref().unwrap_or("/"))
-                .map(|r| r.path.clone())
-                .ok();
-            prop_assert_eq!(routed, again);
-        }
-        Ok(())
-    });
+    let table = targets::sample_table();
+    fuzz("path", |bytes| targets::path(&table, bytes));
 }
 
 #[test]
 fn fuzz_snapshot() {
-    fuzz("snapshot", |bytes| {
-        if let Ok(s) = <Snapshot as prost::Message>::decode(bytes)
-            && holdfast_proto::snapshot::validate(&s).is_ok()
-        {
-            let _ = RouteTable::compile(&s);
-        }
-        Ok(())
-    });
+    fuzz("snapshot", targets::snapshot);
 }
 
 #[test]
 fn fuzz_state_file() {
     let valid = seeds("state_file");
-    fuzz("state_file", |bytes| {
-        // A valid file's only accepted form is itself: any change is refused.
-        if persist::decode(Path::new("fuzz"), bytes).is_ok() {
-            prop_assert!(
-                valid.iter().any(|v| v == bytes),
-                "a changed state file was accepted"
-            );
-        }
-        Ok(())
-    });
+    fuzz("state_file", |bytes| targets::state_file(&valid, bytes));
 }
 
 /// Writes the seed corpora (run once with `--ignored`; the files are committed).
@@ -332,7 +227,7 @@ fn write_seed_corpora() {
     for (i, p) in paths.iter().enumerate() {
         write("path", &format!("{i:02}"), p.as_bytes());
     }
-    let sample = sample_snapshot();
+    let sample = targets::sample_snapshot();
     write(
         "snapshot",
         "sample",

@@ -1,0 +1,160 @@
+//! The fuzz targets: what must hold for every input, as plain functions shared by the two
+//! fuzzers (the proptest runner in `data-plane/tests/fuzz.rs` and the coverage-guided AFL++
+//! harness in `data-plane/fuzz/afl`). Each returns why an input breaks its property; a
+//! panic inside one is a failure too.
+
+use std::path::Path;
+
+use holdfast_data_plane::framing::Tracker;
+use holdfast_data_plane::path::{EscapedSlashes, normalise};
+use holdfast_data_plane::persist;
+use holdfast_data_plane::table::RouteTable;
+use holdfast_proto::v1::{Backend, MatchKind, Route, Snapshot, VirtualHost};
+
+macro_rules! ensure {
+    ($cond:expr, $($why:tt)+) => {
+        if !$cond {
+            return Err(format!($($why)+));
+        }
+    };
+}
+
+/// The smuggling tracker never panics, and the same bytes split into reads anywhere get
+/// the same verdict.
+pub fn framing(bytes: &[u8]) -> Result<(), String> {
+    let mut whole = Tracker::default();
+    whole.feed(bytes);
+    let verdict = whole.flagged().cloned();
+    for step in [1usize, 3, 7, 64] {
+        let mut t = Tracker::default();
+        for chunk in bytes.chunks(step) {
+            t.feed(chunk);
+        }
+        let split = t.flagged().cloned();
+        ensure!(
+            split == verdict,
+            "reads of {step}: {split:?}, in one read: {verdict:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The route table the `path` target matches against: exact, prefix and nested prefix
+/// routes on one host.
+pub fn sample_snapshot() -> Snapshot {
+    let route = |kind: MatchKind, path: &str, backend: &str| Route {
+        match_kind: kind as i32,
+        path: path.into(),
+        backend: backend.into(),
+        source: None,
+    };
+    let mut s = Snapshot {
+        virtual_hosts: vec![VirtualHost {
+            host: "a.test".into(),
+            routes: vec![
+                route(MatchKind::Exact, "/exact", "auth"),
+                route(MatchKind::Prefix, "/admin", "auth"),
+                route(MatchKind::Prefix, "/api/v1", "app"),
+                route(MatchKind::Prefix, "/", "app"),
+            ],
+            ..Default::default()
+        }],
+        backends: vec![
+            Backend {
+                name: "app".into(),
+                endpoints: vec![holdfast_proto::v1::Endpoint {
+                    address: "10.0.0.1".into(),
+                    port: 8080,
+                    zone: "a".into(),
+                    ready: true,
+                }],
+                ..Default::default()
+            },
+            Backend {
+                name: "auth".into(),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    s
+}
+
+/// The table of [`sample_snapshot`].
+pub fn sample_table() -> RouteTable {
+    RouteTable::compile(&sample_snapshot()).expect("the fuzz table compiles")
+}
+
+/// The normaliser never panics; what it returns starts with `/`, has no empty, `.` or
+/// `..` segment, is a fixed point, and routes the same as itself.
+pub fn path(table: &RouteTable, bytes: &[u8]) -> Result<(), String> {
+    let raw = String::from_utf8_lossy(bytes);
+    for mode in [EscapedSlashes::Reject, EscapedSlashes::Keep] {
+        let Ok(once) = normalise(&raw, mode) else {
+            continue;
+        };
+        if once == "*" {
+            continue; // OPTIONS * is left alone
+        }
+        ensure!(once.starts_with('/'), "{raw:?} -> {once:?}");
+        let segments: Vec<&str> = once.split('/').skip(1).collect();
+        // Every segment but the last (empty after a trailing slash) is a real name.
+        for segment in segments.iter().rev().skip(1) {
+            ensure!(
+                !segment.is_empty() && *segment != "." && *segment != "..",
+                "{raw:?} -> {once:?}"
+            );
+        }
+        let twice = normalise(&once, mode).map(|p| p.into_owned());
+        ensure!(
+            twice.as_deref() == Ok(&*once),
+            "not a fixed point: {raw:?} -> {once:?} -> {twice:?}"
+        );
+        let routed = table.lookup("a.test", &once).map(|r| r.path.clone()).ok();
+        let again = table
+            .lookup("a.test", twice.as_deref().unwrap_or("/"))
+            .map(|r| r.path.clone())
+            .ok();
+        ensure!(routed == again, "{raw:?}: {routed:?} then {again:?}");
+    }
+    Ok(())
+}
+
+/// Decoding, validating and compiling any bytes as a snapshot never panics.
+pub fn snapshot(bytes: &[u8]) -> Result<(), String> {
+    if let Ok(s) = <Snapshot as prost::Message>::decode(bytes)
+        && holdfast_proto::snapshot::validate(&s).is_ok()
+    {
+        let _ = RouteTable::compile(&s);
+    }
+    Ok(())
+}
+
+/// The state-file loader never panics, and a valid file's only accepted form is itself
+/// (`valid`: the valid files of the corpus): any change is refused.
+pub fn state_file(valid: &[Vec<u8>], bytes: &[u8]) -> Result<(), String> {
+    if persist::decode(Path::new("fuzz"), bytes).is_ok() {
+        ensure!(
+            valid.iter().any(|v| v == bytes),
+            "a changed state file was accepted"
+        );
+    }
+    Ok(())
+}
+
+/// The seed files of `target`'s corpus under `corpus` (sorted by name).
+pub fn seeds(corpus: &Path, target: &str) -> Vec<Vec<u8>> {
+    let dir = corpus.join(target);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("corpus entry").path())
+        .collect();
+    files.sort();
+    let seeds: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(f).expect("seed"))
+        .collect();
+    assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
+    seeds
+}
