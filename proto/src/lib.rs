@@ -8,6 +8,7 @@
 //! - [`mtls`]: mutual TLS between the planes (configurations from files, reloaded on
 //!   change; identities from certificates).
 //! - [`content`]: the bytes a snapshot's content hash covers, written in one pass.
+//! - [`delta`]: per-resource hashes, inventories, and snapshot deltas (diff and apply).
 //! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
 //!   planes.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (with `google/protobuf` imports) that
@@ -18,6 +19,7 @@ pub mod admin_http;
 pub mod certificate;
 pub mod client;
 pub mod content;
+pub mod delta;
 pub mod mtls;
 pub mod snapshot;
 pub mod wire;

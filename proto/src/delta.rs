@@ -1,0 +1,289 @@
+//! Snapshot deltas (issue 13, first part): per-resource hashes, the inventory a proxy
+//! states, the delta from an inventory to a snapshot, and applying a delta to a base.
+//!
+//! A snapshot is a set of named resources: virtual hosts (by host), backends and
+//! certificates (by name), and the two singletons default backend and default
+//! certificate. A resource's hash is SHA-256 over its kind's tag byte and its protobuf
+//! encoding (deterministic: prost writes fields in tag order and the translator sorts
+//! every list), so two resources with the same kind and hash are the same resource.
+//!
+//! [`diff`] compares an inventory (what the proxy holds) with a snapshot and names what to
+//! upsert and remove. [`apply`] rebuilds the snapshot from its base and a delta, and
+//! refuses the result unless it passes [`crate::snapshot::validate`]: the stated content
+//! hash must match the content (so a delta that was computed against another base, lost
+//! a resource or corrupted one is caught), and every route's backend and every host's
+//! certificate must exist. Nothing is served that a full snapshot with the same identity
+//! would not have been.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::snapshot::{self, InvalidSnapshot};
+use crate::v1::{ResourceHash, ResourceKind, Snapshot, SnapshotDelta};
+
+/// A resource's identity: its kind and name.
+pub type Key = (ResourceKind, String);
+
+/// What a proxy holds: each resource's hash by identity.
+pub type Inventory = BTreeMap<Key, [u8; 32]>;
+
+/// SHA-256 of `kind`'s tag and `encoded`, a resource's protobuf encoding.
+pub fn resource_hash(kind: ResourceKind, encoded: &[u8]) -> [u8; 32] {
+    let mut sha = Sha256::new();
+    sha.update([kind as u8]);
+    sha.update(encoded);
+    sha.finalize().into()
+}
+
+/// Every resource of `snapshot` with its hash.
+pub fn inventory(snapshot: &Snapshot) -> Inventory {
+    let mut out = Inventory::new();
+    let mut add = |kind: ResourceKind, name: &str, encoded: Vec<u8>| {
+        out.insert((kind, name.to_owned()), resource_hash(kind, &encoded));
+    };
+    for v in &snapshot.virtual_hosts {
+        add(ResourceKind::VirtualHost, &v.host, v.encode_to_vec());
+    }
+    for b in &snapshot.backends {
+        add(ResourceKind::Backend, &b.name, b.encode_to_vec());
+    }
+    for c in &snapshot.certificates {
+        add(ResourceKind::Certificate, &c.name, c.encode_to_vec());
+    }
+    if let Some(d) = &snapshot.default_backend {
+        add(ResourceKind::DefaultBackend, "", d.encode_to_vec());
+    }
+    if !snapshot.default_certificate.is_empty() {
+        add(
+            ResourceKind::DefaultCertificate,
+            "",
+            snapshot.default_certificate.as_bytes().to_vec(),
+        );
+    }
+    out
+}
+
+/// The inventory as sent in a `DiscoveryRequest`.
+pub fn to_wire(inventory: &Inventory) -> Vec<ResourceHash> {
+    inventory
+        .iter()
+        .map(|((kind, name), hash)| ResourceHash {
+            kind: *kind as i32,
+            name: name.clone(),
+            hash: hash.to_vec(),
+        })
+        .collect()
+}
+
+/// Why a stated inventory cannot be used (the control plane then sends a full snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadInventory {
+    /// An entry has an unknown kind or a hash that is not 32 bytes.
+    #[error("inventory entry {kind}/{name:?} is malformed")]
+    Malformed {
+        /// The kind as sent.
+        kind: i32,
+        /// The name as sent.
+        name: String,
+    },
+    /// Two entries name the same resource.
+    #[error("inventory names {0:?} twice")]
+    Duplicate(String),
+}
+
+/// The inventory a proxy sent, checked.
+pub fn from_wire(entries: &[ResourceHash]) -> Result<Inventory, BadInventory> {
+    let mut out = Inventory::new();
+    for e in entries {
+        let kind = ResourceKind::try_from(e.kind)
+            .ok()
+            .filter(|k| *k != ResourceKind::Unspecified);
+        let hash: Option<[u8; 32]> = e.hash.as_slice().try_into().ok();
+        let (Some(kind), Some(hash)) = (kind, hash) else {
+            return Err(BadInventory::Malformed {
+                kind: e.kind,
+                name: e.name.clone(),
+            });
+        };
+        if out.insert((kind, e.name.clone()), hash).is_some() {
+            return Err(BadInventory::Duplicate(e.name.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// The delta that turns the snapshot `base_version`, whose resources are `base`, into
+/// `next`: the resources of `next` whose hash differs from (or is missing in) `base`,
+/// and the names `base` has that `next` does not.
+pub fn diff(base_version: &str, base: &Inventory, next: &Snapshot) -> SnapshotDelta {
+    let wanted = inventory(next);
+    let changed = |kind: ResourceKind, name: &str| {
+        let key = (kind, name.to_owned());
+        base.get(&key) != wanted.get(&key)
+    };
+    let removed = |kind: ResourceKind| -> Vec<String> {
+        base.keys()
+            .filter(|(k, name)| *k == kind && !wanted.contains_key(&(kind, name.clone())))
+            .map(|(_, name)| name.clone())
+            .collect()
+    };
+    SnapshotDelta {
+        base_version: base_version.to_owned(),
+        version: next.version.clone(),
+        content_hash: next.content_hash.clone(),
+        cluster_revision: next.cluster_revision,
+        upserted_virtual_hosts: next
+            .virtual_hosts
+            .iter()
+            .filter(|v| changed(ResourceKind::VirtualHost, &v.host))
+            .cloned()
+            .collect(),
+        removed_virtual_hosts: removed(ResourceKind::VirtualHost),
+        upserted_backends: next
+            .backends
+            .iter()
+            .filter(|b| changed(ResourceKind::Backend, &b.name))
+            .cloned()
+            .collect(),
+        removed_backends: removed(ResourceKind::Backend),
+        upserted_certificates: next
+            .certificates
+            .iter()
+            .filter(|c| changed(ResourceKind::Certificate, &c.name))
+            .cloned()
+            .collect(),
+        removed_certificates: removed(ResourceKind::Certificate),
+        default_backend_changed: changed(ResourceKind::DefaultBackend, ""),
+        default_backend: next.default_backend.clone(),
+        default_certificate_changed: changed(ResourceKind::DefaultCertificate, ""),
+        default_certificate: next.default_certificate.clone(),
+    }
+}
+
+/// Why a delta is refused (the proxy NACKs it and keeps what it serves).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidDelta {
+    /// The delta applies to another snapshot than the one held.
+    #[error("delta applies to {wanted:?}, but the snapshot held is {held:?}")]
+    UnknownBase {
+        /// The delta's base version.
+        wanted: String,
+        /// The version held.
+        held: String,
+    },
+    /// The delta removes a resource the base does not have.
+    #[error("delta removes {kind} {name:?}, which the base does not have")]
+    UnknownRemoval {
+        /// "virtual host", "backend" or "certificate".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// The delta names a resource twice (upserted and removed, or twice either way).
+    #[error("delta names {kind} {name:?} twice")]
+    Duplicate {
+        /// "virtual host", "backend" or "certificate".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// The snapshot base + delta makes is not valid (its content hash does not match, a
+    /// reference is missing, ...).
+    #[error("base + delta: {0}")]
+    Result(#[from] InvalidSnapshot),
+}
+
+/// Applies `delta` to `base` by name and returns the snapshot it makes, after checking
+/// it as a full snapshot is checked ([`snapshot::validate`]: content hash, version,
+/// structure, references).
+pub fn apply(base: &Snapshot, delta: &SnapshotDelta) -> Result<Snapshot, InvalidDelta> {
+    if delta.base_version != base.version {
+        return Err(InvalidDelta::UnknownBase {
+            wanted: delta.base_version.clone(),
+            held: base.version.clone(),
+        });
+    }
+    let virtual_hosts = merge(
+        "virtual host",
+        &base.virtual_hosts,
+        &delta.upserted_virtual_hosts,
+        &delta.removed_virtual_hosts,
+        |v| &v.host,
+    )?;
+    let backends = merge(
+        "backend",
+        &base.backends,
+        &delta.upserted_backends,
+        &delta.removed_backends,
+        |b| &b.name,
+    )?;
+    let certificates = merge(
+        "certificate",
+        &base.certificates,
+        &delta.upserted_certificates,
+        &delta.removed_certificates,
+        |c| &c.name,
+    )?;
+    let next = Snapshot {
+        version: delta.version.clone(),
+        content_hash: delta.content_hash.clone(),
+        cluster_revision: delta.cluster_revision,
+        created_at: None,
+        virtual_hosts,
+        backends,
+        default_backend: if delta.default_backend_changed {
+            delta.default_backend.clone()
+        } else {
+            base.default_backend.clone()
+        },
+        certificates,
+        default_certificate: if delta.default_certificate_changed {
+            delta.default_certificate.clone()
+        } else {
+            base.default_certificate.clone()
+        },
+    };
+    snapshot::validate(&next)?;
+    Ok(next)
+}
+
+/// `base` (sorted by name) with `removed` taken out and `upserted` put in, sorted by name.
+fn merge<T: Clone>(
+    kind: &'static str,
+    base: &[T],
+    upserted: &[T],
+    removed: &[String],
+    name: impl Fn(&T) -> &String,
+) -> Result<Vec<T>, InvalidDelta> {
+    let mut by_name: BTreeMap<&str, &T> = base.iter().map(|r| (name(r).as_str(), r)).collect();
+    let mut named = std::collections::HashSet::new();
+    for gone in removed {
+        if !named.insert(gone.as_str()) {
+            return Err(InvalidDelta::Duplicate {
+                kind,
+                name: gone.clone(),
+            });
+        }
+        if by_name.remove(gone.as_str()).is_none() {
+            return Err(InvalidDelta::UnknownRemoval {
+                kind,
+                name: gone.clone(),
+            });
+        }
+    }
+    for r in upserted {
+        if !named.insert(name(r).as_str()) {
+            return Err(InvalidDelta::Duplicate {
+                kind,
+                name: name(r).clone(),
+            });
+        }
+        by_name.insert(name(r).as_str(), r);
+    }
+    Ok(by_name.into_values().cloned().collect())
+}
+
+#[cfg(test)]
+mod tests;
