@@ -61,6 +61,9 @@ pub struct Tracker {
     request: u64,
     /// The first offending request and why.
     flagged: Option<(u64, BadRequest)>,
+    /// An upgrade request with a body: its index, while the body is followed (the upgrade
+    /// is answered after it, RFC 9110 §7.8).
+    upgrade_after_body: Option<u64>,
 }
 
 impl Default for Tracker {
@@ -69,6 +72,7 @@ impl Default for Tracker {
             state: State::Head(Vec::new()),
             request: 0,
             flagged: None,
+            upgrade_after_body: None,
         }
     }
 }
@@ -209,6 +213,15 @@ impl Tracker {
         }
     }
 
+    /// Where a request goes once its body (possibly empty) has been read: the next head,
+    /// or, after an upgrade request, the wait for its answer.
+    fn after_body(&mut self) -> State {
+        match self.upgrade_after_body.take() {
+            Some(index) => State::UpgradeWait(index, Vec::new()),
+            None => State::Head(Vec::new()),
+        }
+    }
+
     /// True once the connection speaks HTTP/2.
     pub fn is_h2(&self) -> bool {
         matches!(self.state, State::H2(..))
@@ -275,14 +288,17 @@ impl Tracker {
                         Ok(info) => {
                             let index = self.request;
                             self.request += 1;
-                            self.state = if info.upgrade {
-                                State::UpgradeWait(index, Vec::new())
-                            } else if info.chunked {
+                            // An upgrade request's body (if any) is still HTTP/1.1: it
+                            // is followed first, then the answer is awaited.
+                            if info.upgrade {
+                                self.upgrade_after_body = Some(index);
+                            }
+                            self.state = if info.chunked {
                                 State::ChunkSize(Vec::new())
                             } else {
                                 match info.length {
                                     Some(n) if n > 0 => State::Fixed(n),
-                                    _ => State::Head(Vec::new()),
+                                    _ => self.after_body(),
                                 }
                             };
                         }
@@ -293,7 +309,7 @@ impl Tracker {
                     *n -= take;
                     data = &data[take as usize..];
                     if *n == 0 {
-                        self.state = State::Head(Vec::new());
+                        self.state = self.after_body();
                     }
                 }
                 State::ChunkSize(line) => {
@@ -347,7 +363,7 @@ impl Tracker {
                     let empty = line.as_slice() == b"\r\n" || line.as_slice() == b"\n";
                     line.clear();
                     if empty {
-                        self.state = State::Head(Vec::new());
+                        self.state = self.after_body();
                     }
                 }
             }
@@ -574,6 +590,43 @@ mod tests {
         assert!(!t.head_pending());
         t.feed(BAD.as_bytes());
         assert_eq!(t.flagged(), Some(&(3, BadRequest::DuplicateLength)));
+    }
+
+    /// An upgrade request with a body (curl --http2 sends `Upgrade: h2c` on a POST): the
+    /// body is followed as HTTP/1.1 and the answer awaited after it, so a body that looks
+    /// like a head neither becomes the next head nor stops the timing.
+    #[test]
+    fn an_upgrade_requests_body_is_followed_before_its_answer() {
+        let upgrade_post = |framing: &str| {
+            format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n{framing}\r\n"
+            )
+        };
+        let fake_head = "GET / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n";
+        for (framing, body) in [
+            (
+                format!("Content-Length: {}\r\n", fake_head.len()),
+                fake_head.to_owned(),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\n".to_owned(),
+                format!("{:x}\r\n{fake_head}\r\n0\r\n\r\n", fake_head.len()),
+            ),
+            ("Content-Length: 3\r\n".to_owned(), "a\nb".to_owned()),
+        ] {
+            let mut t = Tracker::default();
+            t.feed(upgrade_post(&framing).as_bytes());
+            assert_eq!(t.awaiting_upgrade(), None, "the body comes first");
+            t.feed(body.as_bytes());
+            assert_eq!(t.awaiting_upgrade(), Some(0), "{framing}");
+            assert!(!t.head_pending());
+            t.upgrade_answered(false);
+            t.feed(b"GET / HT");
+            assert!(t.head_pending(), "the next head is timed ({framing})");
+            t.feed(b"TP/1.1\r\nHost: a\r\n\r\n");
+            assert!(!t.head_pending());
+            assert_eq!(t.flagged(), None, "{framing}");
+        }
     }
 
     #[test]

@@ -401,6 +401,9 @@ async fn stream_once(
             error_detail,
             content_hash,
             persist_error: applier.persist_error(),
+            // Deltas are not applied yet (issue 13): full snapshots only.
+            accepts_deltas: false,
+            inventory: Vec::new(),
         };
         last = Some(request.clone());
         tx.send(request).await?;

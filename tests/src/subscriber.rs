@@ -90,6 +90,7 @@ impl Subscriber {
                 content_hash: snapshot.content_hash.clone(),
                 error_detail: None,
                 persist_error: persist_error.into(),
+                ..Default::default()
             })
             .await?;
         self.serving = Some(snapshot.clone());
@@ -115,7 +116,7 @@ impl Subscriber {
                 error_detail: Some(ErrorDetail {
                     message: message.into(),
                 }),
-                persist_error: String::new(),
+                ..Default::default()
             })
             .await?;
         Ok(())
