@@ -870,9 +870,17 @@ async fn the_header_timeout_holds_after_odd_heads_and_refused_upgrades() -> anyh
     let p = &w.p;
 
     let partial = b"GET / HTTP/1.1\r\nHost: a.te";
-    let firsts: [&[u8]; 2] = [
+    // An upgrade that is never forwarded (h2c), on a POST whose body looks like a head
+    // with a huge Content-Length: the body must not be taken for the next head.
+    let fake_head = "GET / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n";
+    let upgrade_post = format!(
+        "POST / HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: {}\r\n\r\n{fake_head}",
+        fake_head.len()
+    );
+    let firsts: [&[u8]; 3] = [
         b"GET / HTTP/1.1\r\nHost: a.test\r\nX-Name: caf\xe9\r\n\r\n",
         b"GET /ws?refuse_upgrade HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        upgrade_post.as_bytes(),
     ];
     for first in firsts {
         let mut c = tokio::net::TcpStream::connect(p.addr).await?;
