@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -191,6 +191,7 @@ impl Connection {
         let open_slot = self.open_slot.clone();
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
+        let bodies = activity.clone();
         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let forwarder = forwarder.clone();
             // Dropped when the handler finishes or is dropped (an HTTP/2 stream reset).
@@ -211,6 +212,7 @@ impl Connection {
             // its answer (HTTP/1.0 ones are always refused).
             let upgrade = req.version() < http::Version::HTTP_2 && is_upgrade(req.headers());
             let upgrades = upgrades.clone();
+            let stalled = bodies.register_body();
             async move {
                 let response = match smuggled {
                     Some(bad) => forwarder.reject(&bad),
@@ -221,10 +223,14 @@ impl Connection {
                     upgrades.store(((index + 1) << 1) | u64::from(switched), Ordering::Release);
                 }
                 // The request stays in flight until its response body has been sent (a
-                // streaming response is not an idle connection).
+                // streaming response is not an idle connection). Its body waits for the
+                // client from now until hyper first polls it (over HTTP/2, not before
+                // the client's flow-control window has room).
+                stalled.set(true);
                 Ok::<_, std::convert::Infallible>(response.map(|inner| Guarded {
                     inner,
                     _guard: guard,
+                    stalled,
                 }))
             }
         });
@@ -267,8 +273,10 @@ impl Connection {
                         tracing::debug!(%peer, "request head not complete within the header read timeout; closing");
                         break;
                     }
-                    if activity.write_blocked_for().is_some_and(|t| t >= self.send_timeout) {
-                        tracing::debug!(%peer, "a response write made no progress within the send timeout; closing");
+                    if activity.write_blocked_for().is_some_and(|t| t >= self.send_timeout)
+                        || activity.stalled_for().is_some_and(|t| t >= self.send_timeout)
+                    {
+                        tracing::debug!(%peer, "a response made no progress to the client within the send timeout; closing");
                         break;
                     }
                     if let Some(since) = idle_close {
@@ -327,10 +335,12 @@ where
     }
 }
 
-/// A response body that keeps its request counted in flight until it is done or dropped.
+/// A response body that keeps its request counted in flight until it is done or dropped,
+/// and tells the connection when it is waiting for the client to take more.
 struct Guarded<B> {
     inner: B,
     _guard: InFlight,
+    stalled: BodyStall,
 }
 
 impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
@@ -341,7 +351,13 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        // Polled again: the client took what was sent (or the body has not produced
+        // any yet). A frame handed over starts the wait for the next poll: hyper polls
+        // only when it can send (HTTP/2 flow-control window, HTTP/1.1 write buffer).
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let handed_over = matches!(&polled, Poll::Ready(Some(Ok(f))) if f.is_data());
+        self.stalled.set(handed_over);
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -378,6 +394,27 @@ struct Activity {
     head_since: AtomicU64,
     /// 1 + the ms at which a write first could not proceed; 0 if writes are flowing.
     write_blocked_since: AtomicU64,
+    /// Response bodies being sent: each one's stall (see [`BodyStall`]).
+    bodies: Mutex<Vec<Weak<AtomicU64>>>,
+}
+
+/// One response body's wait for the client: 1 + the ms (on its connection's clock) at
+/// which it handed over a frame that the client has not made room for since (HTTP/2
+/// flow control, or a full HTTP/1.1 write buffer); 0 when it is not waiting on the client.
+struct BodyStall {
+    since: Arc<AtomicU64>,
+    activity: Arc<Activity>,
+}
+
+impl BodyStall {
+    fn set(&self, waiting: bool) {
+        let value = if waiting {
+            self.activity.start.elapsed().as_millis() as u64 + 1
+        } else {
+            0
+        };
+        self.since.store(value, Ordering::Relaxed);
+    }
 }
 
 impl Activity {
@@ -387,7 +424,31 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
             write_blocked_since: AtomicU64::new(0),
+            bodies: Mutex::new(Vec::new()),
         }
+    }
+    /// A new response body's stall, watched by [`Activity::stalled_for`].
+    fn register_body(self: &Arc<Self>) -> BodyStall {
+        let since = Arc::new(AtomicU64::new(0));
+        let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
+        bodies.retain(|b| b.strong_count() > 0);
+        bodies.push(Arc::downgrade(&since));
+        BodyStall {
+            since,
+            activity: self.clone(),
+        }
+    }
+    /// How long the longest-waiting response body has waited for the client to make room
+    /// for what it handed over, if one is waiting.
+    fn stalled_for(&self) -> Option<Duration> {
+        let bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = bodies
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|s| s.load(Ordering::Relaxed).checked_sub(1))
+            .min()?;
+        let now = self.start.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(now.saturating_sub(oldest)))
     }
     /// Records whether a request head is pending after a read.
     fn head_pending(&self, pending: bool) {

@@ -1043,6 +1043,24 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::
         total < SIZE,
         "the whole {SIZE}-byte response arrived: the proxy waited for the reader"
     );
+
+    // Over HTTP/2 the socket never blocks: the client stalls the stream by granting no
+    // flow-control window (SETTINGS_INITIAL_WINDOW_SIZE 0, no WINDOW_UPDATE).
+    let mut h2 = h2_connect(p.addr).await?;
+    h2.write_all(&h2_frame(h2raw::SETTINGS, 0, 0, &[0, 0x4, 0, 0, 0, 0]))
+        .await?;
+    h2.write_all(&h2_frame(
+        h2raw::HEADERS,
+        0x5,
+        1,
+        &h2_get("a.test", "/?bytes=100000"),
+    ))
+    .await?;
+    let took = closed_within(&mut h2, Duration::from_secs(15)).await?;
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the send timeout"
+    );
     Ok(())
 }
 
