@@ -289,6 +289,41 @@ pub fn unnormalised(path: &str) -> Option<&'static str> {
     }
 }
 
+/// Why an `Exact` or `Prefix` path the API server accepts could still never match a
+/// normalised request path, if so: proxies decode escaped unreserved characters
+/// (`%7E` → `~`), write other escapes with upper-case hex, and refuse a raw `\`, so a rule
+/// holding any of those forms is never reached. (The API server itself refuses `//`, dot
+/// segments and `%2F` in these paths.)
+pub fn escape_never_matched(path: &str) -> Option<String> {
+    if path.contains('\\') {
+        return Some("contains '\\'".into());
+    }
+    let bytes = path.as_bytes();
+    for (i, _) in path.match_indices('%') {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit));
+        let Some(hex) = hex else {
+            return Some(format!("has a malformed escape at byte {i}"));
+        };
+        let escape = &path[i..i + 3];
+        let value = u8::from_str_radix(&path[i + 1..i + 3], 16).unwrap_or(0);
+        if value.is_ascii_alphanumeric() || matches!(value, b'-' | b'.' | b'_' | b'~') {
+            return Some(format!(
+                "escapes {:?} as {escape} (write it unescaped)",
+                value as char
+            ));
+        }
+        if hex.iter().any(u8::is_ascii_lowercase) {
+            return Some(format!(
+                "writes {escape} in lower-case hex (write {})",
+                escape.to_ascii_uppercase()
+            ));
+        }
+    }
+    None
+}
+
 /// The match kind for an Ingress `pathType`.
 pub fn match_kind(path_type: &str) -> Result<MatchKind, String> {
     match path_type {
@@ -618,6 +653,19 @@ fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                     "InvalidPath",
                     format!(
                         "ImplementationSpecific path {:?} on host {host:?} skipped: it {why}, and proxies match normalised request paths, which never do",
+                        p.path.as_deref().unwrap_or("")
+                    ),
+                ));
+                continue;
+            }
+            if p.path_type != "ImplementationSpecific"
+                && let Some(why) = p.path.as_deref().and_then(escape_never_matched)
+            {
+                digest.problems.push((
+                    "InvalidPath",
+                    format!(
+                        "{} path {:?} on host {host:?} skipped: it {why}; proxies match normalised request paths, which never have that form",
+                        p.path_type,
                         p.path.as_deref().unwrap_or("")
                     ),
                 ));

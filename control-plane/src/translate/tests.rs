@@ -1627,6 +1627,46 @@ fn implementation_specific_paths_a_normalised_request_never_has_are_refused() {
     assert!(t.problems.iter().all(|p| p.reason == "InvalidPath"));
 }
 
+/// Exact and Prefix paths that the API server accepts but no normalised request path
+/// has (an escaped unreserved character, lower-case hex, a malformed escape, a `\`) are
+/// skipped with InvalidPath; escapes proxies keep (upper-case, reserved or non-ASCII
+/// bytes) are fine.
+#[test]
+fn exact_and_prefix_paths_a_normalised_request_never_has_are_refused() {
+    let path = |p: &str, t: &str| {
+        json!({ "path": p, "pathType": t,
+                "backend": { "service": { "name": "web", "port": { "number": 80 } } } })
+    };
+    let paths = json!([
+        path("/caf%C3%A9", "Exact"),
+        path("/a%20b", "Prefix"),
+        path("/%7Euser", "Prefix"),
+        path("/caf%c3%a9", "Exact"),
+        path("/x%zz", "Prefix"),
+        path("/x%4", "Exact"),
+        path("/a\\b", "Prefix")
+    ]);
+    let t = run(&state(vec![ingress(
+        "default",
+        "web",
+        1,
+        json!([{ "host": "a.example.com", "http": { "paths": paths } }]),
+    )]));
+    let mut kept: Vec<String> = routes(&t).into_iter().map(|r| r.2).collect();
+    kept.sort();
+    assert_eq!(kept, ["/a%20b", "/caf%C3%A9"]);
+    assert_eq!(t.problems.len(), 5, "{:?}", t.problems);
+    assert!(t.problems.iter().all(|p| p.reason == "InvalidPath"));
+    assert_eq!(
+        escape_never_matched("/%7Euser").as_deref(),
+        Some("escapes '~' as %7E (write it unescaped)")
+    );
+    assert_eq!(
+        escape_never_matched("/caf%c3%a9").as_deref(),
+        Some("writes %c3 in lower-case hex (write %C3)")
+    );
+}
+
 #[test]
 fn wildcards_over_a_public_suffix_are_refused_and_private_ones_allowed() {
     for host in ["*.com", "*.co.uk", "*.github.io"] {
