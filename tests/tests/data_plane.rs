@@ -611,7 +611,8 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
 
     // SIGTERM: not ready at once, but still serving new connections for the drain delay.
     p.proc.signal("TERM")?;
-    wait::until("/readyz to fail", T, || async {
+    // At once: well within the 1 s drain delay, during which it keeps accepting.
+    wait::until("/readyz to fail", Duration::from_millis(700), || async {
         let (code, _) = p.admin_get("/readyz").await.map_err(|e| e.to_string())?;
         Ok((code == 503).then_some(()))
     })

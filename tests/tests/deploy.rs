@@ -299,6 +299,14 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         cp_max <= max,
         "the proxies would NACK what the control plane publishes"
     );
+    // The control plane's memory follows its own limit (the arithmetic is in its
+    // manifest's comment): four snapshot-sized copies (published, its encoding, a held
+    // one, the candidate) plus 256 MiB for the caches and digests at 10,000 Ingresses.
+    let cp_memory = mib(&cp_container["resources"]["limits"]["memory"]);
+    assert!(
+        cp_memory >= 4 * cp_max + (256 << 20),
+        "the control plane's memory limit is below 4 x --max-snapshot-bytes + 256 MiB"
+    );
     let mounts = pod["containers"][0]["volumeMounts"].to_string();
     let args = pod["containers"][0]["args"].to_string();
     assert!(mounts.contains("/var/lib/holdfast") && args.contains("--state-dir=/var/lib/holdfast"));
