@@ -258,6 +258,29 @@ async fn serve_stream(
         let current = published.borrow_and_update().clone();
         if let (Some(current), None) = (current, &in_flight) {
             let hash = &current.snapshot.content_hash;
+            let size = current.encoded.bytes().len() as u64;
+            if *hash != serving_hash
+                && *hash != rejected_hash
+                && first.max_snapshot_bytes > 0
+                && size > first.max_snapshot_bytes
+            {
+                // The proxy would refuse it: record why as its NACK, and wait for the
+                // next snapshot.
+                let version = current.snapshot.version.clone();
+                let error = format!(
+                    "not sent: snapshot {version} is {size} bytes, over the proxy's --max-snapshot-bytes ({})",
+                    first.max_snapshot_bytes
+                );
+                tracing::warn!(proxy.id = %node.id, %version, "{error}");
+                shared.metrics().nacks.inc();
+                shared.update_proxy(id, |p| {
+                    p.last_nack_version = version;
+                    p.last_nack_error = error;
+                    p.last_nack_at = Some(SystemTime::now().into());
+                });
+                rejected_hash = hash.clone();
+                continue;
+            }
             if *hash != serving_hash && *hash != rejected_hash {
                 nonce += 1;
                 let version = &current.snapshot.version;

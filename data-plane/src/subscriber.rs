@@ -328,8 +328,10 @@ async fn stream_once(
     backoff: &mut Backoff,
 ) -> Result<(), BoxError> {
     let channel = connect(url, tls).await?;
-    // Decode a little past --max-snapshot-bytes, so a larger snapshot can be NACKed with
-    // the reason; one far larger fails the stream (and is never held in memory whole).
+    // The first request states --max-snapshot-bytes, so the control plane does not send a
+    // larger snapshot. Decode a little past it anyway, so one that is sent regardless is
+    // NACKed with the reason; one far larger fails the stream (and is never held in memory
+    // whole).
     let limit = applier
         .max_snapshot_bytes
         .saturating_add(1 << 20)
@@ -343,6 +345,7 @@ async fn stream_once(
         version_info,
         content_hash,
         persist_error: applier.persist_error(),
+        max_snapshot_bytes: applier.max_snapshot_bytes as u64,
         ..Default::default()
     })
     .await?;
@@ -404,6 +407,8 @@ async fn stream_once(
             // Deltas are not applied yet (issue 13): full snapshots only.
             accepts_deltas: false,
             inventory: Vec::new(),
+            // Read from the first request only.
+            max_snapshot_bytes: applier.max_snapshot_bytes as u64,
         };
         last = Some(request.clone());
         tx.send(request).await?;

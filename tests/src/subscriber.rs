@@ -25,6 +25,17 @@ impl Subscriber {
     /// Connects to `url` as node `id` (over https://, with the test client certificate of
     /// node `id`), stating that it serves `holds`.
     pub async fn connect(url: &str, id: &str, holds: Option<Snapshot>) -> Result<Self> {
+        Self::connect_limited(url, id, holds, 0).await
+    }
+
+    /// Like [`Subscriber::connect`], stating `max_snapshot_bytes` as a proxy states its
+    /// --max-snapshot-bytes (0: no limit).
+    pub async fn connect_limited(
+        url: &str,
+        id: &str,
+        holds: Option<Snapshot>,
+        max_snapshot_bytes: u64,
+    ) -> Result<Self> {
         let channel = crate::tls::Planes::get().channel(url, Some(id)).await?;
         let mut client = client::route_discovery(channel);
         let (tx, rx) = mpsc::channel(16);
@@ -42,6 +53,7 @@ impl Subscriber {
                 .as_ref()
                 .map(|s| s.content_hash.clone())
                 .unwrap_or_default(),
+            max_snapshot_bytes,
             ..Default::default()
         })
         .await?;

@@ -936,6 +936,49 @@ async fn the_grpc_server_caps_streams_per_connection_and_cuts_a_rapid_reset_floo
     Ok(())
 }
 
+/// A proxy states its --max-snapshot-bytes in its first request: the control plane does
+/// not send it a larger snapshot (it would be refused, or not even decodable) and shows
+/// why in ListProxies, while proxies with room get it.
+#[tokio::test]
+async fn a_snapshot_over_a_proxys_stated_limit_is_not_sent_to_it() -> anyhow::Result<()> {
+    let s = setup("proxy-limit").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut roomy = Subscriber::connect(&cp.grpc_url(), "roomy", None).await?;
+    let first = roomy
+        .wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+    let size = prost::Message::encoded_len(&first) as u64;
+    let mut tight = Subscriber::connect_limited(&cp.grpc_url(), "tight", None, size + 64).await?;
+    tight
+        .wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+
+    // Ten more Ingresses: far over the tight proxy's limit.
+    for i in 0..10 {
+        s.web_and_ingress(&format!("more-{i}")).await?;
+    }
+    let bigger = roomy
+        .wait_for("eleven routes", T, |snap| routes(snap).len() == 11)
+        .await?;
+    assert!(prost::Message::encoded_len(&bigger) as u64 > size + 64);
+    let nack = wait::until("the tight proxy's NACK in ListProxies", T, || async {
+        let list =
+            call(cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let proxies = list["proxies"].as_array().cloned().unwrap_or_default();
+        Ok(proxies
+            .into_iter()
+            .find(|p| p["id"] == "tight" && p["lastNackVersion"] == bigger.version.as_str()))
+    })
+    .await?;
+    let reason = nack["lastNackError"].as_str().unwrap_or_default();
+    assert!(reason.contains("--max-snapshot-bytes"), "{nack}");
+    assert_eq!(nack["ackedVersion"], first.version.as_str(), "{nack}");
+    // Recorded instead of sent: nothing reaches the tight proxy.
+    assert!(tight.next(Duration::from_millis(300)).await?.is_none());
+    Ok(())
+}
+
 /// A snapshot over --max-snapshot-bytes is held with the reason in GetStatus; neither a
 /// fresh read nor an operator can release it, and the proxies keep the last one. An
 /// Ingress over the per-Ingress limits is skipped with an Event.
