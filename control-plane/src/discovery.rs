@@ -16,7 +16,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures::StreamExt;
 use holdfast_proto::v1::{DiscoveryRequest, ProxyStatus};
-use holdfast_proto::wire::{DiscoveryResponse, grpc_message_frames};
+use holdfast_proto::wire::{DiscoveryResponse, grpc_delta_frames, grpc_message_frames};
 use http::{HeaderMap, HeaderValue};
 use http_body::Frame;
 use tokio::sync::mpsc;
@@ -26,6 +26,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 
 use crate::authn::{self, Mode};
+use crate::state::Published;
 use crate::state::Shared;
 
 /// The one method of `holdfast.v1.RouteDiscovery`.
@@ -220,6 +221,27 @@ async fn stream_routes(
     Ok(response)
 }
 
+/// The response a stream awaits an answer to.
+#[derive(Clone)]
+struct InFlight {
+    hash: String,
+    nonce: String,
+    version: String,
+    /// The snapshot it carries (whole or as a delta).
+    published: Arc<Published>,
+    /// It was a delta.
+    delta: bool,
+}
+
+/// What a proxy holds, as the base of its next delta.
+struct Base {
+    version: String,
+    inventory: Arc<holdfast_proto::delta::Inventory>,
+    /// This control plane's own inventory of a snapshot it published (see
+    /// [`Published::delta_from`]).
+    shared: bool,
+}
+
 async fn serve_stream(
     shared: Shared,
     first: DiscoveryRequest,
@@ -245,7 +267,19 @@ async fn serve_stream(
     // What the proxy serves, what it refused, and what is in flight (hash, nonce, version).
     let mut serving_hash = first.content_hash.clone();
     let mut rejected_hash = String::new();
-    let mut in_flight: Option<(String, String, String)> = None;
+    let mut in_flight: Option<InFlight> = None;
+    // The base of the next delta: the version the proxy holds and its resources (stated
+    // in its first request, then each snapshot it ACKs), when it accepts deltas. `shared`:
+    // the inventory is this control plane's own, so the delta can be shared.
+    let mut base: Option<Base> = (first.accepts_deltas && !first.version_info.is_empty())
+        .then(|| holdfast_proto::delta::from_wire(&first.inventory).ok())
+        .flatten()
+        .filter(|inventory| !inventory.is_empty())
+        .map(|inventory| Base {
+            version: first.version_info.clone(),
+            inventory: Arc::new(inventory),
+            shared: false,
+        });
     // The nonce last answered: a proxy repeats that answer when its persist state changes.
     let mut answered = String::new();
     let mut nonce: u64 = 0;
@@ -284,16 +318,37 @@ async fn serve_stream(
             if *hash != serving_hash && *hash != rejected_hash {
                 nonce += 1;
                 let version = &current.snapshot.version;
-                let frames =
-                    match grpc_message_frames(version, &nonce.to_string(), &current.encoded) {
-                        Ok(frames) => frames,
-                        Err(e) => {
-                            tracing::error!(proxy.id = %node.id, %version, "{e}");
-                            end = Status::resource_exhausted(e.to_string());
-                            break;
-                        }
-                    };
-                in_flight = Some((hash.clone(), nonce.to_string(), version.clone()));
+                let delta = base
+                    .as_ref()
+                    .filter(|b| b.version != *version)
+                    .and_then(|b| current.delta_from(&b.version, &b.inventory, b.shared));
+                let is_delta = delta.is_some();
+                let framed = match delta {
+                    Some(bytes) => grpc_delta_frames(version, &nonce.to_string(), bytes),
+                    None => grpc_message_frames(version, &nonce.to_string(), &current.encoded),
+                };
+                let frames = match framed {
+                    Ok(frames) => frames,
+                    Err(e) => {
+                        tracing::error!(proxy.id = %node.id, %version, "{e}");
+                        end = Status::resource_exhausted(e.to_string());
+                        break;
+                    }
+                };
+                let metrics = shared.metrics();
+                metrics
+                    .sent_bytes
+                    .inc_by(frames.iter().map(|f| f.len() as u64).sum());
+                if is_delta {
+                    metrics.deltas_sent.inc();
+                }
+                in_flight = Some(InFlight {
+                    hash: hash.clone(),
+                    nonce: nonce.to_string(),
+                    version: version.clone(),
+                    published: current.clone(),
+                    delta: is_delta,
+                });
                 let [head, snapshot] = frames;
                 if tx.send(Frame::data(head)).await.is_err()
                     || tx.send(Frame::data(snapshot)).await.is_err()
@@ -309,7 +364,7 @@ async fn serve_stream(
             }
             message = inbound.message() => match message {
                 Ok(Some(req)) => {
-                    let Some((hash, sent_nonce, version)) = in_flight.clone() else {
+                    let Some(InFlight { hash, nonce: sent_nonce, version, published: sent, delta: was_delta }) = in_flight.clone() else {
                         // The nonce last answered ("" before any): a repeat of that answer.
                         if req.response_nonce == answered {
                             tracing::info!(proxy.id = %node.id, persist_error = %req.persist_error, "proxy updated its persist state");
@@ -330,7 +385,14 @@ async fn serve_stream(
                     }
                     match req.error_detail {
                         Some(error) => {
-                            rejected_hash = hash;
+                            if was_delta {
+                                // The proxy could not build it from its base: resync
+                                // with the complete snapshot (which it may still refuse).
+                                base = None;
+                                shared.metrics().delta_resyncs.inc();
+                            } else {
+                                rejected_hash = hash;
+                            }
                             shared.metrics().nacks.inc();
                             tracing::warn!(proxy.id = %node.id, %version, error = %error.message, "proxy NACKed snapshot");
                             shared.update_proxy(id, |p| {
@@ -343,6 +405,13 @@ async fn serve_stream(
                         }
                         None => {
                             serving_hash = hash;
+                            if first.accepts_deltas {
+                                base = Some(Base {
+                                    version: version.clone(),
+                                    inventory: sent.inventory(),
+                                    shared: true,
+                                });
+                            }
                             shared.metrics().acks.inc();
                             tracing::debug!(proxy.id = %node.id, %version, "proxy ACKed snapshot");
                             shared.update_proxy(id, |p| {

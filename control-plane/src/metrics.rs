@@ -51,6 +51,12 @@ pub struct Metrics {
     pub acks: Counter,
     /// NACKs received.
     pub nacks: Counter,
+    /// Responses sent as a delta rather than a complete snapshot.
+    pub deltas_sent: Counter,
+    /// Deltas a proxy could not apply, answered with the complete snapshot.
+    pub delta_resyncs: Counter,
+    /// Bytes of the route responses sent to proxies (gRPC framing included).
+    pub sent_bytes: Counter,
     /// 1 when a kind's cache holds a complete list and is not re-listing.
     pub cache_synced: Family<KindLabel, Gauge>,
     /// Errors from the watch of a kind.
@@ -88,6 +94,9 @@ impl Metrics {
             proxies_connected: Gauge::default(),
             acks: Counter::default(),
             nacks: Counter::default(),
+            deltas_sent: Counter::default(),
+            delta_resyncs: Counter::default(),
+            sent_bytes: Counter::default(),
             cache_synced: Family::default(),
             watch_errors: Family::default(),
             skipped_rules: Gauge::default(),
@@ -145,6 +154,21 @@ impl Metrics {
             "proxy_nacks",
             "NACKs received from proxies",
             m.nacks.clone(),
+        );
+        r.register(
+            "deltas_sent",
+            "Route responses sent as a delta rather than a complete snapshot",
+            m.deltas_sent.clone(),
+        );
+        r.register(
+            "delta_resyncs",
+            "Deltas a proxy could not apply, answered with the complete snapshot",
+            m.delta_resyncs.clone(),
+        );
+        r.register(
+            "sent_bytes",
+            "Bytes of the route responses sent to proxies, gRPC framing included",
+            m.sent_bytes.clone(),
         );
         r.register(
             "cache_synced",

@@ -35,6 +35,63 @@ pub struct Published {
     pub encoded: EncodedSnapshot,
     /// When it was published.
     pub at: SystemTime,
+    /// Its resources' hashes (made on first use: when a proxy ACKs it, it becomes the
+    /// base of that proxy's next delta).
+    inventory: std::sync::OnceLock<Arc<holdfast_proto::delta::Inventory>>,
+    /// Encoded deltas to it by base version, shared by the streams that hold that base;
+    /// `None` where the complete snapshot is smaller.
+    deltas: std::sync::Mutex<std::collections::HashMap<String, Option<bytes::Bytes>>>,
+}
+
+impl Published {
+    /// Wraps a sealed, validated snapshot.
+    pub fn new(snapshot: Snapshot) -> Self {
+        Published {
+            encoded: EncodedSnapshot::new(&snapshot),
+            snapshot,
+            at: SystemTime::now(),
+            inventory: std::sync::OnceLock::new(),
+            deltas: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The snapshot's resources with their hashes.
+    pub fn inventory(&self) -> Arc<holdfast_proto::delta::Inventory> {
+        self.inventory
+            .get_or_init(|| Arc::new(holdfast_proto::delta::inventory(&self.snapshot)))
+            .clone()
+    }
+
+    /// The encoded delta from the snapshot `base_version`, whose resources are `base`, to
+    /// this one; `None` when the complete snapshot is no larger. With `shared` (a base
+    /// this control plane published, so its inventory is its own), it is computed once
+    /// per base version and shared by every stream; an inventory a proxy stated is used
+    /// for that stream only.
+    pub fn delta_from(
+        &self,
+        base_version: &str,
+        base: &holdfast_proto::delta::Inventory,
+        shared: bool,
+    ) -> Option<bytes::Bytes> {
+        let compute = || {
+            let delta = holdfast_proto::delta::diff(base_version, base, &self.snapshot);
+            let bytes = prost::Message::encode_to_vec(&delta);
+            (bytes.len() < self.encoded.bytes().len()).then(|| bytes::Bytes::from(bytes))
+        };
+        if !shared {
+            return compute();
+        }
+        let mut deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = deltas.get(base_version) {
+            return known.clone();
+        }
+        let made = compute();
+        // Proxies hold a handful of versions; a bound keeps a pathological spread small.
+        if deltas.len() < 64 {
+            deltas.insert(base_version.to_owned(), made.clone());
+        }
+        made
+    }
 }
 
 /// Sync state of one watched kind.
@@ -158,11 +215,7 @@ impl Shared {
         m.snapshot_revision.set(snapshot.cluster_revision as i64);
         m.snapshot_routes.set(route_count(&snapshot) as i64);
         m.published.inc();
-        let published = Published {
-            encoded: EncodedSnapshot::new(&snapshot),
-            snapshot,
-            at: SystemTime::now(),
-        };
+        let published = Published::new(snapshot);
         tracing::info!(
             version = %published.snapshot.version,
             routes = route_count(&published.snapshot),

@@ -67,7 +67,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         Ok(Some(snapshot)) => match RouteTable::compile(&snapshot) {
             Ok(t) => {
                 tracing::info!(version = %t.version, routes = t.route_count(), "serving the persisted snapshot");
-                applier.install(t);
+                applier.install(snapshot, t);
             }
             Err(error) => {
                 tracing::error!(%error, "persisted snapshot does not compile; not ready until a control plane delivers one")

@@ -59,6 +59,10 @@ pub struct Metrics {
     pub applied: Counter,
     /// Snapshots rejected (NACKed).
     pub nacks: Counter,
+    /// Responses that carried a delta rather than a complete snapshot.
+    pub deltas_received: Counter,
+    /// Bytes of the snapshots and deltas received (their encodings).
+    pub received_bytes: Counter,
     /// Upstream connection failures (retried or answered 502).
     pub upstream_connect_errors: Counter,
     /// Applied snapshots that could not be written to the state file.
@@ -90,6 +94,8 @@ impl Metrics {
             control_plane_connected: Gauge::default(),
             applied: Counter::default(),
             nacks: Counter::default(),
+            deltas_received: Counter::default(),
+            received_bytes: Counter::default(),
             upstream_connect_errors: Counter::default(),
             persist_failures: Counter::default(),
             snapshot_persisted: Gauge::default(),
@@ -156,6 +162,16 @@ impl Metrics {
             "snapshot_nacks",
             "Snapshots rejected (NACKed)",
             m.nacks.clone(),
+        );
+        r.register(
+            "deltas_received",
+            "Responses that carried a delta rather than a complete snapshot",
+            m.deltas_received.clone(),
+        );
+        r.register(
+            "received_bytes",
+            "Bytes of the snapshots and deltas received from control planes (encoded)",
+            m.received_bytes.clone(),
         );
         r.register(
             "tls_handshake_failures",

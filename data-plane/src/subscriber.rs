@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
-use holdfast_proto::client;
 use holdfast_proto::mtls::Reloading;
 use holdfast_proto::snapshot::validate;
-use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot};
+use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, SnapshotDelta};
+use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::sync::{mpsc, watch};
@@ -36,7 +36,9 @@ pub struct Applier {
     state_dir: PathBuf,
     metrics: Metrics,
     /// The served snapshot when it could not be written to the state file, and why.
-    unpersisted: std::sync::Mutex<Option<(Snapshot, String)>>,
+    unpersisted: std::sync::Mutex<Option<(Arc<Snapshot>, String)>>,
+    /// The served snapshot, the base the next delta applies to.
+    served: std::sync::Mutex<Option<Arc<Snapshot>>>,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
 }
@@ -55,6 +57,7 @@ impl Applier {
             state_dir,
             metrics,
             unpersisted: std::sync::Mutex::new(None),
+            served: std::sync::Mutex::new(None),
             max_snapshot_bytes,
         }
     }
@@ -67,10 +70,45 @@ impl Applier {
             .map(|t| (t.version.clone(), t.content_hash.clone()))
     }
 
-    /// Installs a table at startup (from the state file) without persisting it again.
-    pub fn install(&self, table: RouteTable) {
+    /// Installs a table at startup (from the state file, `snapshot`) without persisting
+    /// it again.
+    pub fn install(&self, snapshot: Snapshot, table: RouteTable) {
         self.note_applied(&table);
+        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(snapshot));
         self.table.store(Some(Arc::new(table)));
+    }
+
+    /// The resources of the served snapshot with their hashes, for the first request of
+    /// a stream (empty when nothing is served).
+    pub fn inventory(&self) -> Vec<holdfast_proto::v1::ResourceHash> {
+        let served = self
+            .served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        served
+            .map(|s| delta::to_wire(&delta::inventory(&s)))
+            .unwrap_or_default()
+    }
+
+    /// Applies `change` to the served snapshot and then the result as [`Applier::apply`]
+    /// does. A delta for another base, or whose result is not exactly the snapshot it
+    /// names (content hash, references), is refused and nothing changes.
+    pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, String> {
+        let base = self
+            .served
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(base) = base else {
+            return Err(format!(
+                "delta to {} for base {}, but no snapshot is served",
+                change.version, change.base_version
+            ));
+        };
+        let next =
+            delta::apply(&base, change).map_err(|e| format!("delta to {}: {e}", change.version))?;
+        self.apply(next)
     }
 
     fn note_applied(&self, table: &RouteTable) {
@@ -100,7 +138,7 @@ impl Applier {
         let Some((snapshot, _)) = pending.as_ref() else {
             return false;
         };
-        match persist::store(&self.state_dir, snapshot) {
+        match persist::store(&self.state_dir, snapshot.as_ref()) {
             Ok(()) => {
                 tracing::info!(version = %snapshot.version, "persisted the served snapshot after an earlier failure");
                 *pending = None;
@@ -142,6 +180,7 @@ impl Applier {
         }
         let table =
             RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        let snapshot = Arc::new(snapshot);
         let persisted = persist::store(&self.state_dir, &snapshot);
         let persist_error = {
             let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
@@ -156,7 +195,7 @@ impl Applier {
                     self.metrics.persist_failures.inc();
                     self.metrics.snapshot_persisted.set(0);
                     let message = error.to_string();
-                    *pending = Some((snapshot, message.clone()));
+                    *pending = Some((snapshot.clone(), message.clone()));
                     Some(message)
                 }
             }
@@ -169,6 +208,7 @@ impl Applier {
             backends = table.backends.len(),
             "applied snapshot"
         );
+        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
         self.table.store(Some(Arc::new(table)));
         Ok(persist_error)
     }
@@ -346,6 +386,8 @@ async fn stream_once(
         content_hash,
         persist_error: applier.persist_error(),
         max_snapshot_bytes: applier.max_snapshot_bytes as u64,
+        accepts_deltas: true,
+        inventory: applier.inventory(),
         ..Default::default()
     })
     .await?;
@@ -367,7 +409,7 @@ async fn stream_once(
     let mut retry = tokio::time::interval(PERSIST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let response = tokio::select! {
+        let mut response = tokio::select! {
             message = inbound.message() => match message? {
                 Some(r) => r,
                 None => return Ok(()),
@@ -384,9 +426,23 @@ async fn stream_once(
         };
         let nonce = response.nonce.clone();
         let offered = response.version_info.clone();
-        let result = match response.into_snapshot() {
-            Some(snapshot) => applier.apply(snapshot),
-            None => Err("response carries no snapshot".to_owned()),
+        let result = match response.delta.take() {
+            Some(change) => {
+                metrics.deltas_received.inc();
+                metrics
+                    .received_bytes
+                    .inc_by(prost::Message::encoded_len(&*change) as u64);
+                applier.apply_delta(&change)
+            }
+            None => match response.into_snapshot() {
+                Some(snapshot) => {
+                    metrics
+                        .received_bytes
+                        .inc_by(prost::Message::encoded_len(&snapshot) as u64);
+                    applier.apply(snapshot)
+                }
+                None => Err("response carries no snapshot".to_owned()),
+            },
         };
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
         let error_detail = match result {
@@ -404,8 +460,8 @@ async fn stream_once(
             error_detail,
             content_hash,
             persist_error: applier.persist_error(),
-            // Deltas are not applied yet (issue 13): full snapshots only.
-            accepts_deltas: false,
+            // Read from the first request only.
+            accepts_deltas: true,
             inventory: Vec::new(),
             // Read from the first request only.
             max_snapshot_bytes: applier.max_snapshot_bytes as u64,

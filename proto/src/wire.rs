@@ -9,9 +9,10 @@ use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint};
 use prost::{DecodeError, Message};
 
-use crate::v1::Snapshot;
+use crate::v1::{Snapshot, SnapshotDelta};
 
 const SNAPSHOT_TAG: u32 = 3;
+const DELTA_TAG: u32 = 4;
 
 /// A snapshot encoded once, shared by reference count.
 #[derive(Clone, Default, PartialEq)]
@@ -50,24 +51,38 @@ pub fn grpc_message_frames(
     nonce: &str,
     snapshot: &EncodedSnapshot,
 ) -> Result<[Bytes; 2], TooLarge> {
+    frames(version_info, nonce, SNAPSHOT_TAG, snapshot.bytes.clone())
+}
+
+/// Like [`grpc_message_frames`], for a response carrying an encoded `SnapshotDelta`
+/// (field 4) instead of a snapshot.
+pub fn grpc_delta_frames(
+    version_info: &str,
+    nonce: &str,
+    delta: Bytes,
+) -> Result<[Bytes; 2], TooLarge> {
+    frames(version_info, nonce, DELTA_TAG, delta)
+}
+
+fn frames(version_info: &str, nonce: &str, tag: u32, body: Bytes) -> Result<[Bytes; 2], TooLarge> {
     let response = DiscoveryResponse {
         version_info: version_info.to_owned(),
         nonce: nonce.to_owned(),
-        snapshot: SnapshotPayload::None,
+        ..Default::default()
     };
-    let body = snapshot.bytes.len();
+    let len = body.len();
     let message_len = response.encoded_len()
-        + prost::encoding::key_len(SNAPSHOT_TAG)
-        + encoded_len_varint(body as u64)
-        + body;
+        + prost::encoding::key_len(tag)
+        + encoded_len_varint(len as u64)
+        + len;
     let prefix_len = u32::try_from(message_len).map_err(|_| TooLarge(message_len))?;
-    let mut head = bytes::BytesMut::with_capacity(5 + message_len - body);
+    let mut head = bytes::BytesMut::with_capacity(5 + message_len - len);
     head.put_u8(0); // not compressed
     head.put_u32(prefix_len);
     response.encode_raw(&mut head);
-    encode_key(SNAPSHOT_TAG, WireType::LengthDelimited, &mut head);
-    encode_varint(body as u64, &mut head);
-    Ok([head.freeze(), snapshot.bytes.clone()])
+    encode_key(tag, WireType::LengthDelimited, &mut head);
+    encode_varint(len as u64, &mut head);
+    Ok([head.freeze(), body])
 }
 
 /// A message too large for gRPC's 32-bit length prefix.
@@ -94,8 +109,10 @@ pub struct DiscoveryResponse {
     pub version_info: String,
     /// Unique per response on a stream; echoed in the proxy's ACK or NACK.
     pub nonce: String,
-    /// The complete snapshot.
+    /// The complete snapshot (or none, when `delta` is set).
     pub snapshot: SnapshotPayload,
+    /// The difference from the proxy's snapshot, instead of a complete one (field 4).
+    pub delta: Option<Box<SnapshotDelta>>,
 }
 
 impl DiscoveryResponse {
@@ -128,6 +145,9 @@ impl Message for DiscoveryResponse {
                 buf.put_slice(&e.bytes);
             }
         }
+        if let Some(d) = &self.delta {
+            prost::encoding::message::encode(DELTA_TAG, &**d, buf);
+        }
     }
 
     fn merge_field(
@@ -148,6 +168,10 @@ impl Message for DiscoveryResponse {
                 let merged = prost::encoding::message::merge(wire_type, &mut *snapshot, buf, ctx);
                 self.snapshot = SnapshotPayload::Decoded(snapshot);
                 merged
+            }
+            DELTA_TAG => {
+                let delta = self.delta.get_or_insert_with(Box::default);
+                prost::encoding::message::merge(wire_type, &mut **delta, buf, ctx)
             }
             _ => prost::encoding::skip_field(wire_type, tag, buf, ctx),
         }
@@ -172,6 +196,9 @@ impl Message for DiscoveryResponse {
                     + e.bytes.len()
             }
         };
+        if let Some(d) = &self.delta {
+            len += prost::encoding::message::encoded_len(DELTA_TAG, &**d);
+        }
         len
     }
 
@@ -184,6 +211,24 @@ impl Message for DiscoveryResponse {
 mod tests {
     use super::*;
     use crate::v1::VirtualHost;
+
+    #[test]
+    fn a_delta_response_is_framed_and_decoded_like_the_proto_message() {
+        let delta = SnapshotDelta {
+            base_version: "1-aaaa".into(),
+            version: "2-bbbb".into(),
+            removed_virtual_hosts: vec!["gone.test".into()],
+            ..Default::default()
+        };
+        let [head, body] = grpc_delta_frames("2-bbbb", "9", delta.encode_to_vec().into()).unwrap();
+        let framed = [&head[..], &body[..]].concat();
+        let back = DiscoveryResponse::decode(&framed[5..]).unwrap();
+        assert_eq!(back.nonce, "9");
+        assert_eq!(back.delta.as_deref(), Some(&delta));
+        assert_eq!(back.snapshot, SnapshotPayload::None);
+        let again = back.encode_to_vec();
+        assert_eq!(again, framed[5..]);
+    }
 
     #[test]
     fn pre_encoded_and_decoded_forms_are_the_same_bytes_on_the_wire() {
@@ -200,6 +245,7 @@ mod tests {
             version_info: "7-abc".into(),
             nonce: "1".into(),
             snapshot: SnapshotPayload::Encoded(EncodedSnapshot::new(&snapshot)),
+            delta: None,
         };
         let decoded_form = DiscoveryResponse {
             snapshot: SnapshotPayload::Decoded(Box::new(snapshot.clone())),
@@ -237,6 +283,7 @@ mod tests {
             version_info: "12-abcdef".into(),
             nonce: "42".into(),
             snapshot: SnapshotPayload::Encoded(shared.clone()),
+            delta: None,
         }
         .encode_to_vec();
         let mut expected = vec![0u8];

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::Stream;
 use holdfast_proto::v1::route_discovery_server::{RouteDiscovery, RouteDiscoveryServer};
-use holdfast_proto::v1::{DiscoveryRequest, Snapshot};
+use holdfast_proto::v1::{DiscoveryRequest, Snapshot, SnapshotDelta};
 use holdfast_proto::wire::{DiscoveryResponse, SnapshotPayload};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -20,17 +20,24 @@ struct Inner {
     requests: Arc<Mutex<Vec<DiscoveryRequest>>>,
 }
 
+/// What the fake sends: a complete snapshot or a delta.
+#[derive(Clone, Debug)]
+enum Push {
+    Snapshot(Snapshot),
+    Delta(SnapshotDelta),
+}
+
 /// A running fake control plane; stops when dropped.
 pub struct FakeControlPlane {
     addr: SocketAddr,
     inner: Inner,
-    snapshots: watch::Sender<Option<Snapshot>>,
+    snapshots: watch::Sender<Option<Push>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 struct Service {
     inner: Inner,
-    snapshots: watch::Receiver<Option<Snapshot>>,
+    snapshots: watch::Receiver<Option<Push>>,
 }
 
 #[tonic::async_trait]
@@ -53,12 +60,21 @@ impl RouteDiscovery for Service {
                 tokio::select! {
                     changed = snapshots.changed() => {
                         if changed.is_err() { break; }
-                        let Some(s) = snapshots.borrow_and_update().clone() else { continue };
+                        let Some(push) = snapshots.borrow_and_update().clone() else { continue };
                         nonce += 1;
-                        let response = DiscoveryResponse {
-                            version_info: s.version.clone(),
-                            nonce: nonce.to_string(),
-                            snapshot: SnapshotPayload::Decoded(Box::new(s)),
+                        let response = match push {
+                            Push::Snapshot(s) => DiscoveryResponse {
+                                version_info: s.version.clone(),
+                                nonce: nonce.to_string(),
+                                snapshot: SnapshotPayload::Decoded(Box::new(s)),
+                                delta: None,
+                            },
+                            Push::Delta(d) => DiscoveryResponse {
+                                version_info: d.version.clone(),
+                                nonce: nonce.to_string(),
+                                snapshot: SnapshotPayload::None,
+                                delta: Some(Box::new(d)),
+                            },
                         };
                         if tx.send(Ok(response)).await.is_err() { break; }
                     }
@@ -111,7 +127,12 @@ impl FakeControlPlane {
 
     /// Pushes `snapshot` to every connected (and later connecting) proxy.
     pub fn push(&self, snapshot: Snapshot) {
-        self.snapshots.send_replace(Some(snapshot));
+        self.snapshots.send_replace(Some(Push::Snapshot(snapshot)));
+    }
+
+    /// Pushes `delta` (valid or not) to every connected (and later connecting) proxy.
+    pub fn push_delta(&self, delta: SnapshotDelta) {
+        self.snapshots.send_replace(Some(Push::Delta(delta)));
     }
 
     /// Every request received so far.
@@ -176,6 +197,8 @@ pub fn snapshot(
             .collect(),
         ..Default::default()
     };
+    // Sorted by name, as the protocol says (deltas rebuild that order).
+    s.backends.sort_by(|a, b| a.name.cmp(&b.name));
     holdfast_proto::snapshot::seal(&mut s, revision);
     s
 }

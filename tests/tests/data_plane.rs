@@ -1701,3 +1701,94 @@ async fn a_local_connect_error_does_not_eject_a_healthy_endpoint() -> anyhow::Re
     assert!(served_by.contains("echo-a"), "A was ejected: {served_by:?}");
     Ok(())
 }
+
+/// A delta is applied only when base + delta is exactly the snapshot it names: a
+/// corrupted one is NACKed with the reason and the proxy keeps serving, and a complete
+/// snapshot (the control plane's answer to that NACK) heals it, with no failed request
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_delta_is_nacked_and_a_complete_snapshot_heals_with_no_failed_request()
+-> anyhow::Result<()> {
+    use holdfast_proto::delta;
+    let (state, logs) = dirs("delta-corrupt");
+    let a = echo_on_loopback("echo-a").await;
+    let b = echo_on_loopback("echo-b").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let v1 = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(v1.clone());
+    let p = ProxyProc::start("proxy-delta", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &v1.version).await?;
+    let first = cp.requests().into_iter().next().expect("the first request");
+    assert!(first.accepts_deltas);
+    assert!(
+        first.inventory.is_empty(),
+        "a proxy that held nothing at start states no inventory"
+    );
+
+    // Traffic for a.test all along.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let (addr, stop) = (p.addr, stop.clone());
+        async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            for _ in 0..100_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                match holdfast_tests::http::get(addr, "a.test", "/").await {
+                    Ok((200, _)) => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            (ok, failed)
+        }
+    });
+
+    // A valid delta: b.test appears.
+    let v2 = snapshot(
+        2,
+        &[("a.test", "/", "web"), ("b.test", "/", "other")],
+        &[("web", &[a]), ("other", &[b])],
+    );
+    cp.push_delta(delta::diff(&v1.version, &delta::inventory(&v1), &v2));
+    wait_version(&p, &v2.version).await?;
+    assert_eq!(p.get("b.test", "/").await?, (200, "echo-b\n".to_owned()));
+    assert_eq!(
+        p.metric("holdfast_proxy_deltas_received_total").await?,
+        Some(1.0)
+    );
+
+    // A corrupted delta: b.test's route changed, but the stated hash is v3's.
+    let v3 = snapshot(
+        3,
+        &[("a.test", "/", "web"), ("b.test", "/", "web")],
+        &[("web", &[a]), ("other", &[b])],
+    );
+    let mut corrupted = delta::diff(&v2.version, &delta::inventory(&v2), &v3);
+    corrupted.upserted_virtual_hosts[0].routes[0].backend = "other".into();
+    cp.push_delta(corrupted);
+    let nack = wait::until("the NACK of the corrupted delta", T, || async {
+        Ok(cp.requests().into_iter().find(|r| r.error_detail.is_some()))
+    })
+    .await?;
+    let reason = nack.error_detail.unwrap().message;
+    assert!(reason.contains("content hash"), "{reason}");
+    assert_eq!(nack.version_info, v2.version, "still serving v2");
+    assert_eq!(p.get("b.test", "/").await?.1, "echo-b\n");
+
+    // The complete snapshot heals it.
+    cp.push(v3.clone());
+    wait_version(&p, &v3.version).await?;
+    assert_eq!(p.get("b.test", "/").await?.1, "echo-a\n");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = traffic.await?;
+    assert!(ok > 0);
+    assert!(
+        failed.is_empty(),
+        "{} failed requests: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    Ok(())
+}

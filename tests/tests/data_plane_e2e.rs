@@ -15,6 +15,8 @@ const T: Duration = Duration::from_secs(30);
 
 struct World {
     _net: TestNet,
+    client: kube::Client,
+    class: String,
     ns: String,
     logs: PathBuf,
     cp: ControlPlane,
@@ -65,6 +67,8 @@ async fn world(prefix: &str) -> anyhow::Result<World> {
     )?;
     Ok(World {
         _net: net,
+        client,
+        class,
         ns,
         logs,
         cp,
@@ -155,6 +159,66 @@ async fn the_persisted_snapshot_is_served_after_a_restart_while_the_control_plan
     assert_eq!(
         p.metric("holdfast_proxy_control_plane_connected").await?,
         Some(0.0)
+    );
+    Ok(())
+}
+
+impl World {
+    /// Ingress `name` for host `name.<ns>.test` to Service `web`.
+    async fn ingress(&self, name: &str) -> anyhow::Result<()> {
+        create(
+            &self.client,
+            Some(&self.ns),
+            &objects::ingress(name, &self.class, &self.host(name), "web", 80),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Deltas are the default path: a change reaches a running proxy as a delta, and a proxy
+/// restarted from its state file while the control plane is down states what it holds,
+/// so that when a control plane returns (a new process that never sent it anything) it
+/// receives only the difference.
+#[tokio::test]
+async fn changes_reach_proxies_as_deltas_even_after_a_restart_from_the_state_file()
+-> anyhow::Result<()> {
+    let mut w = world("dpdelta").await?;
+    let mut p = w.proxy("proxy-1")?;
+    until_ok(&p, &w.host("web")).await?;
+    let metric = |name: &'static str| {
+        let p = &p;
+        async move { Ok::<f64, anyhow::Error>(p.metric(name).await?.unwrap_or(0.0)) }
+    };
+    let full = metric("holdfast_proxy_received_bytes_total").await?;
+    assert!(full > 0.0);
+    assert_eq!(metric("holdfast_proxy_deltas_received_total").await?, 0.0);
+
+    w.ingress("second").await?;
+    until_ok(&p, &w.host("second")).await?;
+    assert_eq!(metric("holdfast_proxy_deltas_received_total").await?, 1.0);
+    assert_eq!(w.cp.metric("holdfast_deltas_sent_total").await?, Some(1.0));
+
+    // The control plane goes away; the proxy restarts from its state file; a change is
+    // made meanwhile; a new control-plane process comes back.
+    w.cp.proc.kill();
+    p.restart()?;
+    until_ok(&p, &w.host("second")).await?;
+    w.ingress("third").await?;
+    w.cp.restart()?;
+    until_ok(&p, &w.host("third")).await?;
+    let received = p
+        .metric("holdfast_proxy_received_bytes_total")
+        .await?
+        .unwrap_or(0.0);
+    assert_eq!(
+        p.metric("holdfast_proxy_deltas_received_total").await?,
+        Some(1.0),
+        "the difference came as a delta"
+    );
+    assert!(
+        received < full / 2.0,
+        "received {received} bytes after the restart; the first complete snapshot was {full}"
     );
     Ok(())
 }
