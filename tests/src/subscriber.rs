@@ -36,6 +36,19 @@ impl Subscriber {
         holds: Option<Snapshot>,
         max_snapshot_bytes: u64,
     ) -> Result<Self> {
+        Self::connect_with(url, id, holds, max_snapshot_bytes, false).await
+    }
+
+    /// Like [`Subscriber::connect_limited`]; with `deltas`, it states that it accepts
+    /// deltas and the inventory of `holds` (it does not apply deltas itself: a test reads
+    /// them from [`Subscriber::next`] and answers them).
+    pub async fn connect_with(
+        url: &str,
+        id: &str,
+        holds: Option<Snapshot>,
+        max_snapshot_bytes: u64,
+        deltas: bool,
+    ) -> Result<Self> {
         let channel = crate::tls::Planes::get().channel(url, Some(id)).await?;
         let mut client = client::route_discovery(channel);
         let (tx, rx) = mpsc::channel(16);
@@ -43,7 +56,13 @@ impl Subscriber {
             id: id.into(),
             zone: "test-zone".into(),
         };
+        let inventory = match (&holds, deltas) {
+            (Some(s), true) => holdfast_proto::delta::to_wire(&holdfast_proto::delta::inventory(s)),
+            _ => Vec::new(),
+        };
         tx.send(DiscoveryRequest {
+            accepts_deltas: deltas,
+            inventory,
             node: Some(node.clone()),
             version_info: holds
                 .as_ref()

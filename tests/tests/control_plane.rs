@@ -936,6 +936,46 @@ async fn the_grpc_server_caps_streams_per_connection_and_cuts_a_rapid_reset_floo
     Ok(())
 }
 
+/// To a proxy that accepts deltas and states what it holds, a change goes as a delta
+/// from that base; a NACKed delta is answered with the complete snapshot and counted.
+#[tokio::test]
+async fn a_nacked_delta_is_answered_with_the_complete_snapshot() -> anyhow::Result<()> {
+    let s = setup("delta-resync").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut plain = Subscriber::connect(&cp.grpc_url(), "plain", None).await?;
+    let held = plain
+        .wait_for("the route", T, |snap| routes(snap).len() == 1)
+        .await?;
+    let mut sub =
+        Subscriber::connect_with(&cp.grpc_url(), "deltas", Some(held.clone()), 0, true).await?;
+    assert!(
+        sub.next(Duration::from_millis(300)).await?.is_none(),
+        "it holds the current snapshot: nothing to send"
+    );
+
+    s.web_and_ingress("b").await?;
+    let response = sub.next(T).await?.expect("a response");
+    let change = response
+        .delta
+        .clone()
+        .expect("a delta, not the complete snapshot");
+    assert_eq!(change.base_version, held.version);
+    assert_eq!(change.upserted_virtual_hosts.len(), 1, "{change:?}");
+    assert!(change.removed_virtual_hosts.is_empty());
+    sub.nack(&response, "delta to a base I do not have").await?;
+
+    let full = sub.next(T).await?.expect("the resync");
+    assert!(full.delta.is_none());
+    let snapshot = full.clone().into_snapshot().expect("the complete snapshot");
+    assert_eq!(snapshot.version, change.version);
+    assert_eq!(routes(&snapshot).len(), 2);
+    assert_eq!(cp.metric("holdfast_delta_resyncs_total").await?, Some(1.0));
+    assert_eq!(cp.metric("holdfast_deltas_sent_total").await?, Some(1.0));
+    sub.ack(full).await?;
+    Ok(())
+}
+
 /// A proxy states its --max-snapshot-bytes in its first request: the control plane does
 /// not send it a larger snapshot (it would be refused, or not even decodable) and shows
 /// why in ListProxies, while proxies with room get it.
