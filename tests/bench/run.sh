@@ -84,4 +84,8 @@ step control plane at scale
 echo "## Control plane at scale (\`target/release/holdfast-bench-scale ${SCALE[*]}\`)"
 echo
 target/release/holdfast-bench-scale "${SCALE[@]}"
+echo
+echo "### The same with subscribers that accept deltas (\`--deltas\`)"
+echo
+target/release/holdfast-bench-scale "${SCALE[@]}" --deltas
 step done

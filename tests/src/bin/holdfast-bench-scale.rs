@@ -49,6 +49,10 @@ struct Args {
     /// Extra control-plane flags, e.g. "--debounce=20ms".
     #[arg(long, allow_hyphen_values = true)]
     cp_arg: Vec<String>,
+    /// Subscribers accept deltas (as proxies do); without it, they take complete
+    /// snapshots only.
+    #[arg(long)]
+    deltas: bool,
 }
 
 /// What the subscribers ACKed.
@@ -196,14 +200,15 @@ async fn main() -> anyhow::Result<()> {
                 .await?,
         );
     }
+    let deltas = args.deltas;
     for sub in 0..args.subscribers {
         let channel = channels[sub / args.streams_per_connection].clone();
         let (seen, marker, stopping) = (seen.clone(), marker.clone(), stopping.clone());
         tokio::spawn(async move {
             let result = if sub == 0 {
-                decoding_subscriber(channel, seen, marker).await
+                decoding_subscriber(channel, seen, marker, deltas).await
             } else {
-                light_subscriber(channel, sub, seen).await
+                light_subscriber(channel, sub, seen, deltas).await
             };
             // Streams end with an error when the control plane stops after the run.
             if let (Err(e), false) = (result, stopping.load(Ordering::Relaxed)) {
@@ -243,6 +248,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
 
     // Each round adds one path to the marker Ingress and waits for every subscriber.
+    let sent_before = cp.metric("holdfast_sent_bytes_total").await?.unwrap_or(0.0);
     let mut times = Vec::new();
     for round in 0..args.rounds {
         let paths: Vec<serde_json::Value> = (0..=round + 1)
@@ -264,6 +270,8 @@ async fn main() -> anyhow::Result<()> {
         times.push(done.saturating_duration_since(t0));
     }
     times.sort();
+    let sent = cp.metric("holdfast_sent_bytes_total").await?.unwrap_or(0.0) - sent_before;
+    let per_change = sent / (args.rounds.max(1) * args.subscribers) as f64;
     let (rss, hwm) = (rss_kib(pid, "VmRSS:"), rss_kib(pid, "VmHWM:"));
     println!("| metric | value |");
     println!("| --- | --- |");
@@ -278,6 +286,11 @@ async fn main() -> anyhow::Result<()> {
         channels.len()
     );
     println!("| snapshot size | {bytes} bytes |");
+    println!(
+        "| subscribers accept deltas | {} |",
+        if args.deltas { "yes" } else { "no" }
+    );
+    println!("| bytes sent per subscriber per change | {per_change:.0} |");
     println!(
         "| control-plane start to all subscribers on the first snapshot | {:.2} s |",
         first.as_secs_f64()
@@ -305,6 +318,7 @@ async fn main() -> anyhow::Result<()> {
 /// Opens a stream as node `bench-<sub>` and sends the first request.
 async fn open(
     sub: usize,
+    deltas: bool,
 ) -> (
     Node,
     mpsc::Sender<DiscoveryRequest>,
@@ -317,6 +331,7 @@ async fn open(
     };
     let first = DiscoveryRequest {
         node: Some(node.clone()),
+        accepts_deltas: deltas,
         ..Default::default()
     };
     tx.try_send(first).expect("room for the first request");
@@ -333,22 +348,30 @@ fn ack(node: &Node, version: String, nonce: String) -> DiscoveryRequest {
     }
 }
 
-/// Decodes every snapshot, records its paths on the marker host, and ACKs.
+/// Decodes every snapshot (applying deltas as a proxy does), records its paths on the
+/// marker host, and ACKs.
 async fn decoding_subscriber(
     channel: tonic::transport::Channel,
     seen: Arc<Mutex<Seen>>,
     marker: String,
+    deltas: bool,
 ) -> anyhow::Result<()> {
-    let (node, tx, requests) = open(0).await;
+    let (node, tx, requests) = open(0, deltas).await;
     let mut stream = client::route_discovery(channel)
         .stream_routes(requests)
         .await?
         .into_inner();
-    while let Some(resp) = stream.message().await? {
+    let mut held: Option<holdfast_proto::v1::Snapshot> = None;
+    while let Some(mut resp) = stream.message().await? {
         let nonce = resp.nonce.clone();
-        let snap = resp
-            .into_snapshot()
-            .context("response without a snapshot")?;
+        let snap = match (resp.delta.take(), &held) {
+            (Some(change), Some(base)) => holdfast_proto::delta::apply(base, &change)?,
+            (Some(_), None) => anyhow::bail!("a delta before any snapshot"),
+            (None, _) => resp
+                .into_snapshot()
+                .context("response without a snapshot")?,
+        };
+        held = Some(snap.clone());
         let paths = snap
             .virtual_hosts
             .iter()
@@ -368,8 +391,9 @@ async fn light_subscriber(
     channel: tonic::transport::Channel,
     sub: usize,
     seen: Arc<Mutex<Seen>>,
+    deltas: bool,
 ) -> anyhow::Result<()> {
-    let (node, tx, requests) = open(sub).await;
+    let (node, tx, requests) = open(sub, deltas).await;
     let mut grpc =
         tonic::client::Grpc::new(channel).max_decoding_message_size(client::MAX_RESPONSE_BYTES);
     grpc.ready().await?;
