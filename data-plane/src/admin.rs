@@ -67,7 +67,13 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
                 200
             };
             let certificate = t.certificate_for(Some(&normalised)).map(|c| {
-                json!({ "name": c.name, "fingerprint_sha256": c.facts.fingerprint_sha256, "not_after": c.facts.not_after })
+                json!({
+                    "name": c.name,
+                    "fingerprint_sha256": c.facts.fingerprint_sha256,
+                    "subject": c.facts.subject,
+                    "dns_names": c.facts.dns_names,
+                    "not_after": c.facts.not_after,
+                })
             });
             json!({
                 "matched": true,

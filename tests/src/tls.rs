@@ -100,9 +100,28 @@ impl TestCa {
         self.issue(sans, uris, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A server certificate for `sans` that expired on 2021-01-01 (valid from 2020-01-01).
+    pub fn expired_server(&self, sans: &[&str]) -> Issued {
+        self.issue_with(sans, &[], ExtendedKeyUsagePurpose::ServerAuth, |p| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        })
+    }
+
     fn issue(&self, sans: &[&str], uris: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
+        self.issue_with(sans, uris, usage, |_| {})
+    }
+
+    fn issue_with(
+        &self,
+        sans: &[&str],
+        uris: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+        adjust: impl FnOnce(&mut CertificateParams),
+    ) -> Issued {
         let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::default();
+        adjust(&mut params);
         for san in sans {
             params.subject_alt_names.push(match san.parse() {
                 Ok(ip) => SanType::IpAddress(ip),
@@ -162,6 +181,79 @@ pub fn client_config(ca_pem: &str, alpn: &[&str]) -> Arc<rustls::ClientConfig> {
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Arc::new(config)
+}
+
+/// Like [`client_config`], but the server's certificate is verified as of `at` (chain,
+/// name and signatures all checked): to see that an expired certificate is served.
+pub fn client_config_at(
+    ca_pem: &str,
+    alpn: &[&str],
+    at: std::time::SystemTime,
+) -> Arc<rustls::ClientConfig> {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::UnixTime;
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct At(Arc<rustls::client::WebPkiServerVerifier>, UnixTime);
+    impl ServerCertVerifier for At {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp_response: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            self.0.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                self.1,
+            )
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.0.verify_tls12_signature(message, cert, dss)
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.0.verify_tls13_signature(message, cert, dss)
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.supported_verify_schemes()
+        }
+    }
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("CA PEM")).expect("CA");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(At(verifier, UnixTime::since_unix_epoch(since))))
         .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     Arc::new(config)

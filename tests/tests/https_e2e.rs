@@ -13,7 +13,7 @@ use holdfast_tests::grpcurl::call;
 use holdfast_tests::netns::TestNet;
 use holdfast_tests::objects::{self, create, create_class};
 use holdfast_tests::proxy::ProxyProc;
-use holdfast_tests::tls::{Issued, TestCa, client_config, https_get};
+use holdfast_tests::tls::{Issued, TestCa, client_config, client_config_at, https_get};
 use holdfast_tests::wait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -29,8 +29,12 @@ struct World {
     ca: TestCa,
     cp: ControlPlane,
     p: ProxyProc,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
     _logs: PathBuf,
+    /// The certificate of `*.wild.<ns>.test` (Ingress `wild`).
+    wild: Issued,
+    /// An expired certificate (Ingress `old`).
+    old: Issued,
 }
 
 impl World {
@@ -40,8 +44,9 @@ impl World {
 }
 
 /// Service `web` with an echo backend; Ingresses `secure` (HTTPS, Secret `site`), `open`
-/// (HTTPS with the redirect turned off, Secret `open`) and `broken` (Secret `broken`,
-/// which holds garbage); a control plane and a proxy with an HTTPS listener.
+/// (HTTPS with the redirect turned off, Secret `open`), `broken` (Secret `broken`, which
+/// holds garbage), `wild` (`*.wild.<ns>.test`, a wildcard certificate) and `old` (an
+/// expired certificate); a control plane and a proxy with an HTTPS listener.
 async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     let cluster = LocalCluster::shared();
     let client = cluster.client().await?;
@@ -62,10 +67,14 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     let host = |n: &str| format!("{n}.{ns}.test");
     let site = ca.server(&[&host("secure")]);
     let open = ca.server(&[&host("open")]);
+    let wild = ca.server(&[&host("*.wild")]);
+    let old = ca.expired_server(&[&host("old")]);
     for (name, cert, key) in [
         ("site", site.cert_pem.as_str(), site.key_pem.as_str()),
         ("open", open.cert_pem.as_str(), open.key_pem.as_str()),
         ("broken", "not a certificate", "not a key"),
+        ("wild", wild.cert_pem.as_str(), wild.key_pem.as_str()),
+        ("old", old.cert_pem.as_str(), old.key_pem.as_str()),
     ] {
         create(&client, nsr, &objects::tls_secret(name, cert, key)).await?;
     }
@@ -84,11 +93,18 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
         ),
         ("broken", "broken", json!({})),
         ("opaque", "opaque", json!({})),
+        ("wild", "wild", json!({})),
+        ("old", "old", json!({})),
     ] {
+        let h = if name == "wild" {
+            host("*.wild")
+        } else {
+            host(name)
+        };
         create(
             &client,
             nsr,
-            &objects::tls_ingress(name, &class, &host(name), "web", 80, secret, annotations),
+            &objects::tls_ingress(name, &class, &h, "web", 80, secret, annotations),
         )
         .await?;
     }
@@ -119,8 +135,10 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
             ca,
             cp,
             p,
-            _state: state,
+            state,
             _logs: logs,
+            wild,
+            old,
         },
         site,
     ))
@@ -215,6 +233,102 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
         expiry.map(|e| e as i64).map(|e| e.to_string()),
         cert["notAfter"].as_str().map(str::to_owned)
     );
+
+    // A wildcard certificate serves one label below it, not two; a name no certificate
+    // covers fails the handshake.
+    let seen = https_get(https, h2.clone(), &w.host("a.wild"), "/").await?;
+    assert_eq!((seen.status, seen.serial), (200, w.wild.serial()));
+    assert!(
+        https_get(https, h2.clone(), &w.host("a.b.wild"), "/")
+            .await
+            .is_err()
+    );
+    assert!(
+        https_get(https, h2.clone(), &w.host("nosuch"), "/")
+            .await
+            .is_err()
+    );
+
+    // An expired certificate is still served (a client checking it as of 2020 accepts
+    // it), with a warning Event and its expiry in the metrics.
+    let in_2020 = std::time::UNIX_EPOCH + Duration::from_secs(1_590_000_000);
+    let then = client_config_at(&w.ca.cert_pem, &["h2"], in_2020);
+    let seen = https_get(https, then, &w.host("old"), "/").await?;
+    assert_eq!((seen.status, seen.serial), (200, w.old.serial()));
+    assert!(
+        https_get(https, h2.clone(), &w.host("old"), "/")
+            .await
+            .is_err()
+    );
+    objects::warning_event(&w.client, &w.ns, "CertificateExpired", "old").await?;
+    let old_expiry =
+        w.cp.metric(&format!(
+            "holdfast_certificate_expiry_timestamp_seconds{{certificate=\"{}/old\"}}",
+            w.ns
+        ))
+        .await?;
+    assert_eq!(old_expiry, Some(1_609_459_200.0));
+    // The problems are counted by reason.
+    for reason in ["InvalidTLSSecret", "MissingTLSSecret", "CertificateExpired"] {
+        let n =
+            w.cp.metric(&format!("holdfast_problems{{reason=\"{reason}\"}}"))
+                .await?;
+        assert!(n.unwrap_or(0.0) >= 1.0, "{reason}: {n:?}");
+    }
+
+    // The proxy's debug endpoints show certificates by fingerprint, subject, names and
+    // expiry, never their keys; the state file that holds the keys is the proxy's alone.
+    let (_, debug) = w.p.admin_get("/debug/snapshot").await?;
+    let (_, explain) =
+        w.p.admin_get(&format!("/debug/explain?host={secure}&path=/"))
+            .await?;
+    for text in [&debug, &explain] {
+        assert!(
+            !text.contains(key_line) && !text.contains("PRIVATE KEY"),
+            "{text}"
+        );
+    }
+    let explained: serde_json::Value = serde_json::from_str(&explain)?;
+    let c = &explained["certificate"];
+    assert_eq!(c["name"], format!("{}/site", w.ns));
+    assert_eq!(c["dns_names"], json!([secure]));
+    assert!(
+        c["subject"].as_str().is_some_and(|s| s.contains(&secure)),
+        "{c}"
+    );
+    assert!(
+        c["fingerprint_sha256"]
+            .as_str()
+            .is_some_and(|f| f.len() == 64)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| -> anyhow::Result<u32> {
+        Ok(std::fs::metadata(p)?.permissions().mode() & 0o777)
+    };
+    let file = w.state.path().join("snapshot.bin");
+    assert_eq!(mode(&file)?, 0o600);
+    assert_eq!(
+        mode(w.state.path())? & 0o077,
+        0,
+        "the state directory is private"
+    );
+
+    // A Secret that breaks while it serves: its host keeps the certificate it had (with
+    // an Event saying why), and no other host is touched.
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &w.ns);
+    secrets
+        .patch(
+            "site",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": { "tls.key": "no longer a key" } })),
+        )
+        .await?;
+    objects::warning_event(&w.client, &w.ns, "InvalidTLSSecret", "secure").await?;
+    let seen = https_get(https, h2.clone(), &secure, "/").await?;
+    assert_eq!((seen.status, seen.serial), (200, site.serial()));
+    assert_eq!(https_get(https, h2.clone(), &open, "/").await?.status, 200);
+    let seen = https_get(https, h2.clone(), &w.host("a.wild"), "/").await?;
+    assert_eq!(seen.serial, w.wild.serial());
     Ok(())
 }
 

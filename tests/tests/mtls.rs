@@ -226,6 +226,82 @@ async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certific
     Ok(())
 }
 
+/// Waits until `cp` has counted `at_least` failed TLS handshakes, then checks that the
+/// proxy `p` has no control-plane stream and is not ready: it refused the control plane.
+async fn refused_by(p: &ProxyProc, cp: &ControlPlane, at_least: f64) -> anyhow::Result<()> {
+    wait::until("the proxy to abort its handshakes", T, || async {
+        let failed = cp
+            .metric("holdfast_grpc_tls_handshake_failures_total")
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(0.0);
+        Ok((failed >= at_least).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        p.metric("holdfast_proxy_control_plane_connected").await?,
+        Some(0.0)
+    );
+    assert_eq!(p.admin_get("/readyz").await?.0, 503);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_proxy_refuses_a_control_plane_it_cannot_verify() -> anyhow::Result<()> {
+    let s = setup("mtlsimpostor").await?;
+    let planes = Planes::get();
+    let p = |p: &std::path::Path| p.to_string_lossy().into_owned();
+
+    // An impostor with a serving certificate for the right names from another CA (it
+    // trusts our proxies' CA, so only the proxy's check can refuse it).
+    let dir = tempfile::tempdir()?;
+    let impostor = TestCa::new("impostor CA").server(&["127.0.0.1", "localhost"]);
+    let (cert, key) = impostor.write(dir.path(), "impostor")?;
+    let (cert, key, ca) = (p(&cert), p(&key), p(&planes.ca_file));
+    let fake = s.control_plane(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--client-ca",
+        &ca,
+        "--admin-identities",
+        OPERATOR,
+    ])?;
+    let state = tempfile::tempdir()?;
+    let proxy = ProxyProc::start("proxy-i", &[fake.grpc_url()], state.path(), &s.logs, &[])?;
+    refused_by(&proxy, &fake, 2.0).await?;
+    drop(proxy);
+
+    // The real control plane, under a name its certificate does not have.
+    let real = s.control_plane(&[])?;
+    let mut flags = planes.proxy_flags("proxy-n");
+    flags.extend([
+        "--control-plane-name".into(),
+        "not-the-control-plane.test".into(),
+    ]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let state = tempfile::tempdir()?;
+    let misnamed = ProxyProc::start("proxy-n", &[real.grpc_url()], state.path(), &s.logs, &flags)?;
+    refused_by(&misnamed, &real, 2.0).await?;
+    drop(misnamed);
+
+    // The same flags with the name the certificate has: served.
+    let mut flags = planes.proxy_flags("proxy-n2");
+    flags.extend(["--control-plane-name".into(), "localhost".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let state = tempfile::tempdir()?;
+    let named = ProxyProc::start(
+        "proxy-n2",
+        &[real.grpc_url()],
+        state.path(),
+        &s.logs,
+        &flags,
+    )?;
+    named.wait_ready(T).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn admin_is_for_operator_identities_and_a_proxy_certificate_is_denied() -> anyhow::Result<()>
 {
