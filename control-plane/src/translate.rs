@@ -48,11 +48,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use holdfast_proto::certificate;
-use holdfast_proto::content;
+use holdfast_proto::content::ContentSum;
+use holdfast_proto::delta;
 use holdfast_proto::snapshot::is_valid_host;
 use holdfast_proto::v1::{
-    Backend, Certificate, DefaultBackend, Endpoint, IngressRef, MatchKind, Route, Snapshot,
-    VirtualHost,
+    Backend, Certificate, DefaultBackend, Endpoint, IngressRef, MatchKind, ResourceKind, Route,
+    Snapshot, VirtualHost,
 };
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -1072,6 +1073,43 @@ pub struct Translator {
     hosts_with_problems: BTreeSet<String>,
     /// The backend the default backend uses (one of the `users` of its entry).
     default_user: Option<Arc<BackendRef>>,
+    /// The content sum of the last build, kept up to date one changed resource at a time.
+    sum: Summed,
+    /// Hosts changed since the last build's sum (their hash is computed again).
+    unsummed_hosts: Vec<String>,
+}
+
+/// The content sum of the last build and the resource hash each resource had in it
+/// (`holdfast_proto::content`): a build hashes only the resources that changed.
+#[derive(Default)]
+struct Summed {
+    sum: ContentSum,
+    hosts: FastMap<String, [u8; 32]>,
+    backends: FastMap<String, [u8; 32]>,
+    certificates: FastMap<String, (Certificate, [u8; 32])>,
+    default_backend: Option<[u8; 32]>,
+    default_certificate: Option<[u8; 32]>,
+}
+
+impl Summed {
+    /// Sets the hash of resource `name` in `map` (and in the sum) to `new`.
+    fn set(
+        sum: &mut ContentSum,
+        map: &mut FastMap<String, [u8; 32]>,
+        name: &str,
+        new: Option<[u8; 32]>,
+    ) {
+        let old = match new {
+            Some(h) => map.insert(name.to_owned(), h),
+            None => map.remove(name),
+        };
+        sum.replace(old.as_ref(), new.as_ref());
+    }
+}
+
+/// The resource hash of `message`, of kind `kind`.
+fn hash_of(kind: ResourceKind, message: &impl prost::Message) -> [u8; 32] {
+    delta::resource_hash(kind, &message.encode_to_vec())
 }
 
 /// Translates the cluster state into a snapshot (unsealed; its `content_hash` set) and
@@ -1168,7 +1206,8 @@ impl Translator {
                 self.with_problems.clear();
                 self.with_tls.clear();
                 self.hosts_with_problems.clear();
-                for (_, entry) in std::mem::take(&mut self.hosts) {
+                for (host, entry) in std::mem::take(&mut self.hosts) {
+                    self.unsummed_hosts.push(host);
                     for b in &entry.backends {
                         self.backends.release(b);
                     }
@@ -1213,6 +1252,7 @@ impl Translator {
         // Rebuild the virtual hosts the changes touch.
         dirty_hosts.sort_unstable();
         dirty_hosts.dedup();
+        self.unsummed_hosts.extend(dirty_hosts.iter().cloned());
         for host in &dirty_hosts {
             if let Some(old) = self.hosts.remove(host) {
                 for b in &old.backends {
@@ -1347,26 +1387,20 @@ impl Translator {
             })
         });
         let tls = self.assign_certificates(opts, &mut problems);
+        self.backends
+            .unsummed
+            .extend(to_resolve.iter().map(|b| b.name.clone()));
+        let content_hash = self.update_sum(default_backend.as_ref(), &tls);
 
-        // Copying the messages out and hashing them are independent.
         let (hosts, backends) = (&self.hosts, &self.backends.entries);
-        let ((virtual_hosts, backends_out), content_hash) = join(
+        let (virtual_hosts, backends_out) = join(
             hosts.len() + backends.len() > 2_000,
+            || hosts.values().map(|e| e.vhost.clone()).collect::<Vec<_>>(),
             || {
-                let v: Vec<VirtualHost> = hosts.values().map(|e| e.vhost.clone()).collect();
-                let b: Vec<Backend> = backends.values().map(|e| e.backend.clone()).collect();
-                (v, b)
-            },
-            || {
-                content::hash_content(
-                    hosts.values().map(|e| &e.vhost),
-                    backends.values().map(|e| &e.backend),
-                    default_backend.as_ref(),
-                    content::Tls {
-                        certificates: &tls.certificates,
-                        default_certificate: &tls.default_certificate,
-                    },
-                )
+                backends
+                    .values()
+                    .map(|e| e.backend.clone())
+                    .collect::<Vec<_>>()
             },
         );
 
@@ -1397,6 +1431,78 @@ impl Translator {
             problems: problems.into_iter().collect(),
             certificate_users: tls.users,
         }
+    }
+
+    /// Brings the content sum up to date with the hosts and backends changed since the
+    /// last build and this build's default backend and certificates, and returns the
+    /// content hash. Hashes only what changed (the certificates are compared first).
+    fn update_sum(&mut self, default_backend: Option<&DefaultBackend>, tls: &TlsOut) -> String {
+        let mut hosts = std::mem::take(&mut self.unsummed_hosts);
+        hosts.sort_unstable();
+        hosts.dedup();
+        let mut backends = std::mem::take(&mut self.backends.unsummed);
+        backends.sort_unstable();
+        backends.dedup();
+        let (host_map, backend_map) = (&self.hosts, &self.backends.entries);
+        let (host_hashes, backend_hashes) = join(
+            hosts.len() + backends.len() > 2_000,
+            || {
+                parallel_map(&hosts, |h| {
+                    host_map
+                        .get(h)
+                        .map(|e| hash_of(ResourceKind::VirtualHost, &e.vhost))
+                })
+            },
+            || {
+                parallel_map(&backends, |b| {
+                    backend_map
+                        .get(b)
+                        .map(|e| hash_of(ResourceKind::Backend, &e.backend))
+                })
+            },
+        );
+        let s = &mut self.sum;
+        for (name, new) in hosts.iter().zip(host_hashes) {
+            Summed::set(&mut s.sum, &mut s.hosts, name, new);
+        }
+        for (name, new) in backends.iter().zip(backend_hashes) {
+            Summed::set(&mut s.sum, &mut s.backends, name, new);
+        }
+        let current: FastSet<&str> = tls.certificates.iter().map(|c| c.name.as_str()).collect();
+        let gone: Vec<String> = s
+            .certificates
+            .keys()
+            .filter(|name| !current.contains(name.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some((_, h)) = s.certificates.remove(&name) {
+                s.sum.remove(&h);
+            }
+        }
+        for c in &tls.certificates {
+            if s.certificates
+                .get(&c.name)
+                .is_some_and(|(held, _)| held == c)
+            {
+                continue;
+            }
+            let h = hash_of(ResourceKind::Certificate, c);
+            let old = s.certificates.insert(c.name.clone(), (c.clone(), h));
+            s.sum.replace(old.as_ref().map(|(_, h)| h), Some(&h));
+        }
+        let new = default_backend.map(|d| hash_of(ResourceKind::DefaultBackend, d));
+        s.sum.replace(s.default_backend.as_ref(), new.as_ref());
+        s.default_backend = new;
+        let new = (!tls.default_certificate.is_empty()).then(|| {
+            delta::resource_hash(
+                ResourceKind::DefaultCertificate,
+                tls.default_certificate.as_bytes(),
+            )
+        });
+        s.sum.replace(s.default_certificate.as_ref(), new.as_ref());
+        s.default_certificate = new;
+        s.sum.content_hash()
     }
 
     /// An `ExternalNameDisabled` problem for each Ingress routing to a refused
@@ -1434,6 +1540,38 @@ impl Translator {
     /// `ssl_redirect` on the built virtual hosts, and returns the certificates in use.
     /// Runs in full on every build: its cost is in the TLS entries, not the cluster.
     fn assign_certificates(&mut self, opts: &Options, problems: &mut BTreeSet<Problem>) -> TlsOut {
+        let before: Vec<(String, String, bool)> = self
+            .tls_hosts
+            .iter()
+            .filter_map(|h| {
+                let v = &self.hosts.get(h)?.vhost;
+                Some((h.clone(), v.certificate.clone(), v.ssl_redirect))
+            })
+            .collect();
+        let out = self.assign_certificates_afresh(opts, problems);
+        // The hosts whose certificate or redirect changed must be hashed again.
+        let had: FastSet<&str> = before.iter().map(|(h, _, _)| h.as_str()).collect();
+        for (host, certificate, redirect) in &before {
+            if self.hosts.get(host).is_some_and(|e| {
+                e.vhost.certificate != *certificate || e.vhost.ssl_redirect != *redirect
+            }) {
+                self.unsummed_hosts.push(host.clone());
+            }
+        }
+        for host in &self.tls_hosts {
+            if !had.contains(host.as_str()) {
+                self.unsummed_hosts.push(host.clone());
+            }
+        }
+        out
+    }
+
+    /// [`Self::assign_certificates`] without the bookkeeping of what it changed.
+    fn assign_certificates_afresh(
+        &mut self,
+        opts: &Options,
+        problems: &mut BTreeSet<Problem>,
+    ) -> TlsOut {
         let problem = |src: &IngressRef, reason: &'static str, message: String| Problem {
             namespace: src.namespace.clone(),
             name: src.name.clone(),
@@ -1694,6 +1832,8 @@ fn hosts_of(d: &IngressDigest) -> Vec<&String> {
 struct Backends {
     entries: BTreeMap<String, BackendEntry>,
     by_service: FastMap<String, Vec<Arc<BackendRef>>>,
+    /// Backends removed or resolved again since the last build's content sum.
+    unsummed: Vec<String>,
 }
 
 impl Backends {
@@ -1746,6 +1886,7 @@ impl Backends {
             return;
         }
         self.entries.remove(&b.name);
+        self.unsummed.push(b.name.clone());
         if let Some(list) = self.by_service.get_mut(b.service_key()) {
             list.retain(|x| x.name != b.name);
             if list.is_empty() {

@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use holdfast_proto::mtls::Reloading;
-use holdfast_proto::snapshot::validate;
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, SnapshotDelta};
 use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
@@ -30,6 +29,12 @@ use crate::metrics::Metrics;
 use crate::persist;
 use crate::table::RouteTable;
 
+/// The snapshot a proxy serves and its resources' hashes.
+struct Served {
+    snapshot: Arc<Snapshot>,
+    hashed: delta::Hashed,
+}
+
 /// Applies snapshots to the shared route table.
 pub struct Applier {
     table: Arc<ArcSwapOption<RouteTable>>,
@@ -37,8 +42,9 @@ pub struct Applier {
     metrics: Metrics,
     /// The served snapshot when it could not be written to the state file, and why.
     unpersisted: std::sync::Mutex<Option<(Arc<Snapshot>, String)>>,
-    /// The served snapshot, the base the next delta applies to.
-    served: std::sync::Mutex<Option<Arc<Snapshot>>>,
+    /// The served snapshot, the base the next delta applies to, with its resources'
+    /// hashes (so a delta's content hash is checked in O(change)).
+    served: std::sync::Mutex<Option<Served>>,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
 }
@@ -74,20 +80,22 @@ impl Applier {
     /// it again.
     pub fn install(&self, snapshot: Snapshot, table: RouteTable) {
         self.note_applied(&table);
-        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(snapshot));
+        let hashed = delta::Hashed::of(&snapshot);
+        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Served {
+            snapshot: Arc::new(snapshot),
+            hashed,
+        });
         self.table.store(Some(Arc::new(table)));
     }
 
     /// The resources of the served snapshot with their hashes, for the first request of
     /// a stream (empty when nothing is served).
     pub fn inventory(&self) -> Vec<holdfast_proto::v1::ResourceHash> {
-        let served = self
-            .served
+        self.served
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        served
-            .map(|s| delta::to_wire(&delta::inventory(&s)))
+            .as_ref()
+            .map(|s| delta::to_wire(s.hashed.inventory()))
             .unwrap_or_default()
     }
 
@@ -95,20 +103,22 @@ impl Applier {
     /// does. A delta for another base, or whose result is not exactly the snapshot it
     /// names (content hash, references), is refused and nothing changes.
     pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, String> {
-        let base = self
-            .served
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let Some(base) = base else {
+        // Applies happen one at a time (one stream); the lock is held throughout.
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = served.as_mut() else {
             return Err(format!(
                 "delta to {} for base {}, but no snapshot is served",
                 change.version, change.base_version
             ));
         };
-        let next =
-            delta::apply(&base, change).map_err(|e| format!("delta to {}: {e}", change.version))?;
-        self.apply(next)
+        let (next, edit) = delta::apply_hashed(&held.snapshot, &held.hashed, change)
+            .map_err(|e| format!("delta to {}: {e}", change.version))?;
+        let table = self.prepare(&next)?;
+        held.hashed.commit(edit);
+        held.snapshot = Arc::new(next);
+        let snapshot = held.snapshot.clone();
+        drop(served);
+        Ok(self.swap(snapshot, table))
     }
 
     fn note_applied(&self, table: &RouteTable) {
@@ -159,14 +169,27 @@ impl Applier {
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
-        let size = prost::Message::encoded_len(&snapshot);
+        let hashed =
+            delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
+        let table = self.prepare(&snapshot)?;
+        let snapshot = Arc::new(snapshot);
+        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Served {
+            snapshot: snapshot.clone(),
+            hashed,
+        });
+        Ok(self.swap(snapshot, table))
+    }
+
+    /// The checks a valid snapshot must still pass to be served (size, never older than
+    /// what is served), and its compiled table.
+    fn prepare(&self, snapshot: &Snapshot) -> Result<RouteTable, String> {
+        let size = prost::Message::encoded_len(snapshot);
         if size > self.max_snapshot_bytes {
             return Err(format!(
                 "snapshot {} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
                 snapshot.version, self.max_snapshot_bytes
             ));
         }
-        validate(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
         if let Some(current) = self.table.load().as_ref()
             && snapshot.cluster_revision < current.cluster_revision
         {
@@ -178,9 +201,12 @@ impl Applier {
                 current.cluster_revision
             ));
         }
-        let table =
-            RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
-        let snapshot = Arc::new(snapshot);
+        RouteTable::compile(snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))
+    }
+
+    /// Persists `snapshot` and swaps in its `table`; returns the persist error, if any
+    /// (the snapshot is served anyway).
+    fn swap(&self, snapshot: Arc<Snapshot>, table: RouteTable) -> Option<String> {
         let persisted = persist::store(&self.state_dir, &snapshot);
         let persist_error = {
             let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
@@ -208,9 +234,8 @@ impl Applier {
             backends = table.backends.len(),
             "applied snapshot"
         );
-        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
         self.table.store(Some(Arc::new(table)));
-        Ok(persist_error)
+        persist_error
     }
 }
 

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
+use crate::content::ContentSum;
 use crate::snapshot::{self, InvalidSnapshot};
 use crate::v1::{ResourceHash, ResourceKind, Snapshot, SnapshotDelta};
 
@@ -37,32 +38,77 @@ pub fn resource_hash(kind: ResourceKind, encoded: &[u8]) -> [u8; 32] {
     sha.finalize().into()
 }
 
+/// Hashes resources through one reused encoding buffer.
+#[derive(Default)]
+struct Hasher {
+    buf: Vec<u8>,
+}
+
+impl Hasher {
+    /// The hash of resource `m` of kind `kind`.
+    fn hash(&mut self, kind: ResourceKind, m: &impl Message) -> [u8; 32] {
+        self.buf.clear();
+        // A Vec grows, so encoding into it cannot fail.
+        let _ = m.encode(&mut self.buf);
+        resource_hash(kind, &self.buf)
+    }
+}
+
+/// The hash of the default certificate's name (none when it is empty).
+fn default_certificate_hash(name: &str) -> Option<[u8; 32]> {
+    (!name.is_empty()).then(|| resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()))
+}
+
+/// Calls `f` with each resource of `snapshot`: its kind, name and hash.
+pub fn for_each_resource(snapshot: &Snapshot, mut f: impl FnMut(ResourceKind, &str, [u8; 32])) {
+    let mut h = Hasher::default();
+    for v in &snapshot.virtual_hosts {
+        f(
+            ResourceKind::VirtualHost,
+            &v.host,
+            h.hash(ResourceKind::VirtualHost, v),
+        );
+    }
+    for b in &snapshot.backends {
+        f(
+            ResourceKind::Backend,
+            &b.name,
+            h.hash(ResourceKind::Backend, b),
+        );
+    }
+    for c in &snapshot.certificates {
+        f(
+            ResourceKind::Certificate,
+            &c.name,
+            h.hash(ResourceKind::Certificate, c),
+        );
+    }
+    if let Some(d) = &snapshot.default_backend {
+        f(
+            ResourceKind::DefaultBackend,
+            "",
+            h.hash(ResourceKind::DefaultBackend, d),
+        );
+    }
+    if let Some(hash) = default_certificate_hash(&snapshot.default_certificate) {
+        f(ResourceKind::DefaultCertificate, "", hash);
+    }
+}
+
 /// Every resource of `snapshot` with its hash.
 pub fn inventory(snapshot: &Snapshot) -> Inventory {
     let mut out = Inventory::new();
-    let mut add = |kind: ResourceKind, name: &str, encoded: Vec<u8>| {
-        out.insert((kind, name.to_owned()), resource_hash(kind, &encoded));
-    };
-    for v in &snapshot.virtual_hosts {
-        add(ResourceKind::VirtualHost, &v.host, v.encode_to_vec());
-    }
-    for b in &snapshot.backends {
-        add(ResourceKind::Backend, &b.name, b.encode_to_vec());
-    }
-    for c in &snapshot.certificates {
-        add(ResourceKind::Certificate, &c.name, c.encode_to_vec());
-    }
-    if let Some(d) = &snapshot.default_backend {
-        add(ResourceKind::DefaultBackend, "", d.encode_to_vec());
-    }
-    if !snapshot.default_certificate.is_empty() {
-        add(
-            ResourceKind::DefaultCertificate,
-            "",
-            snapshot.default_certificate.as_bytes().to_vec(),
-        );
-    }
+    for_each_resource(snapshot, |kind, name, hash| {
+        out.insert((kind, name.to_owned()), hash);
+    });
     out
+}
+
+/// The content sum of `snapshot` (see [`crate::content`]).
+pub fn content_sum(snapshot: &Snapshot) -> ContentSum {
+    let mut sum = ContentSum::default();
+    for_each_resource(snapshot, |_, _, hash| sum.add(&hash));
+    sum
 }
 
 /// The inventory as sent in a `DiscoveryRequest`.
@@ -195,10 +241,82 @@ pub enum InvalidDelta {
     Result(#[from] InvalidSnapshot),
 }
 
+/// The resource hashes of a snapshot and their content sum: what checking a delta's
+/// content hash takes, kept beside the snapshot a proxy serves so the check costs
+/// O(change) ([`apply_hashed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hashed {
+    hashes: Inventory,
+    sum: ContentSum,
+}
+
+impl Hashed {
+    /// The hashes of every resource of `snapshot`, and their sum.
+    pub fn of(snapshot: &Snapshot) -> Self {
+        let mut out = Hashed::default();
+        for_each_resource(snapshot, |kind, name, hash| {
+            out.sum.add(&hash);
+            out.hashes.insert((kind, name.to_owned()), hash);
+        });
+        out
+    }
+
+    /// Checks `snapshot` as [`snapshot::validate`] does (structure, references, content
+    /// hash, version) and returns its hashes.
+    pub fn verified(snapshot: &Snapshot) -> Result<Self, InvalidSnapshot> {
+        snapshot::validate_structure(snapshot)?;
+        let hashed = Hashed::of(snapshot);
+        snapshot::validate_identity(snapshot, &hashed.content_hash())?;
+        Ok(hashed)
+    }
+
+    /// Each resource's hash.
+    pub fn inventory(&self) -> &Inventory {
+        &self.hashes
+    }
+
+    /// The content hash of the snapshot these are the hashes of.
+    pub fn content_hash(&self) -> String {
+        self.sum.content_hash()
+    }
+
+    /// Takes in the changes [`apply_hashed`] computed: these become the hashes of the
+    /// snapshot it made. O(change).
+    pub fn commit(&mut self, edit: HashEdit) {
+        for (key, hash) in edit.changes {
+            match hash {
+                Some(h) => self.hashes.insert(key, h),
+                None => self.hashes.remove(&key),
+            };
+        }
+        self.sum = edit.sum;
+    }
+}
+
+/// How a delta changes a [`Hashed`]: each changed resource's new hash (`None`: removed)
+/// and the new sum.
+#[derive(Debug)]
+pub struct HashEdit {
+    changes: Vec<(Key, Option<[u8; 32]>)>,
+    sum: ContentSum,
+}
+
 /// Applies `delta` to `base` by name and returns the snapshot it makes, after checking
 /// it as a full snapshot is checked ([`snapshot::validate`]: content hash, version,
-/// structure, references).
+/// structure, references). Hashes all of `base`; a proxy keeps its [`Hashed`] and calls
+/// [`apply_hashed`].
 pub fn apply(base: &Snapshot, delta: &SnapshotDelta) -> Result<Snapshot, InvalidDelta> {
+    apply_hashed(base, &Hashed::of(base), delta).map(|(next, _)| next)
+}
+
+/// [`apply`], given the hashes of `base`: the content hash of the result is computed
+/// from them and the delta's resources alone, in O(change). Returns the snapshot and the
+/// edit that makes `hashed` its hashes ([`Hashed::commit`]).
+pub fn apply_hashed(
+    base: &Snapshot,
+    hashed: &Hashed,
+    delta: &SnapshotDelta,
+) -> Result<(Snapshot, HashEdit), InvalidDelta> {
     if delta.base_version != base.version {
         return Err(InvalidDelta::UnknownBase {
             wanted: delta.base_version.clone(),
@@ -245,8 +363,56 @@ pub fn apply(base: &Snapshot, delta: &SnapshotDelta) -> Result<Snapshot, Invalid
             base.default_certificate.clone()
         },
     };
-    snapshot::validate(&next)?;
-    Ok(next)
+    snapshot::validate_structure(&next)?;
+    let edit = hash_edit(hashed, delta);
+    snapshot::validate_identity(&next, &edit.sum.content_hash())?;
+    Ok((next, edit))
+}
+
+/// The hashes `delta` changes, and the sum after it. (Names the base does not have, or
+/// names given twice, are refused by the merge before this is used.)
+fn hash_edit(hashed: &Hashed, delta: &SnapshotDelta) -> HashEdit {
+    let mut sum = hashed.sum.clone();
+    let mut changes: Vec<(Key, Option<[u8; 32]>)> = Vec::new();
+    let mut change = |kind: ResourceKind, name: &str, new: Option<[u8; 32]>| {
+        let key = (kind, name.to_owned());
+        sum.replace(hashed.hashes.get(&key), new.as_ref());
+        changes.push((key, new));
+    };
+    let mut h = Hasher::default();
+    for name in &delta.removed_virtual_hosts {
+        change(ResourceKind::VirtualHost, name, None);
+    }
+    for name in &delta.removed_backends {
+        change(ResourceKind::Backend, name, None);
+    }
+    for name in &delta.removed_certificates {
+        change(ResourceKind::Certificate, name, None);
+    }
+    for v in &delta.upserted_virtual_hosts {
+        let hash = h.hash(ResourceKind::VirtualHost, v);
+        change(ResourceKind::VirtualHost, &v.host, Some(hash));
+    }
+    for b in &delta.upserted_backends {
+        let hash = h.hash(ResourceKind::Backend, b);
+        change(ResourceKind::Backend, &b.name, Some(hash));
+    }
+    for c in &delta.upserted_certificates {
+        let hash = h.hash(ResourceKind::Certificate, c);
+        change(ResourceKind::Certificate, &c.name, Some(hash));
+    }
+    if delta.default_backend_changed {
+        let hash = delta
+            .default_backend
+            .as_ref()
+            .map(|d| h.hash(ResourceKind::DefaultBackend, d));
+        change(ResourceKind::DefaultBackend, "", hash);
+    }
+    if delta.default_certificate_changed {
+        let hash = default_certificate_hash(&delta.default_certificate);
+        change(ResourceKind::DefaultCertificate, "", hash);
+    }
+    HashEdit { changes, sum }
 }
 
 /// `base` (sorted by name) with `removed` taken out and `upserted` put in, sorted by name.

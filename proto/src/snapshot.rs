@@ -3,10 +3,12 @@
 //! publishing it; the proxy validates it again before applying it (DESIGN invariant 4).
 //!
 //! # Version rule
-//! - `content_hash` = SHA-256 (hex) of the protobuf encoding of the snapshot with
-//!   `version`, `content_hash`, `cluster_revision` and `created_at` cleared. prost encodes
-//!   fields in tag order and the translator sorts every list, so the same content gives
-//!   the same hash on every replica.
+//! - `content_hash` = SHA-256 (hex) of the LtHash16 sum of the snapshot's resource hashes
+//!   (each SHA-256 over a resource's kind and protobuf encoding; [`crate::content`]). It
+//!   covers every content field (5 to 9) and none of the identity fields; it does not
+//!   depend on the order resources are listed in, and either plane updates it in O(1) per
+//!   changed resource. prost encodes fields in tag order and the translator sorts every
+//!   list inside a resource, so the same content gives the same hash on every replica.
 //! - `cluster_revision` = the highest Kubernetes resourceVersion the control plane had
 //!   observed (across every watched kind) when it built the snapshot.
 //! - `version` = `"<cluster_revision>-<first 16 hex digits of content_hash>"`.
@@ -101,22 +103,11 @@ pub enum InvalidSnapshot {
     },
 }
 
-/// SHA-256 (hex) of the snapshot's content (identity fields cleared).
-///
-/// The bytes hashed are exactly the encoding of the snapshot with fields 1-4 cleared
-/// (prost writes fields in tag order and skips empty ones, so that is the encoding of the
-/// content fields 5 to 9, certificates and their private keys included), streamed into
-/// SHA-256 (see [`crate::content`]).
+/// The snapshot's content hash: SHA-256 (hex) of the LtHash16 sum of its resources'
+/// hashes (see [`crate::content`] for the construction and why it is collision-resistant).
+/// Certificates and their private keys are resources, so they are covered.
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    crate::content::hash_content(
-        &snapshot.virtual_hosts,
-        &snapshot.backends,
-        snapshot.default_backend.as_ref(),
-        crate::content::Tls {
-            certificates: &snapshot.certificates,
-            default_certificate: &snapshot.default_certificate,
-        },
-    )
+    crate::delta::content_sum(snapshot).content_hash()
 }
 
 /// The version string for a revision and content hash.
@@ -175,7 +166,10 @@ pub fn validate(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
 }
 
 /// Checks that `version` and `content_hash` match the content, given its hash.
-fn validate_identity(snapshot: &Snapshot, computed: &str) -> Result<(), InvalidSnapshot> {
+pub(crate) fn validate_identity(
+    snapshot: &Snapshot,
+    computed: &str,
+) -> Result<(), InvalidSnapshot> {
     if computed != snapshot.content_hash {
         return Err(InvalidSnapshot::HashMismatch {
             stated: snapshot.content_hash.clone(),
@@ -291,7 +285,6 @@ pub fn check_not_older(offered: &Snapshot, held: &Snapshot) -> Result<(), Invali
 mod tests {
     use super::*;
     use crate::v1::{Backend, DefaultBackend, Route, VirtualHost};
-    use sha2::{Digest, Sha256};
 
     fn sample() -> Snapshot {
         let mut s = Snapshot {
@@ -330,31 +323,38 @@ mod tests {
     }
 
     #[test]
-    fn the_hash_is_sha256_of_the_protobuf_encoding_with_identity_fields_cleared() {
+    fn the_hash_is_the_sum_of_the_resource_hashes_whatever_their_order() {
+        use crate::content::ContentSum;
+        use crate::delta::resource_hash;
+        use crate::v1::ResourceKind;
         use prost::Message;
         let s = sample();
-        let mut content = s.clone();
-        content.version.clear();
-        content.content_hash.clear();
-        content.cluster_revision = 0;
-        content.created_at = None;
-        let expected: String = Sha256::digest(content.encode_to_vec())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(content_hash(&s), expected);
-        // Larger than the streaming buffer, so it is flushed many times mid-message.
-        let mut big = content.clone();
-        for i in 0..5_000 {
+        // Written out by hand from the construction, not through `for_each_resource`.
+        let mut hashes = vec![
+            resource_hash(
+                ResourceKind::VirtualHost,
+                &s.virtual_hosts[0].encode_to_vec(),
+            ),
+            resource_hash(ResourceKind::Backend, &s.backends[0].encode_to_vec()),
+        ];
+        assert_eq!(content_hash(&s), ContentSum::of(&hashes).content_hash());
+        hashes.reverse();
+        assert_eq!(content_hash(&s), ContentSum::of(&hashes).content_hash());
+
+        // Listing the resources in another order does not change the hash (the order
+        // rule is checked apart from it); a default certificate is a resource of its own.
+        let mut big = s.clone();
+        for i in 0..50 {
             let mut b = big.backends[0].clone();
             b.name = format!("ns/svc-{i}:80");
             big.backends.push(b);
         }
-        let expected: String = Sha256::digest(big.encode_to_vec())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(content_hash(&big), expected);
+        let mut shuffled = big.clone();
+        shuffled.backends.reverse();
+        assert_eq!(content_hash(&big), content_hash(&shuffled));
+        let mut with_default = big.clone();
+        with_default.default_certificate = "ns/tls".into();
+        assert_ne!(content_hash(&big), content_hash(&with_default));
     }
 
     #[test]

@@ -1862,3 +1862,85 @@ fn another_namespace_cannot_set_the_certificate_of_a_host_it_does_not_own() {
         reasons(&t)
     );
 }
+
+#[test]
+fn a_long_lived_translators_content_hash_is_its_snapshots_through_tls_changes() {
+    // The translator keeps the content hash up to date one changed resource at a time;
+    // after every random change of Ingresses (hosts, spec.tls, the redirect annotation)
+    // and Secrets (renewed, broken, deleted, another type of certificate), it must be
+    // the hash of the snapshot it built. (A fresh translator may differ from it here:
+    // only a long-lived one remembers last good certificates.)
+    let hosts = ["a.example.test", "b.example.test", "c.example.test"];
+    let certs: Vec<(String, String)> = (0..3).map(|_| cert_pem(&hosts)).collect();
+    let narrow = cert_pem(&["a.example.test"]);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut tr = Translator::default();
+    let mut ingresses: Vec<Arc<Ingress>> = Vec::new();
+    let mut secrets: Vec<Arc<Secret>> = Vec::new();
+    let mut with_tls = 0;
+    for step in 0..300 {
+        match rng.below(5) {
+            0 | 1 => {
+                let i = rng.below(4);
+                let name = format!("ing-{i}");
+                ingresses.retain(|o| o.metadata.name.as_deref() != Some(name.as_str()));
+                if rng.below(5) != 0 {
+                    let routed: Vec<&str> =
+                        (0..1 + rng.below(3)).map(|_| rng.pick(&hosts)).collect();
+                    // spec.tls may name hosts other Ingresses route.
+                    let tls: Vec<&str> = (0..rng.below(3)).map(|_| rng.pick(&hosts)).collect();
+                    let annotations = if rng.below(3) == 0 {
+                        json!({ "holdfast.dev/ssl-redirect": "false" })
+                    } else {
+                        json!({})
+                    };
+                    let secret = rng.pick(&["s1", "s2"]);
+                    ingresses.push(tls_ingress(
+                        &name,
+                        rng.below(3) as u32,
+                        &routed,
+                        &tls,
+                        secret,
+                        annotations,
+                    ));
+                }
+            }
+            2 | 3 => {
+                let name = rng.pick(&["s1", "s2"]);
+                secrets.retain(|o| o.metadata.name.as_deref() != Some(name));
+                match rng.below(5) {
+                    0 => {}
+                    1 => secrets.push(tls_secret("default", name, "garbage", &certs[0].1)),
+                    2 => secrets.push(tls_secret("default", name, &narrow.0, &narrow.1)),
+                    _ => {
+                        let (chain, key) = &certs[rng.below(certs.len())];
+                        secrets.push(tls_secret("default", name, chain, key));
+                    }
+                }
+            }
+            _ => {
+                // The same content in new objects: nothing may change.
+                ingresses = ingresses.iter().map(|o| Arc::new((**o).clone())).collect();
+            }
+        }
+        let t = tr.translate(
+            &with_secrets(ingresses.clone(), secrets.clone()),
+            &Options::default(),
+        );
+        with_tls += usize::from(
+            t.snapshot
+                .virtual_hosts
+                .iter()
+                .any(|v| !v.certificate.is_empty()),
+        );
+        assert_eq!(
+            t.snapshot.content_hash,
+            holdfast_proto::snapshot::content_hash(&t.snapshot),
+            "content hash differs from the snapshot's at step {step}"
+        );
+    }
+    assert!(
+        with_tls > 50,
+        "too few steps served a certificate: {with_tls}"
+    );
+}

@@ -108,6 +108,14 @@ proptest! {
         let delta = diff(&base.version, &before, &next);
         let made = apply(&base, &delta).expect("a diff applies to its base");
         prop_assert_eq!(&made, &next);
+        // The hashes kept beside the base, updated by the delta alone, are the next
+        // snapshot's hashes, and their sum is its content hash.
+        let mut hashed = Hashed::of(&base);
+        let (made, edit) = apply_hashed(&base, &hashed, &delta).expect("applies");
+        prop_assert_eq!(&made, &next);
+        hashed.commit(edit);
+        prop_assert_eq!(&hashed, &Hashed::of(&next));
+        prop_assert_eq!(hashed.content_hash(), next.content_hash.clone());
         // Only changed resources travel.
         let after = inventory(&next);
         for v in &delta.upserted_virtual_hosts {
