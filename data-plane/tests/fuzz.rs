@@ -163,6 +163,14 @@ fn fuzz_snapshot() {
 #[test]
 fn fuzz_state_file() {
     let valid = seeds("state_file");
+    // The seeds must be valid files, or the property is empty: a new file format or
+    // content-hash rule needs them written again (`cargo test -p holdfast-data-plane
+    // --test fuzz -- --ignored write_seed_corpora`).
+    for v in &valid {
+        if let Err(e) = persist::decode(Path::new("seed"), v) {
+            panic!("a state_file seed is no longer a valid file ({e}); write the seeds again");
+        }
+    }
     fuzz("state_file", |bytes| targets::state_file(&valid, bytes));
 }
 
