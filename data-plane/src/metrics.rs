@@ -59,6 +59,8 @@ pub struct Metrics {
     pub applied: Counter,
     /// Snapshots rejected (NACKed).
     pub nacks: Counter,
+    /// Delta logs folded into a new state file.
+    pub state_compactions: Counter,
     /// Responses that carried a delta rather than a complete snapshot.
     pub deltas_received: Counter,
     /// Bytes of the snapshots and deltas received (their encodings).
@@ -94,6 +96,7 @@ impl Metrics {
             control_plane_connected: Gauge::default(),
             applied: Counter::default(),
             nacks: Counter::default(),
+            state_compactions: Counter::default(),
             deltas_received: Counter::default(),
             received_bytes: Counter::default(),
             upstream_connect_errors: Counter::default(),
@@ -162,6 +165,11 @@ impl Metrics {
             "snapshot_nacks",
             "Snapshots rejected (NACKed)",
             m.nacks.clone(),
+        );
+        r.register(
+            "state_compactions",
+            "Delta logs folded into a new state file (the log is replayed over the state file at start)",
+            m.state_compactions.clone(),
         );
         r.register(
             "deltas_received",

@@ -10,6 +10,13 @@
 //! The file holds the private keys of the snapshot's certificates: the directory is made
 //! 0700 and the file is created 0600 (a fresh temporary file each time, never one that
 //! was already there).
+//!
+//! Deltas are appended to a log beside it rather than rewriting it ([`log`]); [`load`]
+//! replays the log over the file.
+
+pub mod log;
+
+pub use log::StateFiles;
 
 use std::fs::File;
 use std::io::Write;
@@ -124,11 +131,12 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, PersistError> {
     Ok(snapshot)
 }
 
-/// Loads the state file in `dir`; `Ok(None)` when there is none.
+/// Loads the state file in `dir` and replays the delta log over it ([`log::replay`]);
+/// `Ok(None)` when there is no state file.
 pub fn load(dir: &Path) -> Result<Option<Snapshot>, PersistError> {
     let path = path_in(dir);
     match std::fs::read(&path) {
-        Ok(bytes) => decode(&path, &bytes).map(Some),
+        Ok(bytes) => decode(&path, &bytes).map(|s| Some(log::replay(dir, s))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(PersistError::Io { path, source }),
     }
@@ -161,19 +169,45 @@ fn temp_name() -> String {
 }
 
 /// Writes `snapshot` to the state file in `dir` atomically and durably, readable by this
-/// user only (0600).
+/// user only (0600), and removes the delta log (its records are for older snapshots).
 pub fn store(dir: &Path, snapshot: &Snapshot) -> Result<(), PersistError> {
     store_as(dir, snapshot, &temp_name())
 }
 
 fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistError> {
-    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = write_temp(dir, snapshot, temp)?;
     let path = path_in(dir);
-    let tmp = dir.join(temp);
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| PersistError::Io { path: p, source }
     };
+    if let Err(e) = std::fs::rename(&tmp, &path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&path)(e));
+    }
+    // If a crash keeps the log, its records are for other bases and are skipped.
+    let log = log::log_path_in(dir);
+    match std::fs::remove_file(&log) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => tracing::warn!(%error, "cannot remove the delta log"),
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
+}
+
+/// Writes `snapshot` as a state file to the new temp file `temp` in `dir`, synced;
+/// returns its path.
+fn write_temp(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<PathBuf, PersistError> {
+    write_temp_bytes(dir, &encode(snapshot), temp)
+}
+
+/// Writes `bytes` to the new temp file `temp` in `dir` (0600), synced; returns its path.
+fn write_temp_bytes(dir: &Path, bytes: &[u8], temp: &str) -> Result<PathBuf, PersistError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(temp);
     // O_EXCL (create_new) and O_NOFOLLOW: the file is always created here, by us, with
     // our mode; nothing already at the path, a symlink included, is written through.
     let written = (|| {
@@ -183,22 +217,18 @@ fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistEr
             .custom_flags(libc::O_NOFOLLOW)
             .mode(0o600)
             .open(&tmp)?;
-        file.write_all(&encode(snapshot))?;
+        file.write_all(bytes)?;
         file.sync_all()
     })();
     if let Err(e) = written {
         // A full disk leaves a partial file: do not leave it taking space.
         let _ = std::fs::remove_file(&tmp);
-        return Err(io(&tmp)(e));
+        return Err(PersistError::Io {
+            path: tmp,
+            source: e,
+        });
     }
-    if let Err(e) = std::fs::rename(&tmp, &path) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(&path)(e));
-    }
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(())
+    Ok(tmp)
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ struct Served {
 /// Applies snapshots to the shared route table.
 pub struct Applier {
     table: Arc<ArcSwapOption<RouteTable>>,
-    state_dir: PathBuf,
+    /// The state file and the delta log after it.
+    files: persist::StateFiles,
     metrics: Metrics,
     /// The served snapshot when it could not be written to the state file, and why.
     unpersisted: std::sync::Mutex<Option<(Arc<Snapshot>, String)>>,
@@ -60,7 +61,7 @@ impl Applier {
         metrics.snapshot_persisted.set(1);
         Applier {
             table,
-            state_dir,
+            files: persist::StateFiles::new(state_dir, metrics.state_compactions.clone()),
             metrics,
             unpersisted: std::sync::Mutex::new(None),
             served: std::sync::Mutex::new(None),
@@ -79,6 +80,7 @@ impl Applier {
     /// Installs a table at startup (from the state file, `snapshot`) without persisting
     /// it again.
     pub fn install(&self, snapshot: Snapshot, table: RouteTable) {
+        self.files.refresh();
         self.note_applied(&table);
         let hashed = delta::Hashed::of(&snapshot);
         *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Served {
@@ -118,7 +120,7 @@ impl Applier {
         held.snapshot = Arc::new(next);
         let snapshot = held.snapshot.clone();
         drop(served);
-        Ok(self.swap(snapshot, table))
+        Ok(self.swap(snapshot, table, Some(change)))
     }
 
     fn note_applied(&self, table: &RouteTable) {
@@ -148,7 +150,7 @@ impl Applier {
         let Some((snapshot, _)) = pending.as_ref() else {
             return false;
         };
-        match persist::store(&self.state_dir, snapshot.as_ref()) {
+        match self.files.store(snapshot) {
             Ok(()) => {
                 tracing::info!(version = %snapshot.version, "persisted the served snapshot after an earlier failure");
                 *pending = None;
@@ -177,7 +179,7 @@ impl Applier {
             snapshot: snapshot.clone(),
             hashed,
         });
-        Ok(self.swap(snapshot, table))
+        Ok(self.swap(snapshot, table, None))
     }
 
     /// The checks a valid snapshot must still pass to be served (size, never older than
@@ -204,12 +206,22 @@ impl Applier {
         RouteTable::compile(snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))
     }
 
-    /// Persists `snapshot` and swaps in its `table`; returns the persist error, if any
-    /// (the snapshot is served anyway).
-    fn swap(&self, snapshot: Arc<Snapshot>, table: RouteTable) -> Option<String> {
-        let persisted = persist::store(&self.state_dir, &snapshot);
+    /// Persists `snapshot` (appending `change`, the delta that made it, to the log when
+    /// the state on disk is the delta's base) and swaps in its `table`; returns the
+    /// persist error, if any (the snapshot is served anyway).
+    fn swap(
+        &self,
+        snapshot: Arc<Snapshot>,
+        table: RouteTable,
+        change: Option<&SnapshotDelta>,
+    ) -> Option<String> {
         let persist_error = {
             let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+            // While an earlier write is missing, the log has no base: write it whole.
+            let persisted = match change {
+                Some(change) if pending.is_none() => self.files.append(change, &snapshot),
+                _ => self.files.store(&snapshot),
+            };
             match persisted {
                 Ok(()) => {
                     *pending = None;

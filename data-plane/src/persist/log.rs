@@ -1,0 +1,345 @@
+//! The delta log beside the state file (`<state-dir>/deltas.log`): each delta the proxy
+//! applies is appended as one checksummed record before it is ACKed, so persisting a
+//! change costs O(change), not a rewrite of the whole snapshot (the etcd WAL pattern).
+//!
+//! A record has the state file's framing: `HFDELTA1` (8 bytes), payload length (u64
+//! little-endian), SHA-256 of the payload (32 bytes), payload (the protobuf
+//! `SnapshotDelta`). It is appended with `O_APPEND` and `fdatasync`ed.
+//!
+//! **Load** ([`replay`]): the state file, then, in order, every intact record whose base
+//! is the snapshot loaded so far, applied and verified exactly as a received delta is
+//! (content hash, references, never backwards). Records for another base are skipped:
+//! they are the ones a compaction already folded into the state file. The first torn or
+//! corrupt record ends the log, and the file is cut there, so new records never follow
+//! garbage.
+//!
+//! **Compaction** ([`StateFiles::append`]): once the log is larger than the state file,
+//! the snapshot the log leads to is written as a new state file on a thread of its own,
+//! while deltas keep being appended. Then, under the lock appends take, the records
+//! appended meanwhile are copied into a new log, and the new state file and then the new
+//! log are renamed into place. A crash between the two renames leaves the new state file
+//! with the old log, whose records up to it are skipped and the rest applied. A complete
+//! snapshot written meanwhile (a resync) wins, and that compaction is dropped.
+//!
+//! **Complete snapshots** ([`StateFiles::store`]) replace the state file and remove the
+//! log.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use holdfast_proto::delta;
+use holdfast_proto::v1::{Snapshot, SnapshotDelta};
+use prometheus_client::metrics::counter::Counter;
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use super::{PersistError, path_in, temp_name};
+
+/// Name of the log inside the state directory.
+pub const LOG_NAME: &str = "deltas.log";
+const MAGIC: &[u8; 8] = b"HFDELTA1";
+const HEADER: usize = 8 + 8 + 32;
+
+/// Path of the log in `dir`.
+pub fn log_path_in(dir: &Path) -> PathBuf {
+    dir.join(LOG_NAME)
+}
+
+/// One record's bytes.
+pub fn record(delta: &SnapshotDelta) -> Vec<u8> {
+    let payload = delta.encode_to_vec();
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(&payload));
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The delta of the intact record at the start of `bytes`, and the record's length;
+/// `None` if it is torn, corrupt or not a record.
+fn read_record(bytes: &[u8]) -> Option<(SnapshotDelta, usize)> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return None;
+    }
+    let len = usize::try_from(u64::from_le_bytes(bytes[8..16].try_into().ok()?)).ok()?;
+    let end = HEADER.checked_add(len)?;
+    let payload = bytes.get(HEADER..end)?;
+    if Sha256::digest(payload).as_slice() != &bytes[16..HEADER] {
+        return None;
+    }
+    Some((SnapshotDelta::decode(payload).ok()?, end))
+}
+
+/// `snapshot` (the state file's) brought forward by the log in `dir`: see the module
+/// documentation. Never fails: a log that cannot be read, or a bad record, ends the
+/// replay there, and what was verified up to then is returned.
+pub fn replay(dir: &Path, snapshot: Snapshot) -> Snapshot {
+    let path = log_path_in(dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return snapshot,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the delta log; serving the state file alone");
+            return snapshot;
+        }
+    };
+    let (current, good, applied) = replay_bytes(snapshot, &bytes);
+    if good < bytes.len() {
+        tracing::warn!(
+            applied,
+            dropped_bytes = bytes.len() - good,
+            "the delta log ends in a torn or unusable record; cutting it there"
+        );
+        let cut = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| {
+                f.set_len(good as u64)?;
+                f.sync_all()
+            });
+        if let Err(error) = cut {
+            tracing::warn!(%error, "cannot cut the delta log");
+        }
+    } else if applied > 0 {
+        tracing::info!(applied, version = %current.version, "replayed the delta log");
+    }
+    current
+}
+
+/// [`replay`] over the log's bytes: the snapshot reached, how many bytes are good
+/// records, and how many records were applied.
+pub fn replay_bytes(mut current: Snapshot, bytes: &[u8]) -> (Snapshot, usize, usize) {
+    let mut hashed = delta::Hashed::of(&current);
+    let (mut at, mut applied) = (0, 0);
+    while at < bytes.len() {
+        let Some((change, len)) = read_record(&bytes[at..]) else {
+            break;
+        };
+        if change.base_version == current.version {
+            match delta::apply_hashed(&current, &hashed, &change) {
+                Ok((next, edit)) if next.cluster_revision >= current.cluster_revision => {
+                    hashed.commit(edit);
+                    current = next;
+                    applied += 1;
+                }
+                // Verified records do not fail; one that does ends the log.
+                _ => break,
+            }
+        }
+        at += len;
+    }
+    (current, at, applied)
+}
+
+/// The state directory's two files, written by one applier: complete snapshots, deltas
+/// appended, and the compaction between them.
+pub struct StateFiles {
+    dir: PathBuf,
+    files: Arc<Mutex<Files>>,
+    compactions: Counter,
+}
+
+/// What the writers share.
+#[derive(Debug, Default)]
+struct Files {
+    /// Bumped by every complete snapshot written; a compaction started before one is
+    /// dropped.
+    generation: u64,
+    /// Size of the state file and of the log.
+    snapshot_len: u64,
+    log_len: u64,
+    /// A compaction is running.
+    compacting: bool,
+}
+
+impl StateFiles {
+    /// The files in `dir`; `compactions` counts finished compactions.
+    pub fn new(dir: PathBuf, compactions: Counter) -> Self {
+        let files = Files {
+            snapshot_len: len_of(&path_in(&dir)),
+            log_len: len_of(&log_path_in(&dir)),
+            ..Files::default()
+        };
+        StateFiles {
+            dir,
+            files: Arc::new(Mutex::new(files)),
+            compactions,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the files' sizes again (after a load, which may cut the log).
+    pub fn refresh(&self) {
+        let mut f = self.lock();
+        f.snapshot_len = len_of(&path_in(&self.dir));
+        f.log_len = len_of(&log_path_in(&self.dir));
+    }
+
+    /// Writes `snapshot` as the state file and removes the log.
+    pub fn store(&self, snapshot: &Snapshot) -> Result<(), PersistError> {
+        let mut f = self.lock();
+        f.generation += 1;
+        super::store(&self.dir, snapshot)?;
+        f.snapshot_len = len_of(&path_in(&self.dir));
+        f.log_len = 0;
+        Ok(())
+    }
+
+    /// Appends `change`, which made `after`, to the log, durably. Once the log is larger
+    /// than the state file, `after` is compacted into a new state file in the background.
+    pub fn append(
+        &self,
+        change: &SnapshotDelta,
+        after: &Arc<Snapshot>,
+    ) -> Result<(), PersistError> {
+        let mut f = self.lock();
+        let bytes = record(change);
+        append_bytes(&self.dir, f.log_len, &bytes)?;
+        f.log_len += bytes.len() as u64;
+        if f.log_len > f.snapshot_len && !f.compacting {
+            f.compacting = true;
+            let job = Compaction {
+                dir: self.dir.clone(),
+                files: self.files.clone(),
+                snapshot: after.clone(),
+                generation: f.generation,
+                offset: f.log_len,
+                compactions: self.compactions.clone(),
+            };
+            let spawned = std::thread::Builder::new()
+                .name("state-compaction".into())
+                .spawn(move || job.run());
+            if let Err(error) = spawned {
+                tracing::warn!(%error, "cannot start the state file compaction");
+                f.compacting = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until no compaction is running (tests).
+    pub fn wait_compacted(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.lock().compacting {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+/// The size of the file at `path` (0 if there is none).
+fn len_of(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Appends `bytes` to the log in `dir`, which is `len` bytes long, and syncs it; a
+/// failed write is cut off again so the log never ends in half a record.
+fn append_bytes(dir: &Path, len: u64, bytes: &[u8]) -> Result<(), PersistError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = log_path_in(dir);
+    let io = |source| PersistError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_data());
+    if let Err(e) = written {
+        let _ = file.set_len(len);
+        return Err(io(e));
+    }
+    if len == 0 {
+        // A new log: its directory entry must be durable too.
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// One compaction: `snapshot` is what the log's first `offset` bytes lead to.
+struct Compaction {
+    dir: PathBuf,
+    files: Arc<Mutex<Files>>,
+    snapshot: Arc<Snapshot>,
+    generation: u64,
+    offset: u64,
+    compactions: Counter,
+}
+
+impl Compaction {
+    fn run(self) {
+        let result = self.compact();
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .compacting = false;
+        match result {
+            Ok(true) => {
+                self.compactions.inc();
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, "state file compaction failed; the log keeps growing until the next one")
+            }
+        }
+    }
+
+    /// Ok(false): dropped, because a complete snapshot was written meanwhile.
+    fn compact(&self) -> Result<bool, PersistError> {
+        let snapshot_tmp = super::write_temp(&self.dir, &self.snapshot, &temp_name())?;
+        let mut f = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let done = (|| {
+            if f.generation != self.generation {
+                return Ok(false);
+            }
+            // The records appended since the compaction began.
+            let log = log_path_in(&self.dir);
+            let io = |p: &Path| {
+                let p = p.to_path_buf();
+                move |source| PersistError::Io { path: p, source }
+            };
+            let bytes = std::fs::read(&log).map_err(io(&log))?;
+            let rest = bytes
+                .get(self.offset as usize..f.log_len as usize)
+                .ok_or_else(|| PersistError::Malformed {
+                    path: log.clone(),
+                    reason: "shorter than the records appended to it".into(),
+                })?;
+            let log_tmp = super::write_temp_bytes(&self.dir, rest, &temp_name())?;
+            let renamed = std::fs::rename(&snapshot_tmp, path_in(&self.dir))
+                .map_err(io(&path_in(&self.dir)))
+                .and_then(|()| std::fs::rename(&log_tmp, &log).map_err(io(&log)));
+            if let Err(e) = renamed {
+                let _ = std::fs::remove_file(&log_tmp);
+                return Err(e);
+            }
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io(&self.dir))?;
+            f.snapshot_len = len_of(&path_in(&self.dir));
+            f.log_len = rest.len() as u64;
+            Ok(true)
+        })();
+        drop(f);
+        if !matches!(done, Ok(true)) {
+            let _ = std::fs::remove_file(&snapshot_tmp);
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests;
