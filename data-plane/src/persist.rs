@@ -85,12 +85,17 @@ pub fn path_in(dir: &Path) -> PathBuf {
 
 /// Encodes a snapshot as a state file's bytes.
 pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
-    let payload = snapshot.encode_to_vec();
+    frame(MAGIC, &snapshot.encode_to_vec())
+}
+
+/// `magic`, the payload's length (u64 little-endian), its SHA-256, and the payload: the
+/// framing of the state file and of each delta log record.
+fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&payload));
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(&Sha256::digest(payload));
+    out.extend_from_slice(payload);
     out
 }
 

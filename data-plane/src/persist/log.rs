@@ -35,12 +35,11 @@ use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use super::{PersistError, path_in, temp_name};
+use super::{HEADER, PersistError, path_in, temp_name};
 
 /// Name of the log inside the state directory.
 pub const LOG_NAME: &str = "deltas.log";
 const MAGIC: &[u8; 8] = b"HFDELTA1";
-const HEADER: usize = 8 + 8 + 32;
 
 /// Path of the log in `dir`.
 pub fn log_path_in(dir: &Path) -> PathBuf {
@@ -49,13 +48,7 @@ pub fn log_path_in(dir: &Path) -> PathBuf {
 
 /// One record's bytes.
 pub fn record(delta: &SnapshotDelta) -> Vec<u8> {
-    let payload = delta.encode_to_vec();
-    let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&payload));
-    out.extend_from_slice(&payload);
-    out
+    super::frame(MAGIC, &delta.encode_to_vec())
 }
 
 /// The delta of the intact record at the start of `bytes`, and the record's length;
