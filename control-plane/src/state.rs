@@ -74,7 +74,12 @@ impl Published {
         shared: bool,
     ) -> Option<bytes::Bytes> {
         let compute = || {
-            let delta = holdfast_proto::delta::diff(base_version, base, &self.snapshot);
+            let delta = holdfast_proto::delta::diff_to(
+                base_version,
+                base,
+                &self.snapshot,
+                &self.inventory(),
+            );
             let bytes = prost::Message::encode_to_vec(&delta);
             (bytes.len() < self.encoded.bytes().len()).then(|| bytes::Bytes::from(bytes))
         };

@@ -164,7 +164,17 @@ pub fn from_wire(entries: &[ResourceHash]) -> Result<Inventory, BadInventory> {
 /// `next`: the resources of `next` whose hash differs from (or is missing in) `base`,
 /// and the names `base` has that `next` does not.
 pub fn diff(base_version: &str, base: &Inventory, next: &Snapshot) -> SnapshotDelta {
-    let wanted = inventory(next);
+    diff_to(base_version, base, next, &inventory(next))
+}
+
+/// [`diff`], given the inventory of `next` (`wanted`), which a control plane computes
+/// once per snapshot it publishes rather than once per delta.
+pub fn diff_to(
+    base_version: &str,
+    base: &Inventory,
+    next: &Snapshot,
+    wanted: &Inventory,
+) -> SnapshotDelta {
     let changed = |kind: ResourceKind, name: &str| {
         let key = (kind, name.to_owned());
         base.get(&key) != wanted.get(&key)
