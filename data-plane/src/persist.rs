@@ -190,7 +190,12 @@ fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistEr
         let _ = std::fs::remove_file(&tmp);
         return Err(io(&path)(e));
     }
-    // If a crash keeps the log, its records are for other bases and are skipped.
+    // The new name is made durable before the log goes: a power loss must not leave the
+    // old state file without its log. If a crash keeps the log, its records are for other
+    // bases and are skipped.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
     let log = log::log_path_in(dir);
     match std::fs::remove_file(&log) {
         Ok(()) => {}

@@ -70,12 +70,22 @@ fn read_record(bytes: &[u8]) -> Option<(SnapshotDelta, usize)> {
 /// documentation. Never fails: a log that cannot be read, or a bad record, ends the
 /// replay there, and what was verified up to then is returned.
 pub fn replay(dir: &Path, snapshot: Snapshot) -> Snapshot {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = log_path_in(dir);
-    let bytes = match std::fs::read(&path) {
-        Ok(bytes) => bytes,
+    // One handle, never through a symlink, to read and (if need be) cut the log.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path);
+    let mut bytes = Vec::new();
+    let file = match opened.and_then(|mut f| f.read_to_end(&mut bytes).map(|_| f)) {
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return snapshot,
         Err(error) => {
-            tracing::warn!(%error, "cannot read the delta log; serving the state file alone");
+            tracing::warn!(%error, "cannot read the delta log; serving the state file alone and removing the log");
+            remove_unusable_log(&path);
             return snapshot;
         }
     };
@@ -86,20 +96,25 @@ pub fn replay(dir: &Path, snapshot: Snapshot) -> Snapshot {
             dropped_bytes = bytes.len() - good,
             "the delta log ends in a torn or unusable record; cutting it there"
         );
-        let cut = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|f| {
-                f.set_len(good as u64)?;
-                f.sync_all()
-            });
-        if let Err(error) = cut {
-            tracing::warn!(%error, "cannot cut the delta log");
+        if let Err(error) = file.set_len(good as u64).and_then(|()| file.sync_all()) {
+            // New records must never follow garbage.
+            tracing::warn!(%error, "cannot cut the delta log; removing it");
+            remove_unusable_log(&path);
         }
     } else if applied > 0 {
         tracing::info!(applied, version = %current.version, "replayed the delta log");
     }
     current
+}
+
+/// Removes a log that cannot be read or cut (what it held is lost; the state file is
+/// served, and the next snapshot is written whole).
+fn remove_unusable_log(path: &Path) {
+    if let Err(error) = std::fs::remove_file(path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::error!(%error, "cannot remove the unusable delta log; appends are refused until a complete snapshot is written");
+    }
 }
 
 /// [`replay`] over the log's bytes: the snapshot reached, how many bytes are good
@@ -178,10 +193,11 @@ impl StateFiles {
     pub fn store(&self, snapshot: &Snapshot) -> Result<(), PersistError> {
         let mut f = self.lock();
         f.generation += 1;
-        super::store(&self.dir, snapshot)?;
+        let stored = super::store(&self.dir, snapshot);
+        // The files are the truth (the log may have failed to go).
         f.snapshot_len = len_of(&path_in(&self.dir));
-        f.log_len = 0;
-        Ok(())
+        f.log_len = len_of(&log_path_in(&self.dir));
+        stored
     }
 
     /// Appends `change`, which made `after`, to the log, durably. Once the log is larger
@@ -250,6 +266,15 @@ fn append_bytes(dir: &Path, len: u64, bytes: &[u8]) -> Result<(), PersistError> 
         .mode(0o600)
         .open(&path)
         .map_err(io)?;
+    // Only ever append to the log as this proxy wrote it: anything else (a log that could
+    // not be removed or cut) is refused, and the snapshot is written whole instead.
+    let on_disk = file.metadata().map_err(io)?.len();
+    if on_disk != len {
+        return Err(PersistError::Malformed {
+            path: path.clone(),
+            reason: format!("{on_disk} bytes, but {len} were written to it"),
+        });
+    }
     let written = file.write_all(bytes).and_then(|()| file.sync_data());
     if let Err(e) = written {
         let _ = file.set_len(len);
@@ -305,6 +330,16 @@ impl Compaction {
                 move |source| PersistError::Io { path: p, source }
             };
             let bytes = std::fs::read(&log).map_err(io(&log))?;
+            if bytes.len() as u64 != f.log_len {
+                return Err(PersistError::Malformed {
+                    path: log.clone(),
+                    reason: format!(
+                        "{} bytes, but {} were written to it",
+                        bytes.len(),
+                        f.log_len
+                    ),
+                });
+            }
             let rest = bytes
                 .get(self.offset as usize..f.log_len as usize)
                 .ok_or_else(|| PersistError::Malformed {
@@ -312,18 +347,25 @@ impl Compaction {
                     reason: "shorter than the records appended to it".into(),
                 })?;
             let log_tmp = super::write_temp_bytes(&self.dir, rest, &temp_name())?;
+            // The new state file's name is made durable before the log is replaced: a
+            // power loss must not leave the new log with the old state file.
+            let sync_dir = || {
+                File::open(&self.dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io(&self.dir))
+            };
             let renamed = std::fs::rename(&snapshot_tmp, path_in(&self.dir))
                 .map_err(io(&path_in(&self.dir)))
-                .and_then(|()| std::fs::rename(&log_tmp, &log).map_err(io(&log)));
+                .and_then(|()| sync_dir())
+                .and_then(|()| std::fs::rename(&log_tmp, &log).map_err(io(&log)))
+                .and_then(|()| sync_dir());
+            // The files are the truth, whatever happened.
+            f.snapshot_len = len_of(&path_in(&self.dir));
+            f.log_len = len_of(&log);
             if let Err(e) = renamed {
                 let _ = std::fs::remove_file(&log_tmp);
                 return Err(e);
             }
-            File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io(&self.dir))?;
-            f.snapshot_len = len_of(&path_in(&self.dir));
-            f.log_len = rest.len() as u64;
             Ok(true)
         })();
         drop(f);

@@ -181,3 +181,52 @@ fn a_compaction_that_a_complete_snapshot_overtook_is_dropped() {
     assert!(!stale.compact().unwrap());
     assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&steps[1].1));
 }
+
+#[test]
+fn a_log_that_is_not_as_written_gets_no_appends_until_a_complete_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, steps) = chain(3);
+    let f = files(dir.path());
+    f.store(&base).unwrap();
+    f.append(&steps[0].0, &Arc::new(steps[0].1.clone()))
+        .unwrap();
+    // Something else lengthened the log (a removal or a cut that failed, say): appending
+    // after it could leave a record no restart reaches, so it is refused.
+    let mut bytes = std::fs::read(log_path_in(dir.path())).unwrap();
+    bytes.extend_from_slice(b"garbage");
+    std::fs::write(log_path_in(dir.path()), &bytes).unwrap();
+    let refused = f.append(&steps[1].0, &Arc::new(steps[1].1.clone()));
+    assert!(
+        matches!(refused, Err(PersistError::Malformed { .. })),
+        "{refused:?}"
+    );
+    // The applier then writes the snapshot whole, and appends go on from there.
+    f.store(&steps[1].1).unwrap();
+    f.append(&steps[2].0, &Arc::new(steps[2].1.clone()))
+        .unwrap();
+    assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&steps[2].1));
+}
+
+#[test]
+fn a_symlink_in_place_of_the_log_is_never_followed() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let (base, steps) = chain(1);
+    store(&dir, &base).unwrap();
+    let victim = parent.path().join("victim");
+    std::fs::write(&victim, b"not a log, and untouched").unwrap();
+    std::os::unix::fs::symlink(&victim, log_path_in(&dir)).unwrap();
+    // The load neither reads nor cuts through it: it removes the link (only the link).
+    assert_eq!(load(&dir).unwrap(), Some(base.clone()));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not a log, and untouched");
+    assert!(std::fs::symlink_metadata(log_path_in(&dir)).is_err());
+    // Appending never writes through a link planted later either.
+    std::os::unix::fs::symlink(&victim, log_path_in(&dir)).unwrap();
+    let f = files(&dir);
+    assert!(
+        f.append(&steps[0].0, &Arc::new(steps[0].1.clone()))
+            .is_err()
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not a log, and untouched");
+}
