@@ -106,9 +106,117 @@ pub fn inventory(snapshot: &Snapshot) -> Inventory {
 
 /// The content sum of `snapshot` (see [`crate::content`]).
 pub fn content_sum(snapshot: &Snapshot) -> ContentSum {
-    let mut sum = ContentSum::default();
-    for_each_resource(snapshot, |_, _, hash| sum.add(&hash));
-    sum
+    hash_all(snapshot).1
+}
+
+/// One resource of a snapshot.
+#[derive(Clone, Copy)]
+enum Resource<'a> {
+    VirtualHost(&'a crate::v1::VirtualHost),
+    Backend(&'a crate::v1::Backend),
+    Certificate(&'a crate::v1::Certificate),
+    DefaultBackend(&'a crate::v1::DefaultBackend),
+    DefaultCertificate(&'a str),
+}
+
+impl<'a> Resource<'a> {
+    /// Its kind, name and hash.
+    fn hashed(self, h: &mut Hasher) -> (ResourceKind, &'a str, [u8; 32]) {
+        match self {
+            Resource::VirtualHost(v) => (
+                ResourceKind::VirtualHost,
+                &v.host,
+                h.hash(ResourceKind::VirtualHost, v),
+            ),
+            Resource::Backend(b) => (
+                ResourceKind::Backend,
+                &b.name,
+                h.hash(ResourceKind::Backend, b),
+            ),
+            Resource::Certificate(c) => (
+                ResourceKind::Certificate,
+                &c.name,
+                h.hash(ResourceKind::Certificate, c),
+            ),
+            Resource::DefaultBackend(d) => (
+                ResourceKind::DefaultBackend,
+                "",
+                h.hash(ResourceKind::DefaultBackend, d),
+            ),
+            Resource::DefaultCertificate(name) => (
+                ResourceKind::DefaultCertificate,
+                "",
+                resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()),
+            ),
+        }
+    }
+}
+
+/// Resources' kinds, names and hashes.
+pub type Hashes<'a> = Vec<(ResourceKind, &'a str, [u8; 32])>;
+
+/// The hashes of `resources` and their sum.
+fn hash_some<'a>(resources: &[Resource<'a>]) -> (Hashes<'a>, ContentSum) {
+    let (mut h, mut sum) = (Hasher::default(), ContentSum::default());
+    let hashed = resources
+        .iter()
+        .map(|r| {
+            let out = r.hashed(&mut h);
+            sum.add(&out.2);
+            out
+        })
+        .collect();
+    (hashed, sum)
+}
+
+/// Every resource of `snapshot` (kind, name, hash) and the sum of their hashes. Most of
+/// the cost is expanding each hash into the sum's lanes, so a large snapshot is hashed
+/// on several threads, whose partial sums add up (the sum does not depend on order).
+pub fn hash_all(snapshot: &Snapshot) -> (Hashes<'_>, ContentSum) {
+    let mut resources: Vec<Resource<'_>> = Vec::with_capacity(
+        snapshot.virtual_hosts.len() + snapshot.backends.len() + snapshot.certificates.len() + 2,
+    );
+    resources.extend(snapshot.virtual_hosts.iter().map(Resource::VirtualHost));
+    resources.extend(snapshot.backends.iter().map(Resource::Backend));
+    resources.extend(snapshot.certificates.iter().map(Resource::Certificate));
+    resources.extend(
+        snapshot
+            .default_backend
+            .as_ref()
+            .map(Resource::DefaultBackend),
+    );
+    if !snapshot.default_certificate.is_empty() {
+        resources.push(Resource::DefaultCertificate(&snapshot.default_certificate));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if threads < 2 || resources.len() < 2_048 {
+        return hash_some(&resources);
+    }
+    let chunk = resources.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = resources
+            .chunks(chunk)
+            .map(|part| {
+                // A thread that cannot be started leaves its part to this one.
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || hash_some(part))
+                    .map_err(|_| part)
+            })
+            .collect();
+        let mut all = Vec::with_capacity(resources.len());
+        let mut sum = ContentSum::default();
+        for part in parts {
+            let (hashed, partial) = match part {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(part) => hash_some(part),
+            };
+            all.extend(hashed);
+            sum.merge(&partial);
+        }
+        (all, sum)
+    })
 }
 
 /// The inventory as sent in a `DiscoveryRequest`.
@@ -263,12 +371,14 @@ pub struct Hashed {
 impl Hashed {
     /// The hashes of every resource of `snapshot`, and their sum.
     pub fn of(snapshot: &Snapshot) -> Self {
-        let mut out = Hashed::default();
-        for_each_resource(snapshot, |kind, name, hash| {
-            out.sum.add(&hash);
-            out.hashes.insert((kind, name.to_owned()), hash);
-        });
-        out
+        let (hashed, sum) = hash_all(snapshot);
+        Hashed {
+            hashes: hashed
+                .into_iter()
+                .map(|(kind, name, hash)| ((kind, name.to_owned()), hash))
+                .collect(),
+            sum,
+        }
     }
 
     /// Checks `snapshot` as [`snapshot::validate`] does (structure, references, content

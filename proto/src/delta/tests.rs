@@ -237,3 +237,33 @@ fn an_empty_inventory_gets_every_resource() {
     assert_eq!(delta.upserted_certificates, next.certificates);
     assert!(delta.default_backend_changed && delta.default_certificate_changed);
 }
+
+#[test]
+fn a_large_snapshot_hashed_on_several_threads_has_the_same_hashes_and_sum() {
+    // Above the size where the work is split over threads.
+    let mut s = build(
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+        None,
+        1,
+    );
+    for i in 0..5_000 {
+        s.backends.push(Backend {
+            name: format!("ns/svc-{i:05}:80"),
+            ..Default::default()
+        });
+    }
+    let mut one_by_one = Vec::new();
+    for_each_resource(&s, |kind, name, hash| {
+        one_by_one.push((kind, name.to_owned(), hash))
+    });
+    let (all, sum) = hash_all(&s);
+    let all: Vec<_> = all
+        .into_iter()
+        .map(|(k, n, h)| (k, n.to_owned(), h))
+        .collect();
+    assert_eq!(all, one_by_one);
+    assert_eq!(sum, ContentSum::of(one_by_one.iter().map(|(_, _, h)| h)));
+    assert_eq!(Hashed::of(&s).inventory(), &inventory(&s));
+}
