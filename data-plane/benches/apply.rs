@@ -63,6 +63,7 @@ fn bench_apply(c: &mut Criterion) {
         ];
         assert_eq!(deltas[0].upserted_virtual_hosts.len(), 1);
         let dir = tempfile::tempdir().expect("temp dir");
+        holdfast_data_plane::persist::prepare_dir(&dir.path().join("state")).expect("state dir");
         let mut registry = prometheus_client::registry::Registry::default();
         let applier = Applier::new(
             Arc::new(ArcSwapOption::empty()),
@@ -74,9 +75,10 @@ fn bench_apply(c: &mut Criterion) {
         let mut i = 0usize;
         group.bench_with_input(BenchmarkId::new("one_host", hosts), &hosts, |bench, _| {
             bench.iter(|| {
-                applier
+                let persist_error = applier
                     .apply_delta(&deltas[i % 2])
                     .expect("the delta applies");
+                assert_eq!(persist_error, None);
                 i += 1;
             })
         });

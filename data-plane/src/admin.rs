@@ -59,7 +59,7 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
     let normalised = normalise_host(host);
     match t.lookup(&normalised, path) {
         Ok(r) => {
-            let b = &t.backends[r.backend];
+            let b = &r.backend;
             let endpoints: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
             let status = if b.unavailable_reason.is_some() {
                 503
@@ -165,10 +165,10 @@ fn route(
                     "content_hash": t.content_hash,
                     "cluster_revision": t.cluster_revision,
                     "routes": t.route_count(),
-                    "backends": t.backends.len(),
-                    "endpoints": t.backends.iter().map(|b| b.endpoints.len()).sum::<usize>(),
+                    "backends": t.backend_count(),
+                    "endpoints": t.backends().map(|b| b.endpoints.len()).sum::<usize>(),
                     // What an operator may see of each certificate: never the key.
-                    "certificates": t.certificates.iter().map(|c| json!({
+                    "certificates": t.certificates().iter().map(|c| json!({
                         "name": c.name,
                         "fingerprint_sha256": c.facts.fingerprint_sha256,
                         "subject": c.facts.subject,

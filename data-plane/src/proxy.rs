@@ -457,7 +457,7 @@ impl Forwarder {
             }
         };
         let label = Some(route);
-        let backend = &table.backends[route.backend];
+        let backend = &route.backend;
         if let Some(reason) = &backend.unavailable_reason {
             return (
                 self.fail(

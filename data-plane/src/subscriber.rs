@@ -29,12 +29,6 @@ use crate::metrics::Metrics;
 use crate::persist;
 use crate::table::RouteTable;
 
-/// The snapshot a proxy serves and its resources' hashes.
-struct Served {
-    snapshot: Arc<Snapshot>,
-    hashed: delta::Hashed,
-}
-
 /// Applies snapshots to the shared route table.
 pub struct Applier {
     table: Arc<ArcSwapOption<RouteTable>>,
@@ -43,9 +37,9 @@ pub struct Applier {
     metrics: Metrics,
     /// The served snapshot when it could not be written to the state file, and why.
     unpersisted: std::sync::Mutex<Option<(Arc<Snapshot>, String)>>,
-    /// The served snapshot, the base the next delta applies to, with its resources'
-    /// hashes (so a delta's content hash is checked in O(change)).
-    served: std::sync::Mutex<Option<Served>>,
+    /// The served snapshot by resource, the base the next delta applies to (so a delta
+    /// is checked and applied in O(change)).
+    served: std::sync::Mutex<Option<delta::Held>>,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
 }
@@ -83,10 +77,8 @@ impl Applier {
         self.files.refresh();
         self.note_applied(&table);
         let hashed = delta::Hashed::of(&snapshot);
-        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Served {
-            snapshot: Arc::new(snapshot),
-            hashed,
-        });
+        *self.served.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(delta::Held::new(snapshot, hashed));
         self.table.store(Some(Arc::new(table)));
     }
 
@@ -97,13 +89,15 @@ impl Applier {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(|s| delta::to_wire(s.hashed.inventory()))
+            .map(|held| delta::to_wire(held.inventory()))
             .unwrap_or_default()
     }
 
-    /// Applies `change` to the served snapshot and then the result as [`Applier::apply`]
-    /// does. A delta for another base, or whose result is not exactly the snapshot it
-    /// names (content hash, references), is refused and nothing changes.
+    /// Applies `change` to the served snapshot: checks it ([`delta::Held::check`]: the
+    /// base, the content hash, references), refuses it if older than what is served or
+    /// over the size limit, compiles only what it changes, appends it to the delta log
+    /// and swaps the table. O(change) throughout. A delta for another base, or whose
+    /// result is not exactly the snapshot it names, is refused and nothing changes.
     pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, String> {
         // Applies happen one at a time (one stream); the lock is held throughout.
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
@@ -113,14 +107,30 @@ impl Applier {
                 change.version, change.base_version
             ));
         };
-        let (next, edit) = delta::apply_hashed(&held.snapshot, &held.hashed, change)
+        let checked = held
+            .check(change)
             .map_err(|e| format!("delta to {}: {e}", change.version))?;
-        let table = self.prepare(&next)?;
-        held.hashed.commit(edit);
-        held.snapshot = Arc::new(next);
-        let snapshot = held.snapshot.clone();
+        self.admissible(
+            &change.version,
+            change.cluster_revision,
+            checked.encoded_len(),
+        )?;
+        let current = self.table.load_full();
+        let table = match current.as_deref() {
+            Some(t) if t.version == held.version() => t.apply_delta(held, change),
+            // The table is always the held snapshot's; compile whole if it ever is not.
+            _ => {
+                let mut next = held.clone();
+                next.commit(change, held.check(change).map_err(|e| e.to_string())?);
+                RouteTable::compile(&next.to_snapshot())
+            }
+        }
+        .map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        held.commit(change, checked);
+        let persist_error = self.persist(Some(change), || Arc::new(held.to_snapshot()));
         drop(served);
-        Ok(self.swap(snapshot, table, Some(change)))
+        self.install_table(table);
+        Ok(persist_error)
     }
 
     fn note_applied(&self, table: &RouteTable) {
@@ -173,81 +183,85 @@ impl Applier {
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
         let hashed =
             delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
-        let table = self.prepare(&snapshot)?;
+        self.admissible(
+            &snapshot.version,
+            snapshot.cluster_revision,
+            prost::Message::encoded_len(&snapshot),
+        )?;
+        let table =
+            RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = Arc::new(snapshot);
-        *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some(Served {
-            snapshot: snapshot.clone(),
-            hashed,
-        });
-        Ok(self.swap(snapshot, table, None))
+        let persist_error = self.persist(None, || snapshot.clone());
+        *served = Some(delta::Held::new(Arc::unwrap_or_clone(snapshot), hashed));
+        drop(served);
+        self.install_table(table);
+        Ok(persist_error)
     }
 
-    /// The checks a valid snapshot must still pass to be served (size, never older than
-    /// what is served), and its compiled table.
-    fn prepare(&self, snapshot: &Snapshot) -> Result<RouteTable, String> {
-        let size = prost::Message::encoded_len(snapshot);
+    /// The checks a valid snapshot must still pass to be served: its size, and never
+    /// older than what is served.
+    fn admissible(&self, version: &str, cluster_revision: u64, size: usize) -> Result<(), String> {
         if size > self.max_snapshot_bytes {
             return Err(format!(
-                "snapshot {} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
-                snapshot.version, self.max_snapshot_bytes
+                "snapshot {version} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
+                self.max_snapshot_bytes
             ));
         }
         if let Some(current) = self.table.load().as_ref()
-            && snapshot.cluster_revision < current.cluster_revision
+            && cluster_revision < current.cluster_revision
         {
             return Err(format!(
-                "snapshot {} is older than the one in use ({}): cluster revision {} < {}",
-                snapshot.version,
-                current.version,
-                snapshot.cluster_revision,
-                current.cluster_revision
+                "snapshot {version} is older than the one in use ({}): cluster revision {cluster_revision} < {}",
+                current.version, current.cluster_revision
             ));
         }
-        RouteTable::compile(snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))
+        Ok(())
     }
 
-    /// Persists `snapshot` (appending `change`, the delta that made it, to the log when
-    /// the state on disk is the delta's base) and swaps in its `table`; returns the
-    /// persist error, if any (the snapshot is served anyway).
-    fn swap(
+    /// Persists the snapshot just applied: appends `change`, the delta that made it, to
+    /// the log when the state on disk is the delta's base, else writes `whole()`.
+    /// Returns the persist error, if any (the snapshot is served anyway).
+    fn persist(
         &self,
-        snapshot: Arc<Snapshot>,
-        table: RouteTable,
         change: Option<&SnapshotDelta>,
+        whole: impl Fn() -> Arc<Snapshot>,
     ) -> Option<String> {
-        let persist_error = {
-            let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
-            // While an earlier write is missing, the log has no base: write it whole.
-            let persisted = match change {
-                Some(change) if pending.is_none() => self.files.append(change, &snapshot),
-                _ => self.files.store(&snapshot),
-            };
-            match persisted {
-                Ok(()) => {
-                    *pending = None;
-                    self.metrics.snapshot_persisted.set(1);
-                    None
-                }
-                Err(error) => {
-                    tracing::error!(%error, version = %snapshot.version, "could not persist the snapshot; serving it anyway and retrying");
-                    self.metrics.persist_failures.inc();
-                    self.metrics.snapshot_persisted.set(0);
-                    let message = error.to_string();
-                    *pending = Some((snapshot.clone(), message.clone()));
-                    Some(message)
-                }
-            }
+        let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+        // While an earlier write is missing, the log has no base: write it whole.
+        let persisted = match change {
+            Some(change) if pending.is_none() => self.files.append(change),
+            _ => self.files.store(&whole()),
         };
+        match persisted {
+            Ok(()) => {
+                *pending = None;
+                self.metrics.snapshot_persisted.set(1);
+                None
+            }
+            Err(error) => {
+                let snapshot = whole();
+                tracing::error!(%error, version = %snapshot.version, "could not persist the snapshot; serving it anyway and retrying");
+                self.metrics.persist_failures.inc();
+                self.metrics.snapshot_persisted.set(0);
+                let message = error.to_string();
+                *pending = Some((snapshot, message.clone()));
+                Some(message)
+            }
+        }
+    }
+
+    /// Swaps in `table`: requests in flight keep the one they started with.
+    fn install_table(&self, table: RouteTable) {
         self.note_applied(&table);
         self.metrics.applied.inc();
         tracing::info!(
             version = %table.version,
             routes = table.route_count(),
-            backends = table.backends.len(),
+            backends = table.backend_count(),
             "applied snapshot"
         );
         self.table.store(Some(Arc::new(table)));
-        persist_error
     }
 }
 

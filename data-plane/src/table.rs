@@ -17,13 +17,14 @@
 //! one-label wildcard's (if its certificate covers the name), else the default
 //! certificate, else none (the handshake fails).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use holdfast_proto::certificate::{self, Facts};
-use holdfast_proto::v1::{MatchKind, Snapshot};
+use holdfast_proto::delta::Held;
+use holdfast_proto::v1::{MatchKind, Snapshot, SnapshotDelta, VirtualHost};
 use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
@@ -58,7 +59,7 @@ impl Backend {
 }
 
 /// A matched route.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Route {
     /// Virtual host it belongs to ("" for rules without a host, "*" for the default
     /// backend).
@@ -67,8 +68,8 @@ pub struct Route {
     pub kind: MatchKind,
     /// Its path ("" for the default backend).
     pub path: String,
-    /// Index into [`RouteTable::backends`].
-    pub backend: usize,
+    /// The backend it forwards to.
+    pub backend: Arc<Backend>,
     /// `namespace/name` of the Ingress it came from.
     pub source: String,
     /// Metric label: `<host><path>`.
@@ -88,20 +89,24 @@ pub struct TlsCertificate {
     pub facts: Facts,
 }
 
+/// One virtual host, compiled: what a delta that changes the host (or its backend or
+/// certificate) replaces, and what every other host's entry is shared with.
 #[derive(Debug, Default)]
 struct PathTable {
-    exact: HashMap<String, usize>,
-    prefix: HashMap<String, usize>,
-    /// Index into [`RouteTable::certificates`] of the host's certificate.
-    certificate: Option<usize>,
+    exact: HashMap<String, Arc<Route>>,
+    prefix: HashMap<String, Arc<Route>>,
+    /// The host's certificate.
+    certificate: Option<Arc<TlsCertificate>>,
     /// Plain-HTTP requests get 308 to https.
     ssl_redirect: bool,
+    /// Its routes in snapshot order.
+    routes: Vec<Arc<Route>>,
 }
 
 impl PathTable {
-    fn lookup(&self, path: &str) -> Option<usize> {
+    fn lookup(&self, path: &str) -> Option<&Arc<Route>> {
         if let Some(r) = self.exact.get(path) {
-            return Some(*r);
+            return Some(r);
         }
         if self.prefix.is_empty() {
             return None;
@@ -112,22 +117,78 @@ impl PathTable {
         if !trimmed.is_empty()
             && let Some(r) = self.prefix.get(trimmed)
         {
-            return Some(*r);
+            return Some(r);
         }
         let bytes = trimmed.as_bytes();
         for i in (1..bytes.len()).rev() {
             if bytes[i] == b'/'
                 && let Some(r) = self.prefix.get(&trimmed[..i])
             {
-                return Some(*r);
+                return Some(r);
             }
         }
-        self.prefix.get("/").copied()
+        self.prefix.get("/")
+    }
+}
+
+/// Number of shards of a [`Shards`] map.
+const SHARDS: usize = 256;
+
+/// A map by name whose copy shares everything with the original until changed, and
+/// then copies only the shard (1/256 of the entries) a change touches: what lets a delta
+/// make a new table in O(change) while requests in flight keep the old one.
+#[derive(Debug, Clone)]
+struct Shards<V> {
+    shards: Arc<Vec<Arc<HashMap<String, V>>>>,
+    len: usize,
+}
+
+impl<V: Clone> Default for Shards<V> {
+    fn default() -> Self {
+        Shards {
+            shards: Arc::new((0..SHARDS).map(|_| Arc::default()).collect()),
+            len: 0,
+        }
+    }
+}
+
+impl<V: Clone> Shards<V> {
+    /// The shard of `key` (FNV-1a; the maps inside use the standard keyed hasher).
+    fn shard(key: &str) -> usize {
+        let mut h: u32 = 0x811c_9dc5;
+        for b in key.bytes() {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        h as usize % SHARDS
+    }
+
+    fn get(&self, key: &str) -> Option<&V> {
+        self.shards[Self::shard(key)].get(key)
+    }
+
+    fn shard_mut(&mut self, key: &str) -> &mut HashMap<String, V> {
+        Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[Self::shard(key)])
+    }
+
+    fn insert(&mut self, key: String, value: V) -> Option<V> {
+        let old = self.shard_mut(&key).insert(key, value);
+        self.len += usize::from(old.is_none());
+        old
+    }
+
+    fn remove(&mut self, key: &str) -> Option<V> {
+        let old = self.shard_mut(key).remove(key);
+        self.len -= usize::from(old.is_some());
+        old
+    }
+
+    fn values(&self) -> impl Iterator<Item = &V> {
+        self.shards.iter().flat_map(|s| s.values())
     }
 }
 
 /// A compiled snapshot.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RouteTable {
     /// Version of the snapshot it was compiled from.
     pub version: String,
@@ -135,17 +196,16 @@ pub struct RouteTable {
     pub content_hash: String,
     /// Cluster revision of that snapshot.
     pub cluster_revision: u64,
-    /// All routes (the default backend last, if any).
-    pub routes: Vec<Route>,
-    /// All backends.
-    pub backends: Vec<Backend>,
-    /// All certificates, in snapshot order.
-    pub certificates: Vec<TlsCertificate>,
-    default_certificate: Option<usize>,
-    exact_hosts: HashMap<String, PathTable>,
-    wildcard_hosts: HashMap<String, PathTable>,
-    no_host: Option<PathTable>,
-    default_route: Option<usize>,
+    backends: Shards<Arc<Backend>>,
+    certificates: Shards<Arc<TlsCertificate>>,
+    default_certificate_name: String,
+    default_certificate: Option<Arc<TlsCertificate>>,
+    exact_hosts: Shards<Arc<PathTable>>,
+    wildcard_hosts: Shards<Arc<PathTable>>,
+    no_host: Option<Arc<PathTable>>,
+    default_route: Option<Arc<Route>>,
+    /// Routes of all hosts (the default backend not counted).
+    host_routes: usize,
 }
 
 /// Why a request matched nothing.
@@ -209,187 +269,325 @@ pub fn normalise_host(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// A backend of the snapshot, ready to forward to.
+fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileError> {
+    let mut endpoints = Vec::with_capacity(b.endpoints.len());
+    let mut authorities = Vec::with_capacity(b.endpoints.len());
+    let mut zones = Vec::with_capacity(b.endpoints.len());
+    for e in b.endpoints.iter().filter(|e| e.ready) {
+        let bad = || CompileError::BadEndpoint {
+            backend: b.name.clone(),
+            address: e.address.clone(),
+            port: e.port,
+        };
+        let ip: IpAddr = e.address.parse().map_err(|_| bad())?;
+        let port = u16::try_from(e.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(bad)?;
+        let addr = SocketAddr::new(ip, port);
+        authorities.push(Authority::try_from(addr.to_string()).map_err(|_| bad())?);
+        endpoints.push(addr);
+        zones.push(e.zone.clone());
+    }
+    let external = (!b.external_name.is_empty()).then(|| {
+        (
+            b.external_name.clone(),
+            u16::try_from(b.external_port).unwrap_or(0),
+        )
+    });
+    let external_authority = external
+        .as_ref()
+        .and_then(|(host, port)| Authority::try_from(format!("{host}:{port}")).ok());
+    let unavailable_reason = if !b.unavailable_reason.is_empty() {
+        Some(b.unavailable_reason.clone())
+    } else if let Some((host, port)) = external.as_ref().filter(|_| external_authority.is_none()) {
+        Some(format!(
+            "ExternalName target {host}:{port} is not a valid host and port"
+        ))
+    } else if endpoints.is_empty() && external.is_none() {
+        Some(format!("no ready endpoints for backend {}", b.name))
+    } else {
+        None
+    };
+    Ok(Backend {
+        name: b.name.clone(),
+        endpoints,
+        authorities,
+        zones,
+        external,
+        external_authority,
+        unavailable_reason,
+        next: AtomicUsize::new(0),
+    })
+}
+
+/// A certificate of the snapshot, parsed for rustls.
+fn compile_certificate(
+    c: &holdfast_proto::v1::Certificate,
+) -> Result<TlsCertificate, CompileError> {
+    let parsed = certificate::parse(&c.certificate_chain, &c.private_key).map_err(|source| {
+        CompileError::Certificate {
+            name: c.name.clone(),
+            source,
+        }
+    })?;
+    Ok(TlsCertificate {
+        name: c.name.clone(),
+        key: parsed.key,
+        facts: parsed.facts,
+    })
+}
+
+fn source_name(source: Option<&holdfast_proto::v1::IngressRef>) -> String {
+    source
+        .map(|s| format!("{}/{}", s.namespace, s.name))
+        .unwrap_or_default()
+}
+
 impl RouteTable {
     /// Compiles a validated snapshot.
     pub fn compile(snapshot: &Snapshot) -> Result<Self, CompileError> {
-        let mut backends = Vec::with_capacity(snapshot.backends.len());
-        let mut index = HashMap::with_capacity(snapshot.backends.len());
-        for b in &snapshot.backends {
-            let mut endpoints = Vec::with_capacity(b.endpoints.len());
-            let mut authorities = Vec::with_capacity(b.endpoints.len());
-            let mut zones = Vec::with_capacity(b.endpoints.len());
-            for e in b.endpoints.iter().filter(|e| e.ready) {
-                let bad = || CompileError::BadEndpoint {
-                    backend: b.name.clone(),
-                    address: e.address.clone(),
-                    port: e.port,
-                };
-                let ip: IpAddr = e.address.parse().map_err(|_| bad())?;
-                let port = u16::try_from(e.port)
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(bad)?;
-                let addr = SocketAddr::new(ip, port);
-                authorities.push(Authority::try_from(addr.to_string()).map_err(|_| bad())?);
-                endpoints.push(addr);
-                zones.push(e.zone.clone());
-            }
-            let external = (!b.external_name.is_empty()).then(|| {
-                (
-                    b.external_name.clone(),
-                    u16::try_from(b.external_port).unwrap_or(0),
-                )
-            });
-            let external_authority = external
-                .as_ref()
-                .and_then(|(host, port)| Authority::try_from(format!("{host}:{port}")).ok());
-            let unavailable_reason = if !b.unavailable_reason.is_empty() {
-                Some(b.unavailable_reason.clone())
-            } else if external.is_some() && external_authority.is_none() {
-                let (host, port) = external.as_ref().expect("checked");
-                Some(format!(
-                    "ExternalName target {host}:{port} is not a valid host and port"
-                ))
-            } else if endpoints.is_empty() && external.is_none() {
-                Some(format!("no ready endpoints for backend {}", b.name))
-            } else {
-                None
-            };
-            index.insert(b.name.as_str(), backends.len());
-            backends.push(Backend {
-                name: b.name.clone(),
-                endpoints,
-                authorities,
-                zones,
-                external,
-                external_authority,
-                unavailable_reason,
-                next: AtomicUsize::new(0),
-            });
-        }
-        let backend_of = |name: &str| {
-            index
-                .get(name)
-                .copied()
-                .ok_or_else(|| CompileError::UnknownBackend(name.to_owned()))
-        };
-        let mut certificates = Vec::with_capacity(snapshot.certificates.len());
-        let mut cert_index = HashMap::with_capacity(snapshot.certificates.len());
-        for c in &snapshot.certificates {
-            let parsed =
-                certificate::parse(&c.certificate_chain, &c.private_key).map_err(|source| {
-                    CompileError::Certificate {
-                        name: c.name.clone(),
-                        source,
-                    }
-                })?;
-            cert_index.insert(c.name.as_str(), certificates.len());
-            certificates.push(TlsCertificate {
-                name: c.name.clone(),
-                key: parsed.key,
-                facts: parsed.facts,
-            });
-        }
-        let cert_of = |host: &str, name: &str| -> Result<Option<usize>, CompileError> {
-            if name.is_empty() {
-                return Ok(None);
-            }
-            cert_index.get(name).copied().map(Some).ok_or_else(|| {
-                CompileError::UnknownCertificate {
-                    host: host.to_owned(),
-                    name: name.to_owned(),
-                }
-            })
-        };
-        let default_certificate = cert_of("", &snapshot.default_certificate)?;
-        let mut routes = Vec::new();
-        let mut exact_hosts = HashMap::new();
-        let mut wildcard_hosts = HashMap::new();
-        let mut no_host = None;
-        for vhost in &snapshot.virtual_hosts {
-            let mut table = PathTable {
-                certificate: cert_of(&vhost.host, &vhost.certificate)?,
-                ..PathTable::default()
-            };
-            table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
-            for r in &vhost.routes {
-                let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
-                let id = routes.len();
-                let source = r
-                    .source
-                    .as_ref()
-                    .map(|s| format!("{}/{}", s.namespace, s.name))
-                    .unwrap_or_default();
-                routes.push(Route {
-                    host: vhost.host.clone(),
-                    kind,
-                    path: r.path.clone(),
-                    backend: backend_of(&r.backend)?,
-                    source,
-                    label: format!("{}{}", vhost.host, r.path),
-                    counters: RouteCounters::default(),
-                });
-                let map = match kind {
-                    MatchKind::Exact => &mut table.exact,
-                    _ => &mut table.prefix,
-                };
-                map.entry(r.path.clone()).or_insert(id);
-            }
-            if vhost.host.is_empty() {
-                no_host = Some(table);
-            } else if let Some(suffix) = vhost.host.strip_prefix("*.") {
-                wildcard_hosts.insert(suffix.to_owned(), table);
-            } else {
-                exact_hosts.insert(vhost.host.clone(), table);
-            }
-        }
-        let default_route = match &snapshot.default_backend {
-            Some(d) => {
-                routes.push(Route {
-                    host: "*".into(),
-                    kind: MatchKind::Prefix,
-                    path: String::new(),
-                    backend: backend_of(&d.backend)?,
-                    source: d
-                        .source
-                        .as_ref()
-                        .map(|s| format!("{}/{}", s.namespace, s.name))
-                        .unwrap_or_default(),
-                    label: "(default backend)".into(),
-                    counters: RouteCounters::default(),
-                });
-                Some(routes.len() - 1)
-            }
-            None => None,
-        };
-        Ok(RouteTable {
+        let mut t = RouteTable {
             version: snapshot.version.clone(),
             content_hash: snapshot.content_hash.clone(),
             cluster_revision: snapshot.cluster_revision,
-            routes,
-            backends,
-            certificates,
-            default_certificate,
-            exact_hosts,
-            wildcard_hosts,
-            no_host,
-            default_route,
-        })
+            backends: Shards::default(),
+            certificates: Shards::default(),
+            default_certificate_name: snapshot.default_certificate.clone(),
+            default_certificate: None,
+            exact_hosts: Shards::default(),
+            wildcard_hosts: Shards::default(),
+            no_host: None,
+            default_route: None,
+            host_routes: 0,
+        };
+        for b in &snapshot.backends {
+            t.backends
+                .insert(b.name.clone(), Arc::new(compile_backend(b)?));
+        }
+        for c in &snapshot.certificates {
+            t.certificates
+                .insert(c.name.clone(), Arc::new(compile_certificate(c)?));
+        }
+        t.default_certificate = t.certificate_named("", &snapshot.default_certificate)?;
+        for vhost in &snapshot.virtual_hosts {
+            t.put_host(vhost)?;
+        }
+        t.default_route = snapshot
+            .default_backend
+            .as_ref()
+            .map(|d| t.default_route_for(d))
+            .transpose()?;
+        Ok(t)
+    }
+
+    /// The table after `delta`, given `held`, the snapshot this table was compiled from
+    /// (before the delta), which [`Held::check`] found `delta` valid against. Compiles
+    /// only what the delta changes (hosts it upserts, and hosts whose backend or
+    /// certificate it upserts) and shares every other host's entry with this table.
+    pub fn apply_delta(&self, held: &Held, delta: &SnapshotDelta) -> Result<Self, CompileError> {
+        let mut t = self.clone();
+        t.version = delta.version.clone();
+        t.content_hash = delta.content_hash.clone();
+        t.cluster_revision = delta.cluster_revision;
+        for name in &delta.removed_backends {
+            t.backends.remove(name);
+        }
+        for b in &delta.upserted_backends {
+            t.backends
+                .insert(b.name.clone(), Arc::new(compile_backend(b)?));
+        }
+        for name in &delta.removed_certificates {
+            t.certificates.remove(name);
+        }
+        for c in &delta.upserted_certificates {
+            t.certificates
+                .insert(c.name.clone(), Arc::new(compile_certificate(c)?));
+        }
+        if delta.default_certificate_changed {
+            t.default_certificate_name = delta.default_certificate.clone();
+        }
+        t.default_certificate = t.certificate_named("", &t.default_certificate_name.clone())?;
+
+        let touched: HashSet<&str> = delta
+            .removed_virtual_hosts
+            .iter()
+            .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host))
+            .map(String::as_str)
+            .collect();
+        // Hosts the delta leaves alone whose backend or certificate it replaces.
+        let mut affected: BTreeSet<&str> = BTreeSet::new();
+        for b in &delta.upserted_backends {
+            affected.extend(held.hosts_using_backend(&b.name));
+        }
+        for c in &delta.upserted_certificates {
+            affected.extend(held.hosts_using_certificate(&c.name));
+        }
+        for host in &delta.removed_virtual_hosts {
+            t.remove_host(host);
+        }
+        for vhost in &delta.upserted_virtual_hosts {
+            t.put_host(vhost)?;
+        }
+        for host in affected.into_iter().filter(|h| !touched.contains(h)) {
+            if let Some(vhost) = held.virtual_host(host) {
+                t.put_host(vhost)?;
+            }
+        }
+        let default_backend = if delta.default_backend_changed {
+            delta.default_backend.as_ref()
+        } else {
+            held.default_backend().map(|d| &**d)
+        };
+        let backend_replaced = default_backend
+            .is_some_and(|d| delta.upserted_backends.iter().any(|b| b.name == d.backend));
+        if delta.default_backend_changed || backend_replaced {
+            t.default_route = default_backend
+                .map(|d| t.default_route_for(d))
+                .transpose()?;
+        }
+        Ok(t)
+    }
+
+    fn backend_named(&self, name: &str) -> Result<Arc<Backend>, CompileError> {
+        self.backends
+            .get(name)
+            .cloned()
+            .ok_or_else(|| CompileError::UnknownBackend(name.to_owned()))
+    }
+
+    fn certificate_named(
+        &self,
+        host: &str,
+        name: &str,
+    ) -> Result<Option<Arc<TlsCertificate>>, CompileError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        self.certificates
+            .get(name)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| CompileError::UnknownCertificate {
+                host: host.to_owned(),
+                name: name.to_owned(),
+            })
+    }
+
+    fn default_route_for(
+        &self,
+        d: &holdfast_proto::v1::DefaultBackend,
+    ) -> Result<Arc<Route>, CompileError> {
+        Ok(Arc::new(Route {
+            host: "*".into(),
+            kind: MatchKind::Prefix,
+            path: String::new(),
+            backend: self.backend_named(&d.backend)?,
+            source: source_name(d.source.as_ref()),
+            label: "(default backend)".into(),
+            counters: RouteCounters::default(),
+        }))
+    }
+
+    /// Compiles `vhost` against this table's backends and certificates, in place of the
+    /// host's entry if it has one.
+    fn put_host(&mut self, vhost: &VirtualHost) -> Result<(), CompileError> {
+        let mut table = PathTable {
+            certificate: self.certificate_named(&vhost.host, &vhost.certificate)?,
+            ..PathTable::default()
+        };
+        table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
+        for r in &vhost.routes {
+            let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
+            let route = Arc::new(Route {
+                host: vhost.host.clone(),
+                kind,
+                path: r.path.clone(),
+                backend: self.backend_named(&r.backend)?,
+                source: source_name(r.source.as_ref()),
+                label: format!("{}{}", vhost.host, r.path),
+                counters: RouteCounters::default(),
+            });
+            let map = match kind {
+                MatchKind::Exact => &mut table.exact,
+                _ => &mut table.prefix,
+            };
+            map.entry(r.path.clone()).or_insert_with(|| route.clone());
+            table.routes.push(route);
+        }
+        self.remove_host(&vhost.host);
+        self.host_routes += table.routes.len();
+        let table = Arc::new(table);
+        if vhost.host.is_empty() {
+            self.no_host = Some(table);
+        } else if let Some(suffix) = vhost.host.strip_prefix("*.") {
+            self.wildcard_hosts.insert(suffix.to_owned(), table);
+        } else {
+            self.exact_hosts.insert(vhost.host.clone(), table);
+        }
+        Ok(())
+    }
+
+    fn remove_host(&mut self, host: &str) {
+        let old = if host.is_empty() {
+            self.no_host.take()
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            self.wildcard_hosts.remove(suffix)
+        } else {
+            self.exact_hosts.remove(host)
+        };
+        if let Some(old) = old {
+            self.host_routes -= old.routes.len();
+        }
+    }
+
+    /// The backend named `name`.
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends.get(name)
+    }
+
+    /// Every backend, in no particular order.
+    pub fn backends(&self) -> impl Iterator<Item = &Arc<Backend>> {
+        self.backends.values()
+    }
+
+    /// Number of backends.
+    pub fn backend_count(&self) -> usize {
+        self.backends.len
+    }
+
+    /// Every certificate, by name.
+    pub fn certificates(&self) -> Vec<&Arc<TlsCertificate>> {
+        let mut all: Vec<_> = self.certificates.values().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Every route: each host's in snapshot order (hosts in no particular order), then
+    /// the default backend's.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.no_host
+            .iter()
+            .chain(self.exact_hosts.values())
+            .chain(self.wildcard_hosts.values())
+            .flat_map(|t| t.routes.iter())
+            .chain(self.default_route.iter())
     }
 
     /// The virtual host a (normalised) host selects, and its name.
     fn vhost(&self, host: &str) -> Option<(&PathTable, String)> {
         if let Some(t) = self.exact_hosts.get(host) {
-            return Some((t, host.to_owned()));
+            return Some((&**t, host.to_owned()));
         }
         if let Some((first, rest)) = host.split_once('.')
             && !first.is_empty()
             && !rest.is_empty()
             && let Some(t) = self.wildcard_hosts.get(rest)
         {
-            return Some((t, format!("*.{rest}")));
+            return Some((&**t, format!("*.{rest}")));
         }
-        self.no_host.as_ref().map(|t| (t, String::new()))
+        self.no_host.as_deref().map(|t| (t, String::new()))
     }
 
     /// The route for a request to `host` (normalised: lower case, no port) and `path`.
@@ -398,10 +596,10 @@ impl RouteTable {
         if let Some((table, _)) = &found
             && let Some(r) = table.lookup(path)
         {
-            return Ok(&self.routes[r]);
+            return Ok(r);
         }
-        if let Some(d) = self.default_route {
-            return Ok(&self.routes[d]);
+        if let Some(d) = &self.default_route {
+            return Ok(d);
         }
         Err(match found {
             Some((_, vhost)) => Miss::NoPath { vhost },
@@ -414,16 +612,17 @@ impl RouteTable {
     /// covers the name, else the default certificate. None fails the handshake.
     pub fn certificate_for(&self, sni: Option<&str>) -> Option<&TlsCertificate> {
         let by_host = sni.and_then(|name| {
-            let exact = self.exact_hosts.get(name).and_then(|t| t.certificate);
+            let exact = self
+                .exact_hosts
+                .get(name)
+                .and_then(|t| t.certificate.as_deref());
             exact.or_else(|| {
                 let (_, rest) = name.split_once('.')?;
-                let i = self.wildcard_hosts.get(rest)?.certificate?;
-                certificate::covers(&self.certificates[i].facts.dns_names, name).then_some(i)
+                let c = self.wildcard_hosts.get(rest)?.certificate.as_deref()?;
+                certificate::covers(&c.facts.dns_names, name).then_some(c)
             })
         });
-        by_host
-            .or(self.default_certificate)
-            .map(|i| &self.certificates[i])
+        by_host.or(self.default_certificate.as_deref())
     }
 
     /// Whether a plain-HTTP request for `host` (normalised) is redirected to https: its
@@ -437,7 +636,7 @@ impl RouteTable {
 
     /// Number of routes (the default backend counts as one).
     pub fn route_count(&self) -> usize {
-        self.routes.len()
+        self.host_routes + usize::from(self.default_route.is_some())
     }
 }
 

@@ -430,9 +430,11 @@ pub fn apply(base: &Snapshot, delta: &SnapshotDelta) -> Result<Snapshot, Invalid
 }
 
 /// [`apply`], given the hashes of `base`: the content hash of the result is computed
-/// from them and the delta's resources alone, in O(change). Returns the snapshot and the
-/// edit that makes `hashed` its hashes ([`Hashed::commit`]).
-pub fn apply_hashed(
+/// from them and the delta's resources alone. Returns the snapshot and the edit that
+/// makes `hashed` its hashes ([`Hashed::commit`]). The rest is O(snapshot): it rebuilds
+/// the whole snapshot and validates it, which makes it the reference that [`Held`] (what
+/// a proxy uses, O(change)) is tested against.
+fn apply_hashed(
     base: &Snapshot,
     hashed: &Hashed,
     delta: &SnapshotDelta,
@@ -570,6 +572,9 @@ fn merge<T: Clone>(
     }
     Ok(by_name.into_values().cloned().collect())
 }
+
+mod held;
+pub use held::{Checked, Held};
 
 #[cfg(test)]
 mod tests;

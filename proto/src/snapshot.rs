@@ -20,7 +20,7 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 
-use crate::v1::{MatchKind, Snapshot};
+use crate::v1::{MatchKind, Snapshot, VirtualHost};
 
 /// Why a snapshot is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -220,33 +220,9 @@ pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
         if !hosts.insert(vhost.host.as_str()) {
             return Err(InvalidSnapshot::DuplicateHost(vhost.host.clone()));
         }
+        validate_virtual_host(vhost)?;
         certificate_known(&vhost.host, &vhost.certificate)?;
-        if vhost.ssl_redirect && vhost.certificate.is_empty() {
-            return Err(InvalidSnapshot::RedirectWithoutCertificate(
-                vhost.host.clone(),
-            ));
-        }
-        if !is_valid_host(&vhost.host) {
-            return Err(InvalidSnapshot::BadHost(vhost.host.clone()));
-        }
         for route in &vhost.routes {
-            let bad = |reason| InvalidSnapshot::BadRoute {
-                host: vhost.host.clone(),
-                path: route.path.clone(),
-                reason,
-            };
-            if !route.path.starts_with('/') {
-                return Err(bad("path does not start with '/'"));
-            }
-            match MatchKind::try_from(route.match_kind) {
-                Ok(MatchKind::Exact) => {}
-                Ok(MatchKind::Prefix) => {
-                    if route.path.len() > 1 && route.path.ends_with('/') {
-                        return Err(bad("prefix path is not normalised (trailing '/')"));
-                    }
-                }
-                _ => return Err(bad("match kind is not Exact or Prefix")),
-            }
             if !backends.contains(route.backend.as_str()) {
                 return Err(InvalidSnapshot::MissingBackend {
                     host: vhost.host.clone(),
@@ -264,6 +240,39 @@ pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
             path: "(default backend)".into(),
             backend: default.backend.clone(),
         });
+    }
+    Ok(())
+}
+
+/// Checks one virtual host on its own (not what it names): a valid host, a certificate if
+/// it redirects, well-formed paths and match kinds.
+pub fn validate_virtual_host(vhost: &VirtualHost) -> Result<(), InvalidSnapshot> {
+    if vhost.ssl_redirect && vhost.certificate.is_empty() {
+        return Err(InvalidSnapshot::RedirectWithoutCertificate(
+            vhost.host.clone(),
+        ));
+    }
+    if !is_valid_host(&vhost.host) {
+        return Err(InvalidSnapshot::BadHost(vhost.host.clone()));
+    }
+    for route in &vhost.routes {
+        let bad = |reason| InvalidSnapshot::BadRoute {
+            host: vhost.host.clone(),
+            path: route.path.clone(),
+            reason,
+        };
+        if !route.path.starts_with('/') {
+            return Err(bad("path does not start with '/'"));
+        }
+        match MatchKind::try_from(route.match_kind) {
+            Ok(MatchKind::Exact) => {}
+            Ok(MatchKind::Prefix) => {
+                if route.path.len() > 1 && route.path.ends_with('/') {
+                    return Err(bad("prefix path is not normalised (trailing '/')"));
+                }
+            }
+            _ => return Err(bad("match kind is not Exact or Prefix")),
+        }
     }
     Ok(())
 }

@@ -119,18 +119,18 @@ fn remove_unusable_log(path: &Path) {
 
 /// [`replay`] over the log's bytes: the snapshot reached, how many bytes are good
 /// records, and how many records were applied.
-pub fn replay_bytes(mut current: Snapshot, bytes: &[u8]) -> (Snapshot, usize, usize) {
-    let mut hashed = delta::Hashed::of(&current);
+pub fn replay_bytes(snapshot: Snapshot, bytes: &[u8]) -> (Snapshot, usize, usize) {
+    let hashed = delta::Hashed::of(&snapshot);
+    let mut held = delta::Held::new(snapshot, hashed);
     let (mut at, mut applied) = (0, 0);
     while at < bytes.len() {
         let Some((change, len)) = read_record(&bytes[at..]) else {
             break;
         };
-        if change.base_version == current.version {
-            match delta::apply_hashed(&current, &hashed, &change) {
-                Ok((next, edit)) if next.cluster_revision >= current.cluster_revision => {
-                    hashed.commit(edit);
-                    current = next;
+        if change.base_version == held.version() {
+            match held.check(&change) {
+                Ok(checked) if change.cluster_revision >= held.cluster_revision() => {
+                    held.commit(&change, checked);
                     applied += 1;
                 }
                 // Verified records do not fail; one that does ends the log.
@@ -139,7 +139,7 @@ pub fn replay_bytes(mut current: Snapshot, bytes: &[u8]) -> (Snapshot, usize, us
         }
         at += len;
     }
-    (current, at, applied)
+    (held.to_snapshot(), at, applied)
 }
 
 /// The state directory's two files, written by one applier: complete snapshots, deltas
@@ -161,6 +161,32 @@ struct Files {
     log_len: u64,
     /// A compaction is running.
     compacting: bool,
+    /// The version the log leads to (its last record's).
+    log_version: String,
+}
+
+/// Starts a compaction in the background if the log has outgrown the state file and
+/// none is running.
+fn maybe_compact(f: &mut Files, dir: &Path, files: &Arc<Mutex<Files>>, compactions: &Counter) {
+    if f.log_len <= f.snapshot_len || f.compacting || f.log_version.is_empty() {
+        return;
+    }
+    f.compacting = true;
+    let job = Compaction {
+        dir: dir.to_path_buf(),
+        files: files.clone(),
+        version: f.log_version.clone(),
+        generation: f.generation,
+        offset: f.log_len,
+        compactions: compactions.clone(),
+    };
+    let spawned = std::thread::Builder::new()
+        .name("state-compaction".into())
+        .spawn(move || job.run());
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "cannot start the state file compaction");
+        f.compacting = false;
+    }
 }
 
 impl StateFiles {
@@ -200,35 +226,15 @@ impl StateFiles {
         stored
     }
 
-    /// Appends `change`, which made `after`, to the log, durably. Once the log is larger
-    /// than the state file, `after` is compacted into a new state file in the background.
-    pub fn append(
-        &self,
-        change: &SnapshotDelta,
-        after: &Arc<Snapshot>,
-    ) -> Result<(), PersistError> {
+    /// Appends `change` to the log, durably. Once the log is larger than the state file,
+    /// it is compacted into a new state file in the background: O(change) here.
+    pub fn append(&self, change: &SnapshotDelta) -> Result<(), PersistError> {
         let mut f = self.lock();
         let bytes = record(change);
         append_bytes(&self.dir, f.log_len, &bytes)?;
         f.log_len += bytes.len() as u64;
-        if f.log_len > f.snapshot_len && !f.compacting {
-            f.compacting = true;
-            let job = Compaction {
-                dir: self.dir.clone(),
-                files: self.files.clone(),
-                snapshot: after.clone(),
-                generation: f.generation,
-                offset: f.log_len,
-                compactions: self.compactions.clone(),
-            };
-            let spawned = std::thread::Builder::new()
-                .name("state-compaction".into())
-                .spawn(move || job.run());
-            if let Err(error) = spawned {
-                tracing::warn!(%error, "cannot start the state file compaction");
-                f.compacting = false;
-            }
-        }
+        f.log_version = change.version.clone();
+        maybe_compact(&mut f, &self.dir, &self.files, &self.compactions);
         Ok(())
     }
 
@@ -287,11 +293,11 @@ fn append_bytes(dir: &Path, len: u64, bytes: &[u8]) -> Result<(), PersistError> 
     Ok(())
 }
 
-/// One compaction: `snapshot` is what the log's first `offset` bytes lead to.
+/// One compaction: the log's first `offset` bytes lead to snapshot `version`.
 struct Compaction {
     dir: PathBuf,
     files: Arc<Mutex<Files>>,
-    snapshot: Arc<Snapshot>,
+    version: String,
     generation: u64,
     offset: u64,
     compactions: Counter,
@@ -300,13 +306,13 @@ struct Compaction {
 impl Compaction {
     fn run(self) {
         let result = self.compact();
-        self.files
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .compacting = false;
+        let mut f = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        f.compacting = false;
         match result {
             Ok(true) => {
                 self.compactions.inc();
+                // What was appended meanwhile may have outgrown the new state file.
+                maybe_compact(&mut f, &self.dir, &self.files, &self.compactions);
             }
             Ok(false) => {}
             Err(error) => {
@@ -315,9 +321,58 @@ impl Compaction {
         }
     }
 
+    /// The snapshot the state file and the log's first `offset` bytes make, re-read
+    /// from the files and verified as at start (so the applier never materialises the
+    /// whole snapshot per delta).
+    fn replayed(&self) -> Result<Snapshot, PersistError> {
+        let path = path_in(&self.dir);
+        let bytes = std::fs::read(&path).map_err(|source| PersistError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let base = super::decode(&path, &bytes)?;
+        let log = log_path_in(&self.dir);
+        let records = std::fs::read(&log).map_err(|source| PersistError::Io {
+            path: log.clone(),
+            source,
+        })?;
+        let prefix =
+            records
+                .get(..self.offset as usize)
+                .ok_or_else(|| PersistError::Malformed {
+                    path: log.clone(),
+                    reason: "shorter than the records appended to it".into(),
+                })?;
+        let (snapshot, good, _) = replay_bytes(base, prefix);
+        if good != prefix.len() || snapshot.version != self.version {
+            return Err(PersistError::Malformed {
+                path: log,
+                reason: format!(
+                    "replays to {} over {good} of {} bytes, not to {}",
+                    snapshot.version,
+                    prefix.len(),
+                    self.version
+                ),
+            });
+        }
+        Ok(snapshot)
+    }
+
     /// Ok(false): dropped, because a complete snapshot was written meanwhile.
     fn compact(&self) -> Result<bool, PersistError> {
-        let snapshot_tmp = super::write_temp(&self.dir, &self.snapshot, &temp_name())?;
+        let generation = || {
+            self.files
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .generation
+        };
+        let snapshot = match self.replayed() {
+            Ok(s) => s,
+            // The files were replaced under it by a complete snapshot: nothing to do.
+            Err(_) if generation() != self.generation => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let snapshot_tmp = super::write_temp(&self.dir, &snapshot, &temp_name())?;
         let mut f = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let done = (|| {
             if f.generation != self.generation {

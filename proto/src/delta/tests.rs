@@ -267,3 +267,169 @@ fn a_large_snapshot_hashed_on_several_threads_has_the_same_hashes_and_sum() {
     assert_eq!(sum, ContentSum::of(one_by_one.iter().map(|(_, _, h)| h)));
     assert_eq!(Hashed::of(&s).inventory(), &inventory(&s));
 }
+
+/// The hosts of `base` that `delta` neither upserts nor removes.
+fn untouched<'a>(
+    delta: &'a SnapshotDelta,
+    base: &'a Snapshot,
+) -> impl Iterator<Item = &'a VirtualHost> {
+    base.virtual_hosts.iter().filter(|v| {
+        !delta.removed_virtual_hosts.contains(&v.host)
+            && !delta
+                .upserted_virtual_hosts
+                .iter()
+                .any(|u| u.host == v.host)
+    })
+}
+
+/// A delta damaged in one of the ways a bug or a lost message could damage it.
+fn damaged(good: &SnapshotDelta, base: &Snapshot, how: u8, pick: usize) -> SnapshotDelta {
+    let mut d = good.clone();
+    let nth = |names: Vec<String>| names.get(pick % names.len().max(1)).cloned();
+    match how {
+        0 => {}
+        1 => {
+            if !d.upserted_virtual_hosts.is_empty() {
+                d.upserted_virtual_hosts
+                    .remove(pick % d.upserted_virtual_hosts.len());
+            }
+        }
+        2 => {
+            if !d.upserted_backends.is_empty() {
+                d.upserted_backends.remove(pick % d.upserted_backends.len());
+            }
+        }
+        // What a host the delta leaves alone names (so only a reference check can catch
+        // the removal).
+        3 => d.removed_backends.extend(nth(untouched(good, base)
+            .flat_map(|v| v.routes.iter().map(|r| r.backend.clone()))
+            .collect())),
+        4 => d.removed_certificates.extend(nth(untouched(good, base)
+            .map(|v| v.certificate.clone())
+            .filter(|c| !c.is_empty())
+            .collect())),
+        5 => d.removed_virtual_hosts.extend(nth(base
+            .virtual_hosts
+            .iter()
+            .map(|v| v.host.clone())
+            .collect())),
+        6 => {
+            if let Some(v) = d.upserted_virtual_hosts.first_mut() {
+                v.routes[0].backend = format!("b{}", pick % 8);
+            }
+        }
+        7 => {
+            if let Some(v) = d.upserted_virtual_hosts.first_mut() {
+                v.certificate = format!("c{}", pick % 6);
+            }
+        }
+        8 => {
+            d.default_backend_changed = true;
+            d.default_backend = Some(DefaultBackend {
+                backend: format!("b{}", pick % 8),
+                source: None,
+            });
+        }
+        9 => d.base_version = "1-0000000000000000".into(),
+        _ => d.removed_certificates.push(format!("c{}", pick % 6)),
+    }
+    d
+}
+
+type Maps = (
+    BTreeMap<u8, (u8, Option<u8>)>,
+    BTreeMap<u8, u16>,
+    BTreeMap<u8, u8>,
+    Option<u8>,
+);
+
+prop_compose! {
+    /// Two snapshots a few changes apart, as consecutive ones usually are.
+    fn arb_near_pair()(
+        hosts in prop::collection::btree_map(0u8..12, (0u8..6, prop::option::of(0u8..4)), 0..10),
+        backends in prop::collection::btree_map(0u8..6, 1u16..4, 0..6),
+        certs in prop::collection::btree_map(0u8..4, 0u8..3, 0..4),
+        default in prop::option::of(0u8..6),
+        host_edits in prop::collection::vec((0u8..12, prop::option::of((0u8..6, prop::option::of(0u8..4)))), 0..3),
+        backend_edits in prop::collection::vec((0u8..6, prop::option::of(1u16..4)), 0..2),
+        cert_edits in prop::collection::vec((0u8..4, prop::option::of(0u8..3)), 0..2),
+    ) -> (Snapshot, Snapshot) {
+        let base: Maps = (hosts, backends, certs, default);
+        let mut next = base.clone();
+        fn edit<K: Ord + Copy, V: Copy>(map: &mut BTreeMap<K, V>, edits: &[(K, Option<V>)]) {
+            for (k, v) in edits {
+                match v {
+                    Some(v) => map.insert(*k, *v),
+                    None => map.remove(k),
+                };
+            }
+        }
+        edit(&mut next.0, &host_edits);
+        edit(&mut next.1, &backend_edits);
+        edit(&mut next.2, &cert_edits);
+        (
+            build(&base.0, &base.1, &base.2, base.3, 1),
+            build(&next.0, &next.1, &next.2, next.3, 2),
+        )
+    }
+}
+
+fn arb_pair() -> impl Strategy<Value = (Snapshot, Snapshot)> {
+    prop_oneof![arb_near_pair(), (arb_snapshot(1), arb_snapshot(2))]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// [`Held`] checks a delta in O(change) but must decide exactly as applying it to the
+    /// whole base and validating the result does, and make the same snapshot.
+    #[test]
+    fn held_accepts_and_makes_what_apply_does(
+        (base, next) in arb_pair(),
+        how in 0u8..11,
+        pick in 0usize..16,
+        restamp in any::<bool>(),
+    ) {
+        let good = diff(&base.version, &inventory(&base), &next);
+        let mut delta = damaged(&good, &base, how, pick);
+        if restamp {
+            // As a buggy control plane would: the hash and version of what the damaged
+            // delta makes, so only the references (or names) can catch it.
+            delta.content_hash = hash_edit(&Hashed::of(&base), &delta).sum.content_hash();
+            delta.version = snapshot::version_string(delta.cluster_revision, &delta.content_hash);
+        }
+        let mut held = Held::new(base.clone(), Hashed::of(&base));
+        prop_assert_eq!(held.to_snapshot(), base.clone());
+        prop_assert_eq!(held.encoded_len(), base.encoded_len());
+        match (apply(&base, &delta), held.check(&delta)) {
+            (Ok(made), Ok(checked)) => {
+                held.commit(&delta, checked);
+                prop_assert_eq!(&held.to_snapshot(), &made);
+                prop_assert_eq!(held.encoded_len(), made.encoded_len());
+                prop_assert_eq!(held.inventory(), &inventory(&made));
+                for b in &made.backends {
+                    let users: std::collections::BTreeSet<&str> =
+                        held.hosts_using_backend(&b.name).collect();
+                    let want: std::collections::BTreeSet<&str> = made
+                        .virtual_hosts
+                        .iter()
+                        .filter(|v| v.routes.iter().any(|r| r.backend == b.name))
+                        .map(|v| v.host.as_str())
+                        .collect();
+                    prop_assert_eq!(users, want);
+                }
+            }
+            (Err(_), Err(_)) => {
+                // Refused, and nothing held changed.
+                prop_assert_eq!(held.to_snapshot(), base);
+            }
+            (applied, checked) => prop_assert!(
+                false,
+                "apply: {:?}; held: {:?} (damage {})",
+                applied.map(|s| s.version),
+                checked.map(|_| ()),
+                how
+            ),
+        }
+    }
+}

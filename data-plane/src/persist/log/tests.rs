@@ -57,7 +57,7 @@ fn deltas_appended_to_the_log_are_replayed_over_the_state_file() {
     let f = files(dir.path());
     f.store(&base).unwrap();
     for (d, next) in &steps {
-        f.append(d, &Arc::new(next.clone())).unwrap();
+        f.append(d).unwrap();
         assert_eq!(load(dir.path()).unwrap().as_ref(), Some(next));
     }
     // Only the records were written: the state file is still the base.
@@ -89,9 +89,7 @@ fn a_torn_or_corrupt_record_ends_the_log_and_the_log_is_cut_there() {
         );
         assert_eq!(len_of(&log_path_in(dir.path())), first_two as u64);
         // New records follow good ones.
-        files(dir.path())
-            .append(&steps[2].0, &Arc::new(steps[2].1.clone()))
-            .unwrap();
+        files(dir.path()).append(&steps[2].0).unwrap();
         assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&steps[2].1));
     }
     // A flipped byte in the second record: the first snapshot.
@@ -113,8 +111,8 @@ fn records_for_other_bases_are_skipped_and_a_complete_snapshot_removes_the_log()
     let (base, steps) = chain(4);
     let f = files(dir.path());
     f.store(&base).unwrap();
-    for (d, next) in &steps[..2] {
-        f.append(d, &Arc::new(next.clone())).unwrap();
+    for (d, _) in &steps[..2] {
+        f.append(d).unwrap();
     }
     // A crash between a compaction's renames: the state file is the second snapshot,
     // the log still starts with the records folded into it, and one more follows.
@@ -141,14 +139,19 @@ fn once_the_log_outgrows_the_state_file_it_is_compacted_and_later_records_kept()
     let f = StateFiles::new(dir.path().to_path_buf(), compactions.clone());
     f.store(&base).unwrap();
     let state_len = len_of(&path_in(dir.path()));
-    for (d, next) in &steps {
-        f.append(d, &Arc::new(next.clone())).unwrap();
+    for (d, _) in &steps {
+        f.append(d).unwrap();
     }
     assert!(f.wait_compacted(std::time::Duration::from_secs(30)));
     assert!(compactions.get() >= 1, "no compaction");
     assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&steps[199].1));
     // The log stays bounded by about the state file's size.
-    assert!(len_of(&log_path_in(dir.path())) <= 2 * state_len);
+    assert!(
+        len_of(&log_path_in(dir.path())) <= 2 * state_len,
+        "log {} state {state_len} compactions {}",
+        len_of(&log_path_in(dir.path())),
+        compactions.get()
+    );
     let names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -162,8 +165,7 @@ fn a_compaction_that_a_complete_snapshot_overtook_is_dropped() {
     let (base, steps) = chain(2);
     let f = files(dir.path());
     f.store(&base).unwrap();
-    f.append(&steps[0].0, &Arc::new(steps[0].1.clone()))
-        .unwrap();
+    f.append(&steps[0].0).unwrap();
     let (generation, offset) = {
         let files = f.lock();
         (files.generation, files.log_len)
@@ -171,7 +173,7 @@ fn a_compaction_that_a_complete_snapshot_overtook_is_dropped() {
     let stale = Compaction {
         dir: dir.path().to_path_buf(),
         files: f.files.clone(),
-        snapshot: Arc::new(steps[0].1.clone()),
+        version: steps[0].1.version.clone(),
         generation,
         offset,
         compactions: Counter::default(),
@@ -188,22 +190,20 @@ fn a_log_that_is_not_as_written_gets_no_appends_until_a_complete_snapshot() {
     let (base, steps) = chain(3);
     let f = files(dir.path());
     f.store(&base).unwrap();
-    f.append(&steps[0].0, &Arc::new(steps[0].1.clone()))
-        .unwrap();
+    f.append(&steps[0].0).unwrap();
     // Something else lengthened the log (a removal or a cut that failed, say): appending
     // after it could leave a record no restart reaches, so it is refused.
     let mut bytes = std::fs::read(log_path_in(dir.path())).unwrap();
     bytes.extend_from_slice(b"garbage");
     std::fs::write(log_path_in(dir.path()), &bytes).unwrap();
-    let refused = f.append(&steps[1].0, &Arc::new(steps[1].1.clone()));
+    let refused = f.append(&steps[1].0);
     assert!(
         matches!(refused, Err(PersistError::Malformed { .. })),
         "{refused:?}"
     );
     // The applier then writes the snapshot whole, and appends go on from there.
     f.store(&steps[1].1).unwrap();
-    f.append(&steps[2].0, &Arc::new(steps[2].1.clone()))
-        .unwrap();
+    f.append(&steps[2].0).unwrap();
     assert_eq!(load(dir.path()).unwrap().as_ref(), Some(&steps[2].1));
 }
 
@@ -224,9 +224,6 @@ fn a_symlink_in_place_of_the_log_is_never_followed() {
     // Appending never writes through a link planted later either.
     std::os::unix::fs::symlink(&victim, log_path_in(&dir)).unwrap();
     let f = files(&dir);
-    assert!(
-        f.append(&steps[0].0, &Arc::new(steps[0].1.clone()))
-            .is_err()
-    );
+    assert!(f.append(&steps[0].0).is_err());
     assert_eq!(std::fs::read(&victim).unwrap(), b"not a log, and untouched");
 }

@@ -1,0 +1,520 @@
+//! The snapshot a proxy holds, kept so that a delta is checked and applied in O(change).
+//!
+//! [`Held`] keeps each resource by name behind an `Arc`, the resources' hashes and their
+//! sum ([`Hashed`]), and who refers to what: for each backend the hosts with a route to
+//! it, for each certificate the hosts that serve it. [`Held::check`] decides, without
+//! changing anything, whether a delta makes a snapshot a proxy may serve: the base is the
+//! one held, every removal names a resource held, no name is given twice, each upserted
+//! host is well formed, every reference resolves after the change (a removed backend must
+//! have lost all its routes), and the stated content hash and version are those of the
+//! result. Each of these looks only at the delta's resources and at the references to
+//! them, so it costs O(change), where rebuilding and re-validating the snapshot cost
+//! O(snapshot). [`Held::commit`] then takes the delta in.
+//!
+//! The result is exactly what [`super::apply`] accepts and makes; the property test
+//! `held_accepts_and_makes_what_apply_does` holds the two together.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use prost::Message;
+
+use super::{HashEdit, Hashed, InvalidDelta, Inventory, hash_edit};
+use crate::snapshot::{self, InvalidSnapshot};
+use crate::v1::{Backend, Certificate, DefaultBackend, Snapshot, SnapshotDelta, VirtualHost};
+
+/// Field numbers of `Snapshot`'s repeated resources (for its encoded length).
+const VIRTUAL_HOSTS_TAG: u32 = 5;
+const BACKENDS_TAG: u32 = 6;
+const CERTIFICATES_TAG: u32 = 8;
+
+/// A verified snapshot, held by resource.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    version: String,
+    content_hash: String,
+    cluster_revision: u64,
+    virtual_hosts: BTreeMap<String, Arc<VirtualHost>>,
+    backends: BTreeMap<String, Arc<Backend>>,
+    certificates: BTreeMap<String, Arc<Certificate>>,
+    default_backend: Option<Arc<DefaultBackend>>,
+    default_certificate: String,
+    hashed: Hashed,
+    /// Backend name → the hosts with a route to it.
+    backend_users: HashMap<String, HashSet<String>>,
+    /// Certificate name → the hosts that serve it.
+    certificate_users: HashMap<String, HashSet<String>>,
+    /// The encoded length of the repeated resources.
+    resources_len: usize,
+}
+
+/// What [`Held::check`] worked out for [`Held::commit`].
+#[derive(Debug)]
+pub struct Checked {
+    edit: HashEdit,
+    encoded_len: usize,
+}
+
+impl Checked {
+    /// The length of the encoding of the snapshot the delta makes.
+    pub fn encoded_len(&self) -> usize {
+        self.encoded_len
+    }
+}
+
+impl Held {
+    /// Holds `snapshot`, whose hashes are `hashed` (from [`Hashed::verified`] or
+    /// [`Hashed::of`]).
+    pub fn new(snapshot: Snapshot, hashed: Hashed) -> Self {
+        let mut held = Held {
+            version: snapshot.version,
+            content_hash: snapshot.content_hash,
+            cluster_revision: snapshot.cluster_revision,
+            default_backend: snapshot.default_backend.map(Arc::new),
+            default_certificate: snapshot.default_certificate,
+            hashed,
+            ..Held::default()
+        };
+        for b in snapshot.backends {
+            held.resources_len += prost::encoding::message::encoded_len(BACKENDS_TAG, &b);
+            held.backends.insert(b.name.clone(), Arc::new(b));
+        }
+        for c in snapshot.certificates {
+            held.resources_len += prost::encoding::message::encoded_len(CERTIFICATES_TAG, &c);
+            held.certificates.insert(c.name.clone(), Arc::new(c));
+        }
+        for v in snapshot.virtual_hosts {
+            held.insert_host(Arc::new(v));
+        }
+        held
+    }
+
+    /// The version held.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The cluster revision held.
+    pub fn cluster_revision(&self) -> u64 {
+        self.cluster_revision
+    }
+
+    /// Each resource's hash.
+    pub fn inventory(&self) -> &Inventory {
+        self.hashed.inventory()
+    }
+
+    /// The length of the held snapshot's encoding.
+    pub fn encoded_len(&self) -> usize {
+        self.identity().encoded_len() + self.resources_len
+    }
+
+    /// The virtual host for `host`.
+    pub fn virtual_host(&self, host: &str) -> Option<&Arc<VirtualHost>> {
+        self.virtual_hosts.get(host)
+    }
+
+    /// The backend named `name`.
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends.get(name)
+    }
+
+    /// The certificate named `name`.
+    pub fn certificate(&self, name: &str) -> Option<&Arc<Certificate>> {
+        self.certificates.get(name)
+    }
+
+    /// The default backend.
+    pub fn default_backend(&self) -> Option<&Arc<DefaultBackend>> {
+        self.default_backend.as_ref()
+    }
+
+    /// The hosts with a route to backend `name`.
+    pub fn hosts_using_backend(&self, name: &str) -> impl Iterator<Item = &str> {
+        self.backend_users
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    /// The hosts that serve certificate `name`.
+    pub fn hosts_using_certificate(&self, name: &str) -> impl Iterator<Item = &str> {
+        self.certificate_users
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    /// The snapshot held, whole (O(snapshot): for writing it, not per delta).
+    pub fn to_snapshot(&self) -> Snapshot {
+        Snapshot {
+            virtual_hosts: self.virtual_hosts.values().map(|v| (**v).clone()).collect(),
+            backends: self.backends.values().map(|b| (**b).clone()).collect(),
+            certificates: self.certificates.values().map(|c| (**c).clone()).collect(),
+            ..self.identity()
+        }
+    }
+
+    /// The snapshot's fields other than its repeated resources.
+    fn identity(&self) -> Snapshot {
+        Snapshot {
+            version: self.version.clone(),
+            content_hash: self.content_hash.clone(),
+            cluster_revision: self.cluster_revision,
+            created_at: None,
+            default_backend: self.default_backend.as_deref().cloned(),
+            default_certificate: self.default_certificate.clone(),
+            ..Snapshot::default()
+        }
+    }
+
+    /// Whether `delta` applies to what is held and makes a snapshot that a complete one
+    /// with its identity would be accepted as (see the module documentation). Changes
+    /// nothing.
+    pub fn check(&self, delta: &SnapshotDelta) -> Result<Checked, InvalidDelta> {
+        if delta.base_version != self.version {
+            return Err(InvalidDelta::UnknownBase {
+                wanted: delta.base_version.clone(),
+                held: self.version.clone(),
+            });
+        }
+        let hosts = names(
+            "virtual host",
+            &self.virtual_hosts,
+            &delta.upserted_virtual_hosts,
+            &delta.removed_virtual_hosts,
+            |v| &v.host,
+        )?;
+        let backends = names(
+            "backend",
+            &self.backends,
+            &delta.upserted_backends,
+            &delta.removed_backends,
+            |b| &b.name,
+        )?;
+        let certificates = names(
+            "certificate",
+            &self.certificates,
+            &delta.upserted_certificates,
+            &delta.removed_certificates,
+            |c| &c.name,
+        )?;
+        let backend_after = |name: &str| backends.after(name, &self.backends);
+        let certificate_after =
+            |name: &str| name.is_empty() || certificates.after(name, &self.certificates);
+        for vhost in &delta.upserted_virtual_hosts {
+            snapshot::validate_virtual_host(vhost)?;
+            if !certificate_after(&vhost.certificate) {
+                return Err(InvalidSnapshot::MissingCertificate {
+                    host: vhost.host.clone(),
+                    certificate: vhost.certificate.clone(),
+                }
+                .into());
+            }
+            for route in &vhost.routes {
+                if !backend_after(&route.backend) {
+                    return Err(InvalidSnapshot::MissingBackend {
+                        host: vhost.host.clone(),
+                        path: route.path.clone(),
+                        backend: route.backend.clone(),
+                    }
+                    .into());
+                }
+            }
+        }
+        // A host the delta leaves alone must not lose what it names.
+        let untouched = |host: &&String| !hosts.touched.contains(host.as_str());
+        for gone in &delta.removed_backends {
+            if let Some(host) = self
+                .backend_users
+                .get(gone)
+                .into_iter()
+                .flatten()
+                .find(untouched)
+            {
+                let path = self.virtual_hosts[host]
+                    .routes
+                    .iter()
+                    .find(|r| &r.backend == gone)
+                    .map(|r| r.path.clone())
+                    .unwrap_or_default();
+                return Err(InvalidSnapshot::MissingBackend {
+                    host: host.clone(),
+                    path,
+                    backend: gone.clone(),
+                }
+                .into());
+            }
+        }
+        for gone in &delta.removed_certificates {
+            if let Some(host) = self
+                .certificate_users
+                .get(gone)
+                .into_iter()
+                .flatten()
+                .find(untouched)
+            {
+                return Err(InvalidSnapshot::MissingCertificate {
+                    host: host.clone(),
+                    certificate: gone.clone(),
+                }
+                .into());
+            }
+        }
+        let default_backend = if delta.default_backend_changed {
+            delta.default_backend.as_ref()
+        } else {
+            self.default_backend.as_deref()
+        };
+        if let Some(d) = default_backend
+            && !backend_after(&d.backend)
+        {
+            return Err(InvalidSnapshot::MissingBackend {
+                host: String::new(),
+                path: "(default backend)".into(),
+                backend: d.backend.clone(),
+            }
+            .into());
+        }
+        let default_certificate = if delta.default_certificate_changed {
+            &delta.default_certificate
+        } else {
+            &self.default_certificate
+        };
+        if !certificate_after(default_certificate) {
+            return Err(InvalidSnapshot::MissingCertificate {
+                host: String::new(),
+                certificate: default_certificate.clone(),
+            }
+            .into());
+        }
+        let edit = hash_edit(&self.hashed, delta);
+        let computed = edit.sum.content_hash();
+        if computed != delta.content_hash {
+            return Err(InvalidSnapshot::HashMismatch {
+                stated: delta.content_hash.clone(),
+                computed,
+            }
+            .into());
+        }
+        if delta.version != snapshot::version_string(delta.cluster_revision, &delta.content_hash) {
+            return Err(InvalidSnapshot::BadVersion {
+                version: delta.version.clone(),
+                revision: delta.cluster_revision,
+            }
+            .into());
+        }
+        let encoded_len = self.encoded_len_after(delta);
+        Ok(Checked { edit, encoded_len })
+    }
+
+    /// Takes in `delta`, which [`Held::check`] accepted (as `checked`) against exactly
+    /// what is held. O(change).
+    pub fn commit(&mut self, delta: &SnapshotDelta, checked: Checked) {
+        for host in delta
+            .removed_virtual_hosts
+            .iter()
+            .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host))
+        {
+            self.remove_host(host);
+        }
+        for v in &delta.upserted_virtual_hosts {
+            self.insert_host(Arc::new(v.clone()));
+        }
+        for name in &delta.removed_backends {
+            if let Some(old) = self.backends.remove(name) {
+                self.resources_len -= prost::encoding::message::encoded_len(BACKENDS_TAG, &*old);
+            }
+        }
+        for b in &delta.upserted_backends {
+            self.resources_len += prost::encoding::message::encoded_len(BACKENDS_TAG, b);
+            if let Some(old) = self.backends.insert(b.name.clone(), Arc::new(b.clone())) {
+                self.resources_len -= prost::encoding::message::encoded_len(BACKENDS_TAG, &*old);
+            }
+        }
+        for name in &delta.removed_certificates {
+            if let Some(old) = self.certificates.remove(name) {
+                self.resources_len -=
+                    prost::encoding::message::encoded_len(CERTIFICATES_TAG, &*old);
+            }
+        }
+        for c in &delta.upserted_certificates {
+            self.resources_len += prost::encoding::message::encoded_len(CERTIFICATES_TAG, c);
+            if let Some(old) = self
+                .certificates
+                .insert(c.name.clone(), Arc::new(c.clone()))
+            {
+                self.resources_len -=
+                    prost::encoding::message::encoded_len(CERTIFICATES_TAG, &*old);
+            }
+        }
+        if delta.default_backend_changed {
+            self.default_backend = delta.default_backend.clone().map(Arc::new);
+        }
+        if delta.default_certificate_changed {
+            self.default_certificate = delta.default_certificate.clone();
+        }
+        self.version = delta.version.clone();
+        self.content_hash = delta.content_hash.clone();
+        self.cluster_revision = delta.cluster_revision;
+        self.hashed.commit(checked.edit);
+    }
+
+    /// The encoded length of the snapshot `delta` (checked) makes.
+    fn encoded_len_after(&self, delta: &SnapshotDelta) -> usize {
+        use prost::encoding::message::encoded_len;
+        let mut len = self.resources_len;
+        let hosts = delta
+            .removed_virtual_hosts
+            .iter()
+            .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host));
+        len -= hosts
+            .filter_map(|h| self.virtual_hosts.get(h))
+            .map(|v| encoded_len(VIRTUAL_HOSTS_TAG, &**v))
+            .sum::<usize>();
+        let backends = delta
+            .removed_backends
+            .iter()
+            .chain(delta.upserted_backends.iter().map(|b| &b.name));
+        len -= backends
+            .filter_map(|b| self.backends.get(b))
+            .map(|b| encoded_len(BACKENDS_TAG, &**b))
+            .sum::<usize>();
+        let certificates = delta
+            .removed_certificates
+            .iter()
+            .chain(delta.upserted_certificates.iter().map(|c| &c.name));
+        len -= certificates
+            .filter_map(|c| self.certificates.get(c))
+            .map(|c| encoded_len(CERTIFICATES_TAG, &**c))
+            .sum::<usize>();
+        len += delta
+            .upserted_virtual_hosts
+            .iter()
+            .map(|v| encoded_len(VIRTUAL_HOSTS_TAG, v))
+            .sum::<usize>();
+        len += delta
+            .upserted_backends
+            .iter()
+            .map(|b| encoded_len(BACKENDS_TAG, b))
+            .sum::<usize>();
+        len += delta
+            .upserted_certificates
+            .iter()
+            .map(|c| encoded_len(CERTIFICATES_TAG, c))
+            .sum::<usize>();
+        let identity = Snapshot {
+            version: delta.version.clone(),
+            content_hash: delta.content_hash.clone(),
+            cluster_revision: delta.cluster_revision,
+            default_backend: if delta.default_backend_changed {
+                delta.default_backend.clone()
+            } else {
+                self.default_backend.as_deref().cloned()
+            },
+            default_certificate: if delta.default_certificate_changed {
+                delta.default_certificate.clone()
+            } else {
+                self.default_certificate.clone()
+            },
+            ..Snapshot::default()
+        };
+        identity.encoded_len() + len
+    }
+
+    fn insert_host(&mut self, v: Arc<VirtualHost>) {
+        self.resources_len += prost::encoding::message::encoded_len(VIRTUAL_HOSTS_TAG, &*v);
+        for r in &v.routes {
+            self.backend_users
+                .entry(r.backend.clone())
+                .or_default()
+                .insert(v.host.clone());
+        }
+        if !v.certificate.is_empty() {
+            self.certificate_users
+                .entry(v.certificate.clone())
+                .or_default()
+                .insert(v.host.clone());
+        }
+        self.virtual_hosts.insert(v.host.clone(), v);
+    }
+
+    fn remove_host(&mut self, host: &str) {
+        let Some(v) = self.virtual_hosts.remove(host) else {
+            return;
+        };
+        self.resources_len -= prost::encoding::message::encoded_len(VIRTUAL_HOSTS_TAG, &*v);
+        for r in &v.routes {
+            unuse(&mut self.backend_users, &r.backend, host);
+        }
+        unuse(&mut self.certificate_users, &v.certificate, host);
+    }
+}
+
+/// Takes `user` out of the users of `name`, and `name` out of `users` once it has none.
+fn unuse(users: &mut HashMap<String, HashSet<String>>, name: &str, user: &str) {
+    if let Some(set) = users.get_mut(name) {
+        set.remove(user);
+        if set.is_empty() {
+            users.remove(name);
+        }
+    }
+}
+
+/// The names a delta touches in one kind of resource.
+struct Names<'a> {
+    upserted: HashSet<&'a str>,
+    removed: HashSet<&'a str>,
+    touched: HashSet<&'a str>,
+}
+
+impl Names<'_> {
+    /// Whether a resource named `name` exists after the delta.
+    fn after<T>(&self, name: &str, held: &BTreeMap<String, T>) -> bool {
+        self.upserted.contains(name) || (held.contains_key(name) && !self.removed.contains(name))
+    }
+}
+
+/// The names a delta upserts and removes in one kind, refusing a name given twice and
+/// the removal of one that is not held.
+fn names<'a, T, R>(
+    kind: &'static str,
+    held: &BTreeMap<String, T>,
+    upserted: &'a [R],
+    removed: &'a [String],
+    name: impl Fn(&'a R) -> &'a String,
+) -> Result<Names<'a>, InvalidDelta> {
+    let mut out = Names {
+        upserted: HashSet::new(),
+        removed: HashSet::new(),
+        touched: HashSet::new(),
+    };
+    for gone in removed {
+        if !out.touched.insert(gone) {
+            return Err(InvalidDelta::Duplicate {
+                kind,
+                name: gone.clone(),
+            });
+        }
+        if !held.contains_key(gone) {
+            return Err(InvalidDelta::UnknownRemoval {
+                kind,
+                name: gone.clone(),
+            });
+        }
+        out.removed.insert(gone);
+    }
+    for r in upserted {
+        let n = name(r);
+        if !out.touched.insert(n) {
+            return Err(InvalidDelta::Duplicate {
+                kind,
+                name: n.clone(),
+            });
+        }
+        out.upserted.insert(n);
+    }
+    Ok(out)
+}
