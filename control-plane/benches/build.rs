@@ -85,7 +85,7 @@ fn bench_build(c: &mut Criterion) {
     }
     // The parts of a 10,000 build, to see where time goes.
     let state = cluster(10_000);
-    let translated = holdfast_control_plane::translate::translate(&state, &opts).snapshot;
+    let translated = holdfast_control_plane::translate::translate(&state, &opts).snapshot();
     let mut sealed = translated.clone();
     holdfast_proto::snapshot::seal(&mut sealed, 1);
     group.bench_function("10000_translate_only", |b| {
@@ -114,14 +114,21 @@ fn bench_build(c: &mut Criterion) {
     }
     after.ingresses[0] = Arc::new(changed);
     let mut translator = Translator::default();
-    build_with(&mut translator, &before, &opts, 1).unwrap();
+    let mut last = build_with(&mut translator, &before, &opts, 1).unwrap().0;
+    // Rebuild and encode: the build, and the delta from the build before it that every
+    // proxy holding that one is sent (encoded once, shared by the streams).
     let mut rebuild = |name: &str, after: &ClusterState| {
         let mut flip = false;
         group.bench_function(name, |b| {
             b.iter_with_large_drop(|| {
                 flip = !flip;
                 let state = if flip { after } else { &before };
-                build_with(&mut translator, black_box(state), &opts, 2).unwrap()
+                let (built, _) = build_with(&mut translator, black_box(state), &opts, 2).unwrap();
+                let delta = built
+                    .delta_from_published(&last)
+                    .expect("a delta is smaller");
+                last = built;
+                delta
             })
         });
     };

@@ -38,7 +38,7 @@ impl Admin for AdminService {
         _: tonic::Request<GetSnapshotRequest>,
     ) -> Result<tonic::Response<Snapshot>, Status> {
         match self.shared.published() {
-            Some(p) => Ok(tonic::Response::new(redacted(&p.snapshot))),
+            Some(p) => Ok(tonic::Response::new(redacted(p.snapshot()))),
             None => Err(Status::unavailable(format!(
                 "no complete snapshot yet; caches not complete: {:?}",
                 self.shared.unsynced()
@@ -110,10 +110,7 @@ fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Respo
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => match shared.published() {
-            Some(p) => text(
-                StatusCode::OK,
-                format!("ready: serving {}\n", p.snapshot.version),
-            ),
+            Some(p) => text(StatusCode::OK, format!("ready: serving {}\n", p.version)),
             None => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(

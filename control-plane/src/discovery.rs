@@ -234,12 +234,24 @@ struct InFlight {
 }
 
 /// What a proxy holds, as the base of its next delta.
-struct Base {
-    version: String,
-    inventory: Arc<holdfast_proto::delta::Inventory>,
-    /// This control plane's own inventory of a snapshot it published (see
-    /// [`Published::delta_from`]).
-    shared: bool,
+enum Base {
+    /// The version and resources it stated when it connected.
+    Stated {
+        version: String,
+        inventory: holdfast_proto::delta::Inventory,
+    },
+    /// A snapshot this control plane sent it and it ACKed: deltas from it are shared
+    /// across streams, and computed from the change list when it is the build before.
+    Acked(Arc<Published>),
+}
+
+impl Base {
+    fn version(&self) -> &str {
+        match self {
+            Base::Stated { version, .. } => version,
+            Base::Acked(p) => &p.version,
+        }
+    }
 }
 
 async fn serve_stream(
@@ -275,10 +287,9 @@ async fn serve_stream(
         .then(|| holdfast_proto::delta::from_wire(&first.inventory).ok())
         .flatten()
         .filter(|inventory| !inventory.is_empty())
-        .map(|inventory| Base {
+        .map(|inventory| Base::Stated {
             version: first.version_info.clone(),
-            inventory: Arc::new(inventory),
-            shared: false,
+            inventory,
         });
     // The nonce last answered: a proxy repeats that answer when its persist state changes.
     let mut answered = String::new();
@@ -291,8 +302,8 @@ async fn serve_stream(
         // holds no backlog and is sent the newest snapshot once it answers.
         let current = published.borrow_and_update().clone();
         if let (Some(current), None) = (current, &in_flight) {
-            let hash = &current.snapshot.content_hash;
-            let size = current.encoded.bytes().len() as u64;
+            let hash = &current.content_hash;
+            let size = current.encoded_len as u64;
             if *hash != serving_hash
                 && *hash != rejected_hash
                 && first.max_snapshot_bytes > 0
@@ -300,7 +311,7 @@ async fn serve_stream(
             {
                 // The proxy would refuse it: record why as its NACK, and wait for the
                 // next snapshot.
-                let version = current.snapshot.version.clone();
+                let version = current.version.clone();
                 let error = format!(
                     "not sent: snapshot {version} is {size} bytes, over the proxy's --max-snapshot-bytes ({})",
                     first.max_snapshot_bytes
@@ -317,15 +328,18 @@ async fn serve_stream(
             }
             if *hash != serving_hash && *hash != rejected_hash {
                 nonce += 1;
-                let version = &current.snapshot.version;
-                let delta = base
-                    .as_ref()
-                    .filter(|b| b.version != *version)
-                    .and_then(|b| current.delta_from(&b.version, &b.inventory, b.shared));
+                let version = &current.version;
+                let delta = match base.as_ref().filter(|b| b.version() != version) {
+                    Some(Base::Acked(held)) => current.delta_from_published(held),
+                    Some(Base::Stated { version, inventory }) => {
+                        current.delta_from_inventory(version, inventory)
+                    }
+                    None => None,
+                };
                 let is_delta = delta.is_some();
                 let framed = match delta {
                     Some(bytes) => grpc_delta_frames(version, &nonce.to_string(), bytes),
-                    None => grpc_message_frames(version, &nonce.to_string(), &current.encoded),
+                    None => grpc_message_frames(version, &nonce.to_string(), current.encoded()),
                 };
                 let frames = match framed {
                     Ok(frames) => frames,
@@ -406,11 +420,7 @@ async fn serve_stream(
                         None => {
                             serving_hash = hash;
                             if first.accepts_deltas {
-                                base = Some(Base {
-                                    version: version.clone(),
-                                    inventory: sent.inventory(),
-                                    shared: true,
-                                });
+                                base = Some(Base::Acked(sent));
                             }
                             shared.metrics().acks.inc();
                             tracing::debug!(proxy.id = %node.id, %version, "proxy ACKed snapshot");

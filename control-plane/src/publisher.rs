@@ -9,18 +9,17 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use holdfast_proto::snapshot::{InvalidSnapshot, content_hash, stamp, validate_structure};
-use holdfast_proto::v1::Snapshot;
+use holdfast_proto::snapshot::{InvalidSnapshot, content_hash};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 
 use crate::caches::{Caches, identity};
-use crate::guard::{Verdict, assess};
+use crate::guard::{Sizes, Verdict, assess, assess_change};
 use crate::metrics::{CertificateLabel, ReasonLabel};
-use crate::state::{Held, Shared};
-use crate::translate::{self, ClusterState, Problem, Translator};
+use crate::state::{Held, Published, Shared};
+use crate::translate::{self, ClusterState, Content, Problem, Translator};
 
 /// A certificate this close to its notAfter gets a warning Event on the Ingresses it
 /// serves.
@@ -51,30 +50,27 @@ pub fn build_with(
     state: &ClusterState,
     opts: &translate::Options,
     revision: u64,
-) -> Result<(Snapshot, Vec<Problem>), InvalidSnapshot> {
+) -> Result<(Published, Vec<Problem>), InvalidSnapshot> {
     let translation = translator.translate(state, opts);
-    let mut snapshot = translation.snapshot;
+    let built = Published::built(translation.content, translation.since, revision);
     // The translator hashed the content while building it.
-    debug_assert_eq!(snapshot.content_hash, content_hash(&snapshot));
-    stamp(&mut snapshot, revision);
-    let now = SystemTime::now();
-    snapshot.created_at = Some(now.into());
-    validate_structure(&snapshot)?;
+    debug_assert_eq!(built.content_hash, content_hash(built.snapshot()));
+    built.validate()?;
     let mut problems = translation.problems;
     problems.extend(expiry_problems(
-        &snapshot,
+        &built.content,
         &translation.certificate_users,
-        now,
+        SystemTime::now(),
     ));
     problems.sort();
-    Ok((snapshot, problems))
+    Ok((built, problems))
 }
 
 /// Warnings for certificates that have expired or expire within [`EXPIRY_WARNING`] of
 /// `now`, one per Ingress served with them. (An expired certificate is still served, as
 /// nginx does; it is made visible instead.)
 pub fn expiry_problems(
-    snapshot: &Snapshot,
+    content: &Content,
     users: &[(String, holdfast_proto::v1::IngressRef)],
     now: SystemTime,
 ) -> Vec<Problem> {
@@ -83,13 +79,10 @@ pub fn expiry_problems(
         .map_or(0, |d| d.as_secs() as i64);
     let mut out = Vec::new();
     for (name, ingress) in users {
-        let Ok(i) = snapshot
-            .certificates
-            .binary_search_by(|c| c.name.as_str().cmp(name))
-        else {
+        let Some(certificate) = content.certificate(name) else {
             continue;
         };
-        let not_after = snapshot.certificates[i].not_after;
+        let not_after = certificate.not_after;
         // The date, not a count of days: the message (and so the Event) stays the same from
         // one day to the next.
         let date = k8s_openapi::jiff::Timestamp::from_second(not_after)
@@ -304,7 +297,7 @@ fn rebuild(
 }
 
 /// Makes the last build's problems and certificates visible: metrics and `GetStatus`.
-fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Snapshot) {
+fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Published) {
     let metrics = shared.metrics();
     metrics.skipped_rules.set(problems.len() as i64);
     metrics.problems.clear();
@@ -317,7 +310,7 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Snapshot) 
             .inc();
     }
     metrics.certificate_expiry.clear();
-    for c in &candidate.certificates {
+    for c in &candidate.content.certificates {
         metrics
             .certificate_expiry
             .get_or_create(&CertificateLabel {
@@ -331,42 +324,36 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Snapshot) 
 /// Publishes, holds or drops a sealed, valid candidate.
 pub fn offer(
     shared: &Shared,
-    candidate: Snapshot,
+    candidate: Published,
     max_removal_share: f64,
     max_snapshot_bytes: usize,
 ) {
     let published = shared.published();
     if published
         .as_ref()
-        .is_some_and(|p| p.snapshot.content_hash == candidate.content_hash)
+        .is_some_and(|p| p.content_hash == candidate.content_hash)
     {
         shared.metrics().unchanged.inc();
         shared.clear_hold();
         return;
     }
-    let size = prost::Message::encoded_len(&candidate);
+    let size = candidate.encoded_len;
     let verdict = if size > max_snapshot_bytes {
         Verdict::Hold {
             reason: format!(
                 "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
             ),
-            routes_published: published
-                .as_ref()
-                .map_or(0, |p| holdfast_proto::snapshot::route_count(&p.snapshot)),
-            routes_held: holdfast_proto::snapshot::route_count(&candidate),
+            routes_published: published.as_ref().map_or(0, |p| p.route_count()),
+            routes_held: candidate.route_count(),
         }
     } else {
-        assess(
-            published.as_ref().map(|p| &p.snapshot),
-            &candidate,
-            max_removal_share,
-        )
+        guard(published.as_deref(), &candidate, max_removal_share)
     };
     let confirmable = size <= max_snapshot_bytes;
     match verdict {
         Verdict::Publish => {
             shared.clear_hold();
-            shared.publish(candidate);
+            shared.publish(Arc::new(candidate));
         }
         Verdict::Hold {
             reason,
@@ -393,6 +380,38 @@ pub fn offer(
     }
 }
 
+/// The bounded-destruction guard on `candidate`: from what changed when it was built
+/// right after the published content (O(change)), else route by route.
+fn guard(published: Option<&Published>, candidate: &Published, max_removal_share: f64) -> Verdict {
+    let Some(published) = published else {
+        return Verdict::Publish;
+    };
+    let Some(changed) = candidate.changed_since(&published.content_hash) else {
+        return assess(
+            Some(published.snapshot()),
+            candidate.snapshot(),
+            max_removal_share,
+        );
+    };
+    let keys =
+        |p: &Published| p.content.routes.keys + usize::from(p.content.default_backend.is_some());
+    let sizes = Sizes {
+        keys_before: keys(published),
+        keys_after: keys(candidate),
+        routes_published: published.route_count(),
+        routes_held: candidate.route_count(),
+    };
+    let hosts = changed.virtual_hosts.iter().map(|h| {
+        (
+            published.content.virtual_host(h).map(|v| &**v),
+            candidate.content.virtual_host(h).map(|v| &**v),
+        )
+    });
+    let default_removed =
+        published.content.default_backend.is_some() && candidate.content.default_backend.is_none();
+    assess_change(sizes, hosts, default_removed, max_removal_share)
+}
+
 async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>, held: &Held) {
     let Some(fresh) = fresh else { return };
     if !held.confirmable {
@@ -414,7 +433,7 @@ async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>
 
 #[cfg(test)]
 mod tests {
-    use holdfast_proto::v1::{Certificate, IngressRef};
+    use holdfast_proto::v1::{Certificate, IngressRef, Snapshot};
 
     use super::*;
 
@@ -453,7 +472,7 @@ mod tests {
             )
         };
         let problems = expiry_problems(
-            &snapshot,
+            &Content::of(&snapshot),
             &[
                 user("ns/expired", "a"),
                 user("ns/fine", "b"),

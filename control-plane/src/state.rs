@@ -10,12 +10,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
-use holdfast_proto::snapshot::route_count;
-use holdfast_proto::v1::{self, Snapshot};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use holdfast_proto::delta::Inventory;
+use holdfast_proto::snapshot::{
+    InvalidSnapshot, validate_structure, validate_virtual_host, version_string,
+};
+use holdfast_proto::v1::{self, Snapshot, SnapshotDelta};
 use holdfast_proto::wire::EncodedSnapshot;
 use tokio::sync::watch;
 
 use crate::metrics::{KindLabel, Metrics};
+use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
 pub const KINDS: [&str; 5] = [
@@ -26,76 +34,257 @@ pub const KINDS: [&str; 5] = [
     "Secret",
 ];
 
-/// A published snapshot, encoded once for every stream.
-#[derive(Debug)]
+/// A snapshot built, and published if the guard lets it: its content shared with the
+/// translator resource by resource, what changed since the build before it, and its
+/// encodings, made when first needed and then shared by every stream.
 pub struct Published {
-    /// The snapshot.
-    pub snapshot: Snapshot,
-    /// Its encoding, shared by all streams.
-    pub encoded: EncodedSnapshot,
-    /// When it was published.
+    /// `<cluster revision>-<content hash prefix>`.
+    pub version: String,
+    /// The content hash.
+    pub content_hash: String,
+    /// The cluster revision it reflects.
+    pub cluster_revision: u64,
+    /// When it was built.
+    pub created_at: Option<prost_types::Timestamp>,
+    /// Its content.
+    pub content: Content,
+    /// What differs from the build before it (for deltas in O(change)).
+    since: Option<Since>,
+    /// The length of its complete encoding.
+    pub encoded_len: usize,
+    /// When it was made.
     pub at: SystemTime,
-    /// Its resources' hashes (made on first use: when a proxy ACKs it, it becomes the
-    /// base of that proxy's next delta).
-    inventory: std::sync::OnceLock<Arc<holdfast_proto::delta::Inventory>>,
+    /// The complete snapshot (made for `GetSnapshot` and deltas from a stated inventory).
+    snapshot: OnceLock<Snapshot>,
+    /// The complete encoding, for streams that get the whole snapshot.
+    encoded: OnceLock<EncodedSnapshot>,
+    /// Its resources' hashes (made for a delta from a base it has no change list from).
+    inventory: OnceLock<Arc<Inventory>>,
     /// Encoded deltas to it by base version, shared by the streams that hold that base;
     /// `None` where the complete snapshot is smaller.
-    deltas: std::sync::Mutex<std::collections::HashMap<String, Option<bytes::Bytes>>>,
+    deltas: Mutex<HashMap<String, Option<Bytes>>>,
+}
+
+/// The version and sizes only: the content holds private keys.
+impl std::fmt::Debug for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("version", &self.version)
+            .field("encoded_len", &self.encoded_len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Published {
-    /// Wraps a sealed, validated snapshot.
-    pub fn new(snapshot: Snapshot) -> Self {
-        Published {
-            encoded: EncodedSnapshot::new(&snapshot),
-            snapshot,
+    /// A build: `content` at `cluster_revision`, with what changed since the build
+    /// before (from the translator).
+    pub fn built(content: Content, since: Option<Since>, cluster_revision: u64) -> Self {
+        let version = version_string(cluster_revision, &content.content_hash);
+        let created_at = Some(SystemTime::now().into());
+        let mut p = Published {
+            version,
+            content_hash: content.content_hash.clone(),
+            cluster_revision,
+            created_at,
+            content,
+            since,
+            encoded_len: 0,
             at: SystemTime::now(),
-            inventory: std::sync::OnceLock::new(),
-            deltas: std::sync::Mutex::new(std::collections::HashMap::new()),
+            snapshot: OnceLock::new(),
+            encoded: OnceLock::new(),
+            inventory: OnceLock::new(),
+            deltas: Mutex::new(HashMap::new()),
+        };
+        p.encoded_len = prost::Message::encoded_len(&p.identity()) + p.content.resources_len;
+        p
+    }
+
+    /// Wraps a sealed, validated complete snapshot (no change list: deltas to it are
+    /// computed from inventories).
+    pub fn new(snapshot: Snapshot) -> Self {
+        let mut p = Published::built(Content::of(&snapshot), None, snapshot.cluster_revision);
+        p.version.clone_from(&snapshot.version);
+        p.created_at = snapshot.created_at;
+        p.encoded_len = prost::Message::encoded_len(&snapshot);
+        let _ = p.snapshot.set(snapshot);
+        p
+    }
+
+    /// The fields other than the repeated resources.
+    fn identity(&self) -> Snapshot {
+        Snapshot {
+            version: self.version.clone(),
+            content_hash: self.content_hash.clone(),
+            cluster_revision: self.cluster_revision,
+            created_at: self.created_at,
+            default_backend: self.content.default_backend.clone(),
+            default_certificate: self.content.default_certificate.clone(),
+            ..Snapshot::default()
         }
+    }
+
+    /// Checks the build as a proxy would: each changed virtual host well formed and what
+    /// it names present (O(change)); a build with no change list (or, in debug builds,
+    /// every build) is checked whole.
+    pub fn validate(&self) -> Result<(), InvalidSnapshot> {
+        let Some(since) = &self.since else {
+            return validate_structure(self.snapshot());
+        };
+        let c = &self.content;
+        for host in &since.changed.virtual_hosts {
+            let Some(v) = c.virtual_host(host) else {
+                continue;
+            };
+            validate_virtual_host(v)?;
+            if !v.certificate.is_empty() && c.certificate(&v.certificate).is_none() {
+                return Err(InvalidSnapshot::MissingCertificate {
+                    host: v.host.clone(),
+                    certificate: v.certificate.clone(),
+                });
+            }
+            if let Some(r) = v.routes.iter().find(|r| c.backend(&r.backend).is_none()) {
+                return Err(InvalidSnapshot::MissingBackend {
+                    host: v.host.clone(),
+                    path: r.path.clone(),
+                    backend: r.backend.clone(),
+                });
+            }
+        }
+        if let Some(d) = &c.default_backend
+            && c.backend(&d.backend).is_none()
+        {
+            return Err(InvalidSnapshot::MissingBackend {
+                host: String::new(),
+                path: "(default backend)".into(),
+                backend: d.backend.clone(),
+            });
+        }
+        if !c.default_certificate.is_empty() && c.certificate(&c.default_certificate).is_none() {
+            return Err(InvalidSnapshot::MissingCertificate {
+                host: String::new(),
+                certificate: c.default_certificate.clone(),
+            });
+        }
+        if cfg!(debug_assertions) {
+            validate_structure(self.snapshot())?;
+        }
+        Ok(())
+    }
+
+    /// The complete snapshot (made on first use: O(snapshot)).
+    pub fn snapshot(&self) -> &Snapshot {
+        self.snapshot.get_or_init(|| {
+            let mut s = self.content.to_snapshot();
+            let identity = self.identity();
+            s.version = identity.version;
+            s.cluster_revision = identity.cluster_revision;
+            s.created_at = identity.created_at;
+            s
+        })
+    }
+
+    /// The complete encoding (made on first use), shared by every stream.
+    pub fn encoded(&self) -> &EncodedSnapshot {
+        self.encoded
+            .get_or_init(|| EncodedSnapshot::from_bytes(self.content.encode(&self.identity())))
+    }
+
+    /// Routes, the default backend counting as one.
+    pub fn route_count(&self) -> usize {
+        self.content.routes.routes + usize::from(self.content.default_backend.is_some())
+    }
+
+    /// What changed since the build whose content hash is `base`, if this build knows.
+    pub fn changed_since(&self, base: &str) -> Option<&Changed> {
+        self.since
+            .as_ref()
+            .filter(|s| s.content_hash == base)
+            .map(|s| &s.changed)
     }
 
     /// The snapshot's resources with their hashes.
-    pub fn inventory(&self) -> Arc<holdfast_proto::delta::Inventory> {
+    pub fn inventory(&self) -> Arc<Inventory> {
         self.inventory
-            .get_or_init(|| Arc::new(holdfast_proto::delta::inventory(&self.snapshot)))
+            .get_or_init(|| Arc::new(holdfast_proto::delta::inventory(self.snapshot())))
             .clone()
     }
 
-    /// The encoded delta from the snapshot `base_version`, whose resources are `base`, to
-    /// this one; `None` when the complete snapshot is no larger. With `shared` (a base
-    /// this control plane published, so its inventory is its own), it is computed once
-    /// per base version and shared by every stream; an inventory a proxy stated is used
-    /// for that stream only.
-    pub fn delta_from(
-        &self,
-        base_version: &str,
-        base: &holdfast_proto::delta::Inventory,
-        shared: bool,
-    ) -> Option<bytes::Bytes> {
-        let compute = || {
-            let delta = holdfast_proto::delta::diff_to(
-                base_version,
-                base,
-                &self.snapshot,
-                &self.inventory(),
-            );
-            let bytes = prost::Message::encode_to_vec(&delta);
-            (bytes.len() < self.encoded.bytes().len()).then(|| bytes::Bytes::from(bytes))
-        };
-        if !shared {
-            return compute();
-        }
-        let mut deltas = self.deltas.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = deltas.get(base_version) {
+    /// The encoded delta from `base`, a snapshot this control plane published, to this
+    /// one; `None` when the complete snapshot is no larger. Computed once per base and
+    /// shared by every stream: from this build's change list when `base` is the content
+    /// it was built after (O(change)), else by comparing inventories (O(snapshot)).
+    pub fn delta_from_published(&self, base: &Published) -> Option<Bytes> {
+        let mut deltas = lock(&self.deltas);
+        if let Some(known) = deltas.get(&base.version) {
             return known.clone();
         }
-        let made = compute();
+        let delta = match self.changed_since(&base.content_hash) {
+            Some(changed) => self.delta_of(&base.version, changed),
+            None => holdfast_proto::delta::diff_to(
+                &base.version,
+                &base.inventory(),
+                self.snapshot(),
+                &self.inventory(),
+            ),
+        };
+        let made = self.smaller(delta);
         // Proxies hold a handful of versions; a bound keeps a pathological spread small.
         if deltas.len() < 64 {
-            deltas.insert(base_version.to_owned(), made.clone());
+            deltas.insert(base.version.clone(), made.clone());
         }
         made
+    }
+
+    /// The encoded delta from the snapshot `base_version` whose resources a proxy stated
+    /// (`base`), for that stream only; `None` when the complete snapshot is no larger.
+    pub fn delta_from_inventory(&self, base_version: &str, base: &Inventory) -> Option<Bytes> {
+        self.smaller(holdfast_proto::delta::diff_to(
+            base_version,
+            base,
+            self.snapshot(),
+            &self.inventory(),
+        ))
+    }
+
+    fn smaller(&self, delta: SnapshotDelta) -> Option<Bytes> {
+        let bytes = prost::Message::encode_to_vec(&delta);
+        (bytes.len() < self.encoded_len).then(|| Bytes::from(bytes))
+    }
+
+    /// The delta from `base_version` given what changed: each changed name is upserted
+    /// if this content has it and removed if not.
+    fn delta_of(&self, base_version: &str, changed: &Changed) -> SnapshotDelta {
+        let c = &self.content;
+        let mut d = SnapshotDelta {
+            base_version: base_version.to_owned(),
+            version: self.version.clone(),
+            content_hash: self.content_hash.clone(),
+            cluster_revision: self.cluster_revision,
+            default_backend_changed: changed.default_backend,
+            default_backend: c.default_backend.clone(),
+            default_certificate_changed: changed.default_certificate,
+            default_certificate: c.default_certificate.clone(),
+            ..SnapshotDelta::default()
+        };
+        for name in &changed.virtual_hosts {
+            match c.virtual_host(name) {
+                Some(v) => d.upserted_virtual_hosts.push((**v).clone()),
+                None => d.removed_virtual_hosts.push(name.clone()),
+            }
+        }
+        for name in &changed.backends {
+            match c.backend(name) {
+                Some(b) => d.upserted_backends.push((**b).clone()),
+                None => d.removed_backends.push(name.clone()),
+            }
+        }
+        for name in &changed.certificates {
+            match c.certificate(name) {
+                Some(cert) => d.upserted_certificates.push(cert.clone()),
+                None => d.removed_certificates.push(name.clone()),
+            }
+        }
+        d
     }
 }
 
@@ -112,7 +301,7 @@ pub struct CacheStatus {
 #[derive(Debug, Clone)]
 pub struct Held {
     /// The held snapshot (sealed and valid).
-    pub snapshot: Arc<Snapshot>,
+    pub snapshot: Arc<Published>,
     /// False for a hold nothing may release (over --max-snapshot-bytes): no fresh read
     /// confirms it and no operator approves it; only a smaller snapshot replaces it.
     pub confirmable: bool,
@@ -215,20 +404,19 @@ impl Shared {
     }
 
     /// Publishes a sealed, validated snapshot to every stream.
-    pub fn publish(&self, snapshot: Snapshot) {
+    pub fn publish(&self, published: Arc<Published>) {
         let m = &self.inner.metrics;
-        m.snapshot_revision.set(snapshot.cluster_revision as i64);
-        m.snapshot_routes.set(route_count(&snapshot) as i64);
+        m.snapshot_revision.set(published.cluster_revision as i64);
+        m.snapshot_routes.set(published.route_count() as i64);
         m.published.inc();
-        let published = Published::new(snapshot);
         tracing::info!(
-            version = %published.snapshot.version,
-            routes = route_count(&published.snapshot),
-            backends = published.snapshot.backends.len(),
-            bytes = published.encoded.bytes().len(),
+            version = %published.version,
+            routes = published.route_count(),
+            backends = published.content.backends.len(),
+            bytes = published.encoded_len,
             "published snapshot"
         );
-        self.inner.published.send_replace(Some(Arc::new(published)));
+        self.inner.published.send_replace(Some(published));
     }
 
     /// True once the first complete snapshot has been published.
@@ -318,7 +506,7 @@ impl Shared {
             Some(h) if h.snapshot.content_hash == content_hash => {
                 let held = status.held.take().expect("checked above");
                 self.inner.metrics.held.set(0);
-                self.publish((*held.snapshot).clone());
+                self.publish(held.snapshot);
                 true
             }
             _ => false,
@@ -341,7 +529,7 @@ impl Shared {
         let held = status.held.take().expect("checked above");
         self.inner.metrics.held.set(0);
         tracing::warn!(version, reason = %held.reason, "held snapshot approved by an operator");
-        self.publish((*held.snapshot).clone());
+        self.publish(held.snapshot);
         Ok(version.to_owned())
     }
 
@@ -374,7 +562,7 @@ impl Shared {
                 .collect(),
             published_version: published
                 .as_ref()
-                .map(|p| p.snapshot.version.clone())
+                .map(|p| p.version.clone())
                 .unwrap_or_default(),
             last_publish_time: published.map(|p| p.at.into()),
             held: status.held.as_ref().map(|h| v1::HeldSnapshot {
@@ -422,5 +610,122 @@ impl Shared {
     /// Every connected proxy.
     pub fn proxies(&self) -> Vec<v1::ProxyStatus> {
         lock(&self.inner.proxies).values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use holdfast_proto::delta;
+    use holdfast_proto::snapshot::seal;
+    use holdfast_proto::v1::{Backend, Certificate, DefaultBackend, MatchKind, Route, VirtualHost};
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::*;
+
+    /// Hosts `h<i>` routing to backend `b<j>` (port p) with certificate `c<k>` or none.
+    fn build(
+        hosts: &BTreeMap<u8, (u8, Option<u8>)>,
+        ports: &BTreeMap<u8, u16>,
+        certs: &BTreeMap<u8, u8>,
+        default: bool,
+        revision: u64,
+    ) -> Snapshot {
+        let mut s = Snapshot {
+            virtual_hosts: hosts
+                .iter()
+                .filter(|(_, (b, c))| {
+                    ports.contains_key(b) && c.is_none_or(|c| certs.contains_key(&c))
+                })
+                .map(|(h, (b, c))| VirtualHost {
+                    host: format!("h{h}.test"),
+                    routes: vec![Route {
+                        match_kind: MatchKind::Prefix as i32,
+                        path: "/".into(),
+                        backend: format!("b{b}"),
+                        source: None,
+                    }],
+                    certificate: c.map(|c| format!("c{c}")).unwrap_or_default(),
+                    ssl_redirect: false,
+                })
+                .collect(),
+            backends: ports
+                .iter()
+                .map(|(b, p)| Backend {
+                    name: format!("b{b}"),
+                    external_port: u32::from(*p),
+                    ..Default::default()
+                })
+                .collect(),
+            certificates: certs
+                .iter()
+                .map(|(c, serial)| Certificate {
+                    name: format!("c{c}"),
+                    serial: serial.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            default_backend: ports
+                .keys()
+                .next()
+                .filter(|_| default)
+                .map(|b| DefaultBackend {
+                    backend: format!("b{b}"),
+                    source: None,
+                }),
+            ..Default::default()
+        };
+        s.default_certificate = s
+            .certificates
+            .first()
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        seal(&mut s, revision);
+        s
+    }
+
+    prop_compose! {
+        fn arb(revision: u64)(
+            hosts in prop::collection::btree_map(0u8..10, (0u8..4, prop::option::of(0u8..3)), 0..8),
+            ports in prop::collection::btree_map(0u8..4, 1u16..3, 0..4),
+            certs in prop::collection::btree_map(0u8..3, 0u8..2, 0..3),
+            default in any::<bool>(),
+        ) -> Snapshot {
+            build(&hosts, &ports, &certs, default, revision)
+        }
+    }
+
+    proptest! {
+        /// A build's delta from the build before it, made from its change list alone,
+        /// turns that snapshot into this one; and its encoding, written from the shared
+        /// resources, is the snapshot.
+        #[test]
+        fn a_delta_from_the_change_list_makes_the_next_snapshot(before in arb(1), after in arb(2)) {
+            let base = Published::new(before.clone());
+            let since = Since {
+                content_hash: before.content_hash.clone(),
+                changed: Changed::between(&before, &after),
+            };
+            let next = Published::built(Content::of(&after), Some(since), 2);
+            prop_assert_eq!(next.validate(), Ok(()));
+            let decoded = Snapshot::decode(next.encoded().bytes().clone()).unwrap();
+            prop_assert_eq!(&decoded, next.snapshot());
+            prop_assert_eq!(next.encoded_len, next.encoded().bytes().len());
+            prop_assert_eq!(next.encoded_len, prost::Message::encoded_len(next.snapshot()));
+            if let Some(bytes) = next.delta_from_published(&base) {
+                let d = SnapshotDelta::decode(bytes).unwrap();
+                let made = delta::apply(&before, &d).expect("the delta applies to its base");
+                let mut want = next.snapshot().clone();
+                want.created_at = None;
+                prop_assert_eq!(made, want);
+                // Shared: the second stream with this base gets the same bytes.
+                prop_assert_eq!(
+                    next.delta_from_published(&base),
+                    Some(prost::Message::encode_to_vec(&d).into())
+                );
+            }
+        }
     }
 }

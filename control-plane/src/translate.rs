@@ -157,16 +157,204 @@ pub struct Problem {
     pub message: String,
 }
 
-/// The result of translation: an unsealed snapshot (no version yet) and the problems.
+/// A snapshot's content, each virtual host and backend shared (`Arc`) with the
+/// translator that built it and with the next builds: publishing a build copies
+/// pointers, not resources.
+#[derive(Debug, Clone, Default)]
+pub struct Content {
+    /// The content hash.
+    pub content_hash: String,
+    /// Virtual hosts, by host.
+    pub virtual_hosts: Vec<Arc<VirtualHost>>,
+    /// Backends, by name.
+    pub backends: Vec<Arc<Backend>>,
+    /// Certificates, by name.
+    pub certificates: Vec<Certificate>,
+    /// The default backend.
+    pub default_backend: Option<DefaultBackend>,
+    /// The default certificate's name.
+    pub default_certificate: String,
+    /// The encoded length of the virtual hosts, backends and certificates in a snapshot.
+    pub resources_len: usize,
+    /// The virtual hosts' routes (the default backend not counted).
+    pub routes: RouteCounts,
+}
+
+impl Content {
+    /// The content of a complete snapshot: O(snapshot).
+    pub fn of(snapshot: &Snapshot) -> Self {
+        let mut routes = RouteCounts::default();
+        for v in &snapshot.virtual_hosts {
+            routes.add(v);
+        }
+        let resources_len = snapshot
+            .virtual_hosts
+            .iter()
+            .map(|v| encoded_len(VIRTUAL_HOSTS_TAG, v))
+            .chain(
+                snapshot
+                    .backends
+                    .iter()
+                    .map(|b| encoded_len(BACKENDS_TAG, b)),
+            )
+            .chain(
+                snapshot
+                    .certificates
+                    .iter()
+                    .map(|c| encoded_len(CERTIFICATES_TAG, c)),
+            )
+            .sum();
+        Content {
+            content_hash: snapshot.content_hash.clone(),
+            virtual_hosts: snapshot
+                .virtual_hosts
+                .iter()
+                .cloned()
+                .map(Arc::new)
+                .collect(),
+            backends: snapshot.backends.iter().cloned().map(Arc::new).collect(),
+            certificates: snapshot.certificates.clone(),
+            default_backend: snapshot.default_backend.clone(),
+            default_certificate: snapshot.default_certificate.clone(),
+            resources_len,
+            routes,
+        }
+    }
+
+    /// The encoding of the snapshot with this content and `identity`'s other fields,
+    /// written straight from the shared resources (nothing is copied first).
+    pub fn encode(&self, identity: &Snapshot) -> Vec<u8> {
+        use prost::Message;
+        let mut buf = Vec::with_capacity(identity.encoded_len() + self.resources_len);
+        // A Vec grows, so encoding into it cannot fail. Field order does not matter to a
+        // decoder; the resources follow the identity fields.
+        let _ = identity.encode(&mut buf);
+        for v in &self.virtual_hosts {
+            prost::encoding::message::encode(VIRTUAL_HOSTS_TAG, &**v, &mut buf);
+        }
+        for b in &self.backends {
+            prost::encoding::message::encode(BACKENDS_TAG, &**b, &mut buf);
+        }
+        for c in &self.certificates {
+            prost::encoding::message::encode(CERTIFICATES_TAG, c, &mut buf);
+        }
+        buf
+    }
+
+    /// The content as an (unsealed) snapshot: O(snapshot), for a complete send.
+    pub fn to_snapshot(&self) -> Snapshot {
+        Snapshot {
+            content_hash: self.content_hash.clone(),
+            virtual_hosts: self.virtual_hosts.iter().map(|v| (**v).clone()).collect(),
+            backends: self.backends.iter().map(|b| (**b).clone()).collect(),
+            default_backend: self.default_backend.clone(),
+            certificates: self.certificates.clone(),
+            default_certificate: self.default_certificate.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The virtual host for `host`.
+    pub fn virtual_host(&self, host: &str) -> Option<&Arc<VirtualHost>> {
+        self.virtual_hosts
+            .binary_search_by(|v| v.host.as_str().cmp(host))
+            .ok()
+            .map(|i| &self.virtual_hosts[i])
+    }
+
+    /// The backend named `name`.
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends
+            .binary_search_by(|b| b.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.backends[i])
+    }
+
+    /// The certificate named `name`.
+    pub fn certificate(&self, name: &str) -> Option<&Certificate> {
+        self.certificates
+            .binary_search_by(|c| c.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.certificates[i])
+    }
+}
+
+/// The resources whose hash differs between two builds (added, changed or removed), by
+/// name: what a delta between them carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// Virtual hosts, sorted.
+    pub virtual_hosts: Vec<String>,
+    /// Backends, sorted.
+    pub backends: Vec<String>,
+    /// Certificates, sorted.
+    pub certificates: Vec<String>,
+    /// The default backend changed.
+    pub default_backend: bool,
+    /// The default certificate changed.
+    pub default_certificate: bool,
+}
+
+impl Changed {
+    /// What differs between two complete snapshots, resource by resource: O(snapshot),
+    /// the reference the translator's change lists are tested against.
+    pub fn between(before: &Snapshot, after: &Snapshot) -> Self {
+        let (before, after) = (delta::inventory(before), delta::inventory(after));
+        let differs = |kind: ResourceKind| -> Vec<String> {
+            let names: BTreeSet<&String> = before
+                .keys()
+                .chain(after.keys())
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, n)| n)
+                .collect();
+            names
+                .into_iter()
+                .filter(|n| {
+                    let key = (kind, (*n).clone());
+                    before.get(&key) != after.get(&key)
+                })
+                .cloned()
+                .collect()
+        };
+        Changed {
+            virtual_hosts: differs(ResourceKind::VirtualHost),
+            backends: differs(ResourceKind::Backend),
+            certificates: differs(ResourceKind::Certificate),
+            default_backend: !differs(ResourceKind::DefaultBackend).is_empty(),
+            default_certificate: !differs(ResourceKind::DefaultCertificate).is_empty(),
+        }
+    }
+}
+
+/// What changed since a translator's previous build.
+#[derive(Debug, Clone, Default)]
+pub struct Since {
+    /// The previous build's content hash.
+    pub content_hash: String,
+    /// What differs from it.
+    pub changed: Changed,
+}
+
+/// The result of translation: the content (no version yet), what changed since the
+/// previous build, and the problems.
 #[derive(Debug, Clone, Default)]
 pub struct Translation {
-    /// The snapshot content; seal it with `holdfast_proto::snapshot::seal`.
-    pub snapshot: Snapshot,
+    /// The content; [`Translation::snapshot`] makes it a snapshot to seal.
+    pub content: Content,
+    /// What changed since this translator's previous build (None on its first).
+    pub since: Option<Since>,
     /// Skipped rules and lost conflicts, sorted.
     pub problems: Vec<Problem>,
     /// (certificate name, Ingress) for every Ingress whose `spec.tls` is served with a
     /// certificate in the snapshot, sorted: who to tell when a certificate nears expiry.
     pub certificate_users: Vec<(String, IngressRef)>,
+}
+
+impl Translation {
+    /// The content as an unsealed snapshot (`content_hash` set): O(snapshot).
+    pub fn snapshot(&self) -> Snapshot {
+        self.content.to_snapshot()
+    }
 }
 
 /// The Ingress's namespace and name.
@@ -1004,7 +1192,8 @@ fn by_age(a: &IngressDigest, b: &IngressDigest) -> std::cmp::Ordering {
 /// One virtual host as built: the message, the conflicts decided in it, and the
 /// backends its routes use.
 struct HostEntry {
-    vhost: VirtualHost,
+    /// Shared with the snapshots published from it (changed only by copy on write).
+    vhost: Arc<VirtualHost>,
     /// The namespace of the host's oldest Ingress (who owns it, with
     /// `HostOwnership::FirstNamespace`).
     owner: String,
@@ -1012,11 +1201,24 @@ struct HostEntry {
     backends: Vec<Arc<BackendRef>>,
 }
 
+impl HostEntry {
+    /// Sets the host's certificate and redirect, copying the shared virtual host only if
+    /// they change.
+    fn set_tls(&mut self, certificate: &str, redirect: bool) {
+        if self.vhost.certificate != certificate || self.vhost.ssl_redirect != redirect {
+            let v = Arc::make_mut(&mut self.vhost);
+            certificate.clone_into(&mut v.certificate);
+            v.ssl_redirect = redirect;
+        }
+    }
+}
+
 /// One resolved backend: the message, and how many virtual hosts (and the default
 /// backend) use it.
 struct BackendEntry {
     users: usize,
-    backend: Backend,
+    /// Shared with the snapshots published from it.
+    backend: Arc<Backend>,
     /// An ExternalName Service, refused because `allow_external_name` is off.
     refused_external: bool,
 }
@@ -1026,7 +1228,7 @@ impl BackendEntry {
     fn unresolved(users: usize) -> Self {
         BackendEntry {
             users,
-            backend: Backend::default(),
+            backend: Arc::default(),
             refused_external: false,
         }
     }
@@ -1077,6 +1279,46 @@ pub struct Translator {
     sum: Summed,
     /// Hosts changed since the last build's sum (their hash is computed again).
     unsummed_hosts: Vec<String>,
+    /// A build has been made (so the next one reports what changed since).
+    built: bool,
+    /// The routes of the built virtual hosts.
+    routes: RouteCounts,
+}
+
+/// Counts of routes, kept one virtual host at a time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// Routes.
+    pub routes: usize,
+    /// Distinct (host, match kind, path) keys: what the bounded-destruction guard counts.
+    pub keys: usize,
+}
+
+impl RouteCounts {
+    /// The counts of one virtual host.
+    pub fn of(vhost: &VirtualHost) -> Self {
+        let keys: HashSet<(i32, &str)> = vhost
+            .routes
+            .iter()
+            .map(|r| (r.match_kind, r.path.as_str()))
+            .collect();
+        RouteCounts {
+            routes: vhost.routes.len(),
+            keys: keys.len(),
+        }
+    }
+
+    fn add(&mut self, vhost: &VirtualHost) {
+        let c = RouteCounts::of(vhost);
+        self.routes += c.routes;
+        self.keys += c.keys;
+    }
+
+    fn remove(&mut self, vhost: &VirtualHost) {
+        let c = RouteCounts::of(vhost);
+        self.routes -= c.routes;
+        self.keys -= c.keys;
+    }
 }
 
 /// The content sum of the last build and the resource hash each resource had in it
@@ -1084,27 +1326,44 @@ pub struct Translator {
 #[derive(Default)]
 struct Summed {
     sum: ContentSum,
-    hosts: FastMap<String, [u8; 32]>,
-    backends: FastMap<String, [u8; 32]>,
+    /// Each resource's hash and the length of its encoding in a snapshot.
+    hosts: FastMap<String, ([u8; 32], usize)>,
+    backends: FastMap<String, ([u8; 32], usize)>,
+    /// The encoded length of the snapshot's repeated resources.
+    resources_len: usize,
     certificates: FastMap<String, (Certificate, [u8; 32])>,
     default_backend: Option<[u8; 32]>,
     default_certificate: Option<[u8; 32]>,
 }
 
 impl Summed {
-    /// Sets the hash of resource `name` in `map` (and in the sum) to `new`.
+    /// Sets the hash of resource `name` in `map` (and in the sum) to `new`; true if it
+    /// changed.
     fn set(
         sum: &mut ContentSum,
-        map: &mut FastMap<String, [u8; 32]>,
+        resources_len: &mut usize,
+        map: &mut FastMap<String, ([u8; 32], usize)>,
         name: &str,
-        new: Option<[u8; 32]>,
-    ) {
+        new: Option<([u8; 32], usize)>,
+    ) -> bool {
         let old = match new {
             Some(h) => map.insert(name.to_owned(), h),
             None => map.remove(name),
         };
-        sum.replace(old.as_ref(), new.as_ref());
+        sum.replace(old.as_ref().map(|o| &o.0), new.as_ref().map(|n| &n.0));
+        *resources_len = *resources_len + new.map_or(0, |n| n.1) - old.map_or(0, |o| o.1);
+        old.map(|o| o.0) != new.map(|n| n.0)
     }
+}
+
+/// Field numbers of `Snapshot`'s repeated resources.
+const VIRTUAL_HOSTS_TAG: u32 = 5;
+const BACKENDS_TAG: u32 = 6;
+const CERTIFICATES_TAG: u32 = 8;
+
+/// The length of `message` encoded as field `tag` of a snapshot.
+fn encoded_len(tag: u32, message: &impl prost::Message) -> usize {
+    prost::encoding::message::encoded_len(tag, message)
 }
 
 /// The resource hash of `message`, of kind `kind`.
@@ -1206,6 +1465,7 @@ impl Translator {
                 self.with_problems.clear();
                 self.with_tls.clear();
                 self.hosts_with_problems.clear();
+                self.routes = RouteCounts::default();
                 for (host, entry) in std::mem::take(&mut self.hosts) {
                     self.unsummed_hosts.push(host);
                     for b in &entry.backends {
@@ -1255,6 +1515,7 @@ impl Translator {
         self.unsummed_hosts.extend(dirty_hosts.iter().cloned());
         for host in &dirty_hosts {
             if let Some(old) = self.hosts.remove(host) {
+                self.routes.remove(&old.vhost);
                 for b in &old.backends {
                     self.backends.release(b);
                 }
@@ -1278,6 +1539,7 @@ impl Translator {
             if !entry.problems.is_empty() {
                 self.hosts_with_problems.insert(host.clone());
             }
+            self.routes.add(&entry.vhost);
             new_hosts.push((host, entry));
         }
         if self.hosts.is_empty() {
@@ -1366,14 +1628,14 @@ impl Translator {
                 while results.next_if(|(key, _)| key.name < *name).is_some() {}
                 if let Some((_, (backend, refused))) = results.next_if(|(key, _)| key.name == *name)
                 {
-                    entry.backend = backend;
+                    entry.backend = Arc::new(backend);
                     entry.refused_external = refused;
                 }
             }
         } else {
             for (key, (backend, refused)) in to_resolve.iter().zip(resolved) {
                 if let Some(entry) = self.backends.entries.get_mut(&key.name) {
-                    entry.backend = backend;
+                    entry.backend = Arc::new(backend);
                     entry.refused_external = refused;
                 }
             }
@@ -1390,19 +1652,23 @@ impl Translator {
         self.backends
             .unsummed
             .extend(to_resolve.iter().map(|b| b.name.clone()));
-        let content_hash = self.update_sum(default_backend.as_ref(), &tls);
+        let previous_hash = self.built.then(|| self.sum.sum.content_hash());
+        let (content_hash, changed) = self.update_sum(default_backend.as_ref(), &tls);
+        let since = previous_hash.map(|content_hash| Since {
+            content_hash,
+            changed,
+        });
+        self.built = true;
 
-        let (hosts, backends) = (&self.hosts, &self.backends.entries);
-        let (virtual_hosts, backends_out) = join(
-            hosts.len() + backends.len() > 2_000,
-            || hosts.values().map(|e| e.vhost.clone()).collect::<Vec<_>>(),
-            || {
-                backends
-                    .values()
-                    .map(|e| e.backend.clone())
-                    .collect::<Vec<_>>()
-            },
-        );
+        // Pointers to the shared resources, in order.
+        let virtual_hosts: Vec<Arc<VirtualHost>> =
+            self.hosts.values().map(|e| e.vhost.clone()).collect();
+        let backends_out: Vec<Arc<Backend>> = self
+            .backends
+            .entries
+            .values()
+            .map(|e| e.backend.clone())
+            .collect();
 
         for host in &self.hosts_with_problems {
             if let Some(entry) = self.hosts.get(host) {
@@ -1419,15 +1685,17 @@ impl Translator {
             }));
         }
         Translation {
-            snapshot: Snapshot {
+            content: Content {
                 content_hash,
                 virtual_hosts,
                 backends: backends_out,
                 default_backend,
                 certificates: tls.certificates,
                 default_certificate: tls.default_certificate,
-                ..Default::default()
+                resources_len: self.sum.resources_len,
+                routes: self.routes,
             },
+            since,
             problems: problems.into_iter().collect(),
             certificate_users: tls.users,
         }
@@ -1436,7 +1704,12 @@ impl Translator {
     /// Brings the content sum up to date with the hosts and backends changed since the
     /// last build and this build's default backend and certificates, and returns the
     /// content hash. Hashes only what changed (the certificates are compared first).
-    fn update_sum(&mut self, default_backend: Option<&DefaultBackend>, tls: &TlsOut) -> String {
+    fn update_sum(
+        &mut self,
+        default_backend: Option<&DefaultBackend>,
+        tls: &TlsOut,
+    ) -> (String, Changed) {
+        let mut changed = Changed::default();
         let mut hosts = std::mem::take(&mut self.unsummed_hosts);
         hosts.sort_unstable();
         hosts.dedup();
@@ -1448,25 +1721,41 @@ impl Translator {
             hosts.len() + backends.len() > 2_000,
             || {
                 parallel_map(&hosts, |h| {
-                    host_map
-                        .get(h)
-                        .map(|e| hash_of(ResourceKind::VirtualHost, &e.vhost))
+                    host_map.get(h).map(|e| {
+                        (
+                            hash_of(ResourceKind::VirtualHost, &*e.vhost),
+                            encoded_len(VIRTUAL_HOSTS_TAG, &*e.vhost),
+                        )
+                    })
                 })
             },
             || {
                 parallel_map(&backends, |b| {
-                    backend_map
-                        .get(b)
-                        .map(|e| hash_of(ResourceKind::Backend, &e.backend))
+                    backend_map.get(b).map(|e| {
+                        (
+                            hash_of(ResourceKind::Backend, &*e.backend),
+                            encoded_len(BACKENDS_TAG, &*e.backend),
+                        )
+                    })
                 })
             },
         );
         let s = &mut self.sum;
-        for (name, new) in hosts.iter().zip(host_hashes) {
-            Summed::set(&mut s.sum, &mut s.hosts, name, new);
+        for (name, new) in hosts.into_iter().zip(host_hashes) {
+            if Summed::set(&mut s.sum, &mut s.resources_len, &mut s.hosts, &name, new) {
+                changed.virtual_hosts.push(name);
+            }
         }
-        for (name, new) in backends.iter().zip(backend_hashes) {
-            Summed::set(&mut s.sum, &mut s.backends, name, new);
+        for (name, new) in backends.into_iter().zip(backend_hashes) {
+            if Summed::set(
+                &mut s.sum,
+                &mut s.resources_len,
+                &mut s.backends,
+                &name,
+                new,
+            ) {
+                changed.backends.push(name);
+            }
         }
         let current: FastSet<&str> = tls.certificates.iter().map(|c| c.name.as_str()).collect();
         let gone: Vec<String> = s
@@ -1476,8 +1765,10 @@ impl Translator {
             .cloned()
             .collect();
         for name in gone {
-            if let Some((_, h)) = s.certificates.remove(&name) {
+            if let Some((c, h)) = s.certificates.remove(&name) {
                 s.sum.remove(&h);
+                s.resources_len -= encoded_len(CERTIFICATES_TAG, &c);
+                changed.certificates.push(name);
             }
         }
         for c in &tls.certificates {
@@ -1489,9 +1780,18 @@ impl Translator {
             }
             let h = hash_of(ResourceKind::Certificate, c);
             let old = s.certificates.insert(c.name.clone(), (c.clone(), h));
+            s.resources_len += encoded_len(CERTIFICATES_TAG, c);
+            if let Some((o, _)) = &old {
+                s.resources_len -= encoded_len(CERTIFICATES_TAG, o);
+            }
+            if old.as_ref().map(|(_, h)| h) != Some(&h) {
+                changed.certificates.push(c.name.clone());
+            }
             s.sum.replace(old.as_ref().map(|(_, h)| h), Some(&h));
         }
+        changed.certificates.sort_unstable();
         let new = default_backend.map(|d| hash_of(ResourceKind::DefaultBackend, d));
+        changed.default_backend = s.default_backend != new;
         s.sum.replace(s.default_backend.as_ref(), new.as_ref());
         s.default_backend = new;
         let new = (!tls.default_certificate.is_empty()).then(|| {
@@ -1500,9 +1800,10 @@ impl Translator {
                 tls.default_certificate.as_bytes(),
             )
         });
+        changed.default_certificate = s.default_certificate != new;
         s.sum.replace(s.default_certificate.as_ref(), new.as_ref());
         s.default_certificate = new;
-        s.sum.content_hash()
+        (s.sum.content_hash(), changed)
     }
 
     /// An `ExternalNameDisabled` problem for each Ingress routing to a refused
@@ -1591,8 +1892,7 @@ impl Translator {
             }
             for host in std::mem::take(&mut self.tls_hosts) {
                 if let Some(entry) = self.hosts.get_mut(&host) {
-                    entry.vhost.certificate.clear();
-                    entry.vhost.ssl_redirect = false;
+                    entry.set_tls("", false);
                 }
             }
             return TlsOut {
@@ -1769,18 +2069,20 @@ impl Translator {
                 }
             }
         }
-        drop(served);
+        let kept: FastSet<&str> = served.keys().copied().collect();
         for host in std::mem::take(&mut self.tls_hosts) {
-            if let Some(entry) = self.hosts.get_mut(&host) {
-                entry.vhost.certificate.clear();
-                entry.vhost.ssl_redirect = false;
+            if !kept.contains(host.as_str())
+                && let Some(entry) = self.hosts.get_mut(&host)
+            {
+                entry.set_tls("", false);
             }
         }
+        drop(kept);
+        drop(served);
         let mut names: BTreeSet<&str> = BTreeSet::new();
         for (host, name, redirect) in assigned {
             if let Some(entry) = self.hosts.get_mut(&host) {
-                entry.vhost.certificate.clone_from(&name);
-                entry.vhost.ssl_redirect = redirect;
+                entry.set_tls(&name, redirect);
             }
             if let Some((secret, _)) = wanted.get(host.as_str()) {
                 names.insert(secret);
@@ -1982,7 +2284,7 @@ fn build_host(
         ..Default::default()
     };
     HostEntry {
-        vhost,
+        vhost: Arc::new(vhost),
         owner,
         problems,
         backends,

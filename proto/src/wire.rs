@@ -35,6 +35,13 @@ impl EncodedSnapshot {
         }
     }
 
+    /// Wraps a snapshot's encoding made elsewhere.
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        EncodedSnapshot {
+            bytes: bytes.into(),
+        }
+    }
+
     /// The encoded bytes.
     pub fn bytes(&self) -> &Bytes {
         &self.bytes

@@ -120,20 +120,20 @@ fn run(state: &ClusterState) -> Translation {
 fn run_with(state: &ClusterState, opts: &Options) -> Translation {
     let t = translate(state, opts);
     assert_eq!(
-        t.snapshot.content_hash,
-        holdfast_proto::snapshot::content_hash(&t.snapshot)
+        t.snapshot().content_hash,
+        holdfast_proto::snapshot::content_hash(&t.snapshot())
     );
     let mut warm = Translator::default();
     warm.translate(&self::state(vec![]), opts);
     let again = warm.translate(state, opts);
-    assert_eq!(again.snapshot, t.snapshot);
+    assert_eq!(again.snapshot(), t.snapshot());
     assert_eq!(again.problems, t.problems);
     t
 }
 
 /// (host, kind, path, backend) of every route, in snapshot order.
 fn routes(t: &Translation) -> Vec<(String, MatchKind, String, String)> {
-    t.snapshot
+    t.snapshot()
         .virtual_hosts
         .iter()
         .flat_map(|v| {
@@ -150,11 +150,9 @@ fn routes(t: &Translation) -> Vec<(String, MatchKind, String, String)> {
 }
 
 fn backend<'a>(t: &'a Translation, name: &str) -> &'a Backend {
-    t.snapshot
-        .backends
-        .iter()
-        .find(|b| b.name == name)
-        .unwrap_or_else(|| panic!("no backend {name} in {:?}", t.snapshot.backends))
+    t.content
+        .backend(name)
+        .unwrap_or_else(|| panic!("no backend {name} in {:?}", t.content.backends))
 }
 
 fn r(
@@ -504,7 +502,7 @@ fn ingress_class_selection() {
     all.push(Arc::new(legacy));
 
     let hosts = |t: &Translation| {
-        t.snapshot
+        t.snapshot()
             .virtual_hosts
             .iter()
             .map(|v| v.host.clone())
@@ -543,7 +541,12 @@ fn ingress_class_selection() {
         ingress_class: Some("holdfast-internal".into()),
         ..Options::default()
     };
-    assert!(translate(&st, &narrowed).snapshot.virtual_hosts.is_empty());
+    assert!(
+        translate(&st, &narrowed)
+            .snapshot()
+            .virtual_hosts
+            .is_empty()
+    );
 }
 
 #[test]
@@ -560,7 +563,7 @@ fn hosts_are_lower_cased_and_wildcards_and_hostless_rules_kept() {
         ]),
     )]));
     let hosts: Vec<_> = t
-        .snapshot
+        .content
         .virtual_hosts
         .iter()
         .map(|v| v.host.as_str())
@@ -700,8 +703,8 @@ fn rules_for_one_host_merge_across_ingresses() {
             )]),
         ),
     ]));
-    assert_eq!(t.snapshot.virtual_hosts.len(), 1);
-    let sources: Vec<_> = t.snapshot.virtual_hosts[0]
+    assert_eq!(t.snapshot().virtual_hosts.len(), 1);
+    let sources: Vec<_> = t.snapshot().virtual_hosts[0]
         .routes
         .iter()
         .map(|r| r.source.clone().unwrap().name)
@@ -768,7 +771,7 @@ fn a_true_conflict_goes_to_the_oldest_ingress_and_the_loser_gets_a_problem() {
     );
     // Unused backends of the loser are not in the snapshot.
     assert!(
-        t.snapshot
+        t.snapshot()
             .backends
             .iter()
             .all(|b| b.name != "default/web2:80")
@@ -803,7 +806,7 @@ fn a_true_conflict_goes_to_the_oldest_ingress_and_the_loser_gets_a_problem() {
     ]);
     let t = run(&st);
     assert_eq!(
-        t.snapshot.virtual_hosts[0].routes[0]
+        t.snapshot().virtual_hosts[0].routes[0]
             .source
             .as_ref()
             .unwrap()
@@ -820,11 +823,7 @@ fn default_backend_of_the_oldest_ingress_wins() {
         ingress_with("default", "later", 3, db("other")),
         ingress_with("default", "first", 1, db("web")),
     ]));
-    let d = t
-        .snapshot
-        .default_backend
-        .as_ref()
-        .expect("default backend");
+    let d = t.content.default_backend.as_ref().expect("default backend");
     assert_eq!(d.backend, "default/web:80");
     assert_eq!(d.source.as_ref().unwrap().name, "first");
     assert_eq!(t.problems.len(), 1);
@@ -844,11 +843,7 @@ fn only_listed_namespaces_may_set_the_default_backend() {
         ..Options::default()
     };
     let t = run_with(&st, &opts);
-    let d = t
-        .snapshot
-        .default_backend
-        .as_ref()
-        .expect("default backend");
+    let d = t.content.default_backend.as_ref().expect("default backend");
     assert_eq!(d.source.as_ref().unwrap().namespace, "edge");
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
@@ -858,7 +853,8 @@ fn only_listed_namespaces_may_set_the_default_backend() {
     let only_tenant = state(vec![ingress_with("tenant", "catch-all", 1, db("web"))]);
     let t = run_with(&only_tenant, &opts);
     assert_eq!(
-        t.snapshot.default_backend, None,
+        t.snapshot().default_backend,
+        None,
         "unmatched requests get 404"
     );
 }
@@ -927,16 +923,16 @@ fn translation_is_deterministic_whatever_the_input_order() {
         *s = Arc::new(rev);
     });
     let backward = run(&st);
-    assert_eq!(forward.snapshot, backward.snapshot);
+    assert_eq!(forward.snapshot(), backward.snapshot());
     assert_eq!(
-        holdfast_proto::snapshot::content_hash(&forward.snapshot),
-        holdfast_proto::snapshot::content_hash(&backward.snapshot)
+        holdfast_proto::snapshot::content_hash(&forward.snapshot()),
+        holdfast_proto::snapshot::content_hash(&backward.snapshot())
     );
 }
 
 #[test]
 fn every_translated_snapshot_is_consistent() {
-    let mut t = run(&state(vec![
+    let t = run(&state(vec![
         ingress(
             "default",
             "a",
@@ -962,8 +958,37 @@ fn every_translated_snapshot_is_consistent() {
             )]),
         ),
     ]));
-    holdfast_proto::snapshot::seal(&mut t.snapshot, 1);
-    assert_eq!(holdfast_proto::snapshot::validate(&t.snapshot), Ok(()));
+    let mut s = t.snapshot();
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    assert_eq!(holdfast_proto::snapshot::validate(&s), Ok(()));
+}
+
+/// What the translator reports alongside a build, kept one change at a time, must be
+/// what the whole snapshots say: the names whose resource differs from the previous
+/// build's (the change list deltas are made from), the encoded length and the route
+/// counts.
+fn check_incremental(previous: Option<&Snapshot>, t: &Translation, step: usize) {
+    let now = t.snapshot();
+    let whole = Content::of(&now);
+    assert_eq!(
+        t.content.resources_len, whole.resources_len,
+        "length at step {step}"
+    );
+    assert_eq!(
+        t.content.routes, whole.routes,
+        "route counts at step {step}"
+    );
+    let Some(previous) = previous else {
+        assert!(
+            t.since.is_none(),
+            "a first build has nothing to differ from"
+        );
+        return;
+    };
+    let since = t.since.as_ref().expect("a later build says what changed");
+    assert_eq!(since.content_hash, previous.content_hash, "step {step}");
+    let want = Changed::between(previous, &now);
+    assert_eq!(since.changed, want, "change list at step {step}");
 }
 
 /// A small deterministic generator (xorshift), so the sequence below is the same on
@@ -1083,6 +1108,7 @@ fn long_lived_builds_what_fresh_builds(opts: Options) {
     };
     let mut translator = Translator::default();
     let (mut with_routes, mut with_problems) = (0, 0);
+    let mut previous: Option<Snapshot> = None;
     for step in 0..400 {
         match rng.below(10) {
             0..=2 => {
@@ -1152,7 +1178,8 @@ fn long_lived_builds_what_fresh_builds(opts: Options) {
         let fresh = translate(&st, &opts);
         let warm = translator.translate(&st, &opts);
         assert_eq!(
-            warm.snapshot, fresh.snapshot,
+            warm.snapshot(),
+            fresh.snapshot(),
             "snapshot differs at step {step}"
         );
         assert_eq!(
@@ -1160,19 +1187,21 @@ fn long_lived_builds_what_fresh_builds(opts: Options) {
             "problems differ at step {step}"
         );
         assert_eq!(
-            warm.snapshot.content_hash,
-            holdfast_proto::snapshot::content_hash(&warm.snapshot),
+            warm.snapshot().content_hash,
+            holdfast_proto::snapshot::content_hash(&warm.snapshot()),
             "content hash at step {step}"
         );
-        let mut sealed = warm.snapshot.clone();
+        let mut sealed = warm.snapshot().clone();
         holdfast_proto::snapshot::seal(&mut sealed, 1);
         assert_eq!(
             holdfast_proto::snapshot::validate(&sealed),
             Ok(()),
             "step {step}"
         );
-        with_routes += usize::from(!warm.snapshot.virtual_hosts.is_empty());
+        with_routes += usize::from(!warm.snapshot().virtual_hosts.is_empty());
         with_problems += usize::from(!warm.problems.is_empty());
+        check_incremental(previous.as_ref(), &warm, step);
+        previous = Some(warm.snapshot());
     }
     // The sequence exercised routes and problems, not only empty snapshots.
     assert!(with_routes > 200, "{with_routes}");
@@ -1283,7 +1312,7 @@ fn with_secrets(ingresses: Vec<Arc<Ingress>>, secrets: Vec<Arc<Secret>>) -> Clus
 
 /// (host, certificate, redirect) of every virtual host.
 fn tls_of(t: &Translation) -> Vec<(String, String, bool)> {
-    t.snapshot
+    t.snapshot()
         .virtual_hosts
         .iter()
         .map(|v| (v.host.clone(), v.certificate.clone(), v.ssl_redirect))
@@ -1317,8 +1346,8 @@ fn a_tls_host_gets_its_secrets_certificate_once_and_a_redirect_and_keys_stay_in_
             ("plain.example.test".into(), String::new(), false),
         ]
     );
-    assert_eq!(t.snapshot.certificates.len(), 1);
-    let c = &t.snapshot.certificates[0];
+    assert_eq!(t.snapshot().certificates.len(), 1);
+    let c = &t.snapshot().certificates[0];
     assert_eq!(c.name, "default/site");
     assert_eq!(c.private_key, key.as_bytes());
     assert_eq!(c.dns_names, ["a.example.test", "b.example.test"]);
@@ -1337,7 +1366,7 @@ fn a_tls_host_gets_its_secrets_certificate_once_and_a_redirect_and_keys_stay_in_
     let (chain2, key2) = cert_pem(&["a.example.test", "b.example.test"]);
     let mut st2 = st.clone();
     st2.secrets = vec![tls_secret("default", "site", &chain2, &key2)];
-    assert_ne!(run(&st2).snapshot.content_hash, t.snapshot.content_hash);
+    assert_ne!(run(&st2).snapshot().content_hash, t.snapshot().content_hash);
 }
 
 #[test]
@@ -1359,7 +1388,7 @@ fn a_combined_pem_in_tls_crt_never_puts_the_key_into_the_certificate_chain() {
             &key,
         )],
     ));
-    let c = &t.snapshot.certificates[0];
+    let c = &t.snapshot().certificates[0];
     let shown = String::from_utf8(c.certificate_chain.clone()).unwrap();
     assert!(!shown.contains("PRIVATE KEY"), "{shown}");
     assert!(shown.contains("BEGIN CERTIFICATE"));
@@ -1384,7 +1413,7 @@ fn unreferenced_secrets_never_enter_the_snapshot() {
         vec![tls_secret("default", "other", &chain, &key)],
     );
     let t = run(&st);
-    assert!(t.snapshot.certificates.is_empty());
+    assert!(t.snapshot().certificates.is_empty());
     assert_eq!(tls_of(&t)[0].1, "");
 }
 
@@ -1507,7 +1536,7 @@ fn a_secret_that_breaks_later_keeps_serving_its_last_good_certificate() {
     let good = with_secrets(ing.clone(), vec![tls_secret("default", "a", &chain, &key)]);
     let mut tr = Translator::default();
     let before = tr.translate(&good, &Options::default());
-    assert_eq!(before.snapshot.certificates.len(), 1);
+    assert_eq!(before.snapshot().certificates.len(), 1);
     // Malformed, then deleted, then renewed with a certificate that drops the host.
     let (other_chain, other_key) = cert_pem(&["other.example.test"]);
     for secrets in [
@@ -1516,7 +1545,7 @@ fn a_secret_that_breaks_later_keeps_serving_its_last_good_certificate() {
         vec![tls_secret("default", "a", &other_chain, &other_key)],
     ] {
         let t = tr.translate(&with_secrets(ing.clone(), secrets), &Options::default());
-        assert_eq!(t.snapshot.certificates, before.snapshot.certificates);
+        assert_eq!(t.snapshot().certificates, before.snapshot().certificates);
         assert_eq!(tls_of(&t), tls_of(&before));
         assert_eq!(t.problems.len(), 1, "{:?}", t.problems);
     }
@@ -1530,7 +1559,7 @@ fn a_secret_that_breaks_later_keeps_serving_its_last_good_certificate() {
         &Options::default(),
     );
     assert_eq!(
-        t.snapshot.certificates[0].certificate_chain,
+        t.snapshot().certificates[0].certificate_chain,
         new_chain.as_bytes()
     );
     assert!(t.problems.is_empty());
@@ -1574,7 +1603,7 @@ fn the_oldest_ingress_wins_a_tls_host_and_a_host_without_rules_gets_no_certifica
         r,
         ["ConflictingRoute", "ConflictingTLS", "TLSHostWithoutRules"]
     );
-    assert_eq!(t.snapshot.certificates.len(), 1);
+    assert_eq!(t.snapshot().certificates.len(), 1);
 }
 
 #[test]
@@ -1586,16 +1615,16 @@ fn the_default_certificate_is_carried_when_it_is_usable() {
         ..Options::default()
     };
     let t = translate(&st, &opts);
-    assert_eq!(t.snapshot.default_certificate, "ops/fallback");
-    assert_eq!(t.snapshot.certificates.len(), 1);
-    holdfast_proto::snapshot::validate_structure(&t.snapshot).unwrap();
+    assert_eq!(t.snapshot().default_certificate, "ops/fallback");
+    assert_eq!(t.snapshot().certificates.len(), 1);
+    holdfast_proto::snapshot::validate_structure(&t.snapshot()).unwrap();
     let missing = Options {
         default_certificate: Some("ops/missing".into()),
         ..Options::default()
     };
     let t = translate(&st, &missing);
-    assert_eq!(t.snapshot.default_certificate, "");
-    assert!(t.snapshot.certificates.is_empty());
+    assert_eq!(t.snapshot().default_certificate, "");
+    assert!(t.snapshot().certificates.is_empty());
     assert_eq!(reasons(&t), ["MissingTLSSecret"]);
 }
 
@@ -1853,7 +1882,7 @@ fn another_namespace_cannot_set_the_certificate_of_a_host_it_does_not_own() {
         [("a.example.test".to_string(), String::new(), false)],
         "no certificate and no redirect from another namespace"
     );
-    assert!(t.snapshot.certificates.is_empty());
+    assert!(t.snapshot().certificates.is_empty());
     assert!(
         t.problems
             .iter()
@@ -1878,6 +1907,7 @@ fn a_long_lived_translators_content_hash_is_its_snapshots_through_tls_changes() 
     let mut ingresses: Vec<Arc<Ingress>> = Vec::new();
     let mut secrets: Vec<Arc<Secret>> = Vec::new();
     let mut with_tls = 0;
+    let mut previous: Option<Snapshot> = None;
     for step in 0..300 {
         match rng.below(5) {
             0 | 1 => {
@@ -1928,16 +1958,18 @@ fn a_long_lived_translators_content_hash_is_its_snapshots_through_tls_changes() 
             &Options::default(),
         );
         with_tls += usize::from(
-            t.snapshot
+            t.snapshot()
                 .virtual_hosts
                 .iter()
                 .any(|v| !v.certificate.is_empty()),
         );
         assert_eq!(
-            t.snapshot.content_hash,
-            holdfast_proto::snapshot::content_hash(&t.snapshot),
+            t.snapshot().content_hash,
+            holdfast_proto::snapshot::content_hash(&t.snapshot()),
             "content hash differs from the snapshot's at step {step}"
         );
+        check_incremental(previous.as_ref(), &t, step);
+        previous = Some(t.snapshot());
     }
     assert!(
         with_tls > 50,

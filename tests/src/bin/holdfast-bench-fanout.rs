@@ -129,17 +129,22 @@ pub fn synthetic_snapshot(bytes: usize, rev: u64) -> Snapshot {
 async fn serve(bytes: usize) -> anyhow::Result<()> {
     use holdfast_control_plane::discovery::Discovery;
     use holdfast_control_plane::metrics::Metrics;
-    use holdfast_control_plane::state::Shared;
+    use holdfast_control_plane::state::{Published, Shared};
 
     let mut registry = prometheus_client::registry::Registry::default();
     let shared = Shared::new(Metrics::new(&mut registry));
     let mut rev = 1;
-    shared.publish(synthetic_snapshot(bytes, rev));
+    shared.publish(Arc::new(Published::new(synthetic_snapshot(bytes, rev))));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!(
         "{} {}",
         listener.local_addr()?,
-        shared.published().expect("published").encoded.bytes().len()
+        shared
+            .published()
+            .expect("published")
+            .encoded()
+            .bytes()
+            .len()
     );
     let server = tonic::transport::Server::builder()
         .add_service(Discovery::new(
@@ -163,7 +168,7 @@ async fn serve(bytes: usize) -> anyhow::Result<()> {
             }
             ("next", Some(snapshot)) => {
                 rev += 1;
-                shared.publish(snapshot);
+                shared.publish(Arc::new(Published::new(snapshot)));
                 println!("published {rev}");
             }
             (other, _) => println!("unexpected command {other:?}"),
