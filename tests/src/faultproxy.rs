@@ -1,7 +1,8 @@
 //! A TCP fault proxy for putting between a client (the control plane) and a server (the
 //! API server), switchable at run time:
 //! pass, refuse new connections, reset all connections (SO_LINGER 0), blackhole (accept,
-//! forward nothing), added latency, and cut each connection after N bytes from the server.
+//! forward nothing), added latency, cut each connection after N bytes from the server, and
+//! drop what the client sends.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,9 @@ pub enum Mode {
     /// Forward, but cut each connection (RST) once it has carried this many bytes from
     /// the server: responses break mid-way.
     CutAfter(u64),
+    /// Forward what the server sends; read and drop what the client sends (a client's
+    /// answers, such as a proxy's ACK, are lost).
+    DropFromClient,
 }
 
 /// A running fault proxy. Dropping it stops it and closes every connection.
@@ -181,6 +185,7 @@ async fn connection(
                 let Ok(n) = n else { break };
                 if n == 0 { let _ = sw.shutdown().await; break; }
                 if let Mode::Latency(d) = current { tokio::time::sleep(d).await; }
+                if current == Mode::DropFromClient { continue; }
                 if sw.write_all(&up_buf[..n]).await.is_err() { break; }
             }
             n = sr.read(&mut down_buf), if forwarding => {

@@ -128,6 +128,21 @@ impl Subscriber {
         Ok(snapshot)
     }
 
+    /// ACKs the response with `nonce` as serving `snapshot` (what a delta made).
+    pub async fn ack_with(&mut self, nonce: &str, snapshot: Snapshot) -> Result<()> {
+        self.tx
+            .send(DiscoveryRequest {
+                node: Some(self.node.clone()),
+                version_info: snapshot.version.clone(),
+                response_nonce: nonce.into(),
+                content_hash: snapshot.content_hash.clone(),
+                ..Default::default()
+            })
+            .await?;
+        self.serving = Some(snapshot);
+        Ok(())
+    }
+
     /// NACKs `response` with `message`; keeps serving what it served.
     pub async fn nack(&mut self, response: &DiscoveryResponse, message: &str) -> Result<()> {
         self.tx
