@@ -6,8 +6,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use holdfast_proto::v1::admin_server::Admin;
 use holdfast_proto::v1::{
-    ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetSnapshotRequest, GetStatusRequest,
-    GetStatusResponse, ListProxiesRequest, ListProxiesResponse, Snapshot,
+    ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetChangesRequest, GetSnapshotRequest,
+    GetStatusRequest, GetStatusResponse, ListProxiesRequest, ListProxiesResponse, Snapshot,
+    SnapshotDelta,
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -44,6 +45,28 @@ impl Admin for AdminService {
                 self.shared.unsynced()
             ))),
         }
+    }
+
+    async fn get_changes(
+        &self,
+        request: tonic::Request<GetChangesRequest>,
+    ) -> Result<tonic::Response<SnapshotDelta>, Status> {
+        let from = request.into_inner().from_version;
+        let Some(current) = self.shared.published() else {
+            return Err(Status::unavailable("nothing published yet"));
+        };
+        let Some(base) = self.shared.recently_published(&from) else {
+            return Err(Status::not_found(format!(
+                "version {from:?} is not among the {} versions this replica published last (it publishes {}); GetSnapshot returns the whole snapshot",
+                crate::state::HISTORY,
+                current.version
+            )));
+        };
+        let mut delta = current.delta_since(&base);
+        for c in &mut delta.upserted_certificates {
+            c.private_key.clear();
+        }
+        Ok(tonic::Response::new(delta))
     }
 
     async fn list_proxies(

@@ -123,11 +123,13 @@ pub struct Args {
     /// it such handshakes fail.
     #[arg(long, env = "HOLDFAST_DEFAULT_CERTIFICATE")]
     pub default_certificate: Option<String>,
-    /// Quiet period before building after a change (bursts coalesce).
-    #[arg(long, env = "HOLDFAST_DEBOUNCE", default_value = "100ms", value_parser = humantime::parse_duration)]
+    /// Quiet period before building after a change (bursts coalesce). Short by default:
+    /// a build and its delta cost O(change), so waiting longer saves little.
+    #[arg(long, env = "HOLDFAST_DEBOUNCE", default_value = "20ms", value_parser = humantime::parse_duration)]
     pub debounce: Duration,
-    /// Longest a burst of changes can delay a build.
-    #[arg(long, env = "HOLDFAST_MAX_DELAY", default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Longest a burst of changes can delay a build: under steady churn (changes closer
+    /// together than --debounce) a build is made this often.
+    #[arg(long, env = "HOLDFAST_MAX_DELAY", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub max_delay: Duration,
     /// Share of published routes (0 to 1) a new snapshot may remove without being held
     /// for confirmation. Removing all routes is always held.

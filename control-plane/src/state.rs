@@ -209,6 +209,21 @@ impl Published {
             .clone()
     }
 
+    /// The delta from `base`, a snapshot this control plane published, to this one: from
+    /// this build's change list when `base` is the content it was built after, else by
+    /// comparing inventories.
+    pub fn delta_since(&self, base: &Published) -> SnapshotDelta {
+        match self.changed_since(&base.content_hash) {
+            Some(changed) => self.delta_of(&base.version, changed),
+            None => holdfast_proto::delta::diff_to(
+                &base.version,
+                &base.inventory(),
+                self.snapshot(),
+                &self.inventory(),
+            ),
+        }
+    }
+
     /// The encoded delta from `base`, a snapshot this control plane published, to this
     /// one; `None` when the complete snapshot is no larger. Computed once per base and
     /// shared by every stream: from this build's change list when `base` is the content
@@ -218,16 +233,7 @@ impl Published {
         if let Some(known) = deltas.get(&base.version) {
             return known.clone();
         }
-        let delta = match self.changed_since(&base.content_hash) {
-            Some(changed) => self.delta_of(&base.version, changed),
-            None => holdfast_proto::delta::diff_to(
-                &base.version,
-                &base.inventory(),
-                self.snapshot(),
-                &self.inventory(),
-            ),
-        };
-        let made = self.smaller(delta);
+        let made = self.smaller(self.delta_since(base));
         // Proxies hold a handful of versions; a bound keeps a pathological spread small.
         if deltas.len() < 64 {
             deltas.insert(base.version.clone(), made.clone());
@@ -349,9 +355,14 @@ pub struct Shared {
     inner: Arc<Inner>,
 }
 
+/// How many published versions a replica keeps for `Admin/GetChanges`.
+pub const HISTORY: usize = 16;
+
 #[derive(Debug)]
 struct Inner {
     published: watch::Sender<Option<Arc<Published>>>,
+    /// The versions published last, newest last (they share their resources).
+    history: Mutex<std::collections::VecDeque<Arc<Published>>>,
     status: Mutex<Status>,
     proxies: Mutex<BTreeMap<u64, v1::ProxyStatus>>,
     next_stream: AtomicU64,
@@ -380,6 +391,7 @@ impl Shared {
         Shared {
             inner: Arc::new(Inner {
                 published: watch::channel(None).0,
+                history: Mutex::new(std::collections::VecDeque::new()),
                 status: Mutex::new(status),
                 proxies: Mutex::new(BTreeMap::new()),
                 next_stream: AtomicU64::new(1),
@@ -416,7 +428,23 @@ impl Shared {
             bytes = published.encoded_len,
             "published snapshot"
         );
+        {
+            let mut history = lock(&self.inner.history);
+            if history.len() == HISTORY {
+                history.pop_front();
+            }
+            history.push_back(published.clone());
+        }
         self.inner.published.send_replace(Some(published));
+    }
+
+    /// The published snapshot `version`, if it is among the last [`HISTORY`].
+    pub fn recently_published(&self, version: &str) -> Option<Arc<Published>> {
+        lock(&self.inner.history)
+            .iter()
+            .rev()
+            .find(|p| p.version == version)
+            .cloned()
     }
 
     /// True once the first complete snapshot has been published.

@@ -9,8 +9,10 @@
 # Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
 # nginx (wrk closed loop, oha open loop); route discovery fan-out of 1 MB and 10 MB
 # snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
-# Ingresses, 1,000 ACKing subscribers). Installs nginx, wrk and oha when missing; builds
-# the pinned Kubernetes tools when missing (deploy/local/k8s.sh ensure).
+# Ingresses, 1,000 ACKing subscribers; with deltas, then 100 EndpointSlice changes a
+# second for a minute); the proxy's apply of a one-host delta. Installs nginx, wrk and oha
+# when missing; builds the pinned Kubernetes tools when missing (deploy/local/k8s.sh
+# ensure).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
@@ -24,11 +26,13 @@ if $smoke; then
   PROXY=(--smoke)
   FANOUT=(--sizes-mb 0.1 --streams 1,20 --rounds 2)
   SCALE=(--ingresses 30 --subscribers 20 --streams-per-connection 10 --rounds 2)
+  CHURN=(--churn-per-second 20 --churn-seconds 2)
 else
   CRITERION=()
   PROXY=()
   FANOUT=(--sizes-mb 1,10 --streams 1,100,1000 --rounds 5)
   SCALE=(--ingresses 10000 --subscribers 1000 --rounds 20)
+  CHURN=(--churn-per-second 100 --churn-seconds 60)
 fi
 step() { echo "tests/bench/run.sh: $* ($(date -u +%T))" >&2; }
 
@@ -64,6 +68,11 @@ echo "## Route lookup (criterion, \`cargo bench -p holdfast-data-plane --bench l
 echo
 cargo bench -q -p holdfast-data-plane --bench lookup -- "${CRITERION[@]}" 2>/dev/null | criterion_table
 echo
+step criterion: proxy apply
+echo "## Proxy apply + persist + swap of a one-host delta (criterion, \`cargo bench -p holdfast-data-plane --bench apply\`)"
+echo
+cargo bench -q -p holdfast-data-plane --bench apply -- "${CRITERION[@]}" 2>/dev/null | criterion_table
+echo
 step criterion: snapshot build
 echo "## Snapshot build (criterion, \`cargo bench -p holdfast-control-plane --bench build\`)"
 echo
@@ -85,7 +94,7 @@ echo "## Control plane at scale (\`target/release/holdfast-bench-scale ${SCALE[*
 echo
 target/release/holdfast-bench-scale "${SCALE[@]}"
 echo
-echo "### The same with subscribers that accept deltas (\`--deltas\`)"
+echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo
-target/release/holdfast-bench-scale "${SCALE[@]}" --deltas
+target/release/holdfast-bench-scale "${SCALE[@]}" --deltas "${CHURN[@]}"
 step done

@@ -1098,3 +1098,91 @@ async fn a_snapshot_over_the_size_limit_is_held_and_cannot_be_approved() -> anyh
     assert_eq!(status["publishedVersion"], before.version.as_str());
     Ok(())
 }
+
+/// `Admin/GetChanges` shows an operator, with the real grpcurl, what changed from a recent
+/// version to the published one: the delta a proxy holding that version is sent, with
+/// certificates' private keys left out. A version the replica does not keep is NOT_FOUND.
+#[tokio::test]
+async fn get_changes_shows_the_delta_from_a_recent_version_with_grpcurl() -> anyhow::Result<()> {
+    let s = setup("changes").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let published = || {
+        call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")
+            .ok()
+            .and_then(|st| st["publishedVersion"].as_str().map(str::to_owned))
+    };
+    let first = wait::until("a published version", T, || async { Ok(published()) }).await?;
+
+    // A new host served over TLS with a certificate from a Secret.
+    let issued = holdfast_tests::tls::TestCa::new("changes-ca").server(&[&s.host("b")]);
+    let ns = Some(s.ns.as_str());
+    create(
+        &s.client,
+        ns,
+        &objects::tls_secret("b-tls", &issued.cert_pem, &issued.key_pem),
+    )
+    .await?;
+    create(
+        &s.client,
+        ns,
+        &objects::tls_ingress("b", &s.class, &s.host("b"), "web", 80, "b-tls", json!({})),
+    )
+    .await?;
+    let second = wait::until("a version with host b", T, || async {
+        let snap =
+            call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}").map_err(|e| e.to_string())?;
+        let has_b = snap["virtualHosts"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|h| h["host"] == s.host("b").as_str()));
+        Ok(has_b.then(|| snap["version"].as_str().unwrap_or_default().to_owned()))
+    })
+    .await?;
+    assert_ne!(first, second);
+
+    let changes = call(
+        cp.grpc,
+        "holdfast.v1.Admin/GetChanges",
+        &json!({ "fromVersion": first }).to_string(),
+    )?;
+    assert_eq!(changes["baseVersion"], first.as_str(), "{changes}");
+    assert_eq!(changes["version"], second.as_str(), "{changes}");
+    let hosts: Vec<&str> = changes["upsertedVirtualHosts"]
+        .as_array()
+        .map(|v| v.iter().filter_map(|h| h["host"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        hosts,
+        [s.host("b").as_str()],
+        "only the new host: {changes}"
+    );
+    let certs = changes["upsertedCertificates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(certs.len(), 1, "{changes}");
+    assert_eq!(certs[0]["name"], format!("{}/b-tls", s.ns).as_str());
+    assert!(certs[0]["certificateChain"].is_string(), "{changes}");
+    assert!(
+        certs[0].get("privateKey").is_none(),
+        "a private key was shown: {changes}"
+    );
+
+    // From the published version itself: nothing changed.
+    let none = call(
+        cp.grpc,
+        "holdfast.v1.Admin/GetChanges",
+        &json!({ "fromVersion": second }).to_string(),
+    )?;
+    assert!(none.get("upsertedVirtualHosts").is_none(), "{none}");
+    assert_eq!(none["version"], second.as_str());
+
+    let unknown = grpcurl(
+        cp.grpc,
+        Some(&json!({ "fromVersion": "1-0000000000000000" }).to_string()),
+        &["holdfast.v1.Admin/GetChanges"],
+    )
+    .expect_err("an unknown version is refused");
+    assert!(unknown.to_string().contains("NotFound"), "{unknown}");
+    Ok(())
+}

@@ -14,8 +14,9 @@
 //! garbage.
 //!
 //! **Compaction** ([`StateFiles::append`]): once the log is larger than the state file,
-//! the snapshot the log leads to is written as a new state file on a thread of its own,
-//! while deltas keep being appended. Then, under the lock appends take, the records
+//! a thread of its own re-reads the state file and the log's records so far, replays them
+//! (verified, as a load does) and writes the snapshot they lead to as a new state file,
+//! while deltas keep being appended (the applier never builds the whole snapshot). Then, under the lock appends take, the records
 //! appended meanwhile are copied into a new log, and the new state file and then the new
 //! log are renamed into place. A crash between the two renames leaves the new state file
 //! with the old log, whose records up to it are skipped and the rest applied. A complete

@@ -6,6 +6,12 @@
 //! has ACKed a snapshot containing the change. Prints a markdown table: convergence
 //! p50/p99, control-plane RSS, snapshot size, load time.
 //!
+//! With `--churn-per-second N`, it then changes N EndpointSlices per second for
+//! `--churn-seconds` (each change a new endpoint address on one Service, as pod rollouts
+//! do) and reports, per change, the time until every subscriber has ACKed a snapshot of
+//! that cluster revision or newer, how far the last subscriber trails the first on each
+//! version, and the control plane's CPU over the churn.
+//!
 //! Subscriber 0 decodes every snapshot and finds the version that carries the change. The
 //! others are lightweight: they receive every response in full over their own stream but
 //! parse only the version and nonce (decoding a 1.4 MB snapshot is each proxy's own cost on
@@ -53,6 +59,12 @@ struct Args {
     /// snapshots only.
     #[arg(long)]
     deltas: bool,
+    /// EndpointSlice changes per second after the rounds (0: none).
+    #[arg(long, default_value_t = 0)]
+    churn_per_second: u32,
+    /// How long the churn lasts, in seconds.
+    #[arg(long, default_value_t = 60)]
+    churn_seconds: u64,
 }
 
 /// What the subscribers ACKed.
@@ -75,10 +87,16 @@ impl Seen {
 
     /// When the last subscriber first ACKed revision `rev` or newer, once all have.
     fn all_acked(&self, rev: u64) -> Option<Instant> {
-        self.acks
-            .iter()
-            .map(|acks| acks.iter().find(|(r, _)| *r >= rev).map(|(_, t)| *t))
+        self.first_acks(rev)
             .try_fold(None::<Instant>, |latest, t| Some(latest.max(Some(t?))))?
+    }
+
+    /// When each subscriber first ACKed revision `rev` or newer (its ACKs are in order).
+    fn first_acks(&self, rev: u64) -> impl Iterator<Item = Option<Instant>> + '_ {
+        self.acks.iter().map(move |acks| {
+            let i = acks.partition_point(|(r, _)| *r < rev);
+            acks.get(i).map(|(_, t)| *t)
+        })
     }
 }
 
@@ -100,6 +118,9 @@ fn revision_of(version: &str) -> u64 {
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -271,6 +292,11 @@ async fn main() -> anyhow::Result<()> {
     }
     times.sort();
     let sent = cp.metric("holdfast_sent_bytes_total").await?.unwrap_or(0.0) - sent_before;
+    let churn = if args.churn_per_second > 0 {
+        Some(churn(&args, &slices, pid, &seen).await?)
+    } else {
+        None
+    };
     let per_change = sent / (args.rounds.max(1) * args.subscribers) as f64;
     let (rss, hwm) = (rss_kib(pid, "VmRSS:"), rss_kib(pid, "VmHWM:"));
     println!("| metric | value |");
@@ -309,6 +335,28 @@ async fn main() -> anyhow::Result<()> {
         rss / 1024,
         hwm / 1024
     );
+    if let Some(c) = churn {
+        println!(
+            "| churn: EndpointSlice changes made (target {}/s for {} s) | {} in {:.1} s |",
+            args.churn_per_second,
+            args.churn_seconds,
+            c.changes,
+            c.elapsed.as_secs_f64()
+        );
+        println!(
+            "| churn: change → all ACKed, p50 / p99 / max | {:.0} / {:.0} / {:.0} ms |",
+            c.latency[0] * 1e3,
+            c.latency[1] * 1e3,
+            c.latency[2] * 1e3
+        );
+        println!(
+            "| churn: last subscriber behind the first on a version, p99 / max | {:.0} / {:.0} ms |",
+            c.spread[0] * 1e3,
+            c.spread[1] * 1e3
+        );
+        println!("| churn: control-plane CPU | {:.2} cores |", c.cpu_cores);
+        println!("| churn: versions published | {} |", c.versions);
+    }
     stopping.store(true, Ordering::Relaxed);
     drop(cp);
     drop(cluster);
@@ -409,4 +457,129 @@ async fn light_subscriber(
         seen.lock().expect("lock").acks[sub].push((rev, Instant::now()));
     }
     Ok(())
+}
+
+/// What the churn measured.
+struct Churn {
+    changes: usize,
+    elapsed: Duration,
+    /// Change → all ACKed: p50, p99, max (seconds).
+    latency: [f64; 3],
+    /// Per version, last subscriber's ACK minus the first's: p99, max (seconds).
+    spread: [f64; 2],
+    cpu_cores: f64,
+    versions: usize,
+}
+
+/// User + system CPU time of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 here.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
+/// Changes `--churn-per-second` EndpointSlices per second for `--churn-seconds`, then
+/// waits for every subscriber and measures.
+async fn churn(
+    args: &Args,
+    slices: &Api<EndpointSlice>,
+    pid: u32,
+    seen: &Arc<Mutex<Seen>>,
+) -> anyhow::Result<Churn> {
+    let cpu_before = cpu_seconds(pid);
+    let started = Instant::now();
+    let total = args.churn_per_second as u64 * args.churn_seconds;
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / args.churn_per_second);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut running = tokio::task::JoinSet::new();
+    for n in 0..total {
+        ticks.tick().await;
+        let slices = slices.clone();
+        let i = (n as usize * 7919) % args.ingresses;
+        let name = format!("app-{i}-1");
+        let ip = format!(
+            "10.{}.{}.{}",
+            200 + ((n >> 16) & 15),
+            (n >> 8) & 255,
+            n & 255
+        );
+        running.spawn(async move {
+            let patch = serde_json::json!({ "endpoints": [{
+                "addresses": [ip], "conditions": { "ready": true }
+            }] });
+            let sent = Instant::now();
+            let slice = slices
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let rev: u64 = slice
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .context("resourceVersion")?;
+            Ok::<(u64, Instant), anyhow::Error>((rev, sent))
+        });
+    }
+    let mut changes = Vec::new();
+    while let Some(done) = running.join_next().await {
+        changes.push(done??);
+    }
+    let elapsed = started.elapsed();
+    let newest = changes.iter().map(|(r, _)| *r).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.lock().expect("lock").all_acked(newest).is_none() {
+        anyhow::ensure!(Instant::now() < deadline, "the churn did not converge");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cpu_cores = (cpu_seconds(pid) - cpu_before) / started.elapsed().as_secs_f64();
+    let s = seen.lock().expect("lock");
+    let mut latency: Vec<Duration> = changes
+        .iter()
+        .map(|(rev, sent)| {
+            s.all_acked(*rev)
+                .expect("converged")
+                .saturating_duration_since(*sent)
+        })
+        .collect();
+    latency.sort();
+    // Each version the subscribers ACKed during the churn: how long the last took after
+    // the first.
+    let mut versions: Vec<u64> = s.acks[0]
+        .iter()
+        .map(|(r, _)| *r)
+        .filter(|r| changes.iter().any(|(c, _)| c <= r))
+        .collect();
+    versions.dedup();
+    let mut spread: Vec<Duration> = versions
+        .iter()
+        .filter_map(|rev| {
+            let firsts: Vec<Instant> = s.first_acks(*rev).collect::<Option<_>>()?;
+            let (min, max) = (firsts.iter().min()?, firsts.iter().max()?);
+            Some(max.saturating_duration_since(*min))
+        })
+        .collect();
+    spread.sort();
+    let secs = |d: Duration| d.as_secs_f64();
+    Ok(Churn {
+        changes: changes.len(),
+        elapsed,
+        latency: [
+            secs(percentile(&latency, 0.5)),
+            secs(percentile(&latency, 0.99)),
+            secs(*latency.last().unwrap_or(&Duration::ZERO)),
+        ],
+        spread: [
+            secs(percentile(&spread, 0.99)),
+            secs(*spread.last().unwrap_or(&Duration::ZERO)),
+        ],
+        cpu_cores,
+        versions: versions.len(),
+    })
 }
