@@ -48,3 +48,15 @@ pub async fn shutdown_signal(token: CancellationToken) {
     tracing::info!("shutting down");
     token.cancel();
 }
+
+/// Runs `f`, which may take milliseconds (a build, a first encoding, a diff of
+/// inventories), so that the runtime's other tasks do not wait for it: on the
+/// multi-thread runtime this worker hands its tasks to another first
+/// (`block_in_place`); elsewhere (a current-thread runtime in a test, no runtime) `f`
+/// just runs.
+pub fn off_runtime<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

@@ -220,11 +220,11 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => return,
             _ = expiry_tick.tick() => {
-                rebuild(&caches, &shared, &settings, &mut reporter, &mut translator);
+                crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
             }
             _ = changed.notified() => {
                 coalesce(&changed, settings.debounce, settings.max_delay).await;
-                rebuild(&caches, &shared, &settings, &mut reporter, &mut translator);
+                crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
             }
             _ = confirm_tick.tick() => {
                 let Some(held) = shared.held() else { continue };
@@ -276,8 +276,11 @@ fn rebuild(
     let (candidate, problems) = match built {
         Ok(b) => b,
         Err(error) => {
-            // A bug, not bad input: translation only emits consistent snapshots.
+            // A bug, not bad input: translation only emits consistent snapshots. The next
+            // build starts from scratch, so it is validated whole rather than by its
+            // changes since this one.
             tracing::error!(%error, "built snapshot failed validation; not publishing");
+            *translator = Translator::default();
             return;
         }
     };

@@ -110,6 +110,25 @@ impl Published {
         p
     }
 
+    /// The same build, sharing its resources, without the complete snapshot, encodings
+    /// and deltas made for it so far.
+    pub fn shadow(&self) -> Published {
+        Published {
+            version: self.version.clone(),
+            content_hash: self.content_hash.clone(),
+            cluster_revision: self.cluster_revision,
+            created_at: self.created_at,
+            content: self.content.clone(),
+            since: self.since.clone(),
+            encoded_len: self.encoded_len,
+            at: self.at,
+            snapshot: OnceLock::new(),
+            encoded: OnceLock::new(),
+            inventory: OnceLock::new(),
+            deltas: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// The fields other than the repeated resources.
     fn identity(&self) -> Snapshot {
         Snapshot {
@@ -165,9 +184,15 @@ impl Published {
                 certificate: c.default_certificate.clone(),
             });
         }
-        if cfg!(debug_assertions) {
-            validate_structure(self.snapshot())?;
-        }
+        // The whole check, in debug builds (tests): the change-list check must never
+        // pass a build it refuses. (A backend the build removed while an unchanged host
+        // still routes to it is ruled out by the translator's use counts, and refused by
+        // every proxy's check.)
+        debug_assert_eq!(
+            validate_structure(self.snapshot()),
+            Ok(()),
+            "the change-list check passed a build the whole check refuses"
+        );
         Ok(())
     }
 
@@ -433,7 +458,9 @@ impl Shared {
             if history.len() == HISTORY {
                 history.pop_front();
             }
-            history.push_back(published.clone());
+            // A copy sharing the resources but none of the encodings a stream made, so
+            // the history costs pointers, not snapshots.
+            history.push_back(Arc::new(published.shadow()));
         }
         self.inner.published.send_replace(Some(published));
     }
@@ -725,6 +752,27 @@ mod tests {
         }
     }
 
+    /// The change-list check refuses a changed host that names a missing backend (in a
+    /// debug build the whole check runs after it, and would panic were it passed).
+    #[test]
+    fn a_changed_host_naming_a_missing_backend_fails_the_change_list_check() {
+        let hosts = BTreeMap::from([(1u8, (0u8, None)), (2, (0, None))]);
+        let ports = BTreeMap::from([(0u8, 1u16)]);
+        let before = build(&hosts, &ports, &BTreeMap::new(), false, 1);
+        let mut after = before.clone();
+        after.virtual_hosts[0].routes[0].backend = "b9".into();
+        seal(&mut after, 2);
+        let since = Since {
+            content_hash: before.content_hash.clone(),
+            changed: Changed::between(&before, &after),
+        };
+        let built = Published::built(Content::of(&after), Some(since), 2);
+        assert!(matches!(
+            built.validate(),
+            Err(InvalidSnapshot::MissingBackend { .. })
+        ));
+    }
+
     proptest! {
         /// A build's delta from the build before it, made from its change list alone,
         /// turns that snapshot into this one; and its encoding, written from the shared
@@ -742,8 +790,16 @@ mod tests {
             prop_assert_eq!(&decoded, next.snapshot());
             prop_assert_eq!(next.encoded_len, next.encoded().bytes().len());
             prop_assert_eq!(next.encoded_len, prost::Message::encoded_len(next.snapshot()));
-            if let Some(bytes) = next.delta_from_published(&base) {
+            let direct = next.delta_since(&base);
+            let shared = next.delta_from_published(&base);
+            prop_assert_eq!(
+                shared.is_some(),
+                prost::Message::encoded_len(&direct) < next.encoded_len,
+                "a delta is sent exactly when it is smaller than the snapshot"
+            );
+            if let Some(bytes) = shared {
                 let d = SnapshotDelta::decode(bytes).unwrap();
+                prop_assert_eq!(&d, &direct);
                 let made = delta::apply(&before, &d).expect("the delta applies to its base");
                 let mut want = next.snapshot().clone();
                 want.created_at = None;

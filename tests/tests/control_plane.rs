@@ -1186,3 +1186,56 @@ async fn get_changes_shows_the_delta_from_a_recent_version_with_grpcurl() -> any
     assert!(unknown.to_string().contains("NotFound"), "{unknown}");
     Ok(())
 }
+
+/// A proxy restarting from the state file of a large cluster states an inventory of tens
+/// of thousands of resources in its first request (about 70 bytes each): the control plane
+/// takes it and answers, rather than refusing the stream as an oversized message.
+#[tokio::test]
+async fn a_first_request_with_the_inventory_of_a_large_snapshot_is_accepted() -> anyhow::Result<()>
+{
+    let s = setup("inventory").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    wait::until("a published version", T, || async {
+        Ok(call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")
+            .ok()
+            .and_then(|st| st["publishedVersion"].as_str().map(str::to_owned)))
+    })
+    .await?;
+    // What a proxy of a 10,000-app cluster holds: 20,000 resources.
+    let mut held = Snapshot::default();
+    for i in 0..10_000 {
+        let name = format!("{}/app-{i:05}:80", s.ns);
+        held.backends.push(holdfast_proto::v1::Backend {
+            name: name.clone(),
+            ..Default::default()
+        });
+        held.virtual_hosts.push(holdfast_proto::v1::VirtualHost {
+            host: format!("app-{i:05}.{}.test", s.ns),
+            routes: vec![holdfast_proto::v1::Route {
+                match_kind: holdfast_proto::v1::MatchKind::Prefix as i32,
+                path: "/".into(),
+                backend: name,
+                source: None,
+            }],
+            ..Default::default()
+        });
+    }
+    holdfast_proto::snapshot::seal(&mut held, 1);
+    let inventory = holdfast_proto::delta::to_wire(&holdfast_proto::delta::inventory(&held));
+    let stated = prost::Message::encoded_len(&holdfast_proto::v1::DiscoveryRequest {
+        inventory,
+        ..Default::default()
+    });
+    assert!(
+        stated > 1 << 20,
+        "the inventory is {stated} bytes: not large enough to test"
+    );
+    let mut sub = Subscriber::connect_with(&cp.grpc_url(), "proxy-1", Some(held), 0, true).await?;
+    let response = sub
+        .next(T)
+        .await?
+        .expect("an answer to the large first request");
+    assert!(response.delta.is_some() || response.clone().into_snapshot().is_some());
+    Ok(())
+}

@@ -364,13 +364,15 @@ fn served(t: &RouteTable) -> Vec<String> {
         let probe = host.replace("*.", "x.");
         out.push(format!(
             "{host}: certificate {:?} redirect {}",
-            t.certificate_for(Some(&probe)).map(|c| &c.name),
+            t.certificate_for(Some(&probe))
+                .map(|c| (&c.name, &c.facts.fingerprint_sha256)),
             t.redirects_to_https(&probe)
         ));
     }
     out.push(format!(
         "default certificate {:?}",
-        t.certificate_for(None).map(|c| &c.name)
+        t.certificate_for(None)
+            .map(|c| (&c.name, &c.facts.fingerprint_sha256))
     ));
     out.push(format!(
         "{} routes, {} backends, {} certificates, version {}",
