@@ -336,25 +336,22 @@ async fn serve_stream(
             if *hash != serving_hash && *hash != rejected_hash {
                 nonce += 1;
                 let version = &current.version;
-                // O(snapshot) when the base is not the build before (a stated inventory,
-                // a proxy further behind) and for a first encoding: off the runtime's
-                // workers.
-                let delta =
-                    crate::off_runtime(|| match base.as_ref().filter(|b| b.version() != version) {
-                        Some(Base::Acked(held)) => current.delta_from_published(held),
-                        Some(Base::Stated { version, inventory }) => {
-                            current.delta_from_inventory(version, inventory)
-                        }
-                        None => None,
-                    });
+                // Cheap when the base is the build before (a shared, cached delta). A
+                // stated inventory, a proxy further behind, or a first encoding costs
+                // O(snapshot) once per version, on this task: handing the worker off
+                // for it (block_in_place) in a thousand streams at once spawned hundreds
+                // of threads (see docs/benchmarks.md).
+                let delta = match base.as_ref().filter(|b| b.version() != version) {
+                    Some(Base::Acked(held)) => current.delta_from_published(held),
+                    Some(Base::Stated { version, inventory }) => {
+                        current.delta_from_inventory(version, inventory)
+                    }
+                    None => None,
+                };
                 let is_delta = delta.is_some();
                 let framed = match delta {
                     Some(bytes) => grpc_delta_frames(version, &nonce.to_string(), bytes),
-                    None => grpc_message_frames(
-                        version,
-                        &nonce.to_string(),
-                        crate::off_runtime(|| current.encoded()),
-                    ),
+                    None => grpc_message_frames(version, &nonce.to_string(), current.encoded()),
                 };
                 let frames = match framed {
                     Ok(frames) => frames,

@@ -49,8 +49,8 @@ pub async fn shutdown_signal(token: CancellationToken) {
     token.cancel();
 }
 
-/// Runs `f`, which may take milliseconds (a build, a first encoding, a diff of
-/// inventories), so that the runtime's other tasks do not wait for it: on the
+/// Runs `f`, which may take milliseconds (a build), so that the runtime's other tasks do
+/// not wait for it: on the
 /// multi-thread runtime this worker hands its tasks to another first
 /// (`block_in_place`); elsewhere (a current-thread runtime in a test, no runtime) `f`
 /// just runs.
