@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwapOption;
 use holdfast_control_plane::authn;
@@ -139,18 +139,9 @@ impl Cluster {
             certs,
             cert: 0,
         };
-        // An Ingress no step touches: the snapshot never loses every route, which the
+        // An Ingress no `Op` touches: the snapshot never loses every route, which the
         // bounded-destruction guard would hold back.
-        c.ingresses.insert(
-            HOSTS,
-            Arc::new(in_ns(objects::ingress(
-                "anchor",
-                CLASS,
-                "anchor.test",
-                "s0",
-                80,
-            ))),
-        );
+        c.move_anchor(0);
         for i in 0..SERVICES {
             c.apply(&Op::Service {
                 i,
@@ -164,6 +155,13 @@ impl Cluster {
             });
         }
         c
+    }
+
+    /// Gives the anchor Ingress the host `anchor-<n>.test`.
+    fn move_anchor(&mut self, n: usize) {
+        let host = format!("anchor-{n}.test");
+        let anchor = objects::ingress("anchor", CLASS, &host, "s0", 80);
+        self.ingresses.insert(HOSTS, Arc::new(in_ns(anchor)));
     }
 
     /// Applies a cluster change; false for the other kinds of step.
@@ -296,6 +294,9 @@ struct Proxy {
     faults: [FaultProxy; 2],
     /// The replica it is meant to use (the other refuses it).
     active: usize,
+    /// When its connections were last cut: a stream the control plane registered
+    /// before then is dead, even if the control plane has not noticed yet.
+    cut: SystemTime,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
@@ -341,6 +342,7 @@ impl Proxy {
             metrics,
             faults,
             active: 0,
+            cut: SystemTime::UNIX_EPOCH,
             shutdown,
             task,
             _dir: dir,
@@ -352,13 +354,15 @@ impl Proxy {
     }
 
     /// Drops its connections; it reconnects (to the replica it is meant to use).
-    fn reconnect(&self) {
+    fn reconnect(&mut self) {
+        self.cut = SystemTime::now();
         self.faults[self.active].reset_existing();
     }
 
     /// Moves it to the other replica.
     fn switch(&mut self) {
         let (from, to) = (self.active, 1 - self.active);
+        self.cut = SystemTime::now();
         self.faults[to].set(Mode::Pass);
         self.faults[from].set(Mode::Refuse);
         self.faults[from].reset_existing();
@@ -424,21 +428,32 @@ impl Scripted {
     }
 }
 
-/// Waits until `replica` has the ACK of what `proxy` (node `id`) serves.
+/// Waits until `replica` has the ACK of what `proxy` (node `id`) serves, on a stream
+/// opened since the proxy's connections were last cut (the stream that was cut may still
+/// be listed, with the same ACK, until the control plane notices).
 async fn acked(replica: &Replica, id: &str, proxy: &Proxy) -> anyhow::Result<()> {
+    let cut = proxy
+        .cut
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
     holdfast_tests::wait::until(&format!("{id}'s ACK"), CONVERGE, || async {
         let serving = proxy.applier.serving().map(|(v, _)| v).unwrap_or_default();
-        let acked: Vec<String> = replica
+        let live: Vec<String> = replica
             .shared
             .proxies()
             .into_iter()
             .filter(|s| s.id == id)
+            .filter(|s| {
+                s.connected_since.as_ref().is_some_and(|t| {
+                    Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32) > cut
+                })
+            })
             .map(|s| s.acked_version)
             .collect();
-        if acked.contains(&serving) {
+        if live.contains(&serving) {
             Ok(Some(()))
         } else {
-            Err(format!("serving {serving}, ACKed {acked:?}"))
+            Err(format!("serving {serving}, ACKed on live streams {live:?}"))
         }
     })
     .await
@@ -496,12 +511,9 @@ async fn run(ops: Vec<Op>) -> anyhow::Result<()> {
         };
         if cluster.apply(op) || losing.is_some() {
             if losing.is_some() {
-                // The change whose ACK is lost.
-                cluster.apply(&Op::Slice {
-                    i: step % SERVICES,
-                    endpoints: (step % 3) as u8 + 1,
-                    delete: false,
-                });
+                // The change whose ACK is lost: one that changes what is served
+                // whatever the sequence did before (an EndpointSlice change may not).
+                cluster.move_anchor(step + 1);
             }
             revision += 1;
             for r in replicas.iter_mut() {
@@ -513,7 +525,7 @@ async fn run(ops: Vec<Op>) -> anyhow::Result<()> {
             .content_hash;
         if let Some(p) = losing {
             converge(&proxies[p], p, &fresh, step).await?;
-            let proxy = &proxies[p];
+            let proxy = &mut proxies[p];
             proxy.faults[proxy.active].set(Mode::Pass);
             proxy.reconnect();
         }
