@@ -32,14 +32,18 @@ impl PartialEq for RouteCounters {
 
 impl Eq for RouteCounters {}
 
+/// The status class labels, by their index in [`RouteCounters`].
+const CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
 /// The status class label and its index in [`RouteCounters`].
 fn class_of(status: u16) -> (&'static str, usize) {
-    match status {
-        200..=299 => ("2xx", 0),
-        300..=399 => ("3xx", 1),
-        400..=499 => ("4xx", 2),
-        _ => ("5xx", 3),
-    }
+    let i = match status {
+        200..=299 => 0,
+        300..=399 => 1,
+        400..=499 => 2,
+        _ => 3,
+    };
+    (CLASSES[i], i)
 }
 
 /// Every proxy metric; cheap to clone.
@@ -215,6 +219,21 @@ impl Metrics {
         counters.0[i]
             .get_or_init(|| self.counter(label, class))
             .inc();
+    }
+
+    /// Drops the request series of routes no longer served (`labels`, from
+    /// [`RouteTable::labels_gone`](crate::table::RouteTable::labels_gone)): the label set
+    /// stays that of the routes served, however many come and go. A route that returns
+    /// starts its series again from zero, which Prometheus reads as a counter reset.
+    pub fn forget_routes(&self, labels: &[String]) {
+        for route in labels {
+            for class in CLASSES {
+                self.requests.remove(&RequestLabels {
+                    route: route.clone(),
+                    class: class.to_owned(),
+                });
+            }
+        }
     }
 
     fn counter(&self, route: &str, class: &str) -> Counter {

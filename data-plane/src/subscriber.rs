@@ -129,7 +129,18 @@ impl Applier {
         held.commit(change, checked);
         let persist_error = self.persist(Some(change), || Arc::new(held.to_snapshot()));
         drop(served);
-        self.install_table(table);
+        let hosts: Vec<&str> = change
+            .removed_virtual_hosts
+            .iter()
+            .map(String::as_str)
+            .chain(
+                change
+                    .upserted_virtual_hosts
+                    .iter()
+                    .map(|v| v.host.as_str()),
+            )
+            .collect();
+        self.install_table(table, Some(&hosts));
         Ok(persist_error)
     }
 
@@ -195,7 +206,7 @@ impl Applier {
         let persist_error = self.persist(None, || snapshot.clone());
         *served = Some(delta::Held::new(Arc::unwrap_or_clone(snapshot), hashed));
         drop(served);
-        self.install_table(table);
+        self.install_table(table, None);
         Ok(persist_error)
     }
 
@@ -251,8 +262,10 @@ impl Applier {
         }
     }
 
-    /// Swaps in `table`: requests in flight keep the one they started with.
-    fn install_table(&self, table: RouteTable) {
+    /// Swaps in `table`: requests in flight keep the one they started with. The request
+    /// series of routes it no longer has (among those of `hosts`, the virtual hosts that
+    /// changed, or all when None) are dropped.
+    fn install_table(&self, table: RouteTable, hosts: Option<&[&str]>) {
         self.note_applied(&table);
         self.metrics.applied.inc();
         tracing::info!(
@@ -261,7 +274,10 @@ impl Applier {
             backends = table.backend_count(),
             "applied snapshot"
         );
-        self.table.store(Some(Arc::new(table)));
+        let old = self.table.swap(Some(Arc::new(table)));
+        if let (Some(old), Some(new)) = (old, self.table.load_full()) {
+            self.metrics.forget_routes(&old.labels_gone(&new, hosts));
+        }
     }
 }
 
@@ -525,6 +541,107 @@ async fn stream_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use holdfast_proto::v1::{Backend, Endpoint, Route, VirtualHost};
+
+    /// A sealed snapshot with one route (`/`) for each of `hosts`.
+    fn snapshot_of(hosts: &[&str], revision: u64) -> Snapshot {
+        let mut s = Snapshot {
+            virtual_hosts: hosts
+                .iter()
+                .map(|h| VirtualHost {
+                    host: (*h).into(),
+                    routes: vec![Route {
+                        match_kind: holdfast_proto::v1::MatchKind::Prefix as i32,
+                        path: "/".into(),
+                        backend: "ns/svc:80".into(),
+                        source: None,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            backends: vec![Backend {
+                name: "ns/svc:80".into(),
+                endpoints: vec![Endpoint {
+                    address: "10.0.0.1".into(),
+                    port: 8080,
+                    zone: String::new(),
+                    ready: true,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        holdfast_proto::snapshot::seal(&mut s, revision);
+        s
+    }
+
+    /// The `route` labels of the request series in the exposition.
+    fn series(registry: &prometheus_client::registry::Registry) -> Vec<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+        let mut routes: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("holdfast_proxy_requests_total{"))
+            .filter_map(|l| {
+                l.split("route=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(String::from)
+            })
+            .collect();
+        routes.sort();
+        routes.dedup();
+        routes
+    }
+
+    #[test]
+    fn the_request_series_of_a_route_that_goes_are_dropped_by_snapshots_and_deltas() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        crate::persist::prepare_dir(&state).expect("state dir");
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let table = Arc::new(ArcSwapOption::empty());
+        let applier = Applier::new(table.clone(), state, metrics.clone(), usize::MAX);
+        // Requests as the proxy counts them: through the matched route's counters.
+        let serve = |host: &str| {
+            let t = table.load_full().expect("a table");
+            let r = t.lookup(host, "/").expect("a route");
+            metrics.count_route(&r.label, &r.counters, 200);
+        };
+        let all = ["a.test", "b.test", "c.test"];
+        let first = snapshot_of(&all, 1);
+        applier.apply(first.clone()).expect("applies");
+        all.iter().for_each(|h| serve(h));
+        metrics.count("(none)", 404);
+        assert_eq!(
+            series(&registry),
+            ["(none)", "a.test/", "b.test/", "c.test/"]
+        );
+
+        // A complete snapshot without b.test.
+        let second = snapshot_of(&["a.test", "c.test"], 2);
+        applier.apply(second.clone()).expect("applies");
+        assert_eq!(series(&registry), ["(none)", "a.test/", "c.test/"]);
+        serve("a.test");
+
+        // A delta that removes c.test: a's series stays and keeps counting.
+        let third = snapshot_of(&["a.test"], 3);
+        let delta = holdfast_proto::delta::diff(
+            &second.version,
+            &holdfast_proto::delta::inventory(&second),
+            &third,
+        );
+        applier.apply_delta(&delta).expect("applies");
+        assert_eq!(series(&registry), ["(none)", "a.test/"]);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(
+            text.contains("holdfast_proxy_requests_total{route=\"a.test/\",class=\"2xx\"} 2"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn backoff_grows_is_capped_and_jittered() {

@@ -575,6 +575,50 @@ impl RouteTable {
             .chain(self.default_route.iter())
     }
 
+    /// The entry of virtual host `host` as a snapshot names it ("" for rules without a
+    /// host, `*.suffix` for a wildcard).
+    fn entry(&self, host: &str) -> Option<&PathTable> {
+        if host.is_empty() {
+            self.no_host.as_deref()
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            self.wildcard_hosts.get(suffix).map(|t| &**t)
+        } else {
+            self.exact_hosts.get(host).map(|t| &**t)
+        }
+    }
+
+    /// The metric labels of this table's routes that `next` has no route for: among the
+    /// routes of `hosts` (virtual hosts as a snapshot names them; every host when None)
+    /// and the default backend's. What a swap to `next` leaves behind in the request
+    /// metrics: a delta names the hosts it touches, so this is O(change) for one.
+    pub fn labels_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<String> {
+        let old: Vec<&Arc<Route>> = match hosts {
+            None => self.routes().collect(),
+            Some(hosts) => hosts
+                .iter()
+                .filter_map(|h| self.entry(h))
+                .flat_map(|t| t.routes.iter())
+                .chain(self.default_route.iter())
+                .collect(),
+        };
+        let mut gone: Vec<String> = old
+            .into_iter()
+            .filter(|r| {
+                let kept = if r.host == "*" {
+                    next.default_route.iter().any(|d| d.label == r.label)
+                } else {
+                    next.entry(&r.host)
+                        .is_some_and(|t| t.routes.iter().any(|n| n.label == r.label))
+                };
+                !kept
+            })
+            .map(|r| r.label.clone())
+            .collect();
+        gone.sort();
+        gone.dedup();
+        gone
+    }
+
     /// The virtual host a (normalised) host selects, and its name.
     fn vhost(&self, host: &str) -> Option<(&PathTable, String)> {
         if let Some(t) = self.exact_hosts.get(host) {

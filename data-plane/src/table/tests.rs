@@ -525,10 +525,36 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
             let checked = held
                 .check(&delta)
                 .unwrap_or_else(|e| panic!("seed {seed} step {step}: the delta is refused: {e}"));
-            table = table.apply_delta(&held, &delta).unwrap();
+            let changed = table.apply_delta(&held, &delta).unwrap();
             held.commit(&delta, checked);
             let whole = RouteTable::compile(&next).unwrap();
-            assert_eq!(served(&table), served(&whole), "seed {seed} step {step}");
+            assert_eq!(served(&changed), served(&whole), "seed {seed} step {step}");
+            // The request series a swap drops: the labels the old table has and the new
+            // one has not, found from the hosts the delta names alone.
+            let labels = |t: &RouteTable| -> BTreeSet<String> {
+                t.routes().map(|r| r.label.clone()).collect()
+            };
+            let gone: Vec<String> = labels(&table)
+                .difference(&labels(&changed))
+                .cloned()
+                .collect();
+            let hosts: Vec<&str> = delta
+                .removed_virtual_hosts
+                .iter()
+                .map(String::as_str)
+                .chain(delta.upserted_virtual_hosts.iter().map(|v| v.host.as_str()))
+                .collect();
+            assert_eq!(
+                table.labels_gone(&changed, Some(&hosts)),
+                gone,
+                "seed {seed} step {step}"
+            );
+            assert_eq!(
+                table.labels_gone(&changed, None),
+                gone,
+                "seed {seed} step {step}"
+            );
+            table = changed;
             s = next;
         }
     }
