@@ -146,8 +146,8 @@ pub struct Args {
     /// long is considered dead and re-established (watches are renewed before it).
     #[arg(long, env = "HOLDFAST_API_READ_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub api_read_timeout: Duration,
-    /// Objects per LIST page when (re-)listing a kind. A re-list is complete only once
-    /// every page has arrived.
+    /// Objects per LIST page when (re-)listing a kind, and in the fresh read that
+    /// confirms a held removal. A list is complete only once every page has arrived.
     #[arg(long, env = "HOLDFAST_LIST_PAGE_SIZE", default_value_t = 500)]
     pub list_page_size: u32,
     /// Write this IP or host name (repeatable) into `status.loadBalancer` of our Ingresses

@@ -174,26 +174,49 @@ impl ProblemReporter {
 /// come from. "Could not read" is never confirmation.
 pub struct FreshRead {
     client: Client,
+    page_size: u32,
 }
 
 impl FreshRead {
-    /// Reads through `client`.
-    pub fn new(client: Client) -> Self {
-        FreshRead { client }
+    /// Reads through `client`, `page_size` objects per LIST page (`--list-page-size`).
+    pub fn new(client: Client, page_size: u32) -> Self {
+        FreshRead { client, page_size }
     }
 
     /// True when the API server's Ingresses and IngressClasses are exactly the cached ones.
     pub async fn confirms(&self, caches: &Caches) -> Result<bool, kube::Error> {
-        let lp = Default::default();
-        let ingresses = Api::<Ingress>::all(self.client.clone()).list(&lp).await?;
-        let classes = Api::<IngressClass>::all(self.client.clone())
-            .list(&lp)
-            .await?;
-        let fresh: Vec<(String, String)> = identity(ingresses.items.iter())
-            .into_iter()
-            .chain(identity(classes.items.iter()))
-            .collect();
-        Ok(fresh == caches.routing_objects())
+        Ok(self.read().await? == caches.routing_objects())
+    }
+
+    /// `namespace/name` and resourceVersion of every Ingress and IngressClass, sorted as
+    /// [`Caches::routing_objects`] is.
+    async fn read(&self) -> Result<Vec<(String, String)>, kube::Error> {
+        let mut fresh = self.list_all::<Ingress>().await?;
+        fresh.extend(self.list_all::<IngressClass>().await?);
+        Ok(fresh)
+    }
+
+    /// Every object of kind `K` in pages of `page_size`: the first page is a quorum read
+    /// (no resourceVersion), and its continue token serves the rest from the same
+    /// revision, so the pages make one consistent list. An expired token (410) is an
+    /// error, as any failed page is: the read is retried whole, never used in part.
+    async fn list_all<K>(&self) -> Result<Vec<(String, String)>, kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let api = Api::<K>::all(self.client.clone());
+        let mut lp = kube::api::ListParams::default().limit(self.page_size.max(1));
+        let mut ids = Vec::new();
+        loop {
+            let page = api.list(&lp).await?;
+            ids.extend(identity(page.items.iter()));
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => lp = lp.continue_token(&token),
+                None => break,
+            }
+        }
+        ids.sort();
+        Ok(ids)
     }
 }
 
@@ -439,6 +462,107 @@ mod tests {
     use holdfast_proto::v1::{Certificate, IngressRef, Snapshot};
 
     use super::*;
+
+    /// A stand-in for the API server's LIST of Ingresses (IngressClasses: none): it
+    /// serves `ingresses` in pages of the `limit` asked (the continue token is the next
+    /// index), answers page `expire` with 410 Gone as an expired token, and records each
+    /// Ingress query.
+    #[derive(Clone)]
+    struct FakeApi {
+        ingresses: usize,
+        expire: Option<usize>,
+        queries: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl tower::Service<http::Request<kube::client::Body>> for FakeApi {
+        type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            let param = |name: &str| {
+                query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<usize>().ok())
+            };
+            let (status, body) = if req.uri().path().ends_with("/ingressclasses") {
+                (
+                    200,
+                    serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClassList", "metadata": {}, "items": []}),
+                )
+            } else {
+                self.queries.lock().unwrap().push(query.clone());
+                let start = param("continue").unwrap_or(0);
+                let end = (start + param("limit").unwrap_or(usize::MAX)).min(self.ingresses);
+                let page = self.queries.lock().unwrap().len() - 1;
+                if self.expire == Some(page) {
+                    (
+                        410,
+                        serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": "the continue token has expired"}),
+                    )
+                } else {
+                    let items: Vec<_> = (start..end)
+                        .map(|i| serde_json::json!({"metadata": {"namespace": "ns", "name": format!("ing-{i}"), "resourceVersion": "7"}}))
+                        .collect();
+                    let mut metadata = serde_json::json!({"resourceVersion": "7"});
+                    if end < self.ingresses {
+                        metadata["continue"] = end.to_string().into();
+                    }
+                    (
+                        200,
+                        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressList", "metadata": metadata, "items": items}),
+                    )
+                }
+            };
+            std::future::ready(Ok(http::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(
+                    body.to_string(),
+                )))
+                .expect("a response")))
+        }
+    }
+
+    fn fresh_read(ingresses: usize, expire: Option<usize>) -> (FreshRead, FakeApi) {
+        let api = FakeApi {
+            ingresses,
+            expire,
+            queries: Arc::default(),
+        };
+        (FreshRead::new(Client::new(api.clone(), "default"), 2), api)
+    }
+
+    #[tokio::test]
+    async fn the_fresh_read_lists_in_pages_of_the_page_size_and_gets_every_object() {
+        let (fresh, api) = fresh_read(5, None);
+        let read = fresh.read().await.expect("reads");
+        let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["ns/ing-0", "ns/ing-1", "ns/ing-2", "ns/ing-3", "ns/ing-4"]
+        );
+        let queries = api.queries.lock().unwrap().clone();
+        assert_eq!(queries.len(), 3, "{queries:?}");
+        assert!(queries.iter().all(|q| q.contains("limit=2")), "{queries:?}");
+        assert!(queries[1].contains("continue=2") && queries[2].contains("continue=4"));
+    }
+
+    #[tokio::test]
+    async fn a_fresh_read_whose_later_page_fails_is_an_error_never_a_partial_list() {
+        let (fresh, api) = fresh_read(5, Some(1));
+        assert!(fresh.read().await.is_err());
+        assert_eq!(api.queries.lock().unwrap().len(), 2);
+    }
 
     #[test]
     fn certificates_near_or_past_expiry_are_problems_on_the_ingresses_they_serve() {

@@ -143,7 +143,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         changed,
         settings,
         ProblemReporter::new(Some(client.clone()), config.instance.clone()),
-        Some(FreshRead::new(client)),
+        Some(FreshRead::new(client, args.list_page_size)),
         shutdown.clone().cancelled_owned(),
     ));
 
