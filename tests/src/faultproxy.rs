@@ -1,10 +1,11 @@
 //! A TCP fault proxy for putting between a client (the control plane) and a server (the
 //! API server), switchable at run time:
 //! pass, refuse new connections, reset all connections (SO_LINGER 0), blackhole (accept,
-//! forward nothing), added latency, cut each connection after N bytes from the server, and
-//! drop what the client sends.
+//! forward nothing), added latency, cut each connection after N bytes from the server,
+//! drop what the client sends, and stall the connections open so far (a silent partition).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +33,10 @@ pub enum Mode {
     /// Forward what the server sends; read and drop what the client sends (a client's
     /// answers, such as a proxy's ACK, are lost).
     DropFromClient,
+    /// The connections open when this mode was set forward nothing either way and are
+    /// never closed (a dropped conntrack entry, a middlebox's idle timeout: no FIN, no
+    /// RST); new connections pass.
+    StallExisting,
 }
 
 /// A running fault proxy. Dropping it stops it and closes every connection.
@@ -41,6 +46,9 @@ pub struct FaultProxy {
     mode: watch::Sender<Mode>,
     /// Bumped to reset every established connection.
     generation: watch::Sender<u64>,
+    /// Bumped each time `StallExisting` is set: a connection opened before the bump
+    /// stalls.
+    stalls: Arc<AtomicU64>,
     task: JoinHandle<()>,
     stats: Arc<Mutex<Stats>>,
 }
@@ -69,11 +77,21 @@ impl FaultProxy {
         let (mode, rx) = watch::channel(Mode::Pass);
         let (generation, gen_rx) = watch::channel(0);
         let stats = Arc::new(Mutex::new(Stats::default()));
-        let task = tokio::spawn(run(listener, addr, upstream, rx, gen_rx, stats.clone()));
+        let stalls = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(run(
+            listener,
+            addr,
+            upstream,
+            rx,
+            gen_rx,
+            stalls.clone(),
+            stats.clone(),
+        ));
         Ok(FaultProxy {
             addr,
             mode,
             generation,
+            stalls,
             task,
             stats,
         })
@@ -86,6 +104,9 @@ impl FaultProxy {
 
     /// Switches mode; takes effect at once for new and existing connections.
     pub fn set(&self, mode: Mode) {
+        if mode == Mode::StallExisting {
+            self.stalls.fetch_add(1, Ordering::SeqCst);
+        }
         self.mode.send_replace(mode);
     }
 
@@ -117,6 +138,7 @@ async fn run(
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     generation: watch::Receiver<u64>,
+    stalls: Arc<AtomicU64>,
     stats: Arc<Mutex<Stats>>,
 ) {
     let mut listener = Some(listener);
@@ -137,7 +159,7 @@ async fn run(
             accepted = async { listener.as_ref().expect("listening").accept().await }, if listener.is_some() => {
                 let Ok((client, _)) = accepted else { continue };
                 stats.lock().expect("stats lock").accepted += 1;
-                conns.spawn(connection(client, upstream, mode.clone(), generation.clone(), stats.clone()));
+                conns.spawn(connection(client, upstream, mode.clone(), generation.clone(), stalls.clone(), stats.clone()));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -153,9 +175,11 @@ async fn connection(
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     mut generation: watch::Receiver<u64>,
+    stalls: Arc<AtomicU64>,
     stats: Arc<Mutex<Stats>>,
 ) {
     generation.borrow_and_update();
+    let born = stalls.load(Ordering::SeqCst);
     let _ = client.set_nodelay(true);
     if *mode.borrow() == Mode::Reset {
         reset(&client);
@@ -176,8 +200,10 @@ async fn connection(
         if current == Mode::Reset {
             break;
         }
-        // Blackhole: read nothing, forward nothing, until the mode changes.
-        let forwarding = current != Mode::Blackhole;
+        // Blackhole, or a stalled connection: read nothing, forward nothing, until the
+        // mode changes.
+        let stalled = current == Mode::StallExisting && stalls.load(Ordering::SeqCst) > born;
+        let forwarding = current != Mode::Blackhole && !stalled;
         tokio::select! {
             changed = mode.changed() => if changed.is_err() { break },
             _ = generation.changed() => break,

@@ -31,6 +31,8 @@ pub struct Options {
     pub proxies: usize,
     /// Extra control-plane flags.
     pub cp_args: Vec<String>,
+    /// The control plane keeps its default API timeouts (the suite shortens them).
+    pub default_api_timeouts: bool,
 }
 
 impl Default for Options {
@@ -39,6 +41,7 @@ impl Default for Options {
             ingresses: 10,
             proxies: 2,
             cp_args: Vec::new(),
+            default_api_timeouts: false,
         }
     }
 }
@@ -117,6 +120,13 @@ impl Scenario {
             logs.join("cp.kubeconfig"),
         )?;
         let mut args = base_cp_args(&class);
+        if opts.default_api_timeouts {
+            for flag in ["--api-connect-timeout", "--api-read-timeout"] {
+                if let Some(i) = args.iter().position(|a| a == flag) {
+                    args.drain(i..i + 2);
+                }
+            }
+        }
         args.extend(opts.cp_args.iter().cloned());
         let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let cp = ControlPlane::start("control-plane", &cp_kubeconfig, &logs, &arg_refs)?;

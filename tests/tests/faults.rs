@@ -903,3 +903,80 @@ async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps(
     assert_eq!(s.applied_versions().await?, versions);
     Ok(())
 }
+
+/// The requests the API server has completed with `verb` (its `apiserver_request_total`,
+/// summed over resources and codes). In a private cluster these are the control plane's
+/// and the test's own.
+async fn api_requests(client: &kube::Client, verb: &str) -> anyhow::Result<f64> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let label = format!("verb=\"{verb}\"");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+#[tokio::test]
+async fn s16_a_silent_partition_from_the_api_server_is_noticed_and_a_later_change_arrives_within_15s()
+-> anyhow::Result<()> {
+    // Default --api-connect-timeout and --api-read-timeout: the defaults must notice.
+    let s = Scenario::start(
+        "s16",
+        Options {
+            default_api_timeouts: true,
+            ..Options::default()
+        },
+    )
+    .await?;
+    let started = Instant::now();
+    let watches = api_requests(&s.client, "WATCH").await?;
+    let lists = api_requests(&s.client, "LIST").await?;
+    let traffic = s.traffic(RATE);
+
+    // Every connection the control plane has to the API server stops delivering, with no
+    // FIN or RST; new connections pass. Then a change is made (directly, not through the
+    // fault proxy).
+    s.api_fault.set(Mode::StallExisting);
+    let cut = Instant::now();
+    let new = s.ingresses;
+    s.create_app(new).await?;
+    let host = s.host(new);
+    for p in &s.proxies {
+        let left = Duration::from_secs(15).saturating_sub(cut.elapsed());
+        wait::until(
+            "the Ingress created after the cut to be served",
+            left,
+            || async { Ok(matches!(p.get(&host, "/").await, Ok((200, _))).then_some(())) },
+        )
+        .await?;
+    }
+    let took = cut.elapsed();
+    eprintln!("a change after a silent partition reached both proxies in {took:?}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    // The partition was real: watches failed (read timeout) and were re-established.
+    s.wait_cp_watch_error(T).await?;
+    // Re-watched from the last resourceVersion: nothing was listed again.
+    assert_eq!(
+        api_requests(&s.client, "LIST").await?,
+        lists,
+        "the control plane re-listed"
+    );
+
+    // The cost of noticing: watch requests a minute, over a minute of the default
+    // configuration (the measurement window is timed, not a synchronisation).
+    outage(Duration::from_secs(60).saturating_sub(started.elapsed())).await;
+    let per_minute = (api_requests(&s.client, "WATCH").await? - watches)
+        / started.elapsed().as_secs_f64()
+        * 60.0;
+    eprintln!("watch requests per minute with default flags: {per_minute:.1}");
+    assert!(
+        per_minute <= 60.0,
+        "{per_minute:.1} watch requests a minute"
+    );
+    let report = traffic.stop().await;
+    assert_clean(&report);
+    Ok(())
+}
