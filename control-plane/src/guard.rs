@@ -1,13 +1,18 @@
 //! Bounded destruction (DESIGN invariant 7), as pure functions.
 //!
 //! A candidate snapshot that removes more than `max_removal_share` of the published routes,
-//! or all of them, is held back. A held snapshot is published when an operator approves it
-//! (`ApproveHeldSnapshot`), or when it is confirmed: its content has stayed the same for
-//! `confirm_after` and a fresh, consistent read of Ingresses and IngressClasses from the API
-//! server agrees with the caches (see `publisher`). A newer candidate replaces the hold and
-//! is assessed afresh against the published snapshot.
+//! or all of them, has that removal held back, and only that: the routes it removes stay
+//! in the published snapshot ([`keep_held`]) while every other change of the candidate
+//! (additions, endpoints, small removals) is published with them. The held routes are
+//! removed when an operator approves the held set by name (`ApproveHeldSnapshot`), or
+//! when it is confirmed: the held set has stayed the same for `confirm_after` and a
+//! fresh, consistent read of Ingresses and IngressClasses from the API server agrees with
+//! the caches (see `publisher`). A held route that comes back leaves the set; a new large
+//! removal joins it; either makes a new set, with a new name and a new period.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
+
+use sha2::{Digest, Sha256};
 
 use holdfast_proto::snapshot::route_count;
 use holdfast_proto::v1::{Snapshot, VirtualHost};
@@ -138,6 +143,144 @@ fn decide(sizes: Sizes, removed: usize, max_removal_share: f64) -> Verdict {
         };
     }
     Verdict::Publish
+}
+
+/// A route's identity, owned: host, match kind and path; the default backend is
+/// `("", -1, "*")`.
+pub type RouteKey = (String, i32, String);
+
+/// The key of the default backend.
+fn default_key() -> RouteKey {
+    (String::new(), -1, "*".into())
+}
+
+/// The routes of `published` that `candidate` does not have: O(snapshot).
+pub fn removed_routes(published: &Snapshot, candidate: &Snapshot) -> BTreeSet<RouteKey> {
+    let after = route_keys(candidate);
+    route_keys(published)
+        .into_iter()
+        .filter(|k| !after.contains(k))
+        .map(|(h, m, p)| (h.to_owned(), m, p.to_owned()))
+        .collect()
+}
+
+/// Which removals are held. `removed`: the routes the candidate removes from the
+/// published snapshot (`published_keys` routes, which include any routes held so far);
+/// `held`: the routes held so far. Routes held so far that the candidate still removes
+/// stay held; the other removals flow unless they are more than `max_removal_share` of
+/// the published routes not held, or all of them, in which case they are held too. Returns the routes now held and, when that set is new, why.
+pub fn held_removals(
+    published_keys: usize,
+    candidate_keys: usize,
+    removed: &BTreeSet<RouteKey>,
+    held: &BTreeSet<RouteKey>,
+    max_removal_share: f64,
+) -> (BTreeSet<RouteKey>, Option<String>) {
+    let still: BTreeSet<RouteKey> = held.intersection(removed).cloned().collect();
+    let new: BTreeSet<RouteKey> = removed.difference(held).cloned().collect();
+    // The new removals are judged against the routes not held: with most routes held,
+    // losing what remains is still a large removal.
+    let verdict = decide(
+        Sizes {
+            keys_before: published_keys.saturating_sub(still.len()),
+            keys_after: candidate_keys,
+            routes_published: published_keys,
+            routes_held: candidate_keys,
+        },
+        new.len(),
+        max_removal_share,
+    );
+    match verdict {
+        Verdict::Publish => (still, None),
+        Verdict::Hold { reason, .. } => (still.union(&new).cloned().collect(), Some(reason)),
+    }
+}
+
+/// The name of a held set: what `GetStatus` shows and `ApproveHeldSnapshot` names. It
+/// changes whenever the set does, so an approval is always of the routes it read.
+pub fn held_name(held: &BTreeSet<RouteKey>) -> String {
+    let mut h = Sha256::new();
+    for (host, kind, path) in held {
+        h.update(host.as_bytes());
+        h.update([0]);
+        h.update(kind.to_be_bytes());
+        h.update(path.as_bytes());
+        h.update([0]);
+    }
+    let digest = h.finalize();
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("held-{}-{hex}", held.len())
+}
+
+/// `candidate` with the `held` routes of `published` kept in it: each goes back into its
+/// virtual host (re-made from `published`, certificate and redirect included, where the
+/// candidate has dropped the host), with its backend and the host's certificate taken
+/// from `published` where the candidate has none of that name. Everything else is the
+/// candidate's: its additions, endpoints and small removals. Not sealed.
+pub fn keep_held(
+    candidate: &Snapshot,
+    published: &Snapshot,
+    held: &BTreeSet<RouteKey>,
+) -> Snapshot {
+    let mut out = candidate.clone();
+    let mut backends: HashSet<String> = out.backends.iter().map(|b| b.name.clone()).collect();
+    let mut certificates: HashSet<String> =
+        out.certificates.iter().map(|c| c.name.clone()).collect();
+    let mut need_backend = |name: &str, out: &mut Snapshot| {
+        if backends.insert(name.to_owned())
+            && let Some(b) = published.backends.iter().find(|b| b.name == name)
+        {
+            out.backends.push(b.clone());
+        }
+    };
+    for key in held {
+        if *key == default_key() {
+            if let Some(d) = &published.default_backend {
+                out.default_backend = Some(d.clone());
+                need_backend(&d.backend, &mut out);
+            }
+            continue;
+        }
+        let (host, kind, path) = key;
+        let Some(before) = published.virtual_hosts.iter().find(|v| v.host == *host) else {
+            continue;
+        };
+        let Some(route) = before
+            .routes
+            .iter()
+            .find(|r| r.match_kind == *kind && r.path == *path)
+        else {
+            continue;
+        };
+        let i = match out.virtual_hosts.iter().position(|v| v.host == *host) {
+            Some(i) => i,
+            None => {
+                if !before.certificate.is_empty()
+                    && certificates.insert(before.certificate.clone())
+                    && let Some(c) = published
+                        .certificates
+                        .iter()
+                        .find(|c| c.name == before.certificate)
+                {
+                    out.certificates.push(c.clone());
+                }
+                out.virtual_hosts.push(VirtualHost {
+                    routes: Vec::new(),
+                    ..before.clone()
+                });
+                out.virtual_hosts.len() - 1
+            }
+        };
+        out.virtual_hosts[i].routes.push(route.clone());
+        need_backend(&route.backend, &mut out);
+    }
+    for v in &mut out.virtual_hosts {
+        crate::translate::sort_routes(&mut v.routes);
+    }
+    out.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
+    out.backends.sort_by(|a, b| a.name.cmp(&b.name));
+    out.certificates.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 #[cfg(test)]
@@ -322,5 +465,76 @@ mod change_tests {
             );
             prop_assert_eq!(by_change, assess(Some(&published), &candidate, share));
         }
+
+        /// The snapshot published while routes are held is the candidate plus exactly
+        /// the held routes (with what they name), and it is valid.
+        #[test]
+        fn keeping_the_held_routes_adds_exactly_them_to_the_candidate(
+            before in prop::collection::btree_map(0u8..8, prop::collection::vec((any::<bool>(), 0u8..4), 1..4), 0..8),
+            after in prop::collection::btree_map(0u8..8, prop::collection::vec((any::<bool>(), 0u8..4), 1..4), 0..8),
+            defaults in (any::<bool>(), any::<bool>()),
+            mask in prop::collection::vec(any::<bool>(), 40),
+        ) {
+            let (published, candidate) = (full(&before, defaults.0, 1), full(&after, defaults.1, 2));
+            let removed = removed_routes(&published, &candidate);
+            let held: BTreeSet<RouteKey> = removed
+                .iter()
+                .zip(mask.iter().cycle())
+                .filter(|(_, m)| **m)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let kept = keep_held(&candidate, &published, &held);
+            prop_assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
+            prop_assert_eq!(removed_routes(&kept, &candidate), held.clone());
+            prop_assert_eq!(
+                removed_routes(&published, &kept),
+                removed.difference(&held).cloned().collect::<BTreeSet<_>>()
+            );
+            prop_assert!(removed_routes(&candidate, &kept).is_empty());
+            // The candidate's own backends (its endpoints) win over the published ones.
+            for b in &candidate.backends {
+                prop_assert_eq!(kept.backends.iter().find(|k| k.name == b.name), Some(b));
+            }
+        }
+    }
+
+    /// As [`build`], with what the routes name: backend `b<h>` per host (its endpoint
+    /// port is `port`), a certificate `c<h>` on even hosts, default backend `bd`.
+    fn full(
+        hosts: &std::collections::BTreeMap<u8, Vec<(bool, u8)>>,
+        default: bool,
+        port: u32,
+    ) -> Snapshot {
+        use holdfast_proto::v1::{Backend, Certificate, Endpoint};
+        let mut s = build(hosts, default);
+        let backend = |name: String| Backend {
+            name,
+            endpoints: vec![Endpoint {
+                address: "10.0.0.1".into(),
+                port,
+                zone: String::new(),
+                ready: true,
+            }],
+            ..Default::default()
+        };
+        for v in &mut s.virtual_hosts {
+            let h = v.host.trim_start_matches('h').to_owned();
+            for r in &mut v.routes {
+                r.backend = format!("b{h}");
+            }
+            s.backends.push(backend(format!("b{h}")));
+            if h.parse::<u8>().is_ok_and(|n| n % 2 == 0) {
+                v.certificate = format!("c{h}");
+                s.certificates.push(Certificate {
+                    name: format!("c{h}"),
+                    ..Default::default()
+                });
+            }
+        }
+        if let Some(d) = &mut s.default_backend {
+            d.backend = "bd".into();
+            s.backends.push(backend("bd".into()));
+        }
+        s
     }
 }

@@ -16,7 +16,9 @@ use kube::{Api, Client, Resource};
 use tokio::sync::Notify;
 
 use crate::caches::{Caches, identity};
-use crate::guard::{Sizes, Verdict, assess, assess_change};
+use crate::guard::{
+    Sizes, Verdict, assess, assess_change, held_name, held_removals, keep_held, removed_routes,
+};
 use crate::metrics::{CertificateLabel, ReasonLabel};
 use crate::state::{Held, Published, Shared};
 use crate::translate::{self, ClusterState, Content, Problem, Translator};
@@ -348,12 +350,20 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Published)
 }
 
 /// Publishes, holds or drops a sealed, valid candidate.
+///
+/// A removal over `max_removal_share` (or of every route) holds only the routes it
+/// removes: they stay in the published snapshot, and every other change of the candidate
+/// (additions, endpoints, small removals) is published with them. Routes held before and
+/// still removed stay held; a held route the candidate has again is no longer held. The
+/// held set has a name; approval or confirmation publishes the newest candidate, which
+/// removes exactly the held routes.
 pub fn offer(
     shared: &Shared,
     candidate: Published,
     max_removal_share: f64,
     max_snapshot_bytes: usize,
 ) {
+    let _publishing = shared.publishing();
     let published = shared.published();
     if published
         .as_ref()
@@ -364,46 +374,111 @@ pub fn offer(
         return;
     }
     let size = candidate.encoded_len;
-    let verdict = if size > max_snapshot_bytes {
-        Verdict::Hold {
-            reason: format!(
-                "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
-            ),
-            routes_published: published.as_ref().map_or(0, |p| p.route_count()),
-            routes_held: candidate.route_count(),
-        }
-    } else {
-        guard(published.as_deref(), &candidate, max_removal_share)
-    };
-    let confirmable = size <= max_snapshot_bytes;
-    match verdict {
-        Verdict::Publish => {
-            shared.clear_hold();
-            shared.publish(Arc::new(candidate));
-        }
-        Verdict::Hold {
-            reason,
-            routes_published,
-            routes_held,
-        } => {
-            let version = candidate.version.clone();
-            let new = shared.hold(Held {
+    if size > max_snapshot_bytes {
+        // Nothing of it can be published, nor approved: held whole until a smaller
+        // candidate replaces it.
+        hold(
+            shared,
+            Held {
+                name: candidate.version.clone(),
+                routes: BTreeSet::new(),
+                confirmable: false,
+                reason: format!(
+                    "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
+                ),
+                routes_published: published.as_ref().map_or(0, |p| p.route_count()),
+                routes_held: candidate.route_count(),
                 snapshot: Arc::new(candidate),
-                confirmable,
-                reason: reason.clone(),
-                routes_published,
-                routes_held,
                 since: SystemTime::now(),
                 since_instant: Instant::now(),
-            });
-            if new {
-                tracing::warn!(
-                    %version, %reason, routes_published, routes_held,
-                    "holding snapshot back until confirmed or approved (ApproveHeldSnapshot)"
-                );
-            }
-        }
+            },
+        );
+        return;
     }
+    let Some(published) = published else {
+        shared.clear_hold();
+        shared.publish(Arc::new(candidate));
+        return;
+    };
+    let holding = shared.held().filter(|h| h.confirmable);
+    // The common case, in O(change): nothing held and the guard lets it through.
+    if holding.is_none()
+        && guard(Some(&published), &candidate, max_removal_share) == Verdict::Publish
+    {
+        shared.clear_hold();
+        shared.publish(Arc::new(candidate));
+        return;
+    }
+    // A removal to hold, or one held already: route by route, O(snapshot).
+    let before = published.snapshot();
+    let removed = removed_routes(before, candidate.snapshot());
+    let held_so_far = holding
+        .as_ref()
+        .map(|h| h.routes.clone())
+        .unwrap_or_default();
+    let (held, reason) = held_removals(
+        route_keys_of(&published),
+        route_keys_of(&candidate),
+        &removed,
+        &held_so_far,
+        max_removal_share,
+    );
+    if held.is_empty() {
+        shared.clear_hold();
+        shared.publish(Arc::new(candidate));
+        return;
+    }
+    // The candidate with the held routes kept: what is published meanwhile.
+    let mut kept = keep_held(candidate.snapshot(), before, &held);
+    holdfast_proto::snapshot::seal(&mut kept, candidate.cluster_revision);
+    let kept = Published::new(kept);
+    if let Err(error) = kept.validate() {
+        // Cannot happen (the held routes and what they name come from a valid
+        // snapshot); publish nothing rather than something wrong.
+        tracing::error!(%error, "the snapshot with the held routes kept is invalid; not publishing");
+        return;
+    }
+    let name = held_name(&held);
+    let reason = reason
+        .or_else(|| holding.as_ref().map(|h| h.reason.clone()))
+        .unwrap_or_default();
+    let routes_held = candidate.route_count();
+    hold(
+        shared,
+        Held {
+            name,
+            routes: held,
+            confirmable: true,
+            reason,
+            routes_published: published.route_count(),
+            routes_held,
+            snapshot: Arc::new(candidate),
+            since: SystemTime::now(),
+            since_instant: Instant::now(),
+        },
+    );
+    if kept.content_hash != published.content_hash {
+        shared.publish(Arc::new(kept));
+    }
+}
+
+/// Route keys of a build, the default backend counting as one.
+fn route_keys_of(p: &Published) -> usize {
+    p.content.routes.keys + usize::from(p.content.default_backend.is_some())
+}
+
+/// Records `held`; true (and logged) if it is a new hold.
+fn hold(shared: &Shared, held: Held) -> bool {
+    let (name, reason) = (held.name.clone(), held.reason.clone());
+    let (published, routes) = (held.routes_published, held.routes_held);
+    let new = shared.hold(held);
+    if new {
+        tracing::warn!(
+            held = %name, %reason, routes_published = published, routes_held = routes,
+            "holding back until confirmed or approved (ApproveHeldSnapshot); other changes are published"
+        );
+    }
+    new
 }
 
 /// The bounded-destruction guard on `candidate`: from what changed when it was built
@@ -419,11 +494,9 @@ fn guard(published: Option<&Published>, candidate: &Published, max_removal_share
             max_removal_share,
         );
     };
-    let keys =
-        |p: &Published| p.content.routes.keys + usize::from(p.content.default_backend.is_some());
     let sizes = Sizes {
-        keys_before: keys(published),
-        keys_after: keys(candidate),
+        keys_before: route_keys_of(published),
+        keys_after: route_keys_of(candidate),
         routes_published: published.route_count(),
         routes_held: candidate.route_count(),
     };
@@ -445,10 +518,10 @@ async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>
     }
     match fresh.confirms(caches).await {
         Ok(true) => {
-            if shared.release_hold_if(&held.snapshot.content_hash) {
+            if let Some(version) = shared.release_hold_if(&held.name) {
                 tracing::warn!(
-                    version = %held.snapshot.version, reason = %held.reason,
-                    "held snapshot confirmed by a fresh read; published"
+                    held = %held.name, %version, reason = %held.reason,
+                    "held removal confirmed by a fresh read; published"
                 );
             }
         }
@@ -462,6 +535,143 @@ mod tests {
     use holdfast_proto::v1::{Certificate, IngressRef, Snapshot};
 
     use super::*;
+
+    /// A sealed build: hosts `<name>.test` each routing `/` to backend `svc` whose
+    /// endpoints are `endpoints`.
+    fn build_of(hosts: &[&str], endpoints: &[&str], revision: u64) -> Published {
+        use holdfast_proto::v1::{Backend, Endpoint, MatchKind, Route, VirtualHost};
+        let mut s = Snapshot {
+            virtual_hosts: hosts
+                .iter()
+                .map(|h| VirtualHost {
+                    host: format!("{h}.test"),
+                    routes: vec![Route {
+                        match_kind: MatchKind::Prefix as i32,
+                        path: "/".into(),
+                        backend: "svc".into(),
+                        source: None,
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            backends: vec![Backend {
+                name: "svc".into(),
+                endpoints: endpoints
+                    .iter()
+                    .map(|a| Endpoint {
+                        address: (*a).into(),
+                        port: 8080,
+                        zone: String::new(),
+                        ready: true,
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        holdfast_proto::snapshot::seal(&mut s, revision);
+        Published::new(s)
+    }
+
+    fn hosts_published(shared: &Shared) -> Vec<String> {
+        let p = shared.published().expect("published");
+        let mut h: Vec<String> = p
+            .snapshot()
+            .virtual_hosts
+            .iter()
+            .map(|v| v.host.trim_end_matches(".test").to_owned())
+            .collect();
+        h.sort();
+        h
+    }
+
+    fn endpoints_published(shared: &Shared) -> Vec<String> {
+        let p = shared.published().expect("published");
+        p.snapshot().backends[0]
+            .endpoints
+            .iter()
+            .map(|e| e.address.clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_held_removal_holds_only_its_routes_while_everything_else_is_published() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let a = ["a1", "a2", "a3", "a4", "a5", "a6"];
+        let b = ["b1", "b2", "b3"];
+        let all: Vec<&str> = a.iter().chain(&b).copied().collect();
+        offer(&shared, build_of(&all, &["10.0.0.1"], 1), 0.5, usize::MAX);
+        let first = shared.published().expect("published").version.clone();
+
+        // Every host of A goes (6 of 9 routes): held; nothing to publish.
+        offer(&shared, build_of(&b, &["10.0.0.1"], 2), 0.5, usize::MAX);
+        let held = shared.held().expect("held");
+        assert_eq!(held.routes.len(), 6);
+        assert_eq!(shared.published().expect("published").version, first);
+        let status = shared.status().held.expect("held in GetStatus");
+        assert_eq!(status.version, held.name);
+        assert_eq!(status.held_route_count, 6);
+        assert!(status.held_routes.contains(&"a1.test/".to_owned()));
+
+        // A new host and new endpoints are published, with A's routes kept; the held
+        // set, its name and its clock are unchanged.
+        let c = ["b1", "b2", "b3", "c1"];
+        offer(&shared, build_of(&c, &["10.0.0.2"], 3), 0.5, usize::MAX);
+        let mut expect: Vec<&str> = all.clone();
+        expect.push("c1");
+        expect.sort();
+        assert_eq!(hosts_published(&shared), expect);
+        assert_eq!(endpoints_published(&shared), ["10.0.0.2"]);
+        let still = shared.held().expect("still held");
+        assert_eq!((&still.name, still.since), (&held.name, held.since));
+
+        // A small removal elsewhere flows too.
+        let d = ["b1", "b2", "c1"];
+        offer(&shared, build_of(&d, &["10.0.0.2"], 4), 0.5, usize::MAX);
+        assert!(!hosts_published(&shared).contains(&"b3".to_owned()));
+        assert!(hosts_published(&shared).contains(&"a1".to_owned()));
+        assert_eq!(shared.held().expect("held").name, held.name);
+
+        // Approval names the held set and removes exactly its routes.
+        assert!(shared.approve(&first).is_err());
+        shared.approve(&held.name).expect("approved");
+        assert_eq!(hosts_published(&shared), ["b1", "b2", "c1"]);
+        assert!(shared.held().is_none());
+    }
+
+    #[test]
+    fn the_held_set_changes_name_when_it_grows_and_goes_when_its_routes_return() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let all = ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2"];
+        offer(&shared, build_of(&all, &["10.0.0.1"], 1), 0.5, usize::MAX);
+        // 5 of 8 removed: held.
+        offer(
+            &shared,
+            build_of(&["c1", "c2", "b3"], &["10.0.0.1"], 2),
+            0.5,
+            usize::MAX,
+        );
+        let first = shared.held().expect("held");
+        assert_eq!(first.routes.len(), 5);
+        // Everything removed: the rest joins the held set, under a new name.
+        offer(&shared, build_of(&[], &["10.0.0.1"], 3), 0.5, usize::MAX);
+        let second = shared.held().expect("held");
+        assert_eq!(second.routes.len(), 8);
+        assert_ne!(second.name, first.name);
+        assert!(
+            shared.approve(&first.name).is_err(),
+            "a stale name approves nothing"
+        );
+        assert_eq!(hosts_published(&shared).len(), 8);
+        // Every route back: nothing is held.
+        offer(&shared, build_of(&all, &["10.0.0.1"], 4), 0.5, usize::MAX);
+        assert!(shared.held().is_none());
+        assert_eq!(hosts_published(&shared).len(), 8);
+    }
 
     /// A stand-in for the API server's LIST of Ingresses (IngressClasses: none): it
     /// serves `ingresses` in pages of the `limit` asked (the continue token is the next

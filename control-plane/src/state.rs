@@ -2,10 +2,14 @@
 //! the published snapshot (a `watch` every proxy stream subscribes to), cache sync status,
 //! the held snapshot, and the connected proxies.
 //!
-//! Locks here are `std::sync::Mutex`: every critical section is a few field updates and
-//! none is held across an `.await`.
+//! Locks here are `std::sync::Mutex`, none held across an `.await`. Every critical
+//! section is a few field updates, except `publishing`, which serialises the decisions
+//! that publish (the reconcile loop's offer, an approval, a confirmation) so that none
+//! publishes over a newer one. Lock order: `publishing`, then `status`, then `history`;
+//! `proxies` and a `Published`'s `deltas` are taken alone. Nothing is encoded while
+//! `status` is held (a `Published` encodes lazily, outside these locks).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
@@ -22,6 +26,7 @@ use holdfast_proto::v1::{self, Snapshot, SnapshotDelta};
 use holdfast_proto::wire::EncodedSnapshot;
 use tokio::sync::watch;
 
+use crate::guard::RouteKey;
 use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
@@ -331,7 +336,15 @@ pub struct CacheStatus {
 /// A snapshot held back by the bounded-destruction guard.
 #[derive(Debug, Clone)]
 pub struct Held {
-    /// The held snapshot (sealed and valid).
+    /// The name of what is held (`GetStatus` `held.version`, what `ApproveHeldSnapshot`
+    /// takes): the held set's name for a removal hold, the snapshot's version for a size
+    /// hold.
+    pub name: String,
+    /// The routes held back (a removal hold; empty for a size hold). They stay in the
+    /// published snapshot until approved or confirmed.
+    pub routes: BTreeSet<RouteKey>,
+    /// The newest build (sealed and valid), without the held routes: what approval or
+    /// confirmation publishes.
     pub snapshot: Arc<Published>,
     /// False for a hold nothing may release (over --max-snapshot-bytes): no fresh read
     /// confirms it and no operator approves it; only a smaller snapshot replaces it.
@@ -340,9 +353,9 @@ pub struct Held {
     pub reason: String,
     /// Routes in the published snapshot when it was held.
     pub routes_published: usize,
-    /// Routes in the held snapshot.
+    /// Routes in the newest build.
     pub routes_held: usize,
-    /// When this content was first held.
+    /// When the held set was first held (the rest of the snapshot may change since).
     pub since: SystemTime,
     /// Same, monotonic (for the confirmation period).
     pub since_instant: Instant,
@@ -387,6 +400,8 @@ pub const HISTORY: usize = 16;
 struct Inner {
     published: watch::Sender<Option<Arc<Published>>>,
     /// The versions published last, newest last (they share their resources).
+    /// Held while deciding and publishing (offers, approvals, confirmations).
+    publishing: Mutex<()>,
     history: Mutex<std::collections::VecDeque<Arc<Published>>>,
     status: Mutex<Status>,
     proxies: Mutex<BTreeMap<u64, v1::ProxyStatus>>,
@@ -416,6 +431,7 @@ impl Shared {
         Shared {
             inner: Arc::new(Inner {
                 published: watch::channel(None).0,
+                publishing: Mutex::new(()),
                 history: Mutex::new(std::collections::VecDeque::new()),
                 status: Mutex::new(status),
                 proxies: Mutex::new(BTreeMap::new()),
@@ -527,17 +543,18 @@ impl Shared {
         lock(&self.inner.status).held.clone()
     }
 
-    /// Holds `held` back. If the same content is already held, the existing hold is kept
-    /// as it is (same version, same `since`), so the version an operator read from
-    /// `GetStatus` stays approvable while unrelated changes advance the cluster revision.
-    /// Returns true if this is a new hold.
+    /// Holds `held` back. If the same set is already held (same name), the hold keeps
+    /// its name and `since`, so the name an operator read from `GetStatus` stays
+    /// approvable and the confirmation period runs on, while the newest build it would
+    /// publish is updated. Returns true if this is a new hold.
     pub fn hold(&self, held: Held) -> bool {
         let mut status = lock(&self.inner.status);
-        if status
-            .held
-            .as_ref()
-            .is_some_and(|old| old.snapshot.content_hash == held.snapshot.content_hash)
+        if let Some(old) = status.held.as_mut()
+            && old.name == held.name
         {
+            old.snapshot = held.snapshot;
+            old.routes_published = held.routes_published;
+            old.routes_held = held.routes_held;
             return false;
         }
         status.held = Some(held);
@@ -546,7 +563,7 @@ impl Shared {
         true
     }
 
-    /// Drops any hold (a newer candidate superseded it).
+    /// Drops any hold (nothing is held back any more).
     pub fn clear_hold(&self) {
         let mut status = lock(&self.inner.status);
         if status.held.take().is_some() {
@@ -554,38 +571,52 @@ impl Shared {
         }
     }
 
-    /// Publishes the held snapshot if its content hash is still `content_hash`.
-    pub fn release_hold_if(&self, content_hash: &str) -> bool {
-        let mut status = lock(&self.inner.status);
-        match &status.held {
-            Some(h) if h.snapshot.content_hash == content_hash => {
-                let held = status.held.take().expect("checked above");
-                self.inner.metrics.held.set(0);
-                self.publish(held.snapshot);
-                true
-            }
-            _ => false,
-        }
+    /// Serialises what decides and publishes: the reconcile loop's offers, approvals and
+    /// confirmations (see the lock order at the top of this file).
+    pub fn publishing(&self) -> MutexGuard<'_, ()> {
+        lock(&self.inner.publishing)
     }
 
-    /// Operator approval: publishes the held snapshot if it is `version`.
-    pub fn approve(&self, version: &str) -> Result<String, ApproveError> {
-        let mut status = lock(&self.inner.status);
-        let held = status.held.as_ref().ok_or(ApproveError::NothingHeld)?;
-        if held.snapshot.version != version {
-            return Err(ApproveError::VersionMismatch {
-                held: held.snapshot.version.clone(),
-                requested: version.to_owned(),
-            });
-        }
-        if !held.confirmable {
-            return Err(ApproveError::TooLarge);
-        }
-        let held = status.held.take().expect("checked above");
+    /// Publishes the newest build of the hold named `name` (the held routes go), if it is
+    /// still held. Returns the version published.
+    pub fn release_hold_if(&self, name: &str) -> Option<String> {
+        let _publishing = self.publishing();
+        let held = {
+            let mut status = lock(&self.inner.status);
+            if status.held.as_ref().is_none_or(|h| h.name != name) {
+                return None;
+            }
+            status.held.take()?
+        };
         self.inner.metrics.held.set(0);
-        tracing::warn!(version, reason = %held.reason, "held snapshot approved by an operator");
+        let version = held.snapshot.version.clone();
         self.publish(held.snapshot);
-        Ok(version.to_owned())
+        Some(version)
+    }
+
+    /// Operator approval of the hold named `name`: publishes its newest build, without
+    /// the held routes. Returns the version published.
+    pub fn approve(&self, name: &str) -> Result<String, ApproveError> {
+        let _publishing = self.publishing();
+        let held = {
+            let mut status = lock(&self.inner.status);
+            let held = status.held.as_ref().ok_or(ApproveError::NothingHeld)?;
+            if held.name != name {
+                return Err(ApproveError::VersionMismatch {
+                    held: held.name.clone(),
+                    requested: name.to_owned(),
+                });
+            }
+            if !held.confirmable {
+                return Err(ApproveError::TooLarge);
+            }
+            status.held.take().ok_or(ApproveError::NothingHeld)?
+        };
+        self.inner.metrics.held.set(0);
+        let version = held.snapshot.version.clone();
+        tracing::warn!(held = name, %version, reason = %held.reason, routes = held.routes.len(), "held removal approved by an operator");
+        self.publish(held.snapshot);
+        Ok(version)
     }
 
     /// Records the problems of the last build (for `Admin.GetStatus`).
@@ -621,11 +652,24 @@ impl Shared {
                 .unwrap_or_default(),
             last_publish_time: published.map(|p| p.at.into()),
             held: status.held.as_ref().map(|h| v1::HeldSnapshot {
-                version: h.snapshot.version.clone(),
+                version: h.name.clone(),
                 reason: h.reason.clone(),
                 routes_published: h.routes_published as u32,
                 routes_held: h.routes_held as u32,
                 held_since: Some(h.since.into()),
+                held_route_count: h.routes.len() as u32,
+                held_routes: h
+                    .routes
+                    .iter()
+                    .take(100)
+                    .map(|(host, _, path)| {
+                        if host.is_empty() && path == "*" {
+                            "(default backend)".to_owned()
+                        } else {
+                            format!("{host}{path}")
+                        }
+                    })
+                    .collect(),
             }),
             problems: status
                 .problems

@@ -16,7 +16,7 @@ use holdfast_tests::faultproxy::{FaultProxy, Mode};
 use holdfast_tests::grpcurl::{call, grpcurl};
 use holdfast_tests::objects::delete;
 use holdfast_tests::proxy::ProxyProc;
-use holdfast_tests::scenario::{Options, Scenario, T, base_cp_args, route_count};
+use holdfast_tests::scenario::{Options, Scenario, T, base_cp_args, create_app, route_count};
 use holdfast_tests::subscriber::Subscriber;
 use holdfast_tests::traffic::{Report, Traffic};
 use holdfast_tests::wait;
@@ -512,7 +512,7 @@ async fn s10_mass_deletion_is_held_until_approved_with_grpcurl() -> anyhow::Resu
         Some(&json!({ "version": held }).to_string()),
         &["holdfast.v1.Admin/ApproveHeldSnapshot"],
     )?;
-    assert!(approved.contains(&held), "{approved}");
+    assert!(approved.contains("publishedVersion"), "{approved}");
     for p in &s.proxies {
         for host in s.hosts() {
             wait::until(&format!("{host} 404 after approval"), T, || async {
@@ -978,5 +978,177 @@ async fn s16_a_silent_partition_from_the_api_server_is_noticed_and_a_later_chang
     );
     let report = traffic.stop().await;
     assert_clean(&report);
+    Ok(())
+}
+
+/// Sets the endpoints of app `app`'s EndpointSlice in `ns` to `addresses`.
+async fn set_endpoints(
+    client: &kube::Client,
+    ns: &str,
+    app: &str,
+    addresses: &[&str],
+) -> anyhow::Result<()> {
+    let api: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client.clone(), ns);
+    let endpoints: Vec<_> = addresses
+        .iter()
+        .map(|a| json!({ "addresses": [a], "conditions": { "ready": true } }))
+        .collect();
+    api.patch(
+        &format!("{app}-1"),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({ "endpoints": endpoints })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// How many endpoints proxy `p` has for `host`'s route (its `/debug/explain`).
+async fn endpoints_at(p: &ProxyProc, host: &str) -> anyhow::Result<usize> {
+    let (_, body) = p
+        .admin_get(&format!("/debug/explain?host={host}&path=/"))
+        .await?;
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(v["backend"]["endpoints"].as_array().map_or(0, Vec::len))
+}
+
+/// Waits until `p` answers 200 for `host`.
+async fn served(p: &ProxyProc, host: &str) -> anyhow::Result<()> {
+    wait::until(&format!("{host} served by {}", p.addr), T, || async {
+        Ok(matches!(p.get(host, "/").await, Ok((200, _))).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn s17_a_held_removal_holds_only_its_routes_while_other_namespaces_change()
+-> anyhow::Result<()> {
+    // Namespace A is the scenario's (10 Ingresses); B has 3, C gets one during the hold.
+    let s = Scenario::start(
+        "s17",
+        Options {
+            cp_args: vec!["--hold-confirm-after".into(), "1h".into()],
+            ..Options::default()
+        },
+    )
+    .await?;
+    let (b, c) = (
+        s.cluster.namespace(&s.client, "s17b").await?,
+        s.cluster.namespace(&s.client, "s17c").await?,
+    );
+    let host_in = |ns: &str, i: usize| format!("h{i}.{ns}.test");
+    let b_hosts: Vec<String> = (0..3).map(|i| host_in(&b, i)).collect();
+    for (i, host) in b_hosts.iter().enumerate() {
+        create_app(&s.client, &b, &s.class, &s.backends, host, i).await?;
+    }
+    for p in &s.proxies {
+        for host in &b_hosts {
+            served(p, host).await?;
+        }
+    }
+    let mut hosts = s.hosts();
+    hosts.extend(b_hosts.iter().cloned());
+    let traffic = Traffic::start(&s.proxy_addrs(), hosts, RATE);
+
+    // Every Ingress of A goes: 10 of 13 routes, held.
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+    let status = wait::until("the held removal", T, || async {
+        let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        Ok((st["held"]["heldRouteCount"] == 10).then_some(st))
+    })
+    .await?;
+    let (name, since) = (
+        status["held"]["version"].clone(),
+        status["held"]["heldSince"].clone(),
+    );
+
+    // B's endpoints churn every 200 ms (bounded: at most 60 s), under the hold.
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let churn = {
+        let (client, b) = (s.client.clone(), b.clone());
+        let (both, one) = (s.backends.clone(), vec![s.backends[0].clone()]);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            for i in 0..300 {
+                tokio::select! {
+                    _ = stopped.changed() => break,
+                    _ = tick.tick() => {}
+                }
+                let set = if i % 2 == 0 { &one } else { &both };
+                let set: Vec<&str> = set.iter().map(String::as_str).collect();
+                set_endpoints(&client, &b, "app0", &set).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    // A new Ingress in C reaches both proxies within 1 s.
+    let c_host = host_in(&c, 0);
+    create_app(&s.client, &c, &s.class, &s.backends, &c_host, 0).await?;
+    let created = Instant::now();
+    for p in &s.proxies {
+        served(p, &c_host).await?;
+    }
+    let took = created.elapsed();
+    eprintln!("a new Ingress under a hold reached both proxies in {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+
+    // An endpoint change of B reaches both proxies within 1 s.
+    let only_a = [s.backends[0].as_str()];
+    set_endpoints(&s.client, &b, "app1", &only_a).await?;
+    let changed = Instant::now();
+    for p in &s.proxies {
+        wait::until("B's endpoint change at the proxy", T, || async {
+            let n = endpoints_at(p, &b_hosts[1])
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((n == 1).then_some(()))
+        })
+        .await?;
+    }
+    let took = changed.elapsed();
+    eprintln!("an endpoint change under a hold reached both proxies in {took:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+
+    let _ = stop.send(true);
+    churn.await??;
+    // The held set, its name and its clock did not move with the churn.
+    let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    assert_eq!(st["held"]["version"], name);
+    assert_eq!(st["held"]["heldSince"], since);
+    // A's routes kept serving, with B's, throughout.
+    assert_clean(&traffic.stop().await);
+
+    // Approval removes exactly A's routes.
+    call(
+        s.cp.grpc,
+        "holdfast.v1.Admin/ApproveHeldSnapshot",
+        &json!({ "version": name }).to_string(),
+    )?;
+    for p in &s.proxies {
+        for host in s.hosts() {
+            wait::until(&format!("{host} 404 after approval"), T, || async {
+                Ok(matches!(p.get(&host, "/").await, Ok((404, _))).then_some(()))
+            })
+            .await?;
+        }
+        for host in b_hosts.iter().chain([&c_host]) {
+            assert_eq!(p.get(host, "/").await?.0, 200, "{host}");
+        }
+    }
+    let mut published: Vec<String> = s.published()?["virtualHosts"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|h| h["host"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    published.sort();
+    let mut expected: Vec<String> = b_hosts.iter().chain([&c_host]).cloned().collect();
+    expected.sort();
+    assert_eq!(published, expected);
     Ok(())
 }
