@@ -163,7 +163,14 @@ async fn main() -> anyhow::Result<()> {
                 let name = format!("app-{i}");
                 let ip = format!("10.{}.{}.{}", 100 + (i >> 16), (i >> 8) & 255, i & 255);
                 let pp = PostParams::default();
-                svcs.create(&pp, &objects::service(&name, 80, 8080)).await?;
+                // Headless: a ClusterIP would be allocated from the local API server's
+                // /16 range, which slows as it fills and runs out at 65,534 Services.
+                // The control plane routes to EndpointSlices, never to the ClusterIP.
+                let mut svc = objects::service(&name, 80, 8080);
+                if let Some(spec) = svc.spec.as_mut() {
+                    spec.cluster_ip = Some("None".into());
+                }
+                svcs.create(&pp, &svc).await?;
                 slices
                     .create(
                         &pp,
