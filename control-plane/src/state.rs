@@ -543,14 +543,22 @@ impl Shared {
         lock(&self.inner.status).held.clone()
     }
 
-    /// Holds `held` back. If the same set is already held (same name), the hold keeps
+    /// Holds `held` back. If the same set is already held (same name, or for a size hold
+    /// the same content), the hold keeps
     /// its name and `since`, so the name an operator read from `GetStatus` stays
     /// approvable and the confirmation period runs on, while the newest build it would
     /// publish is updated. Returns true if this is a new hold.
     pub fn hold(&self, held: Held) -> bool {
         let mut status = lock(&self.inner.status);
+        // A size hold is named by its snapshot's version; the same content at a newer
+        // cluster revision is the same hold.
+        let same_size_hold = |old: &Held| {
+            !old.confirmable
+                && !held.confirmable
+                && old.snapshot.content_hash == held.snapshot.content_hash
+        };
         if let Some(old) = status.held.as_mut()
-            && old.name == held.name
+            && (old.name == held.name || same_size_hold(old))
         {
             old.snapshot = held.snapshot;
             old.routes_published = held.routes_published;
