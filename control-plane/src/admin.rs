@@ -95,7 +95,9 @@ impl Admin for AdminService {
                 "name the held version (see GetStatus: held.version)",
             ));
         }
-        match self.shared.approve(&version) {
+        // Approval waits for the publishing lock, which a build during a hold keeps for
+        // O(snapshot): off the runtime, so other requests are served meanwhile.
+        match crate::off_runtime(|| self.shared.approve(&version)) {
             Ok(published_version) => Ok(tonic::Response::new(ApproveHeldSnapshotResponse {
                 published_version,
             })),

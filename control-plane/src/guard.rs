@@ -214,8 +214,9 @@ pub fn held_name(held: &BTreeSet<RouteKey>) -> String {
 
 /// `candidate` with the `held` routes of `published` kept in it: each goes back into its
 /// virtual host (re-made from `published`, certificate and redirect included, where the
-/// candidate has dropped the host), with its backend and the host's certificate taken
-/// from `published` where the candidate has none of that name. Everything else is the
+/// candidate has dropped the host; given the published certificate where the candidate's
+/// host has none), with its backend and the host's certificate taken from `published`
+/// where the candidate has none of that name. Everything else is the
 /// candidate's: its additions, endpoints and small removals. Not sealed.
 pub fn keep_held(
     candidate: &Snapshot,
@@ -255,15 +256,6 @@ pub fn keep_held(
         let i = match out.virtual_hosts.iter().position(|v| v.host == *host) {
             Some(i) => i,
             None => {
-                if !before.certificate.is_empty()
-                    && certificates.insert(before.certificate.clone())
-                    && let Some(c) = published
-                        .certificates
-                        .iter()
-                        .find(|c| c.name == before.certificate)
-                {
-                    out.certificates.push(c.clone());
-                }
                 out.virtual_hosts.push(VirtualHost {
                     routes: Vec::new(),
                     ..before.clone()
@@ -271,6 +263,24 @@ pub fn keep_held(
                 out.virtual_hosts.len() - 1
             }
         };
+        // A held route is served as it was published: over TLS with the host's
+        // certificate, when the candidate's host has none (the Ingress that named it is
+        // the one going; another Ingress without TLS keeps the host).
+        let v = &mut out.virtual_hosts[i];
+        if v.certificate.is_empty() && !before.certificate.is_empty() {
+            v.certificate.clone_from(&before.certificate);
+            v.ssl_redirect |= before.ssl_redirect;
+        }
+        if v.certificate == before.certificate
+            && !before.certificate.is_empty()
+            && certificates.insert(before.certificate.clone())
+            && let Some(c) = published
+                .certificates
+                .iter()
+                .find(|c| c.name == before.certificate)
+        {
+            out.certificates.push(c.clone());
+        }
         out.virtual_hosts[i].routes.push(route.clone());
         need_backend(&route.backend, &mut out);
     }
@@ -496,6 +506,29 @@ mod change_tests {
                 prop_assert_eq!(kept.backends.iter().find(|k| k.name == b.name), Some(b));
             }
         }
+    }
+
+    /// A host two Ingresses share, one with TLS: when the TLS one goes and its route is
+    /// held, the held route keeps being served over TLS with the published certificate.
+    #[test]
+    fn a_held_route_keeps_its_hosts_certificate_when_the_host_stays_without_one() {
+        let published = full(
+            &std::collections::BTreeMap::from([(2u8, vec![(false, 0u8), (false, 1)])]),
+            false,
+            1,
+        );
+        assert_eq!(published.virtual_hosts[0].certificate, "c2");
+        let mut candidate = published.clone();
+        candidate.virtual_hosts[0].routes.remove(0);
+        candidate.virtual_hosts[0].certificate.clear();
+        candidate.certificates.clear();
+        let held = removed_routes(&published, &candidate);
+        assert_eq!(held.len(), 1);
+        let kept = keep_held(&candidate, &published, &held);
+        assert_eq!(kept.virtual_hosts[0].routes.len(), 2);
+        assert_eq!(kept.virtual_hosts[0].certificate, "c2");
+        assert_eq!(kept.certificates, published.certificates);
+        assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
     }
 
     /// As [`build`], with what the routes name: backend `b<h>` per host (its endpoint

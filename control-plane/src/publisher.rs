@@ -237,13 +237,22 @@ pub async fn run(
         Duration::from_millis(250).min(settings.confirm_after.max(Duration::from_millis(10))),
     );
     let mut last_confirm_attempt: Option<Instant> = None;
+    // The fresh read runs in its own task: a paged read of every Ingress takes a while,
+    // and must not hold up building and publishing meanwhile.
+    let fresh = fresh.map(Arc::new);
+    let mut confirming: Option<tokio::task::JoinHandle<()>> = None;
     let mut translator = Translator::default();
     // Certificates near expiry are noticed without any cluster change.
     let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
     expiry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => {
+                if let Some(task) = confirming {
+                    task.abort();
+                }
+                return;
+            }
             _ = expiry_tick.tick() => {
                 crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
             }
@@ -252,6 +261,10 @@ pub async fn run(
                 crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
             }
             _ = confirm_tick.tick() => {
+                if confirming.as_ref().is_some_and(|task| !task.is_finished()) {
+                    continue;
+                }
+                let Some(fresh) = fresh.clone() else { continue };
                 let Some(held) = shared.held() else { continue };
                 if held.since_instant.elapsed() < settings.confirm_after {
                     continue;
@@ -260,7 +273,10 @@ pub async fn run(
                     continue;
                 }
                 last_confirm_attempt = Some(Instant::now());
-                try_confirm(&caches, &shared, fresh.as_ref(), &held).await;
+                let (caches, shared) = (caches.clone(), shared.clone());
+                confirming = Some(tokio::spawn(async move {
+                    try_confirm(&caches, &shared, &fresh, &held).await;
+                }));
             }
         }
     }
@@ -357,6 +373,15 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Published)
 /// still removed stay held; a held route the candidate has again is no longer held. The
 /// held set has a name; approval or confirmation publishes the newest candidate, which
 /// removes exactly the held routes.
+///
+/// What would be published (the candidate, with any held routes kept) over
+/// `max_snapshot_bytes` is held whole: nothing of it is published and nobody can approve
+/// it. Routes held for removal stay held through such a hold, so a size hold never lets a
+/// held removal through.
+///
+/// Cost: O(change) when nothing is held and the guard lets the candidate through;
+/// O(snapshot) per build while routes are held (the candidate is compared route by route
+/// and the held routes are put back into a copy of it).
 pub fn offer(
     shared: &Shared,
     candidate: Published,
@@ -373,49 +398,31 @@ pub fn offer(
         shared.clear_hold();
         return;
     }
-    let size = candidate.encoded_len;
-    if size > max_snapshot_bytes {
-        // Nothing of it can be published, nor approved: held whole until a smaller
-        // candidate replaces it.
-        hold(
-            shared,
-            Held {
-                name: candidate.version.clone(),
-                routes: BTreeSet::new(),
-                confirmable: false,
-                reason: format!(
-                    "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
-                ),
-                routes_published: published.as_ref().map_or(0, |p| p.route_count()),
-                routes_held: candidate.route_count(),
-                snapshot: Arc::new(candidate),
-                since: SystemTime::now(),
-                since_instant: Instant::now(),
-            },
-        );
-        return;
-    }
     let Some(published) = published else {
-        shared.clear_hold();
-        shared.publish(Arc::new(candidate));
+        publish_within(shared, None, candidate, BTreeSet::new(), max_snapshot_bytes);
         return;
     };
-    let holding = shared.held().filter(|h| h.confirmable);
+    let holding = shared.held();
+    let held_so_far = holding
+        .as_ref()
+        .map(|h| h.routes.clone())
+        .unwrap_or_default();
     // The common case, in O(change): nothing held and the guard lets it through.
-    if holding.is_none()
+    if held_so_far.is_empty()
         && guard(Some(&published), &candidate, max_removal_share) == Verdict::Publish
     {
-        shared.clear_hold();
-        shared.publish(Arc::new(candidate));
+        publish_within(
+            shared,
+            Some(&published),
+            candidate,
+            BTreeSet::new(),
+            max_snapshot_bytes,
+        );
         return;
     }
     // A removal to hold, or one held already: route by route, O(snapshot).
     let before = published.snapshot();
     let removed = removed_routes(before, candidate.snapshot());
-    let held_so_far = holding
-        .as_ref()
-        .map(|h| h.routes.clone())
-        .unwrap_or_default();
     let (held, reason) = held_removals(
         route_keys_of(&published),
         route_keys_of(&candidate),
@@ -424,8 +431,13 @@ pub fn offer(
         max_removal_share,
     );
     if held.is_empty() {
-        shared.clear_hold();
-        shared.publish(Arc::new(candidate));
+        publish_within(
+            shared,
+            Some(&published),
+            candidate,
+            held,
+            max_snapshot_bytes,
+        );
         return;
     }
     // The candidate with the held routes kept: what is published meanwhile.
@@ -438,10 +450,25 @@ pub fn offer(
         tracing::error!(%error, "the snapshot with the held routes kept is invalid; not publishing");
         return;
     }
+    if kept.encoded_len > max_snapshot_bytes {
+        hold_oversize(
+            shared,
+            published.route_count(),
+            kept,
+            held,
+            max_snapshot_bytes,
+        );
+        return;
+    }
     let name = held_name(&held);
     let reason = reason
-        .or_else(|| holding.as_ref().map(|h| h.reason.clone()))
-        .unwrap_or_default();
+        .or_else(|| {
+            holding
+                .as_ref()
+                .filter(|h| h.confirmable)
+                .map(|h| h.reason.clone())
+        })
+        .unwrap_or_else(|| format!("{} removed routes are held", held.len()));
     let routes_held = candidate.route_count();
     hold(
         shared,
@@ -460,6 +487,60 @@ pub fn offer(
     if kept.content_hash != published.content_hash {
         shared.publish(Arc::new(kept));
     }
+}
+
+/// Publishes `next` (nothing held for removal) unless it is over `max_snapshot_bytes`,
+/// in which case it is held whole.
+fn publish_within(
+    shared: &Shared,
+    published: Option<&Arc<Published>>,
+    next: Published,
+    held: BTreeSet<crate::guard::RouteKey>,
+    max_snapshot_bytes: usize,
+) {
+    if next.encoded_len > max_snapshot_bytes {
+        let routes_published = published.map_or(0, |p| p.route_count());
+        hold_oversize(shared, routes_published, next, held, max_snapshot_bytes);
+        return;
+    }
+    shared.clear_hold();
+    shared.publish(Arc::new(next));
+}
+
+/// Holds `next`, over `max_snapshot_bytes`, whole: nothing of it can be published, nor
+/// approved, until a smaller candidate replaces it. The routes `held` for removal stay
+/// held (the next candidate is judged with them still held).
+fn hold_oversize(
+    shared: &Shared,
+    routes_published: usize,
+    next: Published,
+    held: BTreeSet<crate::guard::RouteKey>,
+    max_snapshot_bytes: usize,
+) {
+    let size = next.encoded_len;
+    let mut reason = format!(
+        "the snapshot is {size} bytes, over --max-snapshot-bytes ({max_snapshot_bytes}); it cannot be published or approved: shrink the Ingresses or raise the limit (and the proxies' limit and memory)"
+    );
+    if !held.is_empty() {
+        reason.push_str(&format!(
+            "; {} removed routes stay held until then",
+            held.len()
+        ));
+    }
+    hold(
+        shared,
+        Held {
+            name: next.version.clone(),
+            routes: held,
+            confirmable: false,
+            reason,
+            routes_published,
+            routes_held: next.route_count(),
+            snapshot: Arc::new(next),
+            since: SystemTime::now(),
+            since_instant: Instant::now(),
+        },
+    );
 }
 
 /// Route keys of a build, the default backend counting as one.
@@ -511,14 +592,15 @@ fn guard(published: Option<&Published>, candidate: &Published, max_removal_share
     assess_change(sizes, hosts, default_removed, max_removal_share)
 }
 
-async fn try_confirm(caches: &Caches, shared: &Shared, fresh: Option<&FreshRead>, held: &Held) {
-    let Some(fresh) = fresh else { return };
+async fn try_confirm(caches: &Caches, shared: &Shared, fresh: &FreshRead, held: &Held) {
     if !held.confirmable {
         return;
     }
     match fresh.confirms(caches).await {
         Ok(true) => {
-            if let Some(version) = shared.release_hold_if(&held.name) {
+            // Waits for the publishing lock (a build during a hold keeps it for
+            // O(snapshot)): off the runtime.
+            if let Some(version) = crate::off_runtime(|| shared.release_hold_if(&held.name)) {
                 tracing::warn!(
                     held = %held.name, %version, reason = %held.reason,
                     "held removal confirmed by a fresh read; published"
@@ -639,6 +721,75 @@ mod tests {
         shared.approve(&held.name).expect("approved");
         assert_eq!(hosts_published(&shared), ["b1", "b2", "c1"]);
         assert!(shared.held().is_none());
+    }
+
+    /// A snapshot over the size limit holds everything, and the routes held for removal
+    /// stay held through it: the next candidate that fits still keeps them.
+    #[test]
+    fn an_oversize_candidate_during_a_removal_hold_keeps_the_held_routes_held() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let all = ["a1", "a2", "a3", "a4", "b1", "b2"];
+        offer(&shared, build_of(&all, &["10.0.0.1"], 1), 0.5, usize::MAX);
+        offer(
+            &shared,
+            build_of(&["b1", "b2"], &["10.0.0.1"], 2),
+            0.5,
+            usize::MAX,
+        );
+        let removal = shared.held().expect("held");
+        assert_eq!(removal.routes.len(), 4);
+        let published = shared.published().expect("published").version.clone();
+
+        // Too large: held whole, nothing published, not approvable; A still held.
+        let big = build_of(&["b1", "b2", "c1"], &["10.0.0.1"], 3);
+        offer(&shared, big, 0.5, 10);
+        let oversize = shared.held().expect("held");
+        assert!(!oversize.confirmable);
+        assert_eq!(oversize.routes, removal.routes);
+        assert_eq!(shared.published().expect("published").version, published);
+        assert!(shared.approve(&oversize.name).is_err());
+        assert!(shared.approve(&removal.name).is_err());
+
+        // Fits again: A's routes are still kept and held under the same name, not removed.
+        offer(
+            &shared,
+            build_of(&["b1", "b2", "c1"], &["10.0.0.1"], 4),
+            0.5,
+            usize::MAX,
+        );
+        let again = shared.held().expect("still held");
+        assert_eq!(again.name, removal.name);
+        assert!(again.confirmable);
+        assert_eq!(
+            hosts_published(&shared),
+            ["a1", "a2", "a3", "a4", "b1", "b2", "c1"]
+        );
+    }
+
+    /// The size limit applies to what is published: the candidate with the held routes
+    /// kept, which is larger than the candidate.
+    #[test]
+    fn the_candidate_with_its_held_routes_kept_is_held_whole_when_over_the_size_limit() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let all = ["a1", "a2", "a3", "a4", "b1", "b2"];
+        offer(&shared, build_of(&all, &["10.0.0.1"], 1), 0.5, usize::MAX);
+        let first = shared.published().expect("published");
+        let candidate = build_of(&["b1", "b2", "c1"], &["10.0.0.2"], 2);
+        // Room for the candidate alone, not for it with A's four routes kept.
+        let limit = candidate.encoded_len + 10;
+        assert!(first.encoded_len > limit);
+        offer(&shared, candidate, 0.5, limit);
+        let held = shared.held().expect("held");
+        assert!(!held.confirmable, "{}", held.reason);
+        assert_eq!(held.routes.len(), 4);
+        assert_eq!(
+            shared.published().expect("published").version,
+            first.version
+        );
     }
 
     #[test]

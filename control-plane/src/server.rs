@@ -23,6 +23,40 @@ use crate::publisher::{self, FreshRead, ProblemReporter, Settings};
 use crate::state::Shared;
 use crate::{status, translate};
 
+/// An idle connection to the API server older than this is not reused. After a silent
+/// partition (no FIN, no RST) the connections open at the cut are dead but look alive:
+/// a watch that timed out on one must not be retried on another idle since before the
+/// cut, which would cost a second `--api-read-timeout`. Shorter than the watch timeout,
+/// so by the time a watch notices, every connection idle since the cut is expired.
+pub const API_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The Kubernetes client: the stack `kube::Client::try_from` builds (TLS, auth, retry on
+/// 429/503/504, timeouts), with idle connections kept at most [`API_POOL_IDLE`] (hyper's
+/// default is 90 s, which `kube` does not expose).
+pub fn api_client(config: kube::Config) -> anyhow::Result<kube::Client> {
+    use kube::client::ConfigExt;
+    let mut connector = hyper_timeout::TimeoutConnector::new(config.rustls_https_connector()?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(API_POOL_IDLE)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
 /// Runs the control plane until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let args = &config.args;
@@ -31,7 +65,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
     kube_config.connect_timeout = Some(args.api_connect_timeout);
     kube_config.read_timeout = Some(args.api_read_timeout);
-    let client = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+    let client = api_client(kube_config).context("building the Kubernetes client")?;
 
     let tls = match &config.tls {
         Some(files) => Some(
@@ -240,4 +274,69 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     shutdown.cancel();
     tasks.abort_all();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An HTTP/1.1 server on 127.0.0.1 answering every request with `{}` on keep-alive
+    /// connections; counts the connections it accepts.
+    async fn counting_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                    hyper_util::rt::TokioIo::new(stream),
+                    hyper::service::service_fn(|_| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from_static(b"{}")),
+                        ))
+                    }),
+                ));
+            }
+        });
+        (url, accepted)
+    }
+
+    /// A connection idle longer than [`super::API_POOL_IDLE`] is not reused (one that may
+    /// have died silently), while one idle a moment is.
+    #[tokio::test]
+    async fn an_api_connection_idle_past_the_pool_limit_is_not_reused() {
+        let (url, accepted) = counting_server().await;
+        let config = kube::Config::new(url.parse().expect("url"));
+        let client = super::api_client(config).expect("client");
+        let get = || async {
+            client
+                .request_text(
+                    http::Request::get("/version")
+                        .body(Vec::new())
+                        .expect("req"),
+                )
+                .await
+                .expect("answered")
+        };
+        get().await;
+        get().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "a fresh idle connection is reused"
+        );
+        // Idle for longer than the limit: the behaviour under test, not a synchronisation.
+        tokio::time::sleep(super::API_POOL_IDLE + std::time::Duration::from_millis(500)).await;
+        get().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a long-idle connection was reused"
+        );
+    }
 }

@@ -561,6 +561,7 @@ impl Shared {
             && (old.name == held.name || same_size_hold(old))
         {
             old.snapshot = held.snapshot;
+            old.routes = held.routes;
             old.routes_published = held.routes_published;
             old.routes_held = held.routes_held;
             return false;

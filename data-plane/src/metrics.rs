@@ -1,6 +1,7 @@
 //! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,8 +22,30 @@ pub struct RequestLabels {
 /// A route's request counters, one per status class, looked up in the family on first use
 /// so that counting a request costs no allocation and no lock. Not part of a route's
 /// identity: two routes compare equal whatever their counters.
-#[derive(Clone, Debug, Default)]
-pub struct RouteCounters([OnceLock<Counter>; 4]);
+#[derive(Debug, Default)]
+pub struct RouteCounters {
+    classes: [OnceLock<Counter>; 4],
+    /// Set when the route is no longer served and its series are dropped: a request still
+    /// in flight on it must not make them again.
+    retired: AtomicBool,
+}
+
+/// A copy is a route of a new table: it counts into the same series, and is not retired.
+impl Clone for RouteCounters {
+    fn clone(&self) -> Self {
+        RouteCounters {
+            classes: self.classes.clone(),
+            retired: AtomicBool::new(false),
+        }
+    }
+}
+
+impl RouteCounters {
+    /// The route is no longer served (its series are being dropped).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+}
 
 impl PartialEq for RouteCounters {
     fn eq(&self, _: &Self) -> bool {
@@ -216,9 +239,27 @@ impl Metrics {
     /// Counts a response of a matched route, through the route's own counters.
     pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16) {
         let (class, i) = class_of(status);
-        counters.0[i]
+        if let Some(counter) = counters.classes[i].get() {
+            counter.inc();
+            return;
+        }
+        // A request that ends on a route gone since it started is not counted: making
+        // its series would bring back a label no route has.
+        if counters.retired.load(Ordering::SeqCst) {
+            return;
+        }
+        counters.classes[i]
             .get_or_init(|| self.counter(label, class))
             .inc();
+        // Retired while the series was being made: `forget_routes` may have run before it
+        // existed, so drop it here (retire happens before forget, so one of the two sees
+        // the other).
+        if counters.retired.load(Ordering::SeqCst) {
+            self.requests.remove(&RequestLabels {
+                route: label.to_owned(),
+                class: class.to_owned(),
+            });
+        }
     }
 
     /// Drops the request series of routes no longer served (`labels`, from

@@ -274,9 +274,13 @@ impl Applier {
             backends = table.backend_count(),
             "applied snapshot"
         );
-        let old = self.table.swap(Some(Arc::new(table)));
-        if let (Some(old), Some(new)) = (old, self.table.load_full()) {
-            self.metrics.forget_routes(&old.labels_gone(&new, hosts));
+        let table = Arc::new(table);
+        if let Some(old) = self.table.swap(Some(table.clone())) {
+            let gone = old.routes_gone(&table, hosts);
+            // Retired first: a request in flight on a gone route does not make its
+            // series again once they are dropped.
+            gone.iter().for_each(|r| r.counters.retire());
+            self.metrics.forget_routes(&old.labels_gone(&table, hosts));
         }
     }
 }
@@ -627,6 +631,8 @@ mod tests {
         serve("a.test");
 
         // A delta that removes c.test: a's series stays and keeps counting.
+        // A request still in flight on c.test's route when it goes, ending after that.
+        let in_flight_table = table.load_full().expect("a table");
         let third = snapshot_of(&["a.test"], 3);
         let delta = holdfast_proto::delta::diff(
             &second.version,
@@ -635,6 +641,14 @@ mod tests {
         );
         applier.apply_delta(&delta).expect("applies");
         assert_eq!(series(&registry), ["(none)", "a.test/"]);
+        let in_flight = in_flight_table.lookup("c.test", "/").expect("a route");
+        metrics.count_route(&in_flight.label, &in_flight.counters, 503);
+        metrics.count_route(&in_flight.label, &in_flight.counters, 200);
+        assert_eq!(
+            series(&registry),
+            ["(none)", "a.test/"],
+            "a request ending on a gone route made its series again"
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
         assert!(

@@ -592,6 +592,18 @@ impl RouteTable {
     /// and the default backend's. What a swap to `next` leaves behind in the request
     /// metrics: a delta names the hosts it touches, so this is O(change) for one.
     pub fn labels_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<String> {
+        let mut gone: Vec<String> = self
+            .routes_gone(next, hosts)
+            .into_iter()
+            .map(|r| r.label.clone())
+            .collect();
+        gone.sort();
+        gone.dedup();
+        gone
+    }
+
+    /// The routes whose labels [`labels_gone`](Self::labels_gone) names.
+    pub fn routes_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<&Arc<Route>> {
         let old: Vec<&Arc<Route>> = match hosts {
             None => self.routes().collect(),
             Some(hosts) => hosts
@@ -601,8 +613,7 @@ impl RouteTable {
                 .chain(self.default_route.iter())
                 .collect(),
         };
-        let mut gone: Vec<String> = old
-            .into_iter()
+        old.into_iter()
             .filter(|r| {
                 let kept = if r.host == "*" {
                     next.default_route.iter().any(|d| d.label == r.label)
@@ -612,11 +623,7 @@ impl RouteTable {
                 };
                 !kept
             })
-            .map(|r| r.label.clone())
-            .collect();
-        gone.sort();
-        gone.dedup();
-        gone
+            .collect()
     }
 
     /// The virtual host a (normalised) host selects, and its name.

@@ -102,7 +102,9 @@ impl FaultProxy {
         self.addr
     }
 
-    /// Switches mode; takes effect at once for new and existing connections.
+    /// Switches mode; takes effect at once for new and existing connections, except
+    /// `StallExisting`, which stalls the connections accepted before it was set and lets
+    /// new ones pass.
     pub fn set(&self, mode: Mode) {
         if mode == Mode::StallExisting {
             self.stalls.fetch_add(1, Ordering::SeqCst);
@@ -159,7 +161,9 @@ async fn run(
             accepted = async { listener.as_ref().expect("listening").accept().await }, if listener.is_some() => {
                 let Ok((client, _)) = accepted else { continue };
                 stats.lock().expect("stats lock").accepted += 1;
-                conns.spawn(connection(client, upstream, mode.clone(), generation.clone(), stalls.clone(), stats.clone()));
+                // Its stall epoch is taken at accept, not when its task first runs.
+                let born = stalls.load(Ordering::SeqCst);
+                conns.spawn(connection(client, upstream, mode.clone(), generation.clone(), (stalls.clone(), born), stats.clone()));
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
@@ -175,11 +179,10 @@ async fn connection(
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     mut generation: watch::Receiver<u64>,
-    stalls: Arc<AtomicU64>,
+    (stalls, born): (Arc<AtomicU64>, u64),
     stats: Arc<Mutex<Stats>>,
 ) {
     generation.borrow_and_update();
-    let born = stalls.load(Ordering::SeqCst);
     let _ = client.set_nodelay(true);
     if *mode.borrow() == Mode::Reset {
         reset(&client);

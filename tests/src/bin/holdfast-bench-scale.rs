@@ -220,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
         decoded: Vec::new(),
     }));
     let stopping = Arc::new(AtomicBool::new(false));
+    let reconnects = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut channels = Vec::new();
     for _ in 0..args.subscribers.div_ceil(args.streams_per_connection) {
         channels.push(
@@ -232,15 +233,26 @@ async fn main() -> anyhow::Result<()> {
     for sub in 0..args.subscribers {
         let channel = channels[sub / args.streams_per_connection].clone();
         let (seen, marker, stopping) = (seen.clone(), marker.clone(), stopping.clone());
+        let reconnects = reconnects.clone();
         tokio::spawn(async move {
-            let result = if sub == 0 {
-                decoding_subscriber(channel, seen, marker, deltas).await
-            } else {
-                light_subscriber(channel, sub, seen, deltas).await
-            };
-            // Streams end with an error when the control plane stops after the run.
-            if let (Err(e), false) = (result, stopping.load(Ordering::Relaxed)) {
-                eprintln!("subscriber {sub}: {e:#}");
+            // As a proxy does, a subscriber whose stream ends opens a new one (and, holding
+            // no inventory, gets the complete snapshot again). Streams end when the control
+            // plane stops after the run.
+            for attempt in 0u64.. {
+                let result = if sub == 0 {
+                    decoding_subscriber(channel.clone(), seen.clone(), marker.clone(), deltas).await
+                } else {
+                    light_subscriber(channel.clone(), sub, seen.clone(), deltas).await
+                };
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                reconnects.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = result {
+                    eprintln!("subscriber {sub}: {e:#}; opening a new stream");
+                }
+                let jitter = (sub as u64 * 7 + attempt * 13) % 500;
+                tokio::time::sleep(Duration::from_millis(100 + jitter)).await;
             }
         });
     }
@@ -317,6 +329,10 @@ async fn main() -> anyhow::Result<()> {
         "| subscribers (streams / connections) | {} / {} |",
         args.subscribers,
         channels.len()
+    );
+    println!(
+        "| streams that ended and were opened again | {} |",
+        reconnects.load(Ordering::Relaxed)
     );
     println!("| snapshot size | {bytes} bytes |");
     println!(
