@@ -1,30 +1,39 @@
-//! Watch-fed caches (kube-rs reflectors) of the five kinds translation reads. Secrets are
-//! watched with the field selector `type=kubernetes.io/tls`: no other Secret is ever read.
+//! Watch-fed caches (kube-rs reflector stores) of the five kinds translation reads.
+//! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
+//! is ever read.
 //!
 //! Snapshots are built only from these stores: no API call happens while building
-//! (DESIGN invariant 1). Each kind's sync state follows the watcher's events: `Init`
-//! (a list starts or restarts) marks the kind incomplete, `InitDone` (kube-rs has swapped
-//! the complete list into the store) marks it complete. A watch error alone does not: the
-//! store still holds the last complete list, and the watcher resumes from its
-//! resourceVersion, or re-lists (`Init` again) if that version has expired.
+//! (DESIGN invariant 1). Each kind has its own list-then-watch loop (not kube-runtime's
+//! watcher, which hides what this needs: the list's resourceVersion and bookmarks):
+//! - a (re-)list marks the kind incomplete; its pages (a quorum read, then continue
+//!   tokens) are buffered and swapped into the store whole, which marks it complete;
+//! - the watch resumes from the last resourceVersion after a timeout or an error, and
+//!   only a 410 (that version has expired) re-lists; a watch error alone leaves the store
+//!   holding the last complete list;
+//! - the kind's **progress** is the resourceVersion up to which its store reflects every
+//!   change: the list's resourceVersion once swapped in, then each event's and each
+//!   bookmark's (asked for with `allowWatchBookmarks`, so a quiet kind advances too). It
+//!   never goes back: a re-list is a quorum read, at or after anything seen before.
+//!   Snapshots carry every kind's progress (`Snapshot.progress`).
 
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
+use holdfast_proto::v1::KindProgress;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, Event};
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher::Event;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::state::Shared;
+use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
 /// Readers of the five caches.
@@ -35,7 +44,8 @@ pub struct Caches {
     services: Store<Service>,
     endpoint_slices: Store<EndpointSlice>,
     secrets: Store<Secret>,
-    revision: Arc<AtomicU64>,
+    /// Each kind's progress, in the order of [`KINDS`].
+    progress: Arc<[AtomicU64; 5]>,
 }
 
 impl Caches {
@@ -50,9 +60,19 @@ impl Caches {
         }
     }
 
-    /// The highest resourceVersion observed on any watched kind.
-    pub fn revision(&self) -> u64 {
-        self.revision.load(Ordering::Acquire)
+    /// Every kind's progress (see the module documentation), sorted by kind. Read it
+    /// before [`Caches::state`]: the stores then reflect at least this much.
+    pub fn progress(&self) -> Vec<KindProgress> {
+        let mut p: Vec<KindProgress> = KINDS
+            .iter()
+            .zip(self.progress.iter())
+            .map(|(kind, rv)| KindProgress {
+                kind: (*kind).to_owned(),
+                resource_version: rv.load(Ordering::Acquire),
+            })
+            .collect();
+        p.sort_by(|a, b| a.kind.cmp(&b.kind));
+        p
     }
 
     /// (namespace/name, resourceVersion) of every cached Ingress and IngressClass, sorted:
@@ -91,8 +111,8 @@ pub struct WatchSettings {
     pub page_size: u32,
 }
 
-/// Starts one watcher per kind. Each notifies `changed` after every change and after each
-/// completed (re-)list.
+/// Starts one list-then-watch loop per kind. Each notifies `changed` after every change,
+/// bookmark and completed (re-)list.
 pub fn start(
     client: Client,
     shared: Shared,
@@ -100,44 +120,20 @@ pub fn start(
     settings: WatchSettings,
     tasks: &mut JoinSet<()>,
 ) -> Caches {
-    let revision = Arc::new(AtomicU64::new(0));
+    let progress: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
     let ctx = WatchCtx {
         shared,
         changed,
-        revision: revision.clone(),
+        progress: progress.clone(),
         settings,
     };
     Caches {
-        ingress_classes: spawn_watch(
-            Api::all(client.clone()),
-            "IngressClass",
-            None,
-            ctx.clone(),
-            tasks,
-        ),
-        ingresses: spawn_watch(
-            Api::all(client.clone()),
-            "Ingress",
-            None,
-            ctx.clone(),
-            tasks,
-        ),
-        services: spawn_watch(
-            Api::all(client.clone()),
-            "Service",
-            None,
-            ctx.clone(),
-            tasks,
-        ),
-        endpoint_slices: spawn_watch(
-            Api::all(client.clone()),
-            "EndpointSlice",
-            None,
-            ctx.clone(),
-            tasks,
-        ),
-        secrets: spawn_watch(Api::all(client), "Secret", Some(TLS_SECRETS), ctx, tasks),
-        revision,
+        ingress_classes: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
+        ingresses: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
+        services: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
+        endpoint_slices: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
+        secrets: spawn_watch(Api::all(client), Some(TLS_SECRETS), ctx, tasks),
+        progress,
     }
 }
 
@@ -145,30 +141,22 @@ pub fn start(
 struct WatchCtx {
     shared: Shared,
     changed: Arc<Notify>,
-    revision: Arc<AtomicU64>,
+    progress: Arc<[AtomicU64; 5]>,
     settings: WatchSettings,
-}
-
-impl WatchCtx {
-    fn observe<K: Resource>(&self, obj: &K) {
-        if let Some(rv) = obj
-            .meta()
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            self.revision.fetch_max(rv, Ordering::AcqRel);
-        }
-    }
 }
 
 /// The field selector of the Secret watch: certificates only.
 pub const TLS_SECRETS: &str = "type=kubernetes.io/tls";
 
+/// A resourceVersion as a number (Kubernetes documents them as opaque; every API server
+/// backed by etcd makes them etcd revisions). One that is not a number advances nothing.
+fn revision_of(rv: &str) -> Option<u64> {
+    rv.parse().ok()
+}
+
 fn spawn_watch<K>(
     api: Api<K>,
-    kind: &'static str,
-    fields: Option<&str>,
+    fields: Option<&'static str>,
     ctx: WatchCtx,
     tasks: &mut JoinSet<()>,
 ) -> Store<K>
@@ -177,41 +165,193 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let mut config = watcher::Config::default()
-        .timeout(ctx.settings.watch_timeout_secs)
-        .page_size(ctx.settings.page_size);
-    if let Some(fields) = fields {
-        config = config.fields(fields);
-    }
-    let stream =
-        reflector::reflector(writer, watcher::watcher(api, config).modify(prune)).default_backoff();
-    tasks.spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(Event::Init) => {
-                    tracing::debug!(kind, "listing");
-                    ctx.shared.set_synced(kind, false);
-                }
-                Ok(Event::InitApply(obj)) => ctx.observe(&obj),
-                Ok(Event::InitDone) => {
-                    tracing::info!(kind, "cache complete");
-                    ctx.shared.set_synced(kind, true);
-                    ctx.changed.notify_one();
-                }
-                Ok(Event::Apply(obj) | Event::Delete(obj)) => {
-                    ctx.observe(&obj);
-                    ctx.changed.notify_one();
+    tasks.spawn(watch_kind(api, fields, writer, ctx));
+    reader
+}
+
+/// One kind's loop: list, watch from the list's resourceVersion, re-watch from the last
+/// one after a timeout or error, re-list only on 410.
+async fn watch_kind<K>(
+    api: Api<K>,
+    fields: Option<&'static str>,
+    mut writer: Writer<K>,
+    ctx: WatchCtx,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let kind = kind_name::<K>();
+    let index = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+    let mut backoff = Backoff::default();
+    'list: loop {
+        tracing::debug!(kind, "listing");
+        ctx.shared.set_synced(kind, false);
+        writer.apply_watcher_event(&Event::Init);
+        let mut lp = ListParams::default().limit(ctx.settings.page_size.max(1));
+        if let Some(fields) = fields {
+            lp = lp.fields(fields);
+        }
+        let mut listed_at: Option<String> = None;
+        loop {
+            match api.list(&lp).await {
+                Ok(page) => {
+                    // Every page of one list has the first page's resourceVersion.
+                    if listed_at.is_none() {
+                        listed_at = page.metadata.resource_version.filter(|v| !v.is_empty());
+                    }
+                    for mut obj in page.items {
+                        prune(&mut obj);
+                        writer.apply_watcher_event(&Event::InitApply(obj));
+                    }
+                    match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                        Some(token) => lp = lp.continue_token(&token),
+                        None => break,
+                    }
                 }
                 Err(error) => {
-                    let message = describe_watch_error(&error);
-                    tracing::warn!(kind, error = %message, "watch failed; retrying with backoff");
-                    ctx.shared.record_watch_error(kind, message);
+                    ctx.failed(kind, describe_watch_error(&error));
+                    backoff.wait().await;
+                    continue 'list;
                 }
             }
         }
-    });
-    reader
+        let Some(mut rv) = listed_at else {
+            ctx.failed(kind, "the list had no resourceVersion".into());
+            backoff.wait().await;
+            continue 'list;
+        };
+        writer.apply_watcher_event(&Event::InitDone);
+        ctx.advance(index, &rv);
+        tracing::info!(kind, "cache complete");
+        ctx.shared.set_synced(kind, true);
+        ctx.changed.notify_one();
+        backoff.reset();
+        loop {
+            let mut wp = WatchParams::default().timeout(ctx.settings.watch_timeout_secs);
+            wp.bookmarks = true;
+            if let Some(fields) = fields {
+                wp = wp.fields(fields);
+            }
+            let stream = match api.watch(&wp, &rv).await {
+                Ok(stream) => stream,
+                Err(kube::Error::Api(status)) if status.code == 410 => {
+                    // Expired (compacted): only a new list can resume.
+                    ctx.failed(kind, describe_status(&status));
+                    continue 'list;
+                }
+                Err(error) => {
+                    ctx.failed(kind, describe_watch_error(&error));
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                let (event, at) = match item {
+                    Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
+                        let at = obj.resource_version();
+                        (Some(Event::Apply(obj)), at)
+                    }
+                    Ok(WatchEvent::Deleted(obj)) => {
+                        let at = obj.resource_version();
+                        (Some(Event::Delete(obj)), at)
+                    }
+                    Ok(WatchEvent::Bookmark(bookmark)) => {
+                        (None, Some(bookmark.metadata.resource_version))
+                    }
+                    Ok(WatchEvent::Error(status)) if status.code == 410 => {
+                        ctx.failed(kind, describe_status(&status));
+                        continue 'list;
+                    }
+                    Ok(WatchEvent::Error(status)) => {
+                        ctx.failed(kind, describe_status(&status));
+                        backoff.wait().await;
+                        break;
+                    }
+                    Err(error) => {
+                        ctx.failed(kind, describe_watch_error(&error));
+                        backoff.wait().await;
+                        break;
+                    }
+                };
+                let Some(at) = at.filter(|v| !v.is_empty()) else {
+                    // Cannot resume after it: start over.
+                    ctx.failed(kind, "a watch event had no resourceVersion".into());
+                    continue 'list;
+                };
+                if let Some(mut event) = event {
+                    if let Event::Apply(obj) | Event::Delete(obj) = &mut event {
+                        prune(obj);
+                    }
+                    writer.apply_watcher_event(&event);
+                }
+                rv = at;
+                // After the store has it: whoever reads this progress, then the store,
+                // sees at least this much.
+                ctx.advance(index, &rv);
+                ctx.changed.notify_one();
+                backoff.reset();
+            }
+            // The server ended the watch (its timeout) or it failed: resume from `rv`.
+        }
+    }
+}
+
+/// The name a kind is reported under (one of [`KINDS`]).
+fn kind_name<K: Resource>() -> &'static str
+where
+    K::DynamicType: Default,
+{
+    let dt = K::DynamicType::default();
+    let kind = K::kind(&dt);
+    KINDS
+        .iter()
+        .find(|k| **k == kind.as_ref())
+        .copied()
+        .unwrap_or("unknown")
+}
+
+impl WatchCtx {
+    /// The kind's store reflects every change up to `rv`.
+    fn advance(&self, index: usize, rv: &str) {
+        if let Some(rv) = revision_of(rv) {
+            self.progress[index].fetch_max(rv, Ordering::AcqRel);
+        }
+    }
+
+    fn failed(&self, kind: &'static str, message: String) {
+        tracing::warn!(kind, error = %message, "watch failed; retrying with backoff");
+        self.shared.record_watch_error(kind, message);
+    }
+}
+
+/// Delays between failed attempts: 0.8 s doubling to 30 s, with jitter (as kube-runtime's
+/// default backoff).
+#[derive(Debug, Default)]
+struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let ceiling = (800u64 << self.attempt.min(6)).min(30_000);
+        self.attempt += 1;
+        let jitter = rand_fraction();
+        let delay = ceiling / 2 + (ceiling as f64 / 2.0 * jitter) as u64;
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// A number in [0, 1) from the std hasher's random keys (no RNG dependency needed).
+fn rand_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The annotation kubectl apply keeps a whole copy of the object in.
@@ -230,16 +370,18 @@ pub fn prune<K: Resource>(obj: &mut K) {
 
 /// A watch error in words an operator can act on (a 403 names the missing permission,
 /// as the API server's message does).
-fn describe_watch_error(error: &watcher::Error) -> String {
-    let api = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(&**s),
-        watcher::Error::WatchError(s) => Some(&**s),
-        _ => None,
-    };
-    match api {
-        Some(s) if s.code == 403 => format!("permission denied (403): {}", s.message),
+fn describe_watch_error(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => describe_status(status),
         _ => error.to_string(),
+    }
+}
+
+fn describe_status(status: &kube::core::Status) -> String {
+    if status.code == 403 {
+        format!("permission denied (403): {}", status.message)
+    } else {
+        format!("{}: {} ({})", status.message, status.reason, status.code)
     }
 }
 

@@ -280,7 +280,9 @@ async fn serve_stream(
     let mut published = shared.subscribe();
     // What the proxy serves, what it refused, and what is in flight (hash, nonce, version).
     let mut serving_hash = first.content_hash.clone();
-    let mut rejected_hash = String::new();
+    // What the proxy refused last: content hash and progress (the same content seen
+    // further is offered again: a proxy that waited on this replica's progress may take it).
+    let mut rejected: (String, u64) = (String::new(), 0);
     let mut in_flight: Option<InFlight> = None;
     // The base of the next delta: the version the proxy holds and its resources (stated
     // in its first request, then each snapshot it ACKs), when it accepts deltas. `shared`:
@@ -306,13 +308,14 @@ async fn serve_stream(
         if let (Some(current), None) = (current, &in_flight) {
             let hash = &current.content_hash;
             let size = current.encoded_len as u64;
+            let key = (hash.clone(), current.progress_sum());
             // The proxy holds what is published: its stated inventory (megabytes at
             // scale) gives way to the published snapshot as the base of its next delta.
             if *hash == serving_hash && matches!(base, Some(Base::Stated { .. })) {
                 base = Some(Base::Acked(current.clone()));
             }
             if *hash != serving_hash
-                && *hash != rejected_hash
+                && key != rejected
                 && first.max_snapshot_bytes > 0
                 && size > first.max_snapshot_bytes
             {
@@ -330,10 +333,10 @@ async fn serve_stream(
                     p.last_nack_error = error;
                     p.last_nack_at = Some(SystemTime::now().into());
                 });
-                rejected_hash = hash.clone();
+                rejected = key;
                 continue;
             }
-            if *hash != serving_hash && *hash != rejected_hash {
+            if *hash != serving_hash && key != rejected {
                 nonce += 1;
                 let version = &current.version;
                 // Cheap when the base is the build before (a shared, cached delta). A
@@ -417,7 +420,7 @@ async fn serve_stream(
                                 base = None;
                                 shared.metrics().delta_resyncs.inc();
                             } else {
-                                rejected_hash = hash;
+                                rejected = (hash, sent.progress_sum());
                             }
                             shared.metrics().nacks.inc();
                             tracing::warn!(proxy.id = %node.id, %version, error = %error.message, "proxy NACKed snapshot");

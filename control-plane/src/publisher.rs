@@ -308,8 +308,16 @@ fn rebuild(
         return;
     }
     let started = Instant::now();
+    // Progress first: the stores reflect at least this much when read after it.
+    let progress = caches.progress();
+    let revision = progress
+        .iter()
+        .map(|p| p.resource_version)
+        .max()
+        .unwrap_or(0);
     let state = caches.state();
-    let built = build_with(translator, &state, &settings.translate, caches.revision());
+    let built = build_with(translator, &state, &settings.translate, revision)
+        .map(|(built, problems)| (built.with_progress(progress), problems));
     shared
         .metrics()
         .build_duration
@@ -390,12 +398,18 @@ pub fn offer(
 ) {
     let _publishing = shared.publishing();
     let published = shared.published();
-    if published
+    if let Some(p) = published
         .as_ref()
-        .is_some_and(|p| p.content_hash == candidate.content_hash)
+        .filter(|p| p.content_hash == candidate.content_hash)
     {
         shared.metrics().unchanged.inc();
         shared.clear_hold();
+        // The same content, seen further: published again with the newer progress (the
+        // proxies that serve this content are sent nothing; one that waits on this
+        // replica's progress gets it).
+        if p.progress != candidate.progress {
+            shared.publish(Arc::new(p.restamped(candidate.progress)));
+        }
         return;
     }
     let Some(published) = published else {

@@ -22,7 +22,7 @@ use holdfast_proto::delta::Inventory;
 use holdfast_proto::snapshot::{
     InvalidSnapshot, validate_structure, validate_virtual_host, version_string,
 };
-use holdfast_proto::v1::{self, Snapshot, SnapshotDelta};
+use holdfast_proto::v1::{self, KindProgress, Snapshot, SnapshotDelta};
 use holdfast_proto::wire::EncodedSnapshot;
 use tokio::sync::watch;
 
@@ -47,8 +47,10 @@ pub struct Published {
     pub version: String,
     /// The content hash.
     pub content_hash: String,
-    /// The cluster revision it reflects.
+    /// The cluster revision it reflects (the highest of `progress`).
     pub cluster_revision: u64,
+    /// How far each watched kind had been seen when it was built (see `caches`).
+    pub progress: Vec<KindProgress>,
     /// When it was built.
     pub created_at: Option<prost_types::Timestamp>,
     /// Its content.
@@ -90,6 +92,7 @@ impl Published {
             version,
             content_hash: content.content_hash.clone(),
             cluster_revision,
+            progress: Vec::new(),
             created_at,
             content,
             since,
@@ -104,10 +107,48 @@ impl Published {
         p
     }
 
+    /// The build stamped with every kind's `progress` (its cluster revision, and so its
+    /// version, become the highest of them).
+    pub fn with_progress(mut self, progress: Vec<KindProgress>) -> Self {
+        self.cluster_revision = progress
+            .iter()
+            .map(|p| p.resource_version)
+            .max()
+            .unwrap_or(0);
+        self.version = version_string(self.cluster_revision, &self.content_hash);
+        self.progress = progress;
+        self.encoded_len =
+            prost::Message::encoded_len(&self.identity()) + self.content.resources_len;
+        self
+    }
+
+    /// The same content at newer `progress`: shares everything, keeps its version and
+    /// cluster revision (the version names content and the revision it was first built
+    /// at), and changes nothing from the build it repeats.
+    pub fn restamped(&self, progress: Vec<KindProgress>) -> Published {
+        let mut p = self.shadow();
+        p.since = Some(Since {
+            content_hash: self.content_hash.clone(),
+            changed: Changed::default(),
+        });
+        p.progress = progress;
+        p.encoded_len = prost::Message::encoded_len(&p.identity()) + p.content.resources_len;
+        p
+    }
+
+    /// The sum of the progress values: grows whenever any kind's does (a replica's
+    /// progress never goes back), so it tells two stampings of the same content apart.
+    pub fn progress_sum(&self) -> u64 {
+        self.progress
+            .iter()
+            .fold(0u64, |sum, p| sum.wrapping_add(p.resource_version))
+    }
+
     /// Wraps a sealed, validated complete snapshot (no change list: deltas to it are
     /// computed from inventories).
     pub fn new(snapshot: Snapshot) -> Self {
         let mut p = Published::built(Content::of(&snapshot), None, snapshot.cluster_revision);
+        p.progress.clone_from(&snapshot.progress);
         p.version.clone_from(&snapshot.version);
         p.created_at = snapshot.created_at;
         p.encoded_len = prost::Message::encoded_len(&snapshot);
@@ -122,6 +163,7 @@ impl Published {
             version: self.version.clone(),
             content_hash: self.content_hash.clone(),
             cluster_revision: self.cluster_revision,
+            progress: self.progress.clone(),
             created_at: self.created_at,
             content: self.content.clone(),
             since: self.since.clone(),
@@ -140,6 +182,7 @@ impl Published {
             version: self.version.clone(),
             content_hash: self.content_hash.clone(),
             cluster_revision: self.cluster_revision,
+            progress: self.progress.clone(),
             created_at: self.created_at,
             default_backend: self.content.default_backend.clone(),
             default_certificate: self.content.default_certificate.clone(),
@@ -208,6 +251,7 @@ impl Published {
             let identity = self.identity();
             s.version = identity.version;
             s.cluster_revision = identity.cluster_revision;
+            s.progress = identity.progress;
             s.created_at = identity.created_at;
             s
         })
@@ -296,6 +340,7 @@ impl Published {
             version: self.version.clone(),
             content_hash: self.content_hash.clone(),
             cluster_revision: self.cluster_revision,
+            progress: self.progress.clone(),
             default_backend_changed: changed.default_backend,
             default_backend: c.default_backend.clone(),
             default_certificate_changed: changed.default_certificate,
@@ -459,6 +504,16 @@ impl Shared {
     /// Publishes a sealed, validated snapshot to every stream.
     pub fn publish(&self, published: Arc<Published>) {
         let m = &self.inner.metrics;
+        let restamp = self
+            .published()
+            .is_some_and(|p| p.content_hash == published.content_hash);
+        if restamp {
+            // The same content at newer progress: no new snapshot for the proxies that
+            // serve it, so neither logged as one nor counted.
+            tracing::debug!(version = %published.version, "published progress");
+            self.inner.published.send_replace(Some(published));
+            return;
+        }
         m.snapshot_revision.set(published.cluster_revision as i64);
         m.snapshot_routes.set(published.route_count() as i64);
         m.published.inc();

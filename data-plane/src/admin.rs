@@ -164,6 +164,8 @@ fn route(
                     "version": t.version,
                     "content_hash": t.content_hash,
                     "cluster_revision": t.cluster_revision,
+                    // Per kind, how far the control plane had seen when it built this.
+                    "progress": t.progress.iter().map(|p| (p.kind.clone(), p.resource_version)).collect::<std::collections::BTreeMap<_, _>>(),
                     "routes": t.route_count(),
                     "backends": t.backend_count(),
                     "endpoints": t.backends().map(|b| b.endpoints.len()).sum::<usize>(),

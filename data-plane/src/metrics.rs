@@ -86,6 +86,10 @@ pub struct Metrics {
     pub applied: Counter,
     /// Snapshots rejected (NACKed).
     pub nacks: Counter,
+    /// Snapshots neither newer nor older than the one served (behind for one kind, ahead
+    /// for another): the served one is kept (and the offer NACKed) until a snapshot
+    /// behind for no kind arrives.
+    pub snapshots_waited: Counter,
     /// Delta logs folded into a new state file.
     pub state_compactions: Counter,
     /// Responses that carried a delta rather than a complete snapshot.
@@ -123,6 +127,7 @@ impl Metrics {
             control_plane_connected: Gauge::default(),
             applied: Counter::default(),
             nacks: Counter::default(),
+            snapshots_waited: Counter::default(),
             state_compactions: Counter::default(),
             deltas_received: Counter::default(),
             received_bytes: Counter::default(),
@@ -163,6 +168,11 @@ impl Metrics {
             m.control_plane_connected.clone(),
         );
         r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
+        r.register(
+            "snapshots_waited",
+            "Snapshots behind the served one for one kind and ahead for another: kept the served one (a NACK) until a snapshot behind for no kind arrived",
+            m.snapshots_waited.clone(),
+        );
         r.register(
             "persist_failures",
             "Applied snapshots that could not be written to the state file (served anyway)",

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use holdfast_proto::mtls::Reloading;
+use holdfast_proto::snapshot::{InvalidSnapshot, Stamp, check_not_older};
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, SnapshotDelta};
 use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
@@ -110,11 +111,12 @@ impl Applier {
         let checked = held
             .check(change)
             .map_err(|e| format!("delta to {}: {e}", change.version))?;
-        self.admissible(
-            &change.version,
-            change.cluster_revision,
-            checked.encoded_len(),
-        )?;
+        let offered = Stamp {
+            version: &change.version,
+            cluster_revision: change.cluster_revision,
+            progress: &change.progress,
+        };
+        self.admissible(offered, checked.encoded_len(), Some(held))?;
         let current = self.table.load_full();
         let table = match current.as_deref() {
             Some(t) if t.version == held.version() => t.apply_delta(held, change),
@@ -194,14 +196,14 @@ impl Applier {
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
         let hashed =
             delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         self.admissible(
-            &snapshot.version,
-            snapshot.cluster_revision,
+            Stamp::of(&snapshot),
             prost::Message::encoded_len(&snapshot),
+            served.as_ref(),
         )?;
         let table =
             RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = Arc::new(snapshot);
         let persist_error = self.persist(None, || snapshot.clone());
         *served = Some(delta::Held::new(Arc::unwrap_or_clone(snapshot), hashed));
@@ -211,23 +213,35 @@ impl Applier {
     }
 
     /// The checks a valid snapshot must still pass to be served: its size, and never
-    /// older than what is served.
-    fn admissible(&self, version: &str, cluster_revision: u64, size: usize) -> Result<(), String> {
+    /// older than the one `served` for any kind ([`check_not_older`]). One behind for a
+    /// kind and ahead for another is waited out (counted in
+    /// `holdfast_proxy_snapshots_waited_total`).
+    fn admissible(
+        &self,
+        offered: Stamp<'_>,
+        size: usize,
+        served: Option<&delta::Held>,
+    ) -> Result<(), String> {
         if size > self.max_snapshot_bytes {
             return Err(format!(
-                "snapshot {version} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
-                self.max_snapshot_bytes
+                "snapshot {} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
+                offered.version, self.max_snapshot_bytes
             ));
         }
-        if let Some(current) = self.table.load().as_ref()
-            && cluster_revision < current.cluster_revision
-        {
-            return Err(format!(
-                "snapshot {version} is older than the one in use ({}): cluster revision {cluster_revision} < {}",
-                current.version, current.cluster_revision
-            ));
-        }
-        Ok(())
+        let Some(served) = served else {
+            return Ok(());
+        };
+        let current = Stamp {
+            version: served.version(),
+            cluster_revision: served.cluster_revision(),
+            progress: served.progress(),
+        };
+        check_not_older(offered, current).map_err(|e| {
+            if matches!(e, InvalidSnapshot::Incomparable(_)) {
+                self.metrics.snapshots_waited.inc();
+            }
+            e.to_string()
+        })
     }
 
     /// Persists the snapshot just applied: appends `change`, the delta that made it, to
@@ -655,6 +669,78 @@ mod tests {
             text.contains("holdfast_proxy_requests_total{route=\"a.test/\",class=\"2xx\"} 2"),
             "{text}"
         );
+    }
+
+    /// `hosts` at per-kind progress `kinds`.
+    fn snapshot_at(hosts: &[&str], kinds: &[(&str, u64)]) -> Snapshot {
+        let mut s = snapshot_of(hosts, 0);
+        s.progress = kinds
+            .iter()
+            .map(|(kind, rv)| holdfast_proto::v1::KindProgress {
+                kind: (*kind).into(),
+                resource_version: *rv,
+            })
+            .collect();
+        let max = kinds.iter().map(|k| k.1).max().unwrap_or(0);
+        holdfast_proto::snapshot::seal(&mut s, max);
+        s
+    }
+
+    /// Never backwards, kind by kind: a snapshot behind for one kind is refused even when
+    /// its highest number is higher; one behind for a kind and ahead for another is
+    /// waited out (counted); the progress survives a restart from the state file, by
+    /// snapshot and by delta.
+    #[test]
+    fn a_snapshot_behind_for_any_kind_is_refused_and_a_mixed_one_is_waited_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        crate::persist::prepare_dir(&state).expect("state dir");
+        let registry = &mut prometheus_client::registry::Registry::default();
+        let metrics = Metrics::new(registry);
+        let table = Arc::new(ArcSwapOption::empty());
+        let applier = Applier::new(table.clone(), state.clone(), metrics.clone(), usize::MAX);
+        let served =
+            |t: &Arc<ArcSwapOption<RouteTable>>| t.load_full().expect("a table").version.clone();
+
+        let first = snapshot_at(&["a.test"], &[("Ingress", 10), ("Service", 20)]);
+        applier.apply(first.clone()).expect("applies");
+        // Ingresses behind (9 < 10), Services ahead (25 > 20): the one number (25) is
+        // higher, but the Ingress view would move back. Wait.
+        let mixed = snapshot_at(&["a.test", "b.test"], &[("Ingress", 9), ("Service", 25)]);
+        assert!(applier.apply(mixed).is_err());
+        assert_eq!(served(&table), first.version);
+        assert_eq!(metrics.snapshots_waited.get(), 1);
+        // Behind for one kind, ahead for none: refused, not a wait.
+        let behind = snapshot_at(&["c.test"], &[("Ingress", 10), ("Service", 19)]);
+        assert!(applier.apply(behind).is_err());
+        assert_eq!(metrics.snapshots_waited.get(), 1);
+        // Caught up on every kind: accepted, as a delta.
+        let next = snapshot_at(&["a.test", "b.test"], &[("Ingress", 12), ("Service", 25)]);
+        let change = holdfast_proto::delta::diff(
+            &first.version,
+            &holdfast_proto::delta::inventory(&first),
+            &next,
+        );
+        applier.apply_delta(&change).expect("applies");
+        assert_eq!(served(&table), next.version);
+
+        // Restarted from the state file (snapshot + delta log): the progress came back
+        // with it, so a snapshot behind for Ingresses is still refused.
+        let (snapshot, restored) = crate::persist::load(&state)
+            .expect("loads")
+            .map(|s| {
+                let t = RouteTable::compile(&s).expect("compiles");
+                (s, t)
+            })
+            .expect("a saved snapshot");
+        assert_eq!(snapshot.progress, next.progress);
+        let table = Arc::new(ArcSwapOption::empty());
+        let again = Applier::new(table.clone(), state, metrics.clone(), usize::MAX);
+        again.install(snapshot, restored);
+        let stale = snapshot_at(&["z.test"], &[("Ingress", 11), ("Service", 99)]);
+        assert!(again.apply(stale).is_err());
+        assert_eq!(served(&table), next.version);
+        assert_eq!(metrics.snapshots_waited.get(), 2);
     }
 
     #[test]

@@ -196,6 +196,8 @@ pub struct RouteTable {
     pub content_hash: String,
     /// Cluster revision of that snapshot.
     pub cluster_revision: u64,
+    /// Its progress per kind (`Snapshot.progress`), for operators.
+    pub progress: Vec<holdfast_proto::v1::KindProgress>,
     backends: Shards<Arc<Backend>>,
     certificates: Shards<Arc<TlsCertificate>>,
     default_certificate_name: String,
@@ -352,6 +354,7 @@ impl RouteTable {
             version: snapshot.version.clone(),
             content_hash: snapshot.content_hash.clone(),
             cluster_revision: snapshot.cluster_revision,
+            progress: snapshot.progress.clone(),
             backends: Shards::default(),
             certificates: Shards::default(),
             default_certificate_name: snapshot.default_certificate.clone(),
@@ -391,6 +394,7 @@ impl RouteTable {
         t.version = delta.version.clone();
         t.content_hash = delta.content_hash.clone();
         t.cluster_revision = delta.cluster_revision;
+        t.progress.clone_from(&delta.progress);
         for name in &delta.removed_backends {
             t.backends.remove(name);
         }

@@ -298,6 +298,7 @@ pub fn diff_to(
         version: next.version.clone(),
         content_hash: next.content_hash.clone(),
         cluster_revision: next.cluster_revision,
+        progress: next.progress.clone(),
         upserted_virtual_hosts: next
             .virtual_hosts
             .iter()
@@ -470,6 +471,7 @@ fn apply_hashed(
         version: delta.version.clone(),
         content_hash: delta.content_hash.clone(),
         cluster_revision: delta.cluster_revision,
+        progress: delta.progress.clone(),
         created_at: None,
         virtual_hosts,
         backends,

@@ -9,18 +9,21 @@
 //!   depend on the order resources are listed in, and either plane updates it in O(1) per
 //!   changed resource. prost encodes fields in tag order and the translator sorts every
 //!   list inside a resource, so the same content gives the same hash on every replica.
-//! - `cluster_revision` = the highest Kubernetes resourceVersion the control plane had
-//!   observed (across every watched kind) when it built the snapshot.
+//! - `progress` = per watched kind, the resourceVersion up to which the control plane's
+//!   watch of that kind had delivered every change when it built the snapshot (the list's
+//!   resourceVersion, then each event's and bookmark's).
+//! - `cluster_revision` = the highest of those: one number for display.
 //! - `version` = `"<cluster_revision>-<first 16 hex digits of content_hash>"`.
-//! - Ordering: a proxy accepts a snapshot only if its `cluster_revision` is not lower than
-//!   the one it serves ([`check_not_older`]), so it never moves back to an older cluster
-//!   state, even after reconnecting to a lagging control-plane replica.
+//! - Ordering: a proxy accepts a snapshot only if it is behind the one it serves for no
+//!   kind ([`check_not_older`]), so it never moves back to an older view of any kind,
+//!   even after reconnecting to a control-plane replica whose watch of one kind lags. One
+//!   ahead for some kinds and behind for others is waited out.
 
 use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 
-use crate::v1::{MatchKind, Snapshot, VirtualHost};
+use crate::v1::{KindProgress, MatchKind, Snapshot, VirtualHost};
 
 /// Why a snapshot is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,6 +104,37 @@ pub enum InvalidSnapshot {
         /// Cluster revision in use.
         held_revision: u64,
     },
+    /// The snapshot is behind the one being served for a kind and ahead for none.
+    #[error(
+        "snapshot {} is older than the one in use ({}) for {}: resourceVersion {} < {}",
+        .0.offered, .0.held, .0.kind, .0.offered_revision, .0.held_revision
+    )]
+    Behind(Box<Lag>),
+    /// Neither snapshot is newer: the offered one is behind for a kind and ahead for
+    /// another (two control-plane replicas whose watches lag on different kinds). The one
+    /// in use is kept until a snapshot that is behind for no kind arrives.
+    #[error(
+        "waiting: snapshot {} is behind the one in use ({}) for {} (resourceVersion {} < {}) and ahead for {}; keeping the one in use until a snapshot is behind for no kind",
+        .0.offered, .0.held, .0.kind, .0.offered_revision, .0.held_revision, .0.ahead
+    )]
+    Incomparable(Box<Lag>),
+}
+
+/// How an offered snapshot is behind the one in use (see [`check_not_older`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lag {
+    /// Offered version.
+    pub offered: String,
+    /// Version in use.
+    pub held: String,
+    /// The first kind it is behind for.
+    pub kind: String,
+    /// That kind's progress in the offered snapshot.
+    pub offered_revision: u64,
+    /// That kind's progress in the snapshot in use.
+    pub held_revision: u64,
+    /// The first kind it is ahead for ("" when none).
+    pub ahead: String,
 }
 
 /// The snapshot's content hash: SHA-256 (hex) of the LtHash16 sum of its resources'
@@ -277,17 +311,76 @@ pub fn validate_virtual_host(vhost: &VirtualHost) -> Result<(), InvalidSnapshot>
     Ok(())
 }
 
-/// Refuses `offered` if it reflects an older cluster state than `held`.
-pub fn check_not_older(offered: &Snapshot, held: &Snapshot) -> Result<(), InvalidSnapshot> {
-    if offered.cluster_revision < held.cluster_revision {
-        return Err(InvalidSnapshot::Older {
-            offered: offered.version.clone(),
-            offered_revision: offered.cluster_revision,
-            held: held.version.clone(),
-            held_revision: held.cluster_revision,
-        });
+/// What ordering compares: a snapshot's version, cluster revision and per-kind progress.
+#[derive(Debug, Clone, Copy)]
+pub struct Stamp<'a> {
+    /// Its version.
+    pub version: &'a str,
+    /// Its cluster revision (the highest progress value).
+    pub cluster_revision: u64,
+    /// Its progress per kind (empty from a control plane that predates it).
+    pub progress: &'a [KindProgress],
+}
+
+impl<'a> Stamp<'a> {
+    /// The stamp of a snapshot.
+    pub fn of(snapshot: &'a Snapshot) -> Self {
+        Stamp {
+            version: &snapshot.version,
+            cluster_revision: snapshot.cluster_revision,
+            progress: &snapshot.progress,
+        }
     }
-    Ok(())
+}
+
+/// Refuses `offered` if it reflects an older cluster state than `held` for any kind: a
+/// component-wise comparison of their progress (a kind one of them lacks counts as 0).
+/// Behind for some kind and ahead for none is [`InvalidSnapshot::Behind`]; behind for one
+/// and ahead for another is [`InvalidSnapshot::Incomparable`] (wait). Where either has no
+/// progress (a snapshot from an older control plane), the cluster revisions are compared.
+pub fn check_not_older(offered: Stamp<'_>, held: Stamp<'_>) -> Result<(), InvalidSnapshot> {
+    if offered.progress.is_empty() || held.progress.is_empty() {
+        if offered.cluster_revision < held.cluster_revision {
+            return Err(InvalidSnapshot::Older {
+                offered: offered.version.to_owned(),
+                offered_revision: offered.cluster_revision,
+                held: held.version.to_owned(),
+                held_revision: held.cluster_revision,
+            });
+        }
+        return Ok(());
+    }
+    let of = |p: &[KindProgress], kind: &str| {
+        p.iter()
+            .find(|k| k.kind == kind)
+            .map_or(0, |k| k.resource_version)
+    };
+    let behind = held.progress.iter().find_map(|h| {
+        let o = of(offered.progress, &h.kind);
+        (o < h.resource_version).then(|| (h.kind.clone(), o, h.resource_version))
+    });
+    let Some((kind, offered_revision, held_revision)) = behind else {
+        return Ok(());
+    };
+    let ahead = offered
+        .progress
+        .iter()
+        .find(|o| o.resource_version > of(held.progress, &o.kind))
+        .map(|o| o.kind.clone());
+    let lag = |ahead: String| {
+        Box::new(Lag {
+            offered: offered.version.to_owned(),
+            held: held.version.to_owned(),
+            kind: kind.clone(),
+            offered_revision,
+            held_revision,
+            ahead,
+        })
+    };
+    Err(match ahead {
+        None => InvalidSnapshot::Behind(lag(String::new())),
+        Some(ahead) => InvalidSnapshot::Incomparable(lag(ahead)),
+    })
 }
 
 #[cfg(test)]
@@ -461,12 +554,63 @@ mod tests {
         seal(&mut older, 41);
         let mut newer = sample();
         seal(&mut newer, 43);
+        let stamp = Stamp::of;
         assert!(matches!(
-            check_not_older(&older, &held),
+            check_not_older(stamp(&older), stamp(&held)),
             Err(InvalidSnapshot::Older { .. })
         ));
-        assert_eq!(check_not_older(&held, &held), Ok(()));
-        assert_eq!(check_not_older(&newer, &held), Ok(()));
+        assert_eq!(check_not_older(stamp(&held), stamp(&held)), Ok(()));
+        assert_eq!(check_not_older(stamp(&newer), stamp(&held)), Ok(()));
+    }
+
+    fn progress(kinds: &[(&str, u64)]) -> Vec<KindProgress> {
+        kinds
+            .iter()
+            .map(|(kind, rv)| KindProgress {
+                kind: (*kind).into(),
+                resource_version: *rv,
+            })
+            .collect()
+    }
+
+    fn stamped(kinds: &[(&str, u64)]) -> Snapshot {
+        let mut s = sample();
+        s.progress = progress(kinds);
+        let max = kinds.iter().map(|k| k.1).max().unwrap_or(0);
+        seal(&mut s, max);
+        s
+    }
+
+    /// Per kind: behind for a kind is refused even when the highest number is higher
+    /// (the one-number rule accepted it), behind for one kind and ahead for another is
+    /// "wait", and equal or ahead everywhere is accepted.
+    #[test]
+    fn progress_is_compared_kind_by_kind() {
+        let held = stamped(&[("Ingress", 10), ("Service", 20)]);
+        let check =
+            |kinds: &[(&str, u64)]| check_not_older(Stamp::of(&stamped(kinds)), Stamp::of(&held));
+        assert_eq!(check(&[("Ingress", 10), ("Service", 20)]), Ok(()));
+        assert_eq!(check(&[("Ingress", 11), ("Service", 20)]), Ok(()));
+        assert!(matches!(
+            check(&[("Ingress", 9), ("Service", 20)]),
+            Err(InvalidSnapshot::Behind(ref lag)) if lag.kind == "Ingress"
+        ));
+        // The highest number is higher (25 > 20), yet Ingresses are behind: the view of
+        // one kind would move backwards.
+        assert!(matches!(
+            check(&[("Ingress", 9), ("Service", 25)]),
+            Err(InvalidSnapshot::Incomparable(ref lag)) if lag.kind == "Ingress" && lag.ahead == "Service"
+        ));
+        // A kind the offered snapshot lacks counts as 0: behind.
+        assert!(matches!(
+            check(&[("Service", 30)]),
+            Err(InvalidSnapshot::Incomparable(_))
+        ));
+        // A kind the served snapshot lacks: the offered one is ahead for it.
+        assert_eq!(
+            check(&[("Ingress", 10), ("Service", 20), ("Secret", 3)]),
+            Ok(())
+        );
     }
 
     #[test]

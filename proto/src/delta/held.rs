@@ -21,7 +21,9 @@ use prost::Message;
 
 use super::{HashEdit, Hashed, InvalidDelta, Inventory, hash_edit};
 use crate::snapshot::{self, InvalidSnapshot};
-use crate::v1::{Backend, Certificate, DefaultBackend, Snapshot, SnapshotDelta, VirtualHost};
+use crate::v1::{
+    Backend, Certificate, DefaultBackend, KindProgress, Snapshot, SnapshotDelta, VirtualHost,
+};
 
 /// Field numbers of `Snapshot`'s repeated resources (for its encoded length).
 const VIRTUAL_HOSTS_TAG: u32 = 5;
@@ -34,6 +36,7 @@ pub struct Held {
     version: String,
     content_hash: String,
     cluster_revision: u64,
+    progress: Vec<KindProgress>,
     virtual_hosts: BTreeMap<String, Arc<VirtualHost>>,
     backends: BTreeMap<String, Arc<Backend>>,
     certificates: BTreeMap<String, Arc<Certificate>>,
@@ -70,6 +73,7 @@ impl Held {
             version: snapshot.version,
             content_hash: snapshot.content_hash,
             cluster_revision: snapshot.cluster_revision,
+            progress: snapshot.progress,
             default_backend: snapshot.default_backend.map(Arc::new),
             default_certificate: snapshot.default_certificate,
             hashed,
@@ -97,6 +101,11 @@ impl Held {
     /// The cluster revision held.
     pub fn cluster_revision(&self) -> u64 {
         self.cluster_revision
+    }
+
+    /// The progress per kind held.
+    pub fn progress(&self) -> &[KindProgress] {
+        &self.progress
     }
 
     /// Each resource's hash.
@@ -163,6 +172,7 @@ impl Held {
             version: self.version.clone(),
             content_hash: self.content_hash.clone(),
             cluster_revision: self.cluster_revision,
+            progress: self.progress.clone(),
             created_at: None,
             default_backend: self.default_backend.as_deref().cloned(),
             default_certificate: self.default_certificate.clone(),
@@ -359,6 +369,7 @@ impl Held {
         self.version = delta.version.clone();
         self.content_hash = delta.content_hash.clone();
         self.cluster_revision = delta.cluster_revision;
+        self.progress.clone_from(&delta.progress);
         self.hashed.commit(checked.edit);
     }
 
@@ -409,6 +420,7 @@ impl Held {
             version: delta.version.clone(),
             content_hash: delta.content_hash.clone(),
             cluster_revision: delta.cluster_revision,
+            progress: delta.progress.clone(),
             default_backend: if delta.default_backend_changed {
                 delta.default_backend.clone()
             } else {
