@@ -17,8 +17,8 @@
 //!   Snapshots carry every kind's progress (`Snapshot.progress`).
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use holdfast_proto::v1::KindProgress;
@@ -46,33 +46,58 @@ pub struct Caches {
     secrets: Store<Secret>,
     /// Each kind's progress, in the order of [`KINDS`].
     progress: Arc<[AtomicU64; 5]>,
+    /// Per kind (order of [`KINDS`]): a change to its store and to its progress happen
+    /// under the write lock, a read of both under the read lock, so what is read is
+    /// exactly as far as its progress says (never further: a proxy could otherwise take
+    /// another replica's older content at the same progress).
+    guards: Arc<[RwLock<()>; 5]>,
 }
 
 impl Caches {
     /// Everything translation needs, read from the stores (no API calls).
     pub fn state(&self) -> ClusterState {
-        ClusterState {
-            ingress_classes: self.ingress_classes.state(),
-            ingresses: self.ingresses.state(),
-            services: self.services.state(),
-            endpoint_slices: self.endpoint_slices.state(),
-            secrets: self.secrets.state(),
-        }
+        self.read().1
     }
 
-    /// Every kind's progress (see the module documentation), sorted by kind. Read it
-    /// before [`Caches::state`]: the stores then reflect at least this much.
-    pub fn progress(&self) -> Vec<KindProgress> {
-        let mut p: Vec<KindProgress> = KINDS
-            .iter()
-            .zip(self.progress.iter())
-            .map(|(kind, rv)| KindProgress {
-                kind: (*kind).to_owned(),
-                resource_version: rv.load(Ordering::Acquire),
-            })
-            .collect();
-        p.sort_by(|a, b| a.kind.cmp(&b.kind));
-        p
+    /// Everything translation needs, read from the stores (no API calls), and every
+    /// kind's progress (see the module documentation), sorted by kind: each kind's store
+    /// and progress read together, so its store reflects exactly that much.
+    pub fn read(&self) -> (Vec<KindProgress>, ClusterState) {
+        let at = |kind: &str| KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+        let mut progress = Vec::with_capacity(KINDS.len());
+        let mut read = |kind: &'static str| {
+            let i = at(kind);
+            let guard = self.guards[i].read().unwrap_or_else(|e| e.into_inner());
+            progress.push(KindProgress {
+                kind: kind.to_owned(),
+                resource_version: self.progress[i].load(Ordering::Acquire),
+            });
+            guard
+        };
+        let state = ClusterState {
+            ingress_classes: {
+                let _g = read("IngressClass");
+                self.ingress_classes.state()
+            },
+            ingresses: {
+                let _g = read("Ingress");
+                self.ingresses.state()
+            },
+            services: {
+                let _g = read("Service");
+                self.services.state()
+            },
+            endpoint_slices: {
+                let _g = read("EndpointSlice");
+                self.endpoint_slices.state()
+            },
+            secrets: {
+                let _g = read("Secret");
+                self.secrets.state()
+            },
+        };
+        progress.sort_by(|a, b| a.kind.cmp(&b.kind));
+        (progress, state)
     }
 
     /// (namespace/name, resourceVersion) of every cached Ingress and IngressClass, sorted:
@@ -121,10 +146,12 @@ pub fn start(
     tasks: &mut JoinSet<()>,
 ) -> Caches {
     let progress: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
+    let guards: Arc<[RwLock<()>; 5]> = Arc::new(Default::default());
     let ctx = WatchCtx {
         shared,
         changed,
         progress: progress.clone(),
+        guards: guards.clone(),
         settings,
     };
     Caches {
@@ -134,6 +161,7 @@ pub fn start(
         endpoint_slices: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
         secrets: spawn_watch(Api::all(client), Some(TLS_SECRETS), ctx, tasks),
         progress,
+        guards,
     }
 }
 
@@ -142,6 +170,7 @@ struct WatchCtx {
     shared: Shared,
     changed: Arc<Notify>,
     progress: Arc<[AtomicU64; 5]>,
+    guards: Arc<[RwLock<()>; 5]>,
     settings: WatchSettings,
 }
 
@@ -220,13 +249,13 @@ async fn watch_kind<K>(
             backoff.wait().await;
             continue 'list;
         };
-        writer.apply_watcher_event(&Event::InitDone);
-        ctx.advance(index, &rv);
+        ctx.apply(index, &mut writer, Some(&Event::InitDone), &rv);
         tracing::info!(kind, "cache complete");
         ctx.shared.set_synced(kind, true);
         ctx.changed.notify_one();
-        backoff.reset();
         loop {
+            let opened = std::time::Instant::now();
+            let mut delivered = false;
             let mut wp = WatchParams::default().timeout(ctx.settings.watch_timeout_secs);
             wp.bookmarks = true;
             if let Some(fields) = fields {
@@ -237,6 +266,7 @@ async fn watch_kind<K>(
                 Err(kube::Error::Api(status)) if status.code == 410 => {
                     // Expired (compacted): only a new list can resume.
                     ctx.failed(kind, describe_status(&status));
+                    backoff.wait().await;
                     continue 'list;
                 }
                 Err(error) => {
@@ -261,6 +291,7 @@ async fn watch_kind<K>(
                     }
                     Ok(WatchEvent::Error(status)) if status.code == 410 => {
                         ctx.failed(kind, describe_status(&status));
+                        backoff.wait().await;
                         continue 'list;
                     }
                     Ok(WatchEvent::Error(status)) => {
@@ -277,22 +308,24 @@ async fn watch_kind<K>(
                 let Some(at) = at.filter(|v| !v.is_empty()) else {
                     // Cannot resume after it: start over.
                     ctx.failed(kind, "a watch event had no resourceVersion".into());
+                    backoff.wait().await;
                     continue 'list;
                 };
-                if let Some(mut event) = event {
-                    if let Event::Apply(obj) | Event::Delete(obj) = &mut event {
-                        prune(obj);
-                    }
-                    writer.apply_watcher_event(&event);
+                let mut event = event;
+                if let Some(Event::Apply(obj) | Event::Delete(obj)) = &mut event {
+                    prune(obj);
                 }
                 rv = at;
-                // After the store has it: whoever reads this progress, then the store,
-                // sees at least this much.
-                ctx.advance(index, &rv);
+                ctx.apply(index, &mut writer, event.as_ref(), &rv);
                 ctx.changed.notify_one();
+                delivered = true;
                 backoff.reset();
             }
-            // The server ended the watch (its timeout) or it failed: resume from `rv`.
+            // The server ended the watch (its timeout) or it failed: resume from `rv`;
+            // after a pause if it ended at once with nothing (no tight loop).
+            if !delivered && opened.elapsed() < std::time::Duration::from_secs(1) {
+                backoff.wait().await;
+            }
         }
     }
 }
@@ -312,8 +345,19 @@ where
 }
 
 impl WatchCtx {
-    /// The kind's store reflects every change up to `rv`.
-    fn advance(&self, index: usize, rv: &str) {
+    /// Applies `event` (if any) to the kind's store and advances its progress to `rv`,
+    /// together (see [`Caches::read`]).
+    fn apply<K>(&self, index: usize, writer: &mut Writer<K>, event: Option<&Event<K>>, rv: &str)
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        let _guard = self.guards[index]
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(event) = event {
+            writer.apply_watcher_event(event);
+        }
         if let Some(rv) = revision_of(rv) {
             self.progress[index].fetch_max(rv, Ordering::AcqRel);
         }
@@ -388,6 +432,76 @@ fn describe_status(status: &kube::core::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kind's store and its progress change together and are read together: a build
+    /// never sees an Ingress its progress does not cover. Ingress `i` is applied at
+    /// resourceVersion `i`, so a consistent read has exactly `progress` Ingresses.
+    #[test]
+    fn a_kinds_store_and_progress_are_read_as_one() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let ctx = WatchCtx {
+            shared,
+            changed: Arc::new(Notify::new()),
+            progress: Arc::new(Default::default()),
+            guards: Arc::new(Default::default()),
+            settings: WatchSettings {
+                watch_timeout_secs: 7,
+                page_size: 500,
+            },
+        };
+        let stores = (
+            reflector::store::<IngressClass>(),
+            reflector::store::<Ingress>(),
+            reflector::store::<Service>(),
+            reflector::store::<EndpointSlice>(),
+            reflector::store::<Secret>(),
+        );
+        let caches = Caches {
+            ingress_classes: stores.0.0,
+            ingresses: stores.1.0,
+            services: stores.2.0,
+            endpoint_slices: stores.3.0,
+            secrets: stores.4.0,
+            progress: ctx.progress.clone(),
+            guards: ctx.guards.clone(),
+        };
+        let mut writer = stores.1.1;
+        let index = KINDS.iter().position(|k| *k == "Ingress").expect("a kind");
+        ctx.apply(index, &mut writer, Some(&Event::Init), "0");
+        ctx.apply(index, &mut writer, Some(&Event::InitDone), "0");
+        let writes = std::thread::spawn(move || {
+            for i in 1..=3000u64 {
+                let mut ing = Ingress::default();
+                ing.metadata.namespace = Some("ns".into());
+                ing.metadata.name = Some(format!("ing-{i}"));
+                ing.metadata.resource_version = Some(i.to_string());
+                ctx.apply(index, &mut writer, Some(&Event::Apply(ing)), &i.to_string());
+            }
+        });
+        let mut reads = 0;
+        while !writes.is_finished() || reads == 0 {
+            let (progress, state) = caches.read();
+            let at = progress
+                .iter()
+                .find(|p| p.kind == "Ingress")
+                .map_or(0, |p| p.resource_version);
+            assert_eq!(
+                state.ingresses.len() as u64,
+                at,
+                "the store and its progress differ"
+            );
+            reads += 1;
+        }
+        writes.join().expect("the writer");
+        let (progress, state) = caches.read();
+        assert_eq!(state.ingresses.len(), 3000);
+        assert!(
+            progress.windows(2).all(|w| w[0].kind < w[1].kind),
+            "sorted by kind"
+        );
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
     #[test]

@@ -31,6 +31,10 @@ use crate::state::Shared;
 
 /// The one method of `holdfast.v1.RouteDiscovery`.
 pub const STREAM_ROUTES_PATH: &str = "/holdfast.v1.RouteDiscovery/StreamRoutes";
+/// A proxy that refused a snapshot as not newer is offered the same content again (at
+/// newer progress) at most this often.
+pub const REOFFER_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Largest proxy → control plane message accepted. ACKs and NACKs are small; the first
 /// request carries the inventory of the proxy's snapshot, about 70 bytes per resource
 /// (1.4 MB at 10,000 Ingresses, 14 MB at 100,000).
@@ -283,6 +287,10 @@ async fn serve_stream(
     // What the proxy refused last: content hash and progress (the same content seen
     // further is offered again: a proxy that waited on this replica's progress may take it).
     let mut rejected: (String, u64) = (String::new(), 0);
+    // When the proxy last refused a snapshot as not newer, and until when a re-offer of
+    // that content (at newer progress) is deferred: at most one per REOFFER_EVERY.
+    let mut refused_at: Option<tokio::time::Instant> = None;
+    let mut deferred_until: Option<tokio::time::Instant> = None;
     let mut in_flight: Option<InFlight> = None;
     // The base of the next delta: the version the proxy holds and its resources (stated
     // in its first request, then each snapshot it ACKs), when it accepts deltas. `shared`:
@@ -315,7 +323,7 @@ async fn serve_stream(
                 base = Some(Base::Acked(current.clone()));
             }
             if *hash != serving_hash
-                && key != rejected
+                && *hash != rejected.0
                 && first.max_snapshot_bytes > 0
                 && size > first.max_snapshot_bytes
             {
@@ -336,7 +344,13 @@ async fn serve_stream(
                 rejected = key;
                 continue;
             }
-            if *hash != serving_hash && key != rejected {
+            let reoffer_at = refused_at
+                .filter(|_| *hash == rejected.0)
+                .map(|t| t + REOFFER_EVERY)
+                .filter(|t| *t > tokio::time::Instant::now());
+            if *hash != serving_hash && key != rejected && reoffer_at.is_some() {
+                deferred_until = reoffer_at;
+            } else if *hash != serving_hash && key != rejected {
                 nonce += 1;
                 let version = &current.version;
                 // Cheap when the base is the build before (a shared, cached delta). A
@@ -391,6 +405,9 @@ async fn serve_stream(
             changed = published.changed() => {
                 if changed.is_err() { break; }
             }
+            _ = async { tokio::time::sleep_until(deferred_until.unwrap_or_else(tokio::time::Instant::now)).await }, if deferred_until.is_some() => {
+                deferred_until = None;
+            }
             message = inbound.message() => match message {
                 Ok(Some(req)) => {
                     let Some(InFlight { hash, nonce: sent_nonce, version, published: sent, delta: was_delta }) = in_flight.clone() else {
@@ -414,7 +431,13 @@ async fn serve_stream(
                     }
                     match req.error_detail {
                         Some(error) => {
-                            if was_delta {
+                            if error.not_newer {
+                                // Valid, but the proxy serves something at least as new
+                                // for some kind: its snapshot stays the base; offer this
+                                // content again when this replica has seen more.
+                                rejected = (hash, sent.progress_sum());
+                                refused_at = Some(tokio::time::Instant::now());
+                            } else if was_delta {
                                 // The proxy could not build it from its base: resync
                                 // with the complete snapshot (which it may still refuse).
                                 base = None;

@@ -308,14 +308,13 @@ fn rebuild(
         return;
     }
     let started = Instant::now();
-    // Progress first: the stores reflect at least this much when read after it.
-    let progress = caches.progress();
+    // Each kind's store with its progress, read together.
+    let (progress, state) = caches.read();
     let revision = progress
         .iter()
         .map(|p| p.resource_version)
         .max()
         .unwrap_or(0);
-    let state = caches.state();
     let built = build_with(translator, &state, &settings.translate, revision)
         .map(|(built, problems)| (built.with_progress(progress), problems));
     shared
@@ -500,6 +499,9 @@ pub fn offer(
     );
     if kept.content_hash != published.content_hash {
         shared.publish(Arc::new(kept));
+    } else if kept.progress != published.progress {
+        // Nothing else changed, but this replica has seen further: as on the fast path.
+        shared.publish(Arc::new(published.restamped(kept.progress.clone())));
     }
 }
 
@@ -803,6 +805,72 @@ mod tests {
         assert_eq!(
             shared.published().expect("published").version,
             first.version
+        );
+    }
+
+    fn progress(ingress: u64, service: u64) -> Vec<holdfast_proto::v1::KindProgress> {
+        [("Ingress", ingress), ("Service", service)]
+            .iter()
+            .map(|(kind, rv)| holdfast_proto::v1::KindProgress {
+                kind: (*kind).into(),
+                resource_version: *rv,
+            })
+            .collect()
+    }
+
+    /// The same content seen further is published again with the newer progress (a proxy
+    /// waiting on this replica needs it), under the same version and without counting as
+    /// a new snapshot; during a hold too.
+    #[test]
+    fn the_same_content_at_newer_progress_is_republished_under_the_same_version() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let shared = Shared::new(crate::metrics::Metrics::new(&mut registry));
+        let hosts = ["a1", "a2", "a3", "b1"];
+        offer(
+            &shared,
+            build_of(&hosts, &["10.0.0.1"], 5).with_progress(progress(5, 3)),
+            0.5,
+            usize::MAX,
+        );
+        let first = shared.published().expect("published");
+        let count = shared.metrics().published.get();
+        offer(
+            &shared,
+            build_of(&hosts, &["10.0.0.1"], 9).with_progress(progress(5, 9)),
+            0.5,
+            usize::MAX,
+        );
+        let again = shared.published().expect("published");
+        assert_eq!(again.progress, progress(5, 9));
+        assert_eq!(
+            (&again.version, &again.content_hash),
+            (&first.version, &first.content_hash)
+        );
+        assert_eq!(again.snapshot().progress, progress(5, 9));
+        assert_eq!(shared.metrics().published.get(), count);
+
+        // During a hold (A's routes held, nothing else changed): the kept snapshot is the
+        // published content, and the newer progress is still published.
+        offer(
+            &shared,
+            build_of(&["b1"], &["10.0.0.1"], 12).with_progress(progress(12, 9)),
+            0.5,
+            usize::MAX,
+        );
+        assert!(shared.held().is_some());
+        assert_eq!(
+            shared.published().expect("published").progress,
+            progress(12, 9)
+        );
+        offer(
+            &shared,
+            build_of(&["b1"], &["10.0.0.1"], 14).with_progress(progress(14, 9)),
+            0.5,
+            usize::MAX,
+        );
+        assert_eq!(
+            shared.published().expect("published").progress,
+            progress(14, 9)
         );
     }
 

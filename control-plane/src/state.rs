@@ -47,7 +47,8 @@ pub struct Published {
     pub version: String,
     /// The content hash.
     pub content_hash: String,
-    /// The cluster revision it reflects (the highest of `progress`).
+    /// The cluster revision it reflects: the highest of `progress` when its content was
+    /// built (a re-publish at newer progress keeps it, and so its version).
     pub cluster_revision: u64,
     /// How far each watched kind had been seen when it was built (see `caches`).
     pub progress: Vec<KindProgress>,
@@ -119,6 +120,15 @@ impl Published {
         self.progress = progress;
         self.encoded_len =
             prost::Message::encoded_len(&self.identity()) + self.content.resources_len;
+        // Whatever was made from the identity before (a check may have made the complete
+        // snapshot) is made again with it.
+        if let Some(s) = self.snapshot.get_mut() {
+            s.version.clone_from(&self.version);
+            s.cluster_revision = self.cluster_revision;
+            s.progress.clone_from(&self.progress);
+        }
+        self.encoded = OnceLock::new();
+        self.deltas = Mutex::new(HashMap::new());
         self
     }
 

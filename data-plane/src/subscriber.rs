@@ -41,6 +41,9 @@ pub struct Applier {
     /// The served snapshot by resource, the base the next delta applies to (so a delta
     /// is checked and applied in O(change)).
     served: std::sync::Mutex<Option<delta::Held>>,
+    /// Whether the last refusal was of a valid snapshot that is not newer than the one
+    /// served (older for a kind, or waiting).
+    not_newer: std::sync::atomic::AtomicBool,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
 }
@@ -60,8 +63,15 @@ impl Applier {
             metrics,
             unpersisted: std::sync::Mutex::new(None),
             served: std::sync::Mutex::new(None),
+            not_newer: std::sync::atomic::AtomicBool::new(false),
             max_snapshot_bytes,
         }
+    }
+
+    /// Whether the last apply that failed refused a valid snapshot as not newer than
+    /// the one served (the NACK says so, and the control plane keeps its delta base).
+    pub fn last_refusal_not_newer(&self) -> bool {
+        self.not_newer.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The served table's (version, content hash), if any.
@@ -101,6 +111,8 @@ impl Applier {
     /// result is not exactly the snapshot it names, is refused and nothing changes.
     pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, String> {
         // Applies happen one at a time (one stream); the lock is held throughout.
+        self.not_newer
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = served.as_mut() else {
             return Err(format!(
@@ -194,14 +206,17 @@ impl Applier {
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
-        let hashed =
-            delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
+        self.not_newer
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        // Refused before hashing it whole: a replica that is behind may offer it again.
         self.admissible(
             Stamp::of(&snapshot),
             prost::Message::encoded_len(&snapshot),
             served.as_ref(),
         )?;
+        let hashed =
+            delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
         let table =
             RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
         let snapshot = Arc::new(snapshot);
@@ -240,6 +255,8 @@ impl Applier {
             if matches!(e, InvalidSnapshot::Incomparable(_)) {
                 self.metrics.snapshots_waited.inc();
             }
+            self.not_newer
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             e.to_string()
         })
     }
@@ -365,7 +382,7 @@ pub async fn run(
         attempt += 1;
         let outcome = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            r = stream_once(url, tls.as_ref(), &node, &applier, &metrics, &mut backoff) => r,
+            r = stream_once(url, urls.len() > 1, tls.as_ref(), &node, &applier, &metrics, &mut backoff) => r,
         };
         metrics.control_plane_connected.set(0);
         match outcome {
@@ -444,8 +461,15 @@ async fn connect(
     Ok(endpoint(&inner)?.connect_with_connector(connect).await?)
 }
 
+/// A stream whose control plane has offered nothing newer than what is served (every
+/// offer refused as older or waited out) for this long is closed when another control
+/// plane is configured: that replica may be stuck behind on a kind (its watch refused,
+/// say), and another may be current.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
 async fn stream_once(
     url: &str,
+    others: bool,
     tls: Option<&ClientTls>,
     node: &Node,
     applier: &Applier,
@@ -493,6 +517,8 @@ async fn stream_once(
     });
     let mut retry = tokio::time::interval(PERSIST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when every offer on this stream was refused as not newer (see WAIT_LIMIT).
+    let mut waiting_since: Option<std::time::Instant> = None;
     loop {
         let mut response = tokio::select! {
             message = inbound.message() => match message? {
@@ -500,6 +526,10 @@ async fn stream_once(
                 None => return Ok(()),
             },
             _ = retry.tick() => {
+                if others && waiting_since.is_some_and(|t| t.elapsed() > WAIT_LIMIT) {
+                    tracing::warn!(control_plane = %url, "this control plane has offered nothing newer than the served snapshot for {WAIT_LIMIT:?}; trying another");
+                    return Ok(());
+                }
                 if applier.retry_persist()
                     && let Some(mut again) = last.clone()
                 {
@@ -530,12 +560,18 @@ async fn stream_once(
             },
         };
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
+        let not_newer = result.is_err() && applier.last_refusal_not_newer();
+        if !not_newer {
+            waiting_since = None;
+        } else if waiting_since.is_none() {
+            waiting_since = Some(std::time::Instant::now());
+        }
         let error_detail = match result {
             Ok(_) => None,
             Err(message) => {
                 metrics.nacks.inc();
                 tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
-                Some(ErrorDetail { message })
+                Some(ErrorDetail { message, not_newer })
             }
         };
         let request = DiscoveryRequest {

@@ -161,6 +161,7 @@ impl Subscriber {
                     .unwrap_or_default(),
                 error_detail: Some(ErrorDetail {
                     message: message.into(),
+                    not_newer: false,
                 }),
                 ..Default::default()
             })

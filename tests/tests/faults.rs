@@ -405,6 +405,10 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
         routes: newer.virtual_hosts[0].routes.clone(),
         ..Default::default()
     });
+    // Ahead of the real control plane for every kind.
+    for p in &mut newer.progress {
+        p.resource_version += 1000;
+    }
     holdfast_proto::snapshot::seal(&mut newer, real.cluster_revision + 1000);
     fake.push(newer.clone());
     let state = tempfile::tempdir()?;
