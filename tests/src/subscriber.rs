@@ -145,6 +145,25 @@ impl Subscriber {
 
     /// NACKs `response` with `message`; keeps serving what it served.
     pub async fn nack(&mut self, response: &DiscoveryResponse, message: &str) -> Result<()> {
+        self.nack_with(response, message, false).await
+    }
+
+    /// NACKs `response` as a proxy does a valid snapshot that is not newer than the one
+    /// it serves (`ErrorDetail.not_newer`).
+    pub async fn nack_not_newer(
+        &mut self,
+        response: &DiscoveryResponse,
+        message: &str,
+    ) -> Result<()> {
+        self.nack_with(response, message, true).await
+    }
+
+    async fn nack_with(
+        &mut self,
+        response: &DiscoveryResponse,
+        message: &str,
+        not_newer: bool,
+    ) -> Result<()> {
         self.tx
             .send(DiscoveryRequest {
                 node: Some(self.node.clone()),
@@ -161,7 +180,7 @@ impl Subscriber {
                     .unwrap_or_default(),
                 error_detail: Some(ErrorDetail {
                     message: message.into(),
-                    not_newer: false,
+                    not_newer,
                 }),
                 ..Default::default()
             })

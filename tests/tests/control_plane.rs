@@ -579,6 +579,50 @@ async fn a_conflicting_rule_is_skipped_with_an_event_and_other_routes_are_unaffe
     Ok(())
 }
 
+/// A proxy that refuses a snapshot as not newer than the one it serves (behind for some
+/// kind) is offered the same content again once this replica has seen further (here: a
+/// Service no route uses, so the content does not change), and no sooner than 2 s after
+/// the refusal.
+#[tokio::test]
+async fn a_snapshot_refused_as_not_newer_is_offered_again_at_newer_progress() -> anyhow::Result<()>
+{
+    let s = setup("reoffer").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "waiting-proxy", None).await?;
+    let first = sub.next(T).await?.expect("a snapshot");
+    let refused = std::time::Instant::now();
+    sub.nack_not_newer(&first, "waiting: test").await?;
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::service("unused", 80, 8080),
+    )
+    .await?;
+    let again = sub
+        .next(Duration::from_secs(30))
+        .await?
+        .expect("offered again");
+    assert!(
+        refused.elapsed() >= Duration::from_secs(2),
+        "offered again after {:?}",
+        refused.elapsed()
+    );
+    let progress = |s: &Snapshot| s.progress.iter().map(|p| p.resource_version).sum::<u64>();
+    let (a, b) = (
+        first.into_snapshot().expect("a complete snapshot"),
+        again.into_snapshot().expect("a complete snapshot"),
+    );
+    assert_eq!(a.content_hash, b.content_hash, "the same content");
+    assert!(
+        progress(&b) > progress(&a),
+        "{:?} -> {:?}",
+        a.progress,
+        b.progress
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn list_proxies_shows_acked_versions_and_the_last_nack() -> anyhow::Result<()> {
     let s = setup("proxies").await?;
