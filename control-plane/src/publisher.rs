@@ -735,6 +735,9 @@ mod tests {
         // Approval names the held set and removes exactly its routes.
         assert!(shared.approve(&first).is_err());
         shared.approve(&held.name).expect("approved");
+        // Approval published without encoding (under its locks or at all): the streams
+        // encode it, outside them.
+        assert!(!shared.published().expect("published").encoded_yet());
         assert_eq!(hosts_published(&shared), ["b1", "b2", "c1"]);
         assert!(shared.held().is_none());
     }

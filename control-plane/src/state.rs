@@ -273,6 +273,12 @@ impl Published {
             .get_or_init(|| EncodedSnapshot::from_bytes(self.content.encode(&self.identity())))
     }
 
+    /// Whether the complete encoding has been made (for tests of who encodes when).
+    #[cfg(test)]
+    pub fn encoded_yet(&self) -> bool {
+        self.encoded.get().is_some()
+    }
+
     /// Routes, the default backend counting as one.
     pub fn route_count(&self) -> usize {
         self.content.routes.routes + usize::from(self.content.default_backend.is_some())
