@@ -54,6 +54,20 @@ pub struct Caches {
 }
 
 impl Caches {
+    /// Caches that stay empty (no watch feeds them), for tests of what reads them.
+    #[cfg(test)]
+    pub fn empty() -> Caches {
+        Caches {
+            ingress_classes: reflector::store().0,
+            ingresses: reflector::store().0,
+            services: reflector::store().0,
+            endpoint_slices: reflector::store().0,
+            secrets: reflector::store().0,
+            progress: Arc::new(Default::default()),
+            guards: Arc::new(Default::default()),
+        }
+    }
+
     /// Everything translation needs, read from the stores (no API calls).
     pub fn state(&self) -> ClusterState {
         self.read().1

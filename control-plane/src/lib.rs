@@ -49,11 +49,11 @@ pub async fn shutdown_signal(token: CancellationToken) {
     token.cancel();
 }
 
-/// Runs `f`, which may take milliseconds (a build), so that the runtime's other tasks do
-/// not wait for it: on the
-/// multi-thread runtime this worker hands its tasks to another first
+/// Runs `f`, which may wait a while (an approval waiting for the publishing lock, which a
+/// build during a hold keeps for O(snapshot)), so that the runtime's other tasks do not
+/// wait for it: on the multi-thread runtime this worker hands its tasks to another first
 /// (`block_in_place`); elsewhere (a current-thread runtime in a test, no runtime) `f`
-/// just runs.
+/// just runs. (Builds themselves run on the blocking pool: `publisher::run`.)
 pub fn off_runtime<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
@@ -65,7 +65,7 @@ pub fn off_runtime<R>(f: impl FnOnce() -> R) -> R {
 mod tests {
     use std::time::Duration;
 
-    /// A build run through `off_runtime` does not hold up the runtime's other tasks: on a
+    /// Work run through `off_runtime` does not hold up the runtime's other tasks: on a
     /// runtime with one worker, a task queued behind the build runs while it does (here
     /// the build waits for that task, so without the hand-off it would never finish).
     #[test]

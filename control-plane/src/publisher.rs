@@ -228,7 +228,7 @@ pub async fn run(
     shared: Shared,
     changed: Arc<Notify>,
     settings: Settings,
-    mut reporter: ProblemReporter,
+    reporter: ProblemReporter,
     fresh: Option<FreshRead>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -241,7 +241,9 @@ pub async fn run(
     // and must not hold up building and publishing meanwhile.
     let fresh = fresh.map(Arc::new);
     let mut confirming: Option<tokio::task::JoinHandle<()>> = None;
-    let mut translator = Translator::default();
+    // The long-lived translator and the Event reporter, used by one build at a time on
+    // tokio's blocking pool (see `rebuild_off_runtime`).
+    let builder = Arc::new(std::sync::Mutex::new((Translator::default(), reporter)));
     // Certificates near expiry are noticed without any cluster change.
     let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
     expiry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -254,11 +256,11 @@ pub async fn run(
                 return;
             }
             _ = expiry_tick.tick() => {
-                crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
+                rebuild_off_runtime(&caches, &shared, &settings, &builder).await;
             }
             _ = changed.notified() => {
                 coalesce(&changed, settings.debounce, settings.max_delay).await;
-                crate::off_runtime(|| rebuild(&caches, &shared, &settings, &mut reporter, &mut translator));
+                rebuild_off_runtime(&caches, &shared, &settings, &builder).await;
             }
             _ = confirm_tick.tick() => {
                 if confirming.as_ref().is_some_and(|task| !task.is_finished()) {
@@ -296,6 +298,43 @@ async fn coalesce(changed: &Notify, debounce: Duration, max_delay: Duration) {
     }
 }
 
+/// Runs one build on tokio's blocking pool and waits for it: a build at 100,000 objects
+/// takes tens of milliseconds or more, and the runtime's workers keep serving proxy
+/// streams and the Admin API meanwhile. Builds never overlap (the loop awaits each).
+async fn rebuild_off_runtime(
+    caches: &Caches,
+    shared: &Shared,
+    settings: &Settings,
+    builder: &Arc<std::sync::Mutex<(Translator, ProblemReporter)>>,
+) {
+    let (caches, shared, settings, builder) = (
+        caches.clone(),
+        shared.clone(),
+        settings.clone(),
+        builder.clone(),
+    );
+    let build = tokio::task::spawn_blocking(move || {
+        let mut guard = builder.lock().unwrap_or_else(|poisoned| {
+            // The build before panicked: start the next from scratch.
+            let mut guard = poisoned.into_inner();
+            guard.0 = Translator::default();
+            builder.clear_poison();
+            guard
+        });
+        let (translator, reporter) = &mut *guard;
+        rebuild(&caches, &shared, &settings, reporter, translator);
+    });
+    if let Err(error) = build.await {
+        tracing::error!(%error, "a build panicked; the next one starts from scratch");
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Builds run on this thread (tests: where builds run).
+    static BUILDS_ON_THIS_THREAD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn rebuild(
     caches: &Caches,
     shared: &Shared,
@@ -303,6 +342,8 @@ fn rebuild(
     reporter: &mut ProblemReporter,
     translator: &mut Translator,
 ) {
+    #[cfg(test)]
+    BUILDS_ON_THIS_THREAD.with(|n| n.set(n.get() + 1));
     if !shared.all_synced() {
         tracing::debug!(unsynced = ?shared.unsynced(), "not building: caches incomplete");
         return;
@@ -907,6 +948,60 @@ mod tests {
         offer(&shared, build_of(&all, &["10.0.0.1"], 4), 0.5, usize::MAX);
         assert!(shared.held().is_none());
         assert_eq!(hosts_published(&shared).len(), 8);
+    }
+
+    /// The reconcile loop builds on tokio's blocking pool, not on a runtime worker: run
+    /// on a current-thread runtime (whose one thread is this test's), a change is built
+    /// and published while no build ever runs on this thread.
+    #[test]
+    fn the_reconcile_loop_builds_off_the_runtime_thread() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        for kind in crate::state::KINDS {
+            shared.set_synced(kind, true);
+        }
+        let changed = Arc::new(Notify::new());
+        let settings = Settings {
+            translate: translate::Options::default(),
+            debounce: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+            max_removal_share: 0.5,
+            confirm_after: Duration::from_secs(3600),
+            max_snapshot_bytes: usize::MAX,
+        };
+        let published = rt.block_on(async {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(run(
+                Caches::empty(),
+                shared.clone(),
+                changed.clone(),
+                settings,
+                ProblemReporter::new(None, "test".into()),
+                None,
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            changed.notify_one();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while shared.published().is_none() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let _ = stop.send(());
+            let _ = task.await;
+            shared.published()
+        });
+        assert!(published.is_some(), "nothing was built");
+        assert_eq!(
+            BUILDS_ON_THIS_THREAD.with(std::cell::Cell::get),
+            0,
+            "a build ran on the runtime's thread"
+        );
     }
 
     /// A stand-in for the API server's LIST of Ingresses (IngressClasses: none): it
