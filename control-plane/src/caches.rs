@@ -270,6 +270,7 @@ async fn watch_kind<K>(
         loop {
             let opened = std::time::Instant::now();
             let mut delivered = false;
+            let mut failed = false;
             let mut wp = WatchParams::default().timeout(ctx.settings.watch_timeout_secs);
             wp.bookmarks = true;
             if let Some(fields) = fields {
@@ -310,12 +311,12 @@ async fn watch_kind<K>(
                     }
                     Ok(WatchEvent::Error(status)) => {
                         ctx.failed(kind, describe_status(&status));
-                        backoff.wait().await;
+                        failed = true;
                         break;
                     }
                     Err(error) => {
                         ctx.failed(kind, describe_watch_error(&error));
-                        backoff.wait().await;
+                        failed = true;
                         break;
                     }
                 };
@@ -336,8 +337,8 @@ async fn watch_kind<K>(
                 backoff.reset();
             }
             // The server ended the watch (its timeout) or it failed: resume from `rv`;
-            // after a pause if it ended at once with nothing (no tight loop).
-            if !delivered && opened.elapsed() < std::time::Duration::from_secs(1) {
+            // after a pause if it failed, or ended at once with nothing (no tight loop).
+            if failed || (!delivered && opened.elapsed() < std::time::Duration::from_secs(1)) {
                 backoff.wait().await;
             }
         }

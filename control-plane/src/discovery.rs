@@ -284,8 +284,11 @@ async fn serve_stream(
     let mut published = shared.subscribe();
     // What the proxy serves, what it refused, and what is in flight (hash, nonce, version).
     let mut serving_hash = first.content_hash.clone();
-    // What the proxy refused last: content hash and progress (the same content seen
-    // further is offered again: a proxy that waited on this replica's progress may take it).
+    // Content the proxy refused for good (invalid to it, too large): never offered again.
+    let mut refused_hash = String::new();
+    // What the proxy refused last as not newer: content hash and progress (the same
+    // content seen further is offered again: a proxy that waited on this replica's
+    // progress may take it).
     let mut rejected: (String, u64) = (String::new(), 0);
     // When the proxy last refused a snapshot as not newer, and until when a re-offer of
     // that content (at newer progress) is deferred: at most one per REOFFER_EVERY.
@@ -323,7 +326,7 @@ async fn serve_stream(
                 base = Some(Base::Acked(current.clone()));
             }
             if *hash != serving_hash
-                && *hash != rejected.0
+                && *hash != refused_hash
                 && first.max_snapshot_bytes > 0
                 && size > first.max_snapshot_bytes
             {
@@ -341,16 +344,17 @@ async fn serve_stream(
                     p.last_nack_error = error;
                     p.last_nack_at = Some(SystemTime::now().into());
                 });
-                rejected = key;
+                refused_hash = hash.clone();
                 continue;
             }
             let reoffer_at = refused_at
                 .filter(|_| *hash == rejected.0)
                 .map(|t| t + REOFFER_EVERY)
                 .filter(|t| *t > tokio::time::Instant::now());
-            if *hash != serving_hash && key != rejected && reoffer_at.is_some() {
+            let offer = *hash != serving_hash && *hash != refused_hash && key != rejected;
+            if offer && reoffer_at.is_some() {
                 deferred_until = reoffer_at;
-            } else if *hash != serving_hash && key != rejected {
+            } else if offer {
                 nonce += 1;
                 let version = &current.version;
                 // Cheap when the base is the build before (a shared, cached delta). A
@@ -443,7 +447,7 @@ async fn serve_stream(
                                 base = None;
                                 shared.metrics().delta_resyncs.inc();
                             } else {
-                                rejected = (hash, sent.progress_sum());
+                                refused_hash = hash;
                             }
                             shared.metrics().nacks.inc();
                             tracing::warn!(proxy.id = %node.id, %version, error = %error.message, "proxy NACKed snapshot");

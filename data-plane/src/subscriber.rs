@@ -467,6 +467,19 @@ async fn connect(
 /// say), and another may be current.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
+/// Whether to leave a control plane (when another is configured): every offer on the
+/// stream has been refused as not newer for over [`WAIT_LIMIT`], and it is still offering
+/// (a refusal in the last [`WAIT_LIMIT`] / 3: a replica that has since caught up to what
+/// is served sends nothing more, and is kept).
+fn leave_for_another(
+    waiting_since: Option<std::time::Instant>,
+    last_refusal: Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> bool {
+    waiting_since.is_some_and(|t| now.duration_since(t) > WAIT_LIMIT)
+        && last_refusal.is_some_and(|t| now.duration_since(t) < WAIT_LIMIT / 3)
+}
+
 async fn stream_once(
     url: &str,
     others: bool,
@@ -517,8 +530,10 @@ async fn stream_once(
     });
     let mut retry = tokio::time::interval(PERSIST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when every offer on this stream was refused as not newer (see WAIT_LIMIT).
+    // Since when every offer on this stream was refused as not newer, and the last such
+    // refusal (see `leave_for_another`).
     let mut waiting_since: Option<std::time::Instant> = None;
+    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         let mut response = tokio::select! {
             message = inbound.message() => match message? {
@@ -526,7 +541,7 @@ async fn stream_once(
                 None => return Ok(()),
             },
             _ = retry.tick() => {
-                if others && waiting_since.is_some_and(|t| t.elapsed() > WAIT_LIMIT) {
+                if others && leave_for_another(waiting_since, last_refusal, std::time::Instant::now()) {
                     tracing::warn!(control_plane = %url, "this control plane has offered nothing newer than the served snapshot for {WAIT_LIMIT:?}; trying another");
                     return Ok(());
                 }
@@ -563,8 +578,10 @@ async fn stream_once(
         let not_newer = result.is_err() && applier.last_refusal_not_newer();
         if !not_newer {
             waiting_since = None;
-        } else if waiting_since.is_none() {
-            waiting_since = Some(std::time::Instant::now());
+        } else {
+            let now = std::time::Instant::now();
+            waiting_since.get_or_insert(now);
+            last_refusal = Some(now);
         }
         let error_detail = match result {
             Ok(_) => None,
@@ -747,9 +764,22 @@ mod tests {
         assert_eq!(served(&table), first.version);
         assert_eq!(metrics.snapshots_waited.get(), 1);
         // Behind for one kind, ahead for none: refused, not a wait.
+        assert!(
+            applier.last_refusal_not_newer(),
+            "a wait is marked not newer"
+        );
         let behind = snapshot_at(&["c.test"], &[("Ingress", 10), ("Service", 19)]);
         assert!(applier.apply(behind).is_err());
         assert_eq!(metrics.snapshots_waited.get(), 1);
+        assert!(
+            applier.last_refusal_not_newer(),
+            "an older one is marked not newer"
+        );
+        // An invalid snapshot (content hash wrong) is refused for another reason.
+        let mut broken = snapshot_at(&["d.test"], &[("Ingress", 30), ("Service", 30)]);
+        broken.virtual_hosts[0].host = "e.test".into();
+        assert!(applier.apply(broken).is_err());
+        assert!(!applier.last_refusal_not_newer(), "an invalid one is not");
         // Caught up on every kind: accepted, as a delta.
         let next = snapshot_at(&["a.test", "b.test"], &[("Ingress", 12), ("Service", 25)]);
         let change = holdfast_proto::delta::diff(
@@ -777,6 +807,28 @@ mod tests {
         assert!(again.apply(stale).is_err());
         assert_eq!(served(&table), next.version);
         assert_eq!(metrics.snapshots_waited.get(), 2);
+    }
+
+    /// A proxy leaves a control plane that has kept offering only snapshots it refuses as
+    /// not newer for over WAIT_LIMIT, and stays with one that stopped offering (it caught
+    /// up to what is served) or that it has not waited on that long.
+    #[test]
+    fn a_proxy_leaves_a_control_plane_that_keeps_offering_nothing_newer() {
+        let start = std::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        assert!(leave_for_another(Some(start), Some(at(29)), at(31)));
+        assert!(
+            !leave_for_another(Some(start), Some(at(29)), at(29)),
+            "not that long"
+        );
+        assert!(
+            !leave_for_another(Some(start), Some(at(5)), at(31)),
+            "no refusal lately: it caught up and sends nothing"
+        );
+        assert!(
+            !leave_for_another(None, Some(at(30)), at(31)),
+            "not waiting"
+        );
     }
 
     #[test]
