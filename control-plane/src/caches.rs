@@ -77,41 +77,32 @@ impl Caches {
     /// kind's progress (see the module documentation), sorted by kind: each kind's store
     /// and progress read together, so its store reflects exactly that much.
     pub fn read(&self) -> (Vec<KindProgress>, ClusterState) {
-        let at = |kind: &str| KINDS.iter().position(|k| *k == kind).unwrap_or(0);
         let mut progress = Vec::with_capacity(KINDS.len());
-        let mut read = |kind: &'static str| {
-            let i = at(kind);
-            let guard = self.guards[i].read().unwrap_or_else(|e| e.into_inner());
-            progress.push(KindProgress {
-                kind: kind.to_owned(),
-                resource_version: self.progress[i].load(Ordering::Acquire),
-            });
-            guard
-        };
         let state = ClusterState {
-            ingress_classes: {
-                let _g = read("IngressClass");
-                self.ingress_classes.state()
-            },
-            ingresses: {
-                let _g = read("Ingress");
-                self.ingresses.state()
-            },
-            services: {
-                let _g = read("Service");
-                self.services.state()
-            },
-            endpoint_slices: {
-                let _g = read("EndpointSlice");
-                self.endpoint_slices.state()
-            },
-            secrets: {
-                let _g = read("Secret");
-                self.secrets.state()
-            },
+            ingress_classes: self.read_kind(&self.ingress_classes, &mut progress),
+            ingresses: self.read_kind(&self.ingresses, &mut progress),
+            services: self.read_kind(&self.services, &mut progress),
+            endpoint_slices: self.read_kind(&self.endpoint_slices, &mut progress),
+            secrets: self.read_kind(&self.secrets, &mut progress),
         };
         progress.sort_by(|a, b| a.kind.cmp(&b.kind));
         (progress, state)
+    }
+
+    /// One kind's objects, with its progress pushed onto `progress`, under its lock.
+    fn read_kind<K>(&self, store: &Store<K>, progress: &mut Vec<KindProgress>) -> Vec<Arc<K>>
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let kind = kind_name::<K>();
+        let i = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+        let _guard = self.guards[i].read().unwrap_or_else(|e| e.into_inner());
+        progress.push(KindProgress {
+            kind: kind.to_owned(),
+            resource_version: self.progress[i].load(Ordering::Acquire),
+        });
+        store.state()
     }
 
     /// (namespace/name, resourceVersion) of every cached Ingress and IngressClass, sorted:

@@ -987,11 +987,11 @@ mod tests {
                     let _ = stopped.await;
                 },
             ));
+            let mut published = shared.subscribe();
             changed.notify_one();
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while shared.published().is_none() && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), published.wait_for(Option::is_some))
+                    .await;
             let _ = stop.send(());
             let _ = task.await;
             shared.published()
