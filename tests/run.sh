@@ -21,6 +21,12 @@ if ((${#missing[@]})); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
+# A full run writes about 10 GB (target/, test clusters); say so before a linker dies of ENOSPC.
+avail_gib=$(($(df -Pk . | awk 'NR == 2 { print $4 }') / 1024 / 1024))
+if ((avail_gib < 15)); then
+  echo "tests/run.sh: warning: only ${avail_gib} GiB free on $(pwd); a full run needs about 15 GiB" >&2
+fi
+
 start=$SECONDS
 deploy/local/k8s.sh ensure
 echo "tests/run.sh: tools ready after $((SECONDS - start)) s" >&2
