@@ -31,6 +31,7 @@ pub mod server;
 pub mod subscriber;
 pub mod table;
 pub mod tls;
+pub mod upstream;
 
 use std::sync::Arc;
 

@@ -98,6 +98,8 @@ pub struct Metrics {
     pub received_bytes: Counter,
     /// Upstream connection failures (retried or answered 502).
     pub upstream_connect_errors: Counter,
+    /// Upstream connections opened (the rest of the requests reused an idle one).
+    pub upstream_connections_opened: Counter,
     /// Applied snapshots that could not be written to the state file.
     pub persist_failures: Counter,
     /// 1 when the served snapshot is in the state file (it survives a restart).
@@ -132,6 +134,7 @@ impl Metrics {
             deltas_received: Counter::default(),
             received_bytes: Counter::default(),
             upstream_connect_errors: Counter::default(),
+            upstream_connections_opened: Counter::default(),
             persist_failures: Counter::default(),
             snapshot_persisted: Gauge::default(),
             upstream_queue_timeouts: Counter::default(),
@@ -232,6 +235,11 @@ impl Metrics {
             "tls_reload_failures",
             "Changed TLS files that did not load (the previous ones stay in use)",
             m.tls_reload_failures.clone(),
+        );
+        r.register(
+            "upstream_connections_opened",
+            "Upstream connections opened (other requests reused an idle connection)",
+            m.upstream_connections_opened.clone(),
         );
         r.register(
             "upstream_connect_errors",

@@ -1,5 +1,6 @@
-//! Forwarding one request: check, route, pick an endpoint, forward with pooled keep-alive
-//! connections and streaming bodies, classify failures into 502/503/504.
+//! Forwarding one request: check, route, pick an endpoint, forward over a keep-alive
+//! upstream connection that the request's own task drives (`upstream`), stream bodies,
+//! classify failures into 502/503/504.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -10,20 +11,19 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 
 use crate::headers::{
     BadRequest, Hop, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop, upgrade_allowed,
 };
 use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
+use crate::upstream::{Key, Pool, Upstream};
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
 pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
@@ -33,10 +33,34 @@ pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 #[derive(Clone)]
 pub struct ConnectionSlot(pub Arc<crate::server::InFlight>);
 
-/// An upstream response body, holding its endpoint's connection slot until it ends.
+/// An upstream response body. Reading it drives its upstream connection, which goes back
+/// to the idle pool once the body has ended; it holds its endpoint's connection slot until
+/// then.
 pub struct UpstreamBody {
     inner: Incoming,
+    /// The connection the body arrives on, with the pool it returns to (None: an upgrade's
+    /// connection, run by a task of its own).
+    up: Option<(Upstream<ReclaimBody>, Arc<Pool<ReclaimBody>>)>,
+    ended: bool,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl UpstreamBody {
+    /// The body has ended: its connection can serve another request.
+    fn release(&mut self) {
+        if let Some((up, pool)) = self.up.take() {
+            pool.put(up);
+        }
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // Not read to its end (the client left): the connection closes with it.
+        if self.ended || self.inner.is_end_stream() {
+            self.release();
+        }
+    }
 }
 
 impl Body for UpstreamBody {
@@ -47,7 +71,21 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let this = &mut *self;
+        let frame = match &mut this.up {
+            Some((up, _)) => up.poll_body(cx, &mut this.inner),
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+        };
+        match &frame {
+            Poll::Ready(None) => this.ended = true,
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.ended = true,
+            Poll::Ready(Some(Err(_))) => this.up = None,
+            _ => {}
+        }
+        if this.ended {
+            this.release();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -92,7 +130,8 @@ pub struct ForwardSettings {
 /// The forwarding service, shared by all connections.
 pub struct Forwarder {
     table: Arc<ArcSwapOption<RouteTable>>,
-    client: Client<HttpConnector, ReclaimBody>,
+    /// Idle upstream connections (`--upstream-pool-idle` per endpoint).
+    pool: Arc<Pool<ReclaimBody>>,
     settings: ForwardSettings,
     metrics: Metrics,
     /// Endpoints that failed to connect, and until when (ms since `epoch`) they are
@@ -132,6 +171,16 @@ fn generic(status: StatusCode) -> String {
     )
 }
 
+/// A response head, with the connection it came on (None: an upgrade's).
+type Exchanged = (Response<Incoming>, Option<Upstream<ReclaimBody>>);
+
+/// Why one exchange with an upstream failed.
+enum Failed {
+    Connect(crate::upstream::ConnectError),
+    Upstream(hyper::Error),
+    Timeout,
+}
+
 /// Why forwarding failed, by whose fault (pingora-style classification).
 enum Failure {
     /// Could not connect to any endpoint tried: 502.
@@ -151,16 +200,9 @@ impl Forwarder {
         settings: ForwardSettings,
         metrics: Metrics,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(settings.pool_idle_per_host)
-            .build(connector);
         Forwarder {
             table,
-            client,
+            pool: Arc::new(Pool::new(settings.pool_idle_per_host)),
             settings,
             metrics,
             ejected: Mutex::new(Default::default()),
@@ -289,17 +331,13 @@ impl Forwarder {
         }
     }
 
-    /// Sends `upstream`; Err when no response head arrives within the response timeout,
-    /// counted from when the request body has been read whole (a slow upload is bounded
-    /// by the body read timeout between its bytes, not by the response timeout).
-    async fn send(
-        &self,
-        upstream: Request<ReclaimBody>,
-        slot: &BodySlot,
-    ) -> Result<Result<Response<Incoming>, hyper_util::client::legacy::Error>, ()> {
+    /// Waits for `response` (an upstream's response head); Err when it does not come
+    /// within the response timeout, counted from when the request body has been read whole
+    /// (a slow upload is bounded by the body read timeout between its bytes, not by the
+    /// response timeout).
+    async fn timed<F: Future>(&self, response: F, slot: &BodySlot) -> Result<F::Output, ()> {
         let timeout = self.settings.response_timeout;
-        let request = self.client.request(upstream);
-        tokio::pin!(request);
+        tokio::pin!(response);
         let mut deadline = slot
             .is_done()
             .then(|| tokio::time::Instant::now() + timeout);
@@ -308,11 +346,62 @@ impl Forwarder {
                 deadline.unwrap_or_else(|| tokio::time::Instant::now() + timeout),
             );
             tokio::select! {
-                r = &mut request => return Ok(r),
+                r = &mut response => return Ok(r),
                 _ = slot.done_notify.notified(), if deadline.is_none() => {
                     deadline = Some(tokio::time::Instant::now() + timeout);
                 }
                 _ = sleep, if deadline.is_some() => return Err(()),
+            }
+        }
+    }
+
+    /// An idle connection to `key`, or a new one (an upgrade always gets a new one).
+    async fn connection(
+        &self,
+        key: &Key,
+        fresh: bool,
+    ) -> Result<Upstream<ReclaimBody>, crate::upstream::ConnectError> {
+        if !fresh && let Some(up) = self.pool.take(key) {
+            return Ok(up);
+        }
+        let up = Upstream::connect(key.clone(), self.settings.connect_timeout).await?;
+        self.metrics.upstream_connections_opened.inc();
+        Ok(up)
+    }
+
+    /// Sends `request` on `up` (an upgrade on a connection of its own) and waits for the
+    /// response head. A reused connection that the upstream closed before the request
+    /// went out is replaced by a new one.
+    async fn exchange(
+        &self,
+        mut up: Upstream<ReclaimBody>,
+        key: &Key,
+        mut request: Request<ReclaimBody>,
+        upgrade: bool,
+        slot: &BodySlot,
+    ) -> Result<Exchanged, Failed> {
+        if upgrade {
+            let mut send = up.spawn_with_upgrades();
+            return match self.timed(send.send_request(request), slot).await {
+                Ok(Ok(response)) => Ok((response, None)),
+                Ok(Err(e)) => Err(Failed::Upstream(e)),
+                Err(()) => Err(Failed::Timeout),
+            };
+        }
+        loop {
+            match self.timed(up.send(request), slot).await {
+                Ok(Ok(response)) => return Ok((response, Some(up))),
+                Ok(Err(Ok(unsent))) if up.reused() => {
+                    request = unsent;
+                    up = self.connection(key, true).await.map_err(Failed::Connect)?;
+                }
+                Ok(Err(Ok(_))) => {
+                    return Err(Failed::Connect(crate::upstream::ConnectError::Io(
+                        std::io::Error::other("connection closed before the request was sent"),
+                    )));
+                }
+                Ok(Err(Err(e))) => return Err(Failed::Upstream(e)),
+                Err(()) => return Err(Failed::Timeout),
             }
         }
     }
@@ -520,64 +609,56 @@ impl Forwarder {
             done_notify: tokio::sync::Notify::new(),
         });
 
-        // A second attempt only happens on another endpoint: keep a copy of the headers
-        // for it only when there is one.
-        let can_retry = backend.external_authority.is_none() && backend.endpoints.len() > 1;
         let mut headers = Some(parts.headers);
         let start = backend.next_index();
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::Connect("no endpoint".into());
         for attempt in 0..2 {
-            let (authority, mut slot_permit) = if let Some(external) = &backend.external_authority {
-                if attempt > 0 {
-                    break;
-                }
-                (external.clone(), None)
-            } else {
-                match self.pick(&backend.endpoints, start, tried) {
-                    Some((i, a)) if Some(a) != tried => {
-                        tried = Some(a);
-                        let Some(permit) = self.slot(a).await else {
-                            // Busy past the connect timeout: the next endpoint, if any.
-                            self.metrics.upstream_queue_timeouts.inc();
-                            failure = Failure::Busy(a);
-                            continue;
-                        };
-                        (backend.authorities[i].clone(), permit)
+            let (key, authority, mut slot_permit) =
+                if let Some(external) = &backend.external_authority {
+                    if attempt > 0 {
+                        break;
                     }
-                    _ => break,
-                }
-            };
-            let mut uri = http::uri::Parts::default();
-            uri.scheme = Some(Scheme::HTTP);
-            uri.authority = Some(authority.clone());
-            uri.path_and_query = Some(path_and_query.clone());
-            let Ok(uri) = Uri::from_parts(uri) else {
-                return (
-                    self.fail(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
-                    label,
-                );
-            };
-            let Some(request_headers) = (if can_retry && attempt == 0 {
-                headers.clone()
-            } else {
-                headers.take()
-            }) else {
-                break;
-            };
-            let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
-            *upstream.method_mut() = parts.method.clone();
-            *upstream.uri_mut() = uri;
-            *upstream.version_mut() = Version::HTTP_11;
-            *upstream.headers_mut() = request_headers;
+                    (Key::Name(external.clone()), external, None)
+                } else {
+                    match self.pick(&backend.endpoints, start, tried) {
+                        Some((i, a)) if Some(a) != tried => {
+                            tried = Some(a);
+                            let Some(permit) = self.slot(a).await else {
+                                // Busy past the connect timeout: the next endpoint, if any.
+                                self.metrics.upstream_queue_timeouts.inc();
+                                failure = Failure::Busy(a);
+                                continue;
+                            };
+                            (Key::Addr(a), &backend.authorities[i], permit)
+                        }
+                        _ => break,
+                    }
+                };
             let sent = Instant::now();
-            let result = self.send(upstream, &slot).await;
+            let result = match self.connection(&key, upgrade).await {
+                Ok(up) => {
+                    // Taken only once connected: a failed connect leaves them for the
+                    // next endpoint, so they are never copied.
+                    let Some(request_headers) = headers.take() else {
+                        break;
+                    };
+                    // Origin-form: the connection is to the endpoint, Host names the site.
+                    let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
+                    *upstream.method_mut() = parts.method.clone();
+                    *upstream.uri_mut() = Uri::from(path_and_query.clone());
+                    *upstream.version_mut() = Version::HTTP_11;
+                    *upstream.headers_mut() = request_headers;
+                    self.exchange(up, &key, upstream, upgrade, &slot).await
+                }
+                Err(e) => Err(Failed::Connect(e)),
+            };
             match result {
-                Err(_) => {
+                Err(Failed::Timeout) => {
                     failure = Failure::Timeout;
                     break;
                 }
-                Ok(Ok(mut resp)) => {
+                Ok((mut resp, up)) => {
                     self.metrics
                         .upstream_latency
                         .observe(sent.elapsed().as_secs_f64());
@@ -602,18 +683,20 @@ impl Forwarder {
                     strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
                     let body = UpstreamBody {
                         inner: rbody,
+                        up: up.map(|up| (up, self.pool.clone())),
+                        ended: false,
                         _slot: slot_permit,
                     };
                     return (Response::from_parts(rparts, Either::Left(body)), label);
                 }
-                Ok(Err(e)) if e.is_connect() => {
+                Err(Failed::Connect(e)) => {
                     self.metrics.upstream_connect_errors.inc();
                     if let Some(a) = tried {
                         if is_local_error(&e) {
                             // Out of ports or descriptors here: the endpoint is not at fault.
                             tracing::warn!(endpoint = %a, backend = %backend.name, error = %error_chain(&e), "upstream connect failed for a local reason; not ejecting");
                         } else {
-                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %e, "upstream connect failed; ejecting endpoint");
+                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %error_chain(&e), "upstream connect failed; ejecting endpoint");
                             self.eject(a);
                         }
                     }
@@ -624,7 +707,7 @@ impl Forwarder {
                         break;
                     }
                 }
-                Ok(Err(e)) => {
+                Err(Failed::Upstream(e)) => {
                     failure = Failure::Upstream(format!("{authority}: {}", error_chain(&e)));
                     break;
                 }

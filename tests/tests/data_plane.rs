@@ -291,6 +291,41 @@ async fn a_connection_failure_is_retried_on_another_endpoint_which_is_then_prefe
     Ok(())
 }
 
+#[tokio::test]
+async fn upstream_connections_are_reused_across_requests_and_client_connections()
+-> anyhow::Result<()> {
+    let opened = "holdfast_proxy_upstream_connections_opened_total";
+    let r = one_route("reuse", &[]).await?;
+    // Each GET is a client connection of its own; a HEAD's response has no body.
+    for i in 0..10 {
+        let (code, body) = r.p.get("a.test", &format!("/{i}")).await?;
+        assert_eq!(code, 200, "{body}");
+        let head = raw_head(
+            r.p.addr,
+            "HEAD / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        )
+        .await?;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+    }
+    assert_eq!(
+        r.p.metric(opened).await?,
+        Some(1.0),
+        "20 requests one after another need one upstream connection"
+    );
+
+    let none = one_route("no-reuse", &["--upstream-pool-idle", "0"]).await?;
+    for i in 0..3 {
+        let (code, body) = none.p.get("a.test", &format!("/{i}")).await?;
+        assert_eq!(code, 200, "{body}");
+    }
+    assert_eq!(
+        none.p.metric(opened).await?,
+        Some(3.0),
+        "--upstream-pool-idle 0 keeps no connection"
+    );
+    Ok(())
+}
+
 /// Sends raw bytes to the proxy and returns the status line.
 async fn raw(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
