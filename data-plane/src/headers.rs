@@ -115,12 +115,22 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 /// Removes hop-by-hop headers, including those named in `Connection`. For an upgrade,
 /// `Connection: upgrade` and `Upgrade` are kept (they must reach the other side).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Tokens naming a header removed (or kept) below anyway, `keep-alive` and `close`
+    // above all, are skipped without making a name of them.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| {
+            !t.eq_ignore_ascii_case("close")
+                && !t.eq_ignore_ascii_case("upgrade")
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| t.eq_ignore_ascii_case(h.as_str()))
+        })
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in named {
         if (keep_upgrade && name == header::UPGRADE) || is_forwarding(&name) || name == header::HOST
@@ -177,40 +187,56 @@ pub struct Hop<'a> {
 /// replaced with what this proxy saw; from a trusted one (a balancer in front), they are
 /// kept, and only filled in where missing (`Forwarded` gets this hop appended).
 pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
+    use std::fmt::Write as _;
+    // Six headers are set: grow the map once, not header by header.
+    headers.reserve(6);
+    let mut client = String::with_capacity(48);
+    let _ = write!(client, "{}", hop.client);
+    let Ok(client_value) = HeaderValue::from_str(&client) else {
+        return;
+    };
     let xff = HeaderName::from_static("x-forwarded-for");
-    let prior: Vec<String> = headers
-        .get_all(&xff)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .collect();
-    let client = hop.client.to_string();
-    let value = if prior.is_empty() {
-        client.clone()
-    } else {
-        format!("{}, {client}", prior.join(", "))
+    let mut prior = headers.get_all(&xff).iter().filter_map(|v| v.to_str().ok());
+    let xff_value = match prior.next() {
+        None => Some(client_value.clone()),
+        Some(first) => {
+            let mut joined = first.to_owned();
+            for p in prior {
+                joined.push_str(", ");
+                joined.push_str(p);
+            }
+            joined.push_str(", ");
+            joined.push_str(&client);
+            HeaderValue::from_str(&joined).ok()
+        }
     };
     headers.remove(&xff);
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    if let Some(v) = xff_value {
         headers.insert(xff, v);
     }
-    let port = hop.port.to_string();
-    let node = match hop.client {
-        IpAddr::V4(_) => client.clone(),
-        IpAddr::V6(_) => format!("\"[{client}]\""),
-    };
-    let quoted_host = hop.host.replace(['"', '\\'], "");
-    let this_hop = format!("for={node};host=\"{quoted_host}\";proto={}", hop.proto);
+    let mut this_hop = String::with_capacity(32 + client.len() + hop.host.len());
+    match hop.client {
+        IpAddr::V4(_) => this_hop.push_str("for="),
+        IpAddr::V6(_) => this_hop.push_str("for=\"["),
+    }
+    this_hop.push_str(&client);
+    if hop.client.is_ipv6() {
+        this_hop.push_str("]\"");
+    }
+    this_hop.push_str(";host=\"");
+    this_hop.extend(hop.host.chars().filter(|c| !matches!(c, '"' | '\\')));
+    this_hop.push_str("\";proto=");
+    this_hop.push_str(hop.proto);
     let forwarded = HeaderName::from_static("forwarded");
     let forwarded_value = match headers.get(&forwarded).and_then(|v| v.to_str().ok()) {
-        Some(prior) if hop.trusted => format!("{prior}, {this_hop}"),
-        _ => this_hop,
+        Some(prior) if hop.trusted => HeaderValue::from_str(&format!("{prior}, {this_hop}")),
+        _ => HeaderValue::from_str(&this_hop),
     };
     let ours = [
-        ("x-forwarded-proto", hop.proto.to_owned()),
-        ("x-forwarded-host", hop.host.to_owned()),
-        ("x-forwarded-port", port),
-        ("x-real-ip", client),
+        ("x-forwarded-proto", Ok(HeaderValue::from_static(hop.proto))),
+        ("x-forwarded-host", HeaderValue::from_str(hop.host)),
+        ("x-forwarded-port", Ok(HeaderValue::from(hop.port))),
+        ("x-real-ip", Ok(client_value)),
     ];
     for (name, value) in ours {
         let name = HeaderName::from_static(name);
@@ -218,12 +244,12 @@ pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
             continue;
         }
         headers.remove(&name);
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        if let Ok(v) = value {
             headers.insert(name, v);
         }
     }
     headers.remove(&forwarded);
-    if let Ok(v) = HeaderValue::from_str(&forwarded_value) {
+    if let Ok(v) = forwarded_value {
         headers.insert(forwarded, v);
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -40,10 +40,13 @@ pub struct UpstreamBody {
     inner: Incoming,
     /// The connection the body arrives on, with the pool it returns to (None: an upgrade's
     /// connection, run by a task of its own).
-    up: Option<(Upstream<ReclaimBody>, Arc<Pool<ReclaimBody>>)>,
+    up: Option<Returning>,
     ended: bool,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
+
+/// A connection in use, and the pool it goes back to.
+type Returning = (Box<Upstream<ReclaimBody>>, Arc<Pool<ReclaimBody>>);
 
 impl UpstreamBody {
     /// The body has ended: its connection can serve another request.
@@ -171,8 +174,18 @@ fn generic(status: StatusCode) -> String {
     )
 }
 
+/// Where a routed request goes (`Forwarder::route`).
+pub struct Routed<'t> {
+    /// The route it matched.
+    pub route: &'t Route,
+    /// The host as the client gave it (the target's authority, or Host).
+    raw_host: HeaderValue,
+    /// The normalised path and query, when normalising changed the path.
+    forward_path: Option<PathAndQuery>,
+}
+
 /// A response head, with the connection it came on (None: an upgrade's).
-type Exchanged = (Response<Incoming>, Option<Upstream<ReclaimBody>>);
+type Exchanged = (Response<Incoming>, Option<Box<Upstream<ReclaimBody>>>);
 
 /// Why one exchange with an upstream failed.
 enum Failed {
@@ -360,7 +373,7 @@ impl Forwarder {
         &self,
         key: &Key,
         fresh: bool,
-    ) -> Result<Upstream<ReclaimBody>, crate::upstream::ConnectError> {
+    ) -> Result<Box<Upstream<ReclaimBody>>, crate::upstream::ConnectError> {
         if !fresh && let Some(up) = self.pool.take(key) {
             return Ok(up);
         }
@@ -374,7 +387,7 @@ impl Forwarder {
     /// went out is replaced by a new one.
     async fn exchange(
         &self,
-        mut up: Upstream<ReclaimBody>,
+        mut up: Box<Upstream<ReclaimBody>>,
         key: &Key,
         mut request: Request<ReclaimBody>,
         upgrade: bool,
@@ -443,95 +456,77 @@ impl Forwarder {
         response
     }
 
-    /// Routes and forwards; also returns the route matched, if any.
-    async fn route_and_forward<'t>(
+    /// Decides from a request head alone (no I/O) where the request goes. Err is the
+    /// answer instead (400, 404, 503, a redirect to HTTPS), with the route matched, if any.
+    // The Err is the response itself, made once per request: boxing it would only add an
+    // allocation.
+    #[allow(clippy::result_large_err)]
+    pub fn route<'t>(
         &self,
-        mut req: Request<Incoming>,
-        client: SocketAddr,
+        version: Version,
+        uri: &Uri,
+        headers: &HeaderMap,
         tls: bool,
-        port: u16,
         table: Option<&'t RouteTable>,
-    ) -> (Response<ProxyBody>, Option<&'t Route>) {
-        let none = || None;
-        if req.version() <= Version::HTTP_11
-            && let Err(e) = check_framing(req.headers())
+    ) -> Result<Routed<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
+        if version <= Version::HTTP_11
+            && let Err(e) = check_framing(headers)
         {
-            return (
-                self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
-                none(),
-            );
+            let answer = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}"));
+            return Err((answer, None));
         }
         // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
         // replaces it upstream: the host routed on is the host the backend sees.
-        let raw_host = req
-            .uri()
-            .authority()
-            .map(|a| match a.port() {
+        // Host's value is shared, not copied.
+        let raw_host = match uri.authority() {
+            Some(a) => HeaderValue::from_str(&match a.port() {
                 Some(port) => format!("{}:{port}", a.host()),
                 None => a.host().to_owned(),
             })
-            .or_else(|| {
-                req.headers()
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_owned)
-            });
-        let Some(raw_host) = raw_host.filter(|h| !h.is_empty()) else {
-            return (
-                self.fail(
-                    StatusCode::BAD_REQUEST,
-                    format!("400 bad request: {}", BadRequest::NoHost),
-                ),
-                none(),
-            );
+            .ok(),
+            None => headers.get(header::HOST).cloned(),
         };
-        let host = normalise_host(&raw_host);
+        let Some(raw_host) = raw_host.filter(|h| h.to_str().is_ok_and(|h| !h.is_empty())) else {
+            let why = format!("400 bad request: {}", BadRequest::NoHost);
+            return Err((self.fail(StatusCode::BAD_REQUEST, why), None));
+        };
+        let host = normalise_host(raw_host.to_str().unwrap_or_default());
         let Some(table) = table else {
-            return (
-                self.fail(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "503 no route table yet: waiting for a snapshot",
-                ),
-                none(),
-            );
+            let why = "503 no route table yet: waiting for a snapshot";
+            return Err((self.fail(StatusCode::SERVICE_UNAVAILABLE, why), None));
         };
         // Route on, and forward, the path the backend will see (see `path`).
-        let normalised =
-            match crate::path::normalise(req.uri().path(), self.settings.escaped_slashes) {
-                Ok(std::borrow::Cow::Borrowed(_)) => None,
-                Ok(std::borrow::Cow::Owned(p)) => Some(p),
-                Err(e) => {
-                    return (
-                        self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}")),
-                        none(),
-                    );
-                }
-            };
+        let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
+            Ok(std::borrow::Cow::Borrowed(_)) => None,
+            Ok(std::borrow::Cow::Owned(p)) => Some(p),
+            Err(e) => {
+                let answer = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}"));
+                return Err((answer, None));
+            }
+        };
         let forward_path = match &normalised {
             Some(p) => {
-                let pq = match req.uri().query() {
+                let pq = match uri.query() {
                     Some(q) => format!("{p}?{q}"),
                     None => p.clone(),
                 };
                 match PathAndQuery::try_from(pq) {
                     Ok(pq) => Some(pq),
                     Err(_) => {
-                        return (
-                            self.fail(StatusCode::BAD_REQUEST, "400 bad request: unusable path"),
-                            none(),
-                        );
+                        let why = "400 bad request: unusable path";
+                        return Err((self.fail(StatusCode::BAD_REQUEST, why), None));
                     }
                 }
             }
             None => None,
         };
-        let path = normalised.as_deref().unwrap_or_else(|| req.uri().path());
+        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
         if !tls && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
             let target = forward_path
                 .as_ref()
-                .or(req.uri().path_and_query())
+                .or(uri.path_and_query())
                 .map_or("/", PathAndQuery::as_str);
-            return (redirect_to_https(&host, target), none());
+            return Err((redirect_to_https(&host, target), None));
         }
         let route = match table.lookup(&host, path) {
             Ok(r) => r,
@@ -542,21 +537,75 @@ impl Forwarder {
                         format!("404 no route: no path of {vhost:?} matches {path}")
                     }
                 };
-                return (self.fail(StatusCode::NOT_FOUND, why), none());
+                return Err((self.fail(StatusCode::NOT_FOUND, why), None));
             }
         };
+        if let Some(reason) = &route.backend.unavailable_reason {
+            let why = format!("503 backend unavailable: {reason}");
+            return Err((self.fail(StatusCode::SERVICE_UNAVAILABLE, why), Some(route)));
+        }
+        Ok(Routed {
+            route,
+            raw_host,
+            forward_path,
+        })
+    }
+
+    /// Rewrites a routed request head into the one sent upstream: hop-by-hop headers
+    /// removed (Upgrade kept for an allowed `upgrade`), forwarding headers, Host; returns
+    /// its origin-form target. No I/O.
+    pub fn upstream_head(
+        &self,
+        parts: &mut http::request::Parts,
+        routed: Routed<'_>,
+        client: SocketAddr,
+        tls: bool,
+        port: u16,
+        upgrade: bool,
+    ) -> PathAndQuery {
+        strip_hop_by_hop(&mut parts.headers, upgrade);
+        let hop = Hop {
+            client: client.ip(),
+            port,
+            proto: if tls { "https" } else { "http" },
+            host: routed.raw_host.to_str().unwrap_or_default(),
+            trusted: self
+                .settings
+                .trust_forwarded_from
+                .iter()
+                .any(|net| net.contains(&client.ip())),
+        };
+        add_forwarded(&mut parts.headers, hop);
+        parts.headers.insert(header::HOST, routed.raw_host);
+        routed
+            .forward_path
+            .or_else(|| parts.uri.path_and_query().cloned())
+            .unwrap_or_else(|| PathAndQuery::from_static("/"))
+    }
+
+    /// Maps an upstream response head to the client's: hop-by-hop headers removed
+    /// (Upgrade kept when an allowed upgrade was switched to). No I/O.
+    pub fn downstream_head(parts: &mut http::response::Parts, upgrade: bool) {
+        let switching = parts.status == StatusCode::SWITCHING_PROTOCOLS;
+        strip_hop_by_hop(&mut parts.headers, switching && upgrade);
+    }
+
+    /// Routes and forwards; also returns the route matched, if any.
+    async fn route_and_forward<'t>(
+        &self,
+        mut req: Request<Incoming>,
+        client: SocketAddr,
+        tls: bool,
+        port: u16,
+        table: Option<&'t RouteTable>,
+    ) -> (Response<ProxyBody>, Option<&'t Route>) {
+        let routed = match self.route(req.version(), req.uri(), req.headers(), tls, table) {
+            Ok(routed) => routed,
+            Err(answer) => return answer,
+        };
+        let route = routed.route;
         let label = Some(route);
         let backend = &route.backend;
-        if let Some(reason) = &backend.unavailable_reason {
-            return (
-                self.fail(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("503 backend unavailable: {reason}"),
-                ),
-                label,
-            );
-        }
-
         // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
         // Upgrade header removed.
         let connection_slot = req.extensions().get::<ConnectionSlot>().cloned();
@@ -565,26 +614,7 @@ impl Forwarder {
             && upgrade_allowed(req.headers(), &self.settings.allow_upgrade);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        strip_hop_by_hop(&mut parts.headers, upgrade);
-        let proto = if tls { "https" } else { "http" };
-        let hop = Hop {
-            client: client.ip(),
-            port,
-            proto,
-            host: &raw_host,
-            trusted: self
-                .settings
-                .trust_forwarded_from
-                .iter()
-                .any(|net| net.contains(&client.ip())),
-        };
-        add_forwarded(&mut parts.headers, hop);
-        if let Ok(v) = HeaderValue::from_str(&raw_host) {
-            parts.headers.insert(header::HOST, v);
-        }
-        let path_and_query = forward_path
-            .or_else(|| parts.uri.path_and_query().cloned())
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
         let declared = body.size_hint().exact();
         let max = self.settings.max_request_body;
         if max > 0 && declared.is_some_and(|n| n > max) {
@@ -680,7 +710,7 @@ impl Forwarder {
                         });
                     }
                     let (mut rparts, rbody) = resp.into_parts();
-                    strip_hop_by_hop(&mut rparts.headers, switching && upgrade);
+                    Self::downstream_head(&mut rparts, upgrade);
                     let body = UpstreamBody {
                         inner: rbody,
                         up: up.map(|up| (up, self.pool.clone())),

@@ -259,7 +259,7 @@ pub enum CompileError {
 }
 
 /// Lower-cases a Host header value and drops its port.
-pub fn normalise_host(host: &str) -> String {
+pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
     let host = if let Some(rest) = host.strip_prefix('[') {
         // IPv6 literal: keep the brackets' content.
         rest.split(']').next().unwrap_or(rest)
@@ -268,7 +268,13 @@ pub fn normalise_host(host: &str) -> String {
             .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
             .map_or(host, |(h, _)| h)
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    let host = host.trim_end_matches('.');
+    // Most hosts arrive in lower case: no copy then.
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
 }
 
 /// A backend of the snapshot, ready to forward to.

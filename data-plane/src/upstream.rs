@@ -87,8 +87,9 @@ pub struct Upstream<B: SendBody> {
 }
 
 impl<B: SendBody> Upstream<B> {
-    /// Opens a connection to `key` within `timeout`.
-    pub async fn connect(key: Key, timeout: Duration) -> Result<Self, ConnectError> {
+    /// Opens a connection to `key` within `timeout`. Boxed: the connection's state is
+    /// large, and it moves between the pool, the request and the response body.
+    pub async fn connect(key: Key, timeout: Duration) -> Result<Box<Self>, ConnectError> {
         let stream = tokio::time::timeout(timeout, open(&key))
             .await
             .unwrap_or(Err(ConnectError::Timeout))?;
@@ -98,13 +99,13 @@ impl<B: SendBody> Upstream<B> {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ConnectError::Io(std::io::Error::other(e)))?;
-        Ok(Upstream {
+        Ok(Box::new(Upstream {
             key,
             send,
             conn,
             closed: false,
             reused: false,
-        })
+        }))
     }
 
     /// The connection came from the idle pool (a failure before the request was written
@@ -141,7 +142,7 @@ impl<B: SendBody> Upstream<B> {
 
     /// Hands the connection to a task of its own that also runs an upgrade (101) to its
     /// end; returns the sender to send the upgrade request with.
-    pub fn spawn_with_upgrades(self) -> http1::SendRequest<B> {
+    pub fn spawn_with_upgrades(self: Box<Self>) -> http1::SendRequest<B> {
         let conn = self.conn.with_upgrades();
         tokio::spawn(async move {
             if let Err(error) = conn.await {
@@ -199,8 +200,11 @@ pub struct Pool<B: SendBody> {
     max_idle_per_key: usize,
 }
 
+/// An idle connection and since when.
+type Parked<B> = (Box<Upstream<B>>, Instant);
+
 struct Idle<B: SendBody> {
-    by_key: HashMap<Key, Vec<(Upstream<B>, Instant)>>,
+    by_key: HashMap<Key, Vec<Parked<B>>>,
     /// Connections in `by_key`, to know when a sweep is due.
     count: usize,
     last_sweep: Instant,
@@ -220,7 +224,7 @@ impl<B: SendBody> Pool<B> {
     }
 
     /// The most recently used idle connection to `key` that the upstream has not closed.
-    pub fn take(&self, key: &Key) -> Option<Upstream<B>> {
+    pub fn take(&self, key: &Key) -> Option<Box<Upstream<B>>> {
         loop {
             let (mut up, since) = {
                 let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -242,7 +246,7 @@ impl<B: SendBody> Pool<B> {
     }
 
     /// Keeps `up` for reuse if it can take another request and there is room.
-    pub fn put(&self, mut up: Upstream<B>) {
+    pub fn put(&self, mut up: Box<Upstream<B>>) {
         if self.max_idle_per_key == 0 || !up.is_idle() {
             return;
         }
@@ -359,7 +363,7 @@ mod tests {
     /// One request on a connection from `pool` (or a new one); the body read to its end;
     /// the connection offered back to the pool.
     async fn exchange(pool: &Pool<Empty<Bytes>>, key: &Key) -> Vec<u8> {
-        let mut up: Up = match pool.take(key) {
+        let mut up: Box<Up> = match pool.take(key) {
             Some(up) => up,
             None => Upstream::connect(key.clone(), Duration::from_secs(5))
                 .await

@@ -230,6 +230,70 @@ done
 echo
 echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a time on the other core."
 
+# Two workers each on both cores: holdfast-proxy --worker-threads 2 and nginx
+# worker_processes 2, the load generator (two threads) and the upstream on the same two
+# cores, so this compares the proxies sharing a whole machine with their load.
+HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port)
+RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF2" \
+  --admin-listen "127.0.0.1:$HF2A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
+  --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state2" --node-id bench2 --worker-threads 2 & pids+=($!)
+hf2_pid=$!
+sed -e "s/^worker_processes 1;/worker_processes 2;/" -e "s/^master_process off;/master_process on;/" \
+  -e "s|listen 127.0.0.1:$NG;|listen 127.0.0.1:$NG2;|" -e "/listen 127.0.0.1:$NGS ssl;/d" \
+  -e "s|$work/nginx.pid|$work/nginx2.pid|" "$work/nginx.conf" >"$work/nginx2.conf"
+taskset -c 0,1 nginx -c "$work/nginx2.conf" -e "$work/nginx2-error.log" & pids+=($!)
+ng2_pid=$!
+wait_port "$HF2"; wait_port "$NG2"
+for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF2/" >/dev/null && break; sleep 0.1; done
+# nginx's CPU is its master's and workers' together.
+group_ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
+wrk2_run() {
+  local port=$1 pid=$2 t0 c0 t1 c1 out
+  taskset -c 0,1 wrk -t2 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$port/" >/dev/null
+  t0=$(date +%s.%N); c0=$(group_ticks "$pid")
+  out=$(taskset -c 0,1 wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H 'Host: bench.test' "http://127.0.0.1:$port/")
+  t1=$(date +%s.%N); c1=$(group_ticks "$pid")
+  python3 - "$out" "$c0" "$c1" "$t0" "$t1" "$TICKS" <<'PY'
+import re, sys
+text, c0, c1, t0, t1, ticks = sys.argv[1], *map(float, sys.argv[2:])
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+pct = lambda p: (m.group(1) if (m := re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)) else "—")
+cpu = (c1 - c0) / ticks / (t1 - t0)
+errs = "; ".join(l.strip() for l in text.splitlines() if "Non-2xx" in l or "Socket errors" in l) or "0"
+print(f"{rps:.0f}|{pct(50)}|{pct(99)}|{errs}|{cpu * 100:.0f}%|{cpu / rps * 1e6:.1f} µs")
+PY
+}
+echo
+echo "### Two workers each, on both cores (${DURATION} s per run, $CONNS connections, wrk -t2 on the same cores)"
+echo
+echo "| load | proxy | achieved rps | p50 | p99 | errors | proxy CPU | proxy CPU per request | holdfast/nginx rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+hf=$(wrk2_run "$HF2" "$hf2_pid"); ng=$(wrk2_run "$NG2" "$ng2_pid")
+echo "| wrk closed loop (max) | holdfast-proxy \`--worker-threads 2\` | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+echo "| wrk closed loop (max) | nginx $nginx_version \`worker_processes 2\` | ${ng//|/ | } | |"
+
+# Memory with a large table: a stand-in control plane serving 10,000 more hosts (each a
+# backend of its own), a proxy that has applied it, RSS after a short wrk run.
+CP3=$(free_port); HF3=$(free_port); HF3A=$(free_port)
+"$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP3" --host bench.test --upstream "127.0.0.1:$UP" \
+  --extra-hosts 10000 2>/dev/null & pids+=($!)
+wait_port "$CP3"
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF3" \
+  --admin-listen "127.0.0.1:$HF3A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
+  --control-plane "http://127.0.0.1:$CP3" --state-dir "$work/state3" --node-id bench3 --worker-threads 1 & pids+=($!)
+hf3_pid=$!
+wait_port "$HF3"
+for _ in $(seq 1 300); do curl -sf -H 'Host: h9999.extra.test' "http://127.0.0.1:$HF3/" >/dev/null && break; sleep 0.1; done
+curl -sf -H 'Host: h9999.extra.test' "http://127.0.0.1:$HF3/" >/dev/null || { echo "the 10,000-host table never served" >&2; exit 1; }
+taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: h5000.extra.test' "http://127.0.0.1:$HF3/" >/dev/null
+rss_mib() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
+echo
+echo "### Proxy memory with 10,001 routes loaded (10,001 hosts and backends, after a ${DURATION} s wrk run)"
+echo
+echo "| proxy | RSS | peak RSS (VmHWM) |"
+echo "| --- | --- | --- |"
+echo "| holdfast-proxy \`--worker-threads 1\` | $(rss_mib "$hf3_pid") MiB | $(hwm_mib "$hf3_pid") MiB |"
+
 if [[ -n $FLAME ]]; then
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
   command -v inferno-flamegraph >/dev/null || cargo install --locked --quiet inferno >&2

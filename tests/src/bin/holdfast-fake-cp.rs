@@ -23,17 +23,28 @@ struct Args {
     /// Its private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Also serve this many more hosts (`h<i>.extra.test`, each "/" to a backend of its
+    /// own on the same upstreams), to measure the proxy with a large table loaded.
+    #[arg(long, default_value_t = 0)]
+    extra_hosts: usize,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cp = FakeControlPlane::start(Some(args.listen)).await?;
-    let mut s = snapshot(
-        1,
-        &[(&args.host, "/", "bench")],
-        &[("bench", &args.upstream)],
+    let extra: Vec<(String, String)> = (0..args.extra_hosts)
+        .map(|i| (format!("h{i}.extra.test"), format!("extra/svc-{i}:80")))
+        .collect();
+    let mut routes = vec![(args.host.as_str(), "/", "bench")];
+    routes.extend(extra.iter().map(|(h, b)| (h.as_str(), "/", b.as_str())));
+    let mut backends = vec![("bench", args.upstream.as_slice())];
+    backends.extend(
+        extra
+            .iter()
+            .map(|(_, b)| (b.as_str(), args.upstream.as_slice())),
     );
+    let mut s = snapshot(1, &routes, &backends);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let issued = holdfast_tests::tls::Issued {
             cert_pem: std::fs::read_to_string(cert)?,
@@ -42,7 +53,9 @@ async fn main() -> anyhow::Result<()> {
         let name = "bench/tls";
         s.certificates = vec![holdfast_tests::tls::certificate_resource(name, &issued)];
         s.default_certificate = name.into();
-        s.virtual_hosts[0].certificate = name.into();
+        for v in s.virtual_hosts.iter_mut().filter(|v| v.host == args.host) {
+            v.certificate = name.into();
+        }
         holdfast_proto::snapshot::seal(&mut s, 1);
     }
     cp.push(s);
