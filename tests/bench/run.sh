@@ -68,6 +68,14 @@ echo "## Route lookup (criterion, \`cargo bench -p holdfast-data-plane --bench l
 echo
 cargo bench -q -p holdfast-data-plane --bench lookup -- "${CRITERION[@]}" 2>/dev/null | criterion_table
 echo
+step criterion: request path
+echo "## Proxy request path without sockets (criterion, \`cargo bench -p holdfast-data-plane --bench request\`)"
+echo
+cargo bench -q -p holdfast-data-plane --bench request -- "${CRITERION[@]}" 2>target/bench-request.err | criterion_table
+echo
+grep '^request path:' target/bench-request.err || { echo "no allocation count from the request bench" >&2; exit 1; }
+echo
+
 step criterion: proxy apply
 echo "## Proxy apply + persist + swap of a one-host delta (criterion, \`cargo bench -p holdfast-data-plane --bench apply\`)"
 echo
