@@ -189,7 +189,9 @@ type Exchanged = (Response<Incoming>, Option<Box<Upstream<ReclaimBody>>>);
 
 /// Why one exchange with an upstream failed.
 enum Failed {
-    Connect(crate::upstream::ConnectError),
+    /// No connection took the request; its headers come back when it was built (it was
+    /// not sent).
+    Connect(crate::upstream::ConnectError, Option<HeaderMap>),
     Upstream(hyper::Error),
     Timeout,
 }
@@ -405,13 +407,19 @@ impl Forwarder {
             match self.timed(up.send(request), slot).await {
                 Ok(Ok(response)) => return Ok((response, Some(up))),
                 Ok(Err(Ok(unsent))) if up.reused() => {
+                    up = match self.connection(key, true).await {
+                        Ok(up) => up,
+                        Err(e) => {
+                            return Err(Failed::Connect(e, Some(unsent.into_parts().0.headers)));
+                        }
+                    };
                     request = unsent;
-                    up = self.connection(key, true).await.map_err(Failed::Connect)?;
                 }
-                Ok(Err(Ok(_))) => {
-                    return Err(Failed::Connect(crate::upstream::ConnectError::Io(
-                        std::io::Error::other("connection closed before the request was sent"),
-                    )));
+                Ok(Err(Ok(unsent))) => {
+                    // A new connection the upstream closed at once: nothing was sent.
+                    let closed = std::io::Error::other("closed before the request was sent");
+                    let e = crate::upstream::ConnectError::Io(closed);
+                    return Err(Failed::Connect(e, Some(unsent.into_parts().0.headers)));
                 }
                 Ok(Err(Err(e))) => return Err(Failed::Upstream(e)),
                 Err(()) => return Err(Failed::Timeout),
@@ -681,7 +689,7 @@ impl Forwarder {
                     *upstream.headers_mut() = request_headers;
                     self.exchange(up, &key, upstream, upgrade, &slot).await
                 }
-                Err(e) => Err(Failed::Connect(e)),
+                Err(e) => Err(Failed::Connect(e, None)),
             };
             match result {
                 Err(Failed::Timeout) => {
@@ -719,7 +727,11 @@ impl Forwarder {
                     };
                     return (Response::from_parts(rparts, Either::Left(body)), label);
                 }
-                Err(Failed::Connect(e)) => {
+                Err(Failed::Connect(e, unsent)) => {
+                    // Its headers go to the next endpoint.
+                    if unsent.is_some() {
+                        headers = unsent;
+                    }
                     self.metrics.upstream_connect_errors.inc();
                     if let Some(a) = tried {
                         if is_local_error(&e) {

@@ -79,9 +79,10 @@ impl std::error::Error for ConnectError {
 pub struct Upstream<B: SendBody> {
     key: Key,
     send: http1::SendRequest<B>,
-    conn: http1::Connection<TokioIo<TcpStream>, B>,
-    /// The connection future has finished (closed or failed): it must not be polled again.
-    closed: bool,
+    /// None once the connection has finished (closed or failed). Dropping it then matters:
+    /// a request queued on a connection that closed without taking it comes back (as
+    /// unsent) only when the connection is dropped.
+    conn: Option<http1::Connection<TokioIo<TcpStream>, B>>,
     /// It came from the idle pool.
     reused: bool,
 }
@@ -102,8 +103,7 @@ impl<B: SendBody> Upstream<B> {
         Ok(Box::new(Upstream {
             key,
             send,
-            conn,
-            closed: false,
+            conn: Some(conn),
             reused: false,
         }))
     }
@@ -116,8 +116,10 @@ impl<B: SendBody> Upstream<B> {
 
     /// Runs the connection as far as it can go now.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.closed && Pin::new(&mut self.conn).poll(cx).is_ready() {
-            self.closed = true;
+        if let Some(conn) = &mut self.conn
+            && Pin::new(conn).poll(cx).is_ready()
+        {
+            self.conn = None;
         }
     }
 
@@ -143,12 +145,14 @@ impl<B: SendBody> Upstream<B> {
     /// Hands the connection to a task of its own that also runs an upgrade (101) to its
     /// end; returns the sender to send the upgrade request with.
     pub fn spawn_with_upgrades(self: Box<Self>) -> http1::SendRequest<B> {
-        let conn = self.conn.with_upgrades();
-        tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(%error, "upgraded upstream connection ended");
-            }
-        });
+        if let Some(conn) = self.conn {
+            let conn = conn.with_upgrades();
+            tokio::spawn(async move {
+                if let Err(error) = conn.await {
+                    tracing::debug!(%error, "upgraded upstream connection ended");
+                }
+            });
+        }
         self.send
     }
 
@@ -165,7 +169,7 @@ impl<B: SendBody> Upstream<B> {
     /// Can take another request now.
     fn is_idle(&mut self) -> bool {
         self.drive(&mut Context::from_waker(Waker::noop()));
-        !self.closed && self.send.is_ready()
+        self.conn.is_some() && self.send.is_ready()
     }
 }
 
@@ -245,7 +249,8 @@ impl<B: SendBody> Pool<B> {
         }
     }
 
-    /// Keeps `up` for reuse if it can take another request and there is room.
+    /// Keeps `up` for reuse if it can take another request. When its endpoint already has
+    /// `max_idle_per_key` idle connections, the longest idle one makes room.
     pub fn put(&self, mut up: Box<Upstream<B>>) {
         if self.max_idle_per_key == 0 || !up.is_idle() {
             return;
@@ -253,25 +258,28 @@ impl<B: SendBody> Pool<B> {
         let now = Instant::now();
         // Closed after the lock is released.
         let mut stale = Vec::new();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if now.duration_since(idle.last_sweep) > IDLE_TIMEOUT / 3 {
-            idle.last_sweep = now;
-            let mut count = 0;
-            idle.by_key.retain(|_, list| {
-                let keep = list
-                    .iter()
-                    .position(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT)
-                    .unwrap_or(list.len());
-                stale.extend(list.drain(..keep));
-                count += list.len();
-                !list.is_empty()
-            });
-            idle.count = count;
-        }
-        let idle = &mut *idle;
-        let list = idle.by_key.entry(up.key.clone()).or_default();
-        let full = list.len() >= self.max_idle_per_key;
-        if !full {
+        {
+            let mut guard = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = &mut *guard;
+            if now.duration_since(idle.last_sweep) > IDLE_TIMEOUT / 3 {
+                idle.last_sweep = now;
+                let mut count = 0;
+                idle.by_key.retain(|_, list| {
+                    let keep = list
+                        .iter()
+                        .position(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT)
+                        .unwrap_or(list.len());
+                    stale.extend(list.drain(..keep));
+                    count += list.len();
+                    !list.is_empty()
+                });
+                idle.count = count;
+            }
+            let list = idle.by_key.entry(up.key.clone()).or_default();
+            if list.len() >= self.max_idle_per_key {
+                stale.push(list.remove(0));
+                idle.count -= 1;
+            }
             list.push((up, now));
             idle.count += 1;
         }
@@ -425,6 +433,31 @@ mod tests {
             server.accepted.load(Ordering::SeqCst),
             2,
             "a new connection replaced it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_upstream_closed_comes_back_unsent() {
+        // What happens when the upstream's FIN arrives between the pool's check and the
+        // request: the request must come back (to go out on another connection), not wait.
+        let server = server().await;
+        let mut up: Box<Up> = Upstream::connect(Key::Addr(server.addr), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut body = up.send(get()).await.ok().unwrap().into_body();
+        while let Some(frame) = poll_fn(|cx| up.poll_body(cx, &mut body)).await {
+            frame.unwrap();
+        }
+        server.close.send_replace(true);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.open.load(Ordering::SeqCst) > 0 {
+            assert!(Instant::now() < deadline, "the server never closed");
+            tokio::task::yield_now().await;
+        }
+        let sent = tokio::time::timeout(Duration::from_secs(5), up.send(get())).await;
+        assert!(
+            matches!(sent, Ok(Err(Ok(_)))),
+            "the request is handed back unsent, at once"
         );
     }
 
