@@ -41,7 +41,6 @@ pub struct UpstreamBody {
     /// The connection the body arrives on, with the pool it returns to (None: an upgrade's
     /// connection, run by a task of its own).
     up: Option<Returning>,
-    ended: bool,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -60,7 +59,8 @@ impl UpstreamBody {
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // Not read to its end (the client left): the connection closes with it.
-        if self.ended || self.inner.is_end_stream() {
+        // (A body read to its end in `poll_frame` has already given its connection back.)
+        if self.inner.is_end_stream() {
             self.release();
         }
     }
@@ -80,13 +80,10 @@ impl Body for UpstreamBody {
             None => Pin::new(&mut this.inner).poll_frame(cx),
         };
         match &frame {
-            Poll::Ready(None) => this.ended = true,
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.ended = true,
+            Poll::Ready(None) => this.release(),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.release(),
             Poll::Ready(Some(Err(_))) => this.up = None,
             _ => {}
-        }
-        if this.ended {
-            this.release();
         }
         frame
     }
@@ -722,7 +719,6 @@ impl Forwarder {
                     let body = UpstreamBody {
                         inner: rbody,
                         up: up.map(|up| (up, self.pool.clone())),
-                        ended: false,
                         _slot: slot_permit,
                     };
                     return (Response::from_parts(rparts, Either::Left(body)), label);

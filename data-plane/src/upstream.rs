@@ -209,8 +209,6 @@ type Parked<B> = (Box<Upstream<B>>, Instant);
 
 struct Idle<B: SendBody> {
     by_key: HashMap<Key, Vec<Parked<B>>>,
-    /// Connections in `by_key`, to know when a sweep is due.
-    count: usize,
     last_sweep: Instant,
 }
 
@@ -220,7 +218,6 @@ impl<B: SendBody> Pool<B> {
         Pool {
             idle: Mutex::new(Idle {
                 by_key: HashMap::new(),
-                count: 0,
                 last_sweep: Instant::now(),
             }),
             max_idle_per_key,
@@ -237,9 +234,7 @@ impl<B: SendBody> Pool<B> {
                 if list.is_empty() {
                     idle.by_key.remove(key);
                 }
-                let popped = popped?;
-                idle.count -= 1;
-                popped
+                popped?
             };
             // Dropped (closed) outside the lock when stale.
             if since.elapsed() < IDLE_TIMEOUT && up.is_idle() {
@@ -263,32 +258,28 @@ impl<B: SendBody> Pool<B> {
             let idle = &mut *guard;
             if now.duration_since(idle.last_sweep) > IDLE_TIMEOUT / 3 {
                 idle.last_sweep = now;
-                let mut count = 0;
                 idle.by_key.retain(|_, list| {
                     let keep = list
                         .iter()
                         .position(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT)
                         .unwrap_or(list.len());
                     stale.extend(list.drain(..keep));
-                    count += list.len();
                     !list.is_empty()
                 });
-                idle.count = count;
             }
             let list = idle.by_key.entry(up.key.clone()).or_default();
             if list.len() >= self.max_idle_per_key {
                 stale.push(list.remove(0));
-                idle.count -= 1;
             }
             list.push((up, now));
-            idle.count += 1;
         }
         drop(stale);
     }
 
     /// Idle connections kept now.
     pub fn idle(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).count
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.by_key.values().map(Vec::len).sum()
     }
 }
 
