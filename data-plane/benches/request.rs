@@ -31,6 +31,7 @@ fn forwarder() -> Forwarder {
             response_timeout: Duration::from_secs(60),
             eject_for: Duration::from_secs(10),
             pool_idle_per_host: 64,
+            workers: 1,
             escaped_slashes: EscapedSlashes::Reject,
             verbose_errors: false,
             max_request_body: 0,

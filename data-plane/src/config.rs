@@ -140,10 +140,13 @@ pub struct Args {
         default_value_t = 1024
     )]
     pub max_upstream_connections_per_endpoint: usize,
-    /// Idle upstream connections kept per endpoint.
+    /// Idle upstream connections kept per endpoint, by each worker thread.
     #[arg(long, env = "HOLDFAST_UPSTREAM_POOL_IDLE", default_value_t = 64)]
     pub upstream_pool_idle: usize,
-    /// Worker threads (default: one per CPU); 1 runs everything on one thread.
+    /// Worker threads serving the proxy listeners (default: one per CPU). Each runs a
+    /// single-threaded runtime with its own listening socket (SO_REUSEPORT) and upstream
+    /// idle pool, like an nginx worker; the control-plane stream and the admin listeners
+    /// run on the main thread.
     #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Requests whose path contains `%2F` or `%5C`: `reject` (400) or `keep` (forwarded

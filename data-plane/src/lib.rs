@@ -17,7 +17,9 @@
 //!   validates, persists and swaps tables.
 //! - [`persist`]: the state file (atomic write, checksum).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/snapshot`, `/debug/explain`.
-//! - [`metrics`], [`config`], and [`run`] (wiring).
+//! - [`metrics`], [`config`], and [`run`] (wiring: the control-plane stream and the admin
+//!   listeners on the main thread, the proxy listeners on worker threads, one
+//!   single-threaded runtime each).
 
 pub mod admin;
 pub mod config;
@@ -82,13 +84,14 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         }
     }
 
-    let listener = TcpListener::bind(args.listen)
-        .await
+    let workers = args
+        .worker_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
+    let listeners = bind_per_worker(args.listen, workers)
         .with_context(|| format!("binding --listen {}", args.listen))?;
-    let tls_listener = match args.listen_tls {
+    let tls_listeners = match args.listen_tls {
         Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
+            bind_per_worker(addr, workers)
                 .with_context(|| format!("binding --listen-tls {addr}"))?,
         ),
         None => None,
@@ -99,11 +102,11 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     let debug_listener = TcpListener::bind(args.debug_listen)
         .await
         .with_context(|| format!("binding --debug-listen {}", args.debug_listen))?;
-    let https = match &tls_listener {
-        Some(l) => l.local_addr()?.to_string(),
+    let https = match &tls_listeners {
+        Some(l) => l[0].local_addr()?.to_string(),
         None => "off".into(),
     };
-    tracing::info!(proxy = %listener.local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %config.node_id, "listening");
+    tracing::info!(proxy = %listeners[0].local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %config.node_id, workers, "listening");
 
     let escaped_slashes = match args.escaped_slashes {
         config::EscapedSlashesArg::Reject => path::EscapedSlashes::Reject,
@@ -116,6 +119,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
             response_timeout: args.upstream_response_timeout,
             eject_for: args.eject_for,
             pool_idle_per_host: args.upstream_pool_idle,
+            workers,
             escaped_slashes,
             verbose_errors: args.verbose_errors,
             max_connections_per_endpoint: args.max_upstream_connections_per_endpoint,
@@ -203,12 +207,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         max_header_bytes: args.max_header_bytes,
         shutdown_grace: args.shutdown_grace,
         send_timeout: args.send_timeout,
-        max_connections: args.max_connections.unwrap_or_else(|| {
-            let workers = args.worker_threads.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-            });
-            8192 * workers
-        }),
+        max_connections: args.max_connections.unwrap_or(8192 * workers),
     };
     // On SIGTERM: /readyz fails at once (above), the listeners keep accepting for
     // --drain-delay so that balancers notice, then stop accepting and drain.
@@ -230,35 +229,31 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         let _ = started.set(tokio::time::Instant::now());
         let _ = stop_tx.send(true);
     });
-    let https = match tls_listener {
-        Some(l) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(
-                tls::server_config(table.clone()).context("TLS configuration")?,
-            );
-            Some(tokio::spawn(server::serve(
-                l,
-                forwarder.clone(),
-                listen.clone(),
-                Some(acceptor),
-                stop_accepting.clone(),
-            )))
-        }
+    let acceptor = match &tls_listeners {
+        Some(_) => Some(tokio_rustls::TlsAcceptor::from(
+            tls::server_config(table.clone()).context("TLS configuration")?,
+        )),
         None => None,
     };
-    let grace = listen.shutdown_grace;
-    server::serve(listener, forwarder.clone(), listen, None, stop_accepting).await;
+    let mut workers = Workers::start(
+        listeners,
+        tls_listeners.zip(acceptor),
+        &forwarder,
+        &listen,
+        &stop_accepting,
+    )?;
+    workers.served().await;
     delay.abort();
     // Connections drained within the grace period (counted from when accepting stopped);
-    // upgraded tunnels get what is left of it, then are closed.
+    // upgraded tunnels get what is left of it, then are closed. The workers keep running
+    // until then: the tunnels are their tasks.
     let deadline = drain_started
         .get()
         .copied()
         .unwrap_or_else(tokio::time::Instant::now)
-        + grace;
+        + listen.shutdown_grace;
     forwarder.finish_tunnels(deadline).await;
-    if let Some(https) = https {
-        let _ = https.await;
-    }
+    workers.stop().await;
     subscriber.abort();
     admin.abort();
     debug.abort();
@@ -266,6 +261,135 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         w.abort();
     }
     Ok(())
+}
+
+/// Listening sockets on `addr`, one per worker, with `SO_REUSEPORT`: the kernel spreads
+/// new connections over them, and each worker accepts from its own (nginx's `reuseport`).
+/// Port 0 picks one free port for all of them.
+fn bind_per_worker(
+    addr: std::net::SocketAddr,
+    workers: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut addr = addr;
+    let mut listeners = Vec::with_capacity(workers);
+    for _ in 0..workers.max(1) {
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(1024)?.into_std()?;
+        addr = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// The proxy's worker threads: each runs a single-threaded runtime with its own
+/// listening sockets and upstream idle pool, so a request is accepted, forwarded and
+/// answered on one thread without handing tasks or wakers between threads (nginx's
+/// worker processes, as threads). The control-plane stream and the admin listeners run
+/// on the main thread.
+struct Workers {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// One per worker: resolves (or is dropped) when its listeners have drained.
+    served: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// Turns true when the workers may stop (their tunnels are over).
+    release: watch::Sender<bool>,
+}
+
+impl Workers {
+    fn start(
+        listeners: Vec<std::net::TcpListener>,
+        tls: Option<(Vec<std::net::TcpListener>, tokio_rustls::TlsAcceptor)>,
+        forwarder: &Arc<Forwarder>,
+        listen: &ListenSettings,
+        stop_accepting: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Self> {
+        let (release, released) = watch::channel(false);
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let open_tls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (mut tls_listeners, acceptor) = match tls {
+            Some((l, a)) => (l.into_iter().map(Some).collect(), Some(a)),
+            None => (Vec::new(), None),
+        };
+        let mut workers = Workers {
+            threads: Vec::new(),
+            served: Vec::new(),
+            release,
+        };
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting a worker's runtime")?;
+            // Registered with the worker's runtime, whose thread polls them.
+            let (listener, tls_listener) = {
+                let _entered = runtime.enter();
+                let tls_listener = match tls_listeners.get_mut(index).and_then(Option::take) {
+                    Some(l) => Some(TcpListener::from_std(l)?),
+                    None => None,
+                };
+                (TcpListener::from_std(listener)?, tls_listener)
+            };
+            let (served_tx, served_rx) = tokio::sync::oneshot::channel();
+            let forwarder = forwarder.clone();
+            let listen = listen.clone();
+            let stop = stop_accepting.clone();
+            let mut released = released.clone();
+            let acceptor = acceptor.clone();
+            let (open, open_tls) = (open.clone(), open_tls.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("holdfast-worker-{index}"))
+                .spawn(move || {
+                    upstream::enter_worker(index);
+                    runtime.block_on(async move {
+                        let https = tls_listener.zip(acceptor).map(|(l, acceptor)| {
+                            tokio::spawn(server::serve(
+                                l,
+                                forwarder.clone(),
+                                listen.clone(),
+                                Some(acceptor),
+                                open_tls,
+                                stop.clone(),
+                            ))
+                        });
+                        server::serve(listener, forwarder, listen, None, open, stop).await;
+                        if let Some(https) = https {
+                            let _ = https.await;
+                        }
+                        let _ = served_tx.send(());
+                        let _ = released.wait_for(|r| *r).await;
+                    });
+                })
+                .context("starting a worker thread")?;
+            workers.threads.push(thread);
+            workers.served.push(served_rx);
+        }
+        Ok(workers)
+    }
+
+    /// Waits until every worker has stopped accepting and drained its connections.
+    async fn served(&mut self) {
+        for served in self.served.drain(..) {
+            // An error: the worker ended early (its thread is gone); nothing to wait for.
+            let _ = served.await;
+        }
+    }
+
+    /// Lets the workers end, and waits for their threads.
+    async fn stop(self) {
+        self.release.send_replace(true);
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
 }
 
 /// Turns `tx` true on SIGTERM or Ctrl-C.

@@ -25,19 +25,12 @@ fn main() -> std::process::ExitCode {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
     }
-    // One worker thread: a single-threaded runtime (no work-stealing machinery), the
-    // shape of one nginx worker. More: a work-stealing runtime with that many workers.
-    let mut runtime = match config.args.worker_threads {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
-    };
-    runtime.enable_all();
-    let runtime = match runtime.build() {
+    // The main thread runs the control-plane stream and the admin listeners; the proxy
+    // listeners run on --worker-threads threads of their own (see `run`).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("holdfast-proxy: starting the runtime: {e}");

@@ -106,8 +106,10 @@ pub struct ForwardSettings {
     pub response_timeout: Duration,
     /// How long a failing endpoint is skipped.
     pub eject_for: Duration,
-    /// Idle upstream connections kept per endpoint.
+    /// Idle upstream connections kept per endpoint, by each worker.
     pub pool_idle_per_host: usize,
+    /// Worker threads forwarding requests (each keeps its own idle connections).
+    pub workers: usize,
     /// What to do with `%2F` and `%5C` in request paths.
     pub escaped_slashes: crate::path::EscapedSlashes,
     /// Error pages say why (backend, endpoint, error chain); otherwise only the status.
@@ -214,7 +216,7 @@ impl Forwarder {
     ) -> Self {
         Forwarder {
             table,
-            pool: Arc::new(Pool::new(settings.pool_idle_per_host)),
+            pool: Arc::new(Pool::new(settings.pool_idle_per_host, settings.workers)),
             settings,
             metrics,
             ejected: Mutex::new(Default::default()),

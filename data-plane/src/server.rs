@@ -38,19 +38,21 @@ pub struct ListenSettings {
     pub shutdown_grace: Duration,
     /// A response write that makes no progress for this long closes the connection.
     pub send_timeout: Duration,
-    /// Most client connections open at once on this listener; past it new ones are
-    /// closed at once.
+    /// Most client connections open at once on one listening address (all workers
+    /// together); past it new ones are closed at once.
     pub max_connections: usize,
 }
 
 /// Serves `listener` until `shutdown` turns true, then drains. With `tls`, every
 /// connection is a TLS connection (HTTPS); the handshake must finish within the header
-/// read timeout.
+/// read timeout. `open` counts the connections of every worker serving the same address,
+/// so that `max_connections` holds for the address, not per worker.
 pub async fn serve(
     listener: TcpListener,
     forwarder: Arc<Forwarder>,
     settings: ListenSettings,
     tls: Option<TlsAcceptor>,
+    open: Arc<AtomicUsize>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -75,7 +77,6 @@ pub async fn serve(
     let builder = Arc::new(builder);
     let connections = TaskTracker::new();
     let (drain_tx, drain_rx) = watch::channel(false);
-    let open = Arc::new(AtomicUsize::new(0));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,

@@ -6,10 +6,16 @@
 //! connection itself: waiting for the response head polls the connection (`Upstream::send`),
 //! and so does reading the response body (the proxy's `UpstreamBody`). When the body has
 //! ended and the connection can take another request, it goes back to a small idle pool
-//! shared by all client connections: last in, first out per endpoint, at most
-//! `max_idle_per_key` per endpoint, dropped after `IDLE_TIMEOUT`. Nobody polls an idle
-//! connection; before reuse, one poll tells whether the upstream has closed it meanwhile.
+//! shared by the client connections of its worker: last in, first out per endpoint, at
+//! most `max_idle_per_key` per endpoint, dropped after `IDLE_TIMEOUT`. Nobody polls an
+//! idle connection; before reuse, one poll tells whether the upstream has closed it
+//! meanwhile.
+//!
+//! Each worker thread has a pool of its own ([`enter_worker`]): a socket is registered
+//! with the runtime that opened it, so a connection handed to another worker would be
+//! woken through the first worker's thread, and the pool's lock would be contended.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
@@ -198,9 +204,20 @@ async fn open(key: &Key) -> Result<TcpStream, ConnectError> {
     }
 }
 
-/// Idle upstream connections, shared by all client connections.
+thread_local! {
+    /// The worker this thread serves, which picks its pool shard; 0 off worker threads.
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the calling thread as worker `index`: the connections it pools go to shard
+/// `index` and it takes connections only from there.
+pub fn enter_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+/// Idle upstream connections, one shard per worker.
 pub struct Pool<B: SendBody> {
-    idle: Mutex<Idle<B>>,
+    shards: Box<[Mutex<Idle<B>>]>,
     max_idle_per_key: usize,
 }
 
@@ -213,22 +230,32 @@ struct Idle<B: SendBody> {
 }
 
 impl<B: SendBody> Pool<B> {
-    /// A pool keeping at most `max_idle_per_key` idle connections per endpoint (0: none).
-    pub fn new(max_idle_per_key: usize) -> Self {
+    /// A pool for `workers` workers, each keeping at most `max_idle_per_key` idle
+    /// connections per endpoint (0: none).
+    pub fn new(max_idle_per_key: usize, workers: usize) -> Self {
         Pool {
-            idle: Mutex::new(Idle {
-                by_key: HashMap::new(),
-                last_sweep: Instant::now(),
-            }),
+            shards: (0..workers.max(1))
+                .map(|_| {
+                    Mutex::new(Idle {
+                        by_key: HashMap::new(),
+                        last_sweep: Instant::now(),
+                    })
+                })
+                .collect(),
             max_idle_per_key,
         }
+    }
+
+    /// The calling worker's shard.
+    fn shard(&self) -> &Mutex<Idle<B>> {
+        &self.shards[WORKER.with(Cell::get) % self.shards.len()]
     }
 
     /// The most recently used idle connection to `key` that the upstream has not closed.
     pub fn take(&self, key: &Key) -> Option<Box<Upstream<B>>> {
         loop {
             let (mut up, since) = {
-                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                let mut idle = self.shard().lock().unwrap_or_else(|e| e.into_inner());
                 let list = idle.by_key.get_mut(key)?;
                 let popped = list.pop();
                 if list.is_empty() {
@@ -254,7 +281,7 @@ impl<B: SendBody> Pool<B> {
         // Closed after the lock is released.
         let mut stale = Vec::new();
         {
-            let mut guard = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.shard().lock().unwrap_or_else(|e| e.into_inner());
             let idle = &mut *guard;
             if now.duration_since(idle.last_sweep) > IDLE_TIMEOUT / 3 {
                 idle.last_sweep = now;
@@ -276,10 +303,15 @@ impl<B: SendBody> Pool<B> {
         drop(stale);
     }
 
-    /// Idle connections kept now.
+    /// Idle connections kept now, by all workers.
     pub fn idle(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.by_key.values().map(Vec::len).sum()
+        self.shards
+            .iter()
+            .map(|shard| {
+                let idle = shard.lock().unwrap_or_else(|e| e.into_inner());
+                idle.by_key.values().map(Vec::len).sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -382,7 +414,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_is_reused_once_its_response_body_has_ended() {
         let server = server().await;
-        let pool = Pool::new(4);
+        let pool = Pool::new(4, 1);
         let key = Key::Addr(server.addr);
         for _ in 0..3 {
             assert_eq!(exchange(&pool, &key).await, b"ok");
@@ -391,7 +423,7 @@ mod tests {
         let accepted = || server.accepted.load(Ordering::SeqCst);
         assert_eq!(accepted(), 1, "three requests, one connection");
 
-        let none = Pool::new(0);
+        let none = Pool::new(0, 1);
         for _ in 0..2 {
             assert_eq!(exchange(&none, &key).await, b"ok");
         }
@@ -400,9 +432,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_worker_reuses_only_the_connections_it_pooled() {
+        let server = server().await;
+        let pool = Pool::new(4, 2);
+        let key = Key::Addr(server.addr);
+        let accepted = || server.accepted.load(Ordering::SeqCst);
+        enter_worker(0);
+        exchange(&pool, &key).await;
+        enter_worker(1);
+        assert!(
+            pool.take(&key).is_none(),
+            "worker 0's connection stays with it"
+        );
+        exchange(&pool, &key).await;
+        assert_eq!(accepted(), 2, "worker 1 opened its own");
+        exchange(&pool, &key).await;
+        enter_worker(0);
+        exchange(&pool, &key).await;
+        assert_eq!(accepted(), 2, "each worker reused its own");
+        assert_eq!(pool.idle(), 2);
+    }
+
+    #[tokio::test]
     async fn an_idle_connection_the_upstream_closed_is_not_reused() {
         let server = server().await;
-        let pool = Pool::new(4);
+        let pool = Pool::new(4, 1);
         let key = Key::Addr(server.addr);
         exchange(&pool, &key).await;
         assert_eq!(pool.idle(), 1);

@@ -307,10 +307,12 @@ async fn upstream_connections_are_reused_across_requests_and_client_connections(
         .await?;
         assert!(head.starts_with("http/1.1 200"), "{head}");
     }
-    assert_eq!(
-        r.p.metric(opened).await?,
-        Some(1.0),
-        "20 requests one after another need one upstream connection"
+    // The proxy runs two workers (tests/src/proxy.rs), each with its own idle pool; the
+    // kernel spreads the 20 client connections over them.
+    let n = r.p.metric(opened).await?.unwrap_or(0.0);
+    assert!(
+        (1.0..=2.0).contains(&n),
+        "20 requests one after another need one upstream connection per worker, opened {n}"
     );
 
     let none = one_route("no-reuse", &["--upstream-pool-idle", "0"]).await?;
