@@ -10,6 +10,20 @@ for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
 done
 export PATH
 
+# Time per phase, printed at the end (also when a phase fails).
+phases=() phase_name="install packages" phase_start=$SECONDS
+phase() {
+  phases+=("$(printf '%-34s %5d s' "$phase_name" $((SECONDS - phase_start)))")
+  phase_name=$1 phase_start=$SECONDS
+}
+summary() {
+  local rc=$?
+  phase end
+  echo "tests/run.sh: time per phase (exit status $rc)" >&2
+  printf '  %s\n' "${phases[@]}" "$(printf '%-34s %5d s' total "$SECONDS")" >&2
+}
+trap summary EXIT
+
 # Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
 missing=()
 for pair in curl:curl openssl:openssl ip:iproute2 jq:jq flock:util-linux setsid:util-linux \
@@ -27,10 +41,10 @@ if ((avail_gib < 15)); then
   echo "tests/run.sh: warning: only ${avail_gib} GiB free on $(pwd); a full run needs about 15 GiB" >&2
 fi
 
-start=$SECONDS
+phase "Kubernetes and Go tools"
 deploy/local/k8s.sh ensure
-echo "tests/run.sh: tools ready after $((SECONDS - start)) s" >&2
 
+phase "cargo-deny"
 # cargo-deny (pinned) from crates.io into ~/.cargo/bin: a few minutes the first time.
 CARGO_DENY_VERSION=0.18.9
 if [[ $(cargo deny --version 2>/dev/null) != "cargo-deny $CARGO_DENY_VERSION" ]]; then
@@ -40,19 +54,24 @@ fi
 # Licenses, banned crates and sources (deny.toml); advisories need GitHub, not reachable.
 cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
 
+phase "fmt, clippy, build"
 cargo fmt --all -- --check
 cargo fmt --manifest-path data-plane/fuzz/afl/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
+phase "cargo test"
 # --all-targets also runs each criterion benchmark once (test mode), so the harness cannot rot.
 cargo test --workspace --all-targets --locked "$@"
+phase "AFL++ fuzzing"
 # Coverage-guided fuzzing (AFL++ through the pinned cargo-afl) of the framing tracker, the
 # path normaliser and matcher, snapshot decoding and the state-file loader, 5 s per target
 # from the committed corpora (proptest runs the same properties in `cargo test`). The
 # 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README, Security).
 data-plane/fuzz/afl.sh --seconds 5
+phase "benchmark smoke run"
 # A seconds-long version of every benchmark (criterion, proxy against nginx with wrk and
 # oha, fan-out, control plane at scale), so the harness cannot rot. Full runs:
 # tests/bench/run.sh (docs/benchmarks.md).
-tests/bench/run.sh --smoke >target/bench-smoke.md
-echo "tests/run.sh: benchmark smoke run passed (report: target/bench-smoke.md)" >&2
+smoke_report=$(deploy/local/target-dir.sh)/bench-smoke.md
+tests/bench/run.sh --smoke >"$smoke_report"
+echo "tests/run.sh: benchmark smoke run passed (report: $smoke_report)" >&2

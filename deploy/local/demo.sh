@@ -2,7 +2,10 @@
 # The holdfast demo: builds the binaries, starts a real local kube-apiserver and etcd, the
 # control plane, two proxies and two echo backends (in a network namespace: Kubernetes
 # rejects loopback endpoint addresses), applies deploy/examples/, prints ready-to-paste
-# curl and grpcurl commands, and stays in the foreground. Ctrl-C cleans everything up.
+# curl and grpcurl commands, and stays in the foreground. Ctrl-C (or SIGTERM) cleans
+# everything up. A component that exits (kill the control plane: the proxies keep serving)
+# is reported with its log, and `kill -USR1 <demo pid>` (printed) starts it again; logs
+# are kept when anything exited abnormally.
 # The planes talk mutual TLS and secure.demo.test is served over HTTPS, all with
 # certificates from a throwaway local CA (holdfast-dev-certs, rcgen).
 # Needs root (network namespace). HOLDFAST_DEMO_SKIP_BUILD=1 skips `cargo build`.
@@ -13,20 +16,30 @@ SUBNET=10.199.0
 NETNS="hf-$$-demo"
 DIR=$(mktemp -d /tmp/holdfast-demo.XXXXXX)
 pids=()
+# Component name -> its pid (the ones the demo can start again).
+declare -A pid_of=()
+# Set when something exited that the demo did not stop: the logs are kept.
+keep_logs=false
 
-cleanup() {
-  trap - EXIT INT TERM
+cleanup() { # the exit status (0 when stopped by a signal)
+  local status=$1
+  trap - EXIT INT TERM USR1
   echo
   echo "holdfast demo: cleaning up"
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${pid_of[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${pid_of[@]}"; do wait "$p" 2>/dev/null || true; done
   bash "$K8S" netns down "$NETNS" >/dev/null 2>&1 || true
   bash "$K8S" down "$DIR/k8s" >/dev/null 2>&1 || true
-  rm -rf "$DIR"
-  echo "holdfast demo: stopped"
+  if $keep_logs || ((status != 0)); then
+    rm -rf "$DIR/k8s" "$DIR/pki" "$DIR"/proxy-*/
+    echo "holdfast demo: stopped; logs kept in $DIR (rm -r $DIR when done)"
+  else
+    rm -rf "$DIR"
+    echo "holdfast demo: stopped"
+  fi
 }
-trap 'cleanup; exit 0' INT TERM
-trap cleanup EXIT
+trap 'cleanup 0; exit 0' INT TERM
+trap 'cleanup $?' EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 until_ok() { # description, command...; 60 s deadline
@@ -41,7 +54,8 @@ if [[ ${HOLDFAST_DEMO_SKIP_BUILD:-0} != 1 ]]; then
   echo "holdfast demo: building (cargo build --workspace --bins)"
   (cd "$REPO" && cargo build --workspace --bins --quiet)
 fi
-BIN=$REPO/target/debug
+# Where cargo put the binaries ($CARGO_TARGET_DIR when set).
+BIN=$(bash "$REPO/deploy/local/target-dir.sh")/debug
 TOOLS=$(bash "$K8S" tools-dir)
 bash "$K8S" ensure
 
@@ -53,8 +67,10 @@ KUBECTL="$TOOLS/kubectl"
 echo "holdfast demo: starting echo backends in network namespace $NETNS ($SUBNET.0/24)"
 HOLDFAST_OWNER_PID=$$ bash "$K8S" netns up "$NETNS" "$SUBNET" >/dev/null
 for host in 3 4; do ip -n "$NETNS" addr add "$SUBNET.$host/32" dev lo; done
-ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.3:8080" --name echo-a & pids+=($!)
-ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.4:8080" --name echo-b & pids+=($!)
+start_echo-a() { ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.3:8080" --name echo-a >>"$DIR/echo-a.log" 2>&1 & pid_of[echo-a]=$!; }
+start_echo-b() { ip netns exec "$NETNS" "$BIN/holdfast-echo" --listen "$SUBNET.4:8080" --name echo-b >>"$DIR/echo-b.log" 2>&1 & pid_of[echo-b]=$!; }
+start_echo-a
+start_echo-b
 
 PKI=$DIR/pki
 OPERATOR=$("$BIN/holdfast-dev-certs" --out "$PKI" --proxy proxy-1 --proxy proxy-2 --host secure.demo.test)
@@ -63,21 +79,31 @@ OPERATOR=$("$BIN/holdfast-dev-certs" --out "$PKI" --proxy proxy-1 --proxy proxy-
 "$KUBECTL" -n demo create secret tls site-tls --cert "$PKI/site.crt" --key "$PKI/site.key" >>"$DIR/apply.log"
 
 CP=$(free_port); CPA=$(free_port)
-RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
-  --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
-  --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
-  --admin-identities "$OPERATOR" \
-  >"$DIR/control-plane.log" 2>&1 & pids+=($!)
+start_control-plane() {
+  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
+    --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
+    --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
+    --admin-identities "$OPERATOR" \
+    >>"$DIR/control-plane.log" 2>&1 &
+  pid_of[control-plane]=$!
+}
 P=(); S=(); A=(); D=()
-for i in 1 2; do
-  P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)"); D+=("$(free_port)")
+for i in 1 2; do P+=("$(free_port)"); S+=("$(free_port)"); A+=("$(free_port)"); D+=("$(free_port)"); done
+start_proxy() { # 1 or 2
+  local i=$1 j=$(($1 - 1))
   # --verbose-errors is for development: error pages then say which backend failed and why.
-  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[-1]}" --listen-tls "127.0.0.1:${S[-1]}" \
-    --admin-listen "127.0.0.1:${A[-1]}" --debug-listen "127.0.0.1:${D[-1]}" --verbose-errors \
+  RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-proxy" --listen "127.0.0.1:${P[$j]}" --listen-tls "127.0.0.1:${S[$j]}" \
+    --admin-listen "127.0.0.1:${A[$j]}" --debug-listen "127.0.0.1:${D[$j]}" --verbose-errors \
     --control-plane "https://127.0.0.1:$CP" --state-dir "$DIR/proxy-$i" --node-id "proxy-$i" \
     --tls-cert "$PKI/proxy-$i.crt" --tls-key "$PKI/proxy-$i.key" --control-plane-ca "$PKI/ca.crt" \
-    >"$DIR/proxy-$i.log" 2>&1 & pids+=($!)
-done
+    >>"$DIR/proxy-$i.log" 2>&1 &
+  pid_of[proxy-$i]=$!
+}
+start_proxy-1() { start_proxy 1; }
+start_proxy-2() { start_proxy 2; }
+start_control-plane
+start_proxy-1
+start_proxy-2
 for i in 0 1; do
   until_ok "proxy-$((i + 1))" curl -sf -H 'Host: web.demo.test' "http://127.0.0.1:${P[$i]}/"
   until_ok "proxy-$((i + 1)) over HTTPS" curl -sf --cacert "$PKI/ca.crt" \
@@ -108,11 +134,40 @@ The gRPC port speaks mutual TLS: grpcurl presents the operator's certificate (id
 $OPERATOR, the only one in --admin-identities). A proxy's certificate, or none, is refused.
 
 Try: kubectl -n demo delete ingress shop (the route goes), or kill the control plane
-(proxies keep serving). Ctrl-C stops everything.
-TXT
-echo "pids: ${pids[*]} $(cat "$DIR/k8s/etcd.pid") $(cat "$DIR/k8s/kube-apiserver.pid")"
+(the proxies keep serving; the demo keeps running). To start again whatever has exited:
 
-# Stay in the foreground until Ctrl-C (or a component dies).
-wait -n "${pids[@]}"
-echo "holdfast demo: a component exited; see $DIR/*.log" >&2
-exit 1
+  $ kill -USR1 $$
+
+Ctrl-C stops everything.
+TXT
+echo "pids: ${pid_of[echo-a]} ${pid_of[echo-b]} ${pid_of[control-plane]} ${pid_of[proxy-1]} ${pid_of[proxy-2]} $(cat "$DIR/k8s/etcd.pid") $(cat "$DIR/k8s/kube-apiserver.pid")"
+
+# Stay in the foreground until Ctrl-C or SIGTERM. A component that exits is reported and
+# left down (the point of the demo is that the rest keeps working) until SIGUSR1.
+restart=false
+trap 'restart=true' USR1
+order=(echo-a echo-b control-plane proxy-1 proxy-2)
+while :; do
+  sleep 1 &
+  pids+=($!)
+  wait "$!" 2>/dev/null || true
+  pids=()
+  for name in "${order[@]}"; do
+    p=${pid_of[$name]}
+    [[ $p == - ]] && continue
+    kill -0 "$p" 2>/dev/null && continue
+    status=0
+    wait "$p" 2>/dev/null || status=$?
+    pid_of[$name]=-
+    keep_logs=true
+    echo "holdfast demo: $name exited (status $status); its log: $DIR/$name.log. The rest keeps running; to start it again: kill -USR1 $$" >&2
+  done
+  if $restart; then
+    restart=false
+    for name in "${order[@]}"; do
+      [[ ${pid_of[$name]} == - ]] || continue
+      "start_$name"
+      echo "holdfast demo: started $name again (pid ${pid_of[$name]})" >&2
+    done
+  fi
+done

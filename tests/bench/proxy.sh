@@ -40,7 +40,7 @@ done
 tests/bench/tools.sh
 PATH=$HOME/.cargo/bin:$PATH
 cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
-BIN=target/release
+BIN=$(deploy/local/target-dir.sh)/release
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }

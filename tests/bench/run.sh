@@ -19,6 +19,10 @@ for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
   [[ -d $d && ":$PATH:" != *":$d:"* ]] && PATH=$PATH:$d
 done
 export PATH
+# Where cargo puts the binaries ($CARGO_TARGET_DIR when set).
+TARGET=$(deploy/local/target-dir.sh)
+RELEASE=$TARGET/release
+mkdir -p "$TARGET"
 smoke=false
 [[ ${1:-} == --smoke ]] && smoke=true
 if $smoke; then
@@ -71,9 +75,9 @@ echo
 step criterion: request path
 echo "## Proxy request path without sockets (criterion, \`cargo bench -p holdfast-data-plane --bench request\`)"
 echo
-cargo bench -q -p holdfast-data-plane --bench request -- "${CRITERION[@]}" 2>target/bench-request.err | criterion_table
+cargo bench -q -p holdfast-data-plane --bench request -- "${CRITERION[@]}" 2>"$TARGET/bench-request.err" | criterion_table
 echo
-grep '^request path:' target/bench-request.err || { echo "no allocation count from the request bench" >&2; exit 1; }
+grep '^request path:' "$TARGET/bench-request.err" || { echo "no allocation count from the request bench" >&2; exit 1; }
 echo
 
 step criterion: proxy apply
@@ -94,15 +98,15 @@ echo
 step route discovery fan-out
 echo "## Route discovery fan-out (\`target/release/holdfast-bench-fanout ${FANOUT[*]}\`)"
 echo
-target/release/holdfast-bench-fanout "${FANOUT[@]}"
+"$RELEASE/holdfast-bench-fanout" "${FANOUT[@]}"
 echo
 
 step control plane at scale
 echo "## Control plane at scale (\`target/release/holdfast-bench-scale ${SCALE[*]}\`)"
 echo
-target/release/holdfast-bench-scale "${SCALE[@]}"
+"$RELEASE/holdfast-bench-scale" "${SCALE[@]}"
 echo
 echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo
-target/release/holdfast-bench-scale "${SCALE[@]}" --deltas "${CHURN[@]}"
+"$RELEASE/holdfast-bench-scale" "${SCALE[@]}" --deltas "${CHURN[@]}"
 step done

@@ -1,6 +1,8 @@
 //! `deploy/local/demo.sh` run as a person would: it starts, serves the example routes
-//! through both proxies, answers the grpcurl commands it prints, and exits cleanly on
-//! Ctrl-C, leaving no process behind.
+//! through both proxies, answers the grpcurl commands it prints, survives what it invites
+//! (killing the control plane: the proxies keep serving, the printed command starts it
+//! again, and a new Ingress then reaches the proxies), and exits cleanly on SIGTERM,
+//! leaving no process behind and the logs of what exited.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -9,7 +11,7 @@ use std::time::Duration;
 use holdfast_tests::wait;
 
 #[test]
-fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
+fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_control_plane_and_exits_cleanly()
 -> anyhow::Result<()> {
     let out = holdfast_tests::repo_root().join("target/e2e-logs/demo.out");
     std::fs::create_dir_all(out.parent().unwrap())?;
@@ -99,7 +101,11 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
     let ingresses = run(commands.iter().find(|c| c.starts_with("kubectl")).unwrap())?;
     assert!(ingresses.contains("shop.demo.test"), "{ingresses}");
 
-    // Ctrl-C: clean exit, nothing left.
+    let dir = text
+        .split_whitespace()
+        .find_map(|w| w.strip_suffix("/*.log."))
+        .expect("the demo says where its logs are")
+        .to_string();
     let pids: Vec<u32> = text
         .lines()
         .find_map(|l| l.strip_prefix("pids: "))
@@ -112,8 +118,55 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
         7,
         "2 echo, control plane, 2 proxies, etcd, kube-apiserver"
     );
+
+    // Kill the control plane, as the demo invites: the proxies keep serving, and the demo
+    // keeps running.
+    let control_plane = pids[2];
+    assert!(
+        Command::new("kill")
+            .args(["-s", "KILL", &control_plane.to_string()])
+            .status()?
+            .success()
+    );
+    wait::until_blocking(
+        "the control plane to be gone",
+        Duration::from_secs(10),
+        || Ok((!Path::new(&format!("/proc/{control_plane}")).exists()).then_some(())),
+    )?;
+    for c in curls.iter().filter(|c| c.contains("web.demo.test")) {
+        let served = run(c)?;
+        assert!(
+            served.starts_with("echo-"),
+            "with the control plane down: {served}"
+        );
+    }
+    // Start it again with the command the demo printed; a new Ingress then reaches both
+    // proxies, which only a running control plane can deliver.
+    let restart = commands
+        .iter()
+        .find(|c| c.starts_with("kill -USR1 "))
+        .expect("the demo prints how to start what exited again");
+    run(restart)?;
+    run("kubectl -n demo create ingress late --class holdfast --rule 'late.demo.test/*=web:80'")?;
+    let late: Vec<String> = curls
+        .iter()
+        .filter(|c| c.contains("web.demo.test") && c.contains("http://"))
+        .map(|c| c.replace("web.demo.test", "late.demo.test"))
+        .collect();
+    assert_eq!(late.len(), 2);
+    for c in &late {
+        wait::until_blocking(
+            "the new Ingress to reach the proxy",
+            Duration::from_secs(60),
+            || Ok(run(c).ok().filter(|b| b.starts_with("echo-"))),
+        )?;
+    }
+    assert!(demo.try_wait()?.is_none(), "the demo is still running");
+
+    // SIGTERM (a signal a background job cannot have ignored on entry, unlike SIGINT):
+    // clean exit, nothing left, and the logs kept because the control plane was killed.
     let ok = Command::new("kill")
-        .args(["-s", "INT", &demo.id().to_string()])
+        .args(["-s", "TERM", &demo.id().to_string()])
         .status()?
         .success();
     assert!(ok);
@@ -128,7 +181,48 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_and_exits_cleanly()
             || Ok((!Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
         )?;
     }
+    // The restarted control plane too: no process refers to the demo's directory.
+    let left: Vec<String> = std::fs::read_dir("/proc")?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&dir))
+        .collect();
+    assert!(left.is_empty(), "left running: {left:?}");
     let netns = Command::new("ip").args(["netns", "list"]).output()?;
     assert!(!String::from_utf8_lossy(&netns.stdout).contains(&format!("hf-{}-demo", demo.id())));
+    let log = Path::new(&dir).join("control-plane.log");
+    assert!(
+        log.exists(),
+        "{} kept after the control plane was killed",
+        log.display()
+    );
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+/// The scripts (demo, benchmarks, the test command) find the binaries where cargo puts
+/// them, also when `CARGO_TARGET_DIR` moves them out of the repository.
+#[test]
+fn the_scripts_find_the_binaries_where_cargo_puts_them() -> anyhow::Result<()> {
+    let script = holdfast_tests::repo_root().join("deploy/local/target-dir.sh");
+    let dir = |target: Option<&str>| -> anyhow::Result<String> {
+        let mut c = Command::new("bash");
+        c.arg(&script).env_remove("CARGO_TARGET_DIR");
+        if let Some(t) = target {
+            c.env("CARGO_TARGET_DIR", t);
+        }
+        let o = c.output()?;
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let elsewhere = tempfile::tempdir()?;
+    let elsewhere = elsewhere.path().to_string_lossy().into_owned();
+    assert_eq!(dir(Some(&elsewhere))?, elsewhere);
+    assert_eq!(
+        dir(None)?,
+        holdfast_tests::repo_root().join("target").to_string_lossy()
+    );
     Ok(())
 }
