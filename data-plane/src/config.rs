@@ -118,8 +118,8 @@ pub struct Args {
     /// reading) closes the connection.
     #[arg(long, env = "HOLDFAST_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub send_timeout: Duration,
-    /// Most client connections open at once, per listener (default: 8192 per worker
-    /// thread). Past it new connections are closed at once and counted in
+    /// Most client connections open at once, per listening address, all workers together
+    /// (default: 8192 per worker thread). Past it new connections are closed at once and counted in
     /// holdfast_proxy_connections_refused_total; open connections are unaffected.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -146,7 +146,7 @@ pub struct Args {
     /// Worker threads serving the proxy listeners (default: one per CPU). Each runs a
     /// single-threaded runtime with its own listening socket (SO_REUSEPORT) and upstream
     /// idle pool, like an nginx worker; the control-plane stream and the admin listeners
-    /// run on the main thread.
+    /// run on a two-thread control runtime.
     #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Requests whose path contains `%2F` or `%5C`: `reject` (400) or `keep` (forwarded
@@ -312,6 +312,17 @@ impl Args {
         if self.worker_threads == Some(0) {
             return Err(err("worker-threads", "must be at least 1"));
         }
+        // The workers' sockets share their address (SO_REUSEPORT), so the kernel would not
+        // refuse the second of two listeners on one address: refuse it here.
+        if self
+            .listen_tls
+            .is_some_and(|tls| tls == self.listen && tls.port() != 0)
+        {
+            return Err(err(
+                "listen-tls",
+                "must differ from --listen (one address cannot serve both)",
+            ));
+        }
         let node_id = match &self.node_id {
             Some(id) if id.is_empty() => return Err(err("node-id", "must not be empty")),
             Some(id) => id.clone(),
@@ -365,6 +376,18 @@ mod tests {
         );
         assert!(parse(&["--trust-forwarded-from", "10.0.0.0/8,192.0.2.1"]).is_ok());
         assert!(parse(&["--trust-forwarded-from", "nonsense"]).is_err());
+        assert!(
+            parse(&[
+                "--listen",
+                "127.0.0.1:8443",
+                "--listen-tls",
+                "127.0.0.1:8443"
+            ])
+            .unwrap_err()
+            .contains("--listen-tls"),
+            "the workers' shared sockets would split one address between two protocols"
+        );
+        assert!(parse(&["--listen", "127.0.0.1:0", "--listen-tls", "127.0.0.1:0"]).is_ok());
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! - [`persist`]: the state file (atomic write, checksum).
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`, `/debug/snapshot`, `/debug/explain`.
 //! - [`metrics`], [`config`], and [`run`] (wiring: the control-plane stream and the admin
-//!   listeners on the main thread, the proxy listeners on worker threads, one
+//!   listeners on a small control runtime, the proxy listeners on worker threads, one
 //!   single-threaded runtime each).
 
 pub mod admin;
@@ -242,7 +242,14 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         &listen,
         &stop_accepting,
     )?;
-    workers.served().await;
+    if let Err(index) = workers.served().await {
+        // A worker ended without a shutdown (a panic): its listening socket is gone and
+        // this proxy serves less than it says; exit so that the supervisor restarts it.
+        anyhow::ensure!(
+            *shutdown.borrow(),
+            "worker {index} stopped unexpectedly; exiting"
+        );
+    }
     delay.abort();
     // Connections drained within the grace period (counted from when accepting stopped);
     // upgraded tunnels get what is left of it, then are closed. The workers keep running
@@ -270,6 +277,12 @@ fn bind_per_worker(
     addr: std::net::SocketAddr,
     workers: usize,
 ) -> std::io::Result<Vec<std::net::TcpListener>> {
+    // SO_REUSEPORT would let these sockets join another process's on the same port (a
+    // stale proxy of the same user) and split the traffic with it: a plain bind first
+    // fails with "address in use" as a single listener's would.
+    if addr.port() != 0 {
+        drop(std::net::TcpListener::bind(addr)?);
+    }
     let mut addr = addr;
     let mut listeners = Vec::with_capacity(workers);
     for _ in 0..workers.max(1) {
@@ -291,11 +304,13 @@ fn bind_per_worker(
 /// listening sockets and upstream idle pool, so a request is accepted, forwarded and
 /// answered on one thread without handing tasks or wakers between threads (nginx's
 /// worker processes, as threads). The control-plane stream and the admin listeners run
-/// on the main thread.
+/// on the control runtime.
 struct Workers {
     threads: Vec<std::thread::JoinHandle<()>>,
-    /// One per worker: resolves (or is dropped) when its listeners have drained.
-    served: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// Each worker says when its listeners have drained (`Ok`), or that it ended
+    /// otherwise (`Err`: it panicked).
+    served: tokio::sync::mpsc::UnboundedReceiver<Result<usize, usize>>,
+    count: usize,
     /// Turns true when the workers may stop (their tunnels are over).
     release: watch::Sender<bool>,
 }
@@ -315,9 +330,11 @@ impl Workers {
             Some((l, a)) => (l.into_iter().map(Some).collect(), Some(a)),
             None => (Vec::new(), None),
         };
+        let (served_tx, served) = tokio::sync::mpsc::unbounded_channel();
         let mut workers = Workers {
             threads: Vec::new(),
-            served: Vec::new(),
+            served,
+            count: listeners.len(),
             release,
         };
         for (index, listener) in listeners.into_iter().enumerate() {
@@ -334,7 +351,11 @@ impl Workers {
                 };
                 (TcpListener::from_std(listener)?, tls_listener)
             };
-            let (served_tx, served_rx) = tokio::sync::oneshot::channel();
+            let served = Served {
+                tx: served_tx.clone(),
+                index,
+                drained: false,
+            };
             let forwarder = forwarder.clone();
             let listen = listen.clone();
             let stop = stop_accepting.clone();
@@ -344,6 +365,7 @@ impl Workers {
             let thread = std::thread::Builder::new()
                 .name(format!("holdfast-worker-{index}"))
                 .spawn(move || {
+                    let mut served = served;
                     upstream::enter_worker(index);
                     runtime.block_on(async move {
                         let https = tls_listener.zip(acceptor).map(|(l, acceptor)| {
@@ -360,23 +382,30 @@ impl Workers {
                         if let Some(https) = https {
                             let _ = https.await;
                         }
-                        let _ = served_tx.send(());
+                        served.drained();
                         let _ = released.wait_for(|r| *r).await;
                     });
                 })
                 .context("starting a worker thread")?;
             workers.threads.push(thread);
-            workers.served.push(served_rx);
         }
         Ok(workers)
     }
 
-    /// Waits until every worker has stopped accepting and drained its connections.
-    async fn served(&mut self) {
-        for served in self.served.drain(..) {
-            // An error: the worker ended early (its thread is gone); nothing to wait for.
-            let _ = served.await;
+    /// Waits until every worker has stopped accepting and drained its connections, or
+    /// until one ends otherwise (`Err` with its index).
+    async fn served(&mut self) -> Result<(), usize> {
+        for _ in 0..self.count {
+            match self.served.recv().await {
+                Some(Ok(_)) => {}
+                Some(Err(index)) => {
+                    tracing::error!(worker = index, "a worker thread stopped unexpectedly");
+                    return Err(index);
+                }
+                None => return Err(usize::MAX),
+            }
         }
+        Ok(())
     }
 
     /// Lets the workers end, and waits for their threads.
@@ -389,6 +418,29 @@ impl Workers {
             }
         })
         .await;
+    }
+}
+
+/// A worker's report to the control runtime: drained, or (when dropped before that, as a
+/// panic unwinds the worker's thread) ended unexpectedly.
+struct Served {
+    tx: tokio::sync::mpsc::UnboundedSender<Result<usize, usize>>,
+    index: usize,
+    drained: bool,
+}
+
+impl Served {
+    fn drained(&mut self) {
+        self.drained = true;
+        let _ = self.tx.send(Ok(self.index));
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if !self.drained {
+            let _ = self.tx.send(Err(self.index));
+        }
     }
 }
 
@@ -408,4 +460,20 @@ pub async fn shutdown_signal(tx: watch::Sender<bool>) {
     }
     tracing::info!("shutting down: no new connections; draining in-flight requests");
     let _ = tx.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_workers_share_one_port_that_nothing_else_can_join() {
+        let group = bind_per_worker("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        let addr = group[0].local_addr().unwrap();
+        assert!(group.iter().all(|l| l.local_addr().unwrap() == addr));
+        // A second proxy on the same address (its sockets would join the group and take
+        // a share of the connections) is refused, as a single listener's bind would be.
+        let again = bind_per_worker(addr, 2).unwrap_err();
+        assert_eq!(again.kind(), std::io::ErrorKind::AddrInUse);
+    }
 }

@@ -25,9 +25,12 @@ fn main() -> std::process::ExitCode {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
     }
-    // The main thread runs the control-plane stream and the admin listeners; the proxy
-    // listeners run on --worker-threads threads of their own (see `run`).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // The control-plane stream and the admin listeners run here; the proxy listeners run
+    // on --worker-threads threads of their own (see `run`). Two threads, so that /healthz,
+    // /readyz and /metrics answer while the other one compiles a large snapshot.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("holdfast-control")
         .enable_all()
         .build()
     {

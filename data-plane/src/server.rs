@@ -90,13 +90,13 @@ pub async fn serve(
                 continue;
             }
         };
-        if open.load(Ordering::Acquire) >= settings.max_connections {
+        // Checked and counted in one step: other workers count into `open` too.
+        let Some(open_guard) = InFlight::enter_below(&open, settings.max_connections) else {
             forwarder.metrics().connections_refused.inc();
             tracing::debug!(%peer, max = settings.max_connections, "connection limit reached; closing");
             drop(stream);
             continue;
-        }
-        let open_guard = InFlight::enter(&open);
+        };
         let _ = stream.set_nodelay(true);
         let conn = Connection {
             port: stream.local_addr().map_or(0, |a| a.port()),
@@ -379,6 +379,16 @@ impl InFlight {
         counter.fetch_add(1, Ordering::AcqRel);
         InFlight(counter.clone())
     }
+
+    /// Counts one more unless `max` are counted already.
+    fn enter_below(counter: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(counter.clone()))
+    }
 }
 
 impl Drop for InFlight {
@@ -599,5 +609,39 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_limit_is_checked_and_counted_in_one_step_across_threads() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let max = 100;
+        // Four "workers" race for more slots than there are; none may get past the limit.
+        let held: Vec<Vec<InFlight>> = std::thread::scope(|s| {
+            let racers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..max)
+                            .filter_map(|_| InFlight::enter_below(&open, max))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(held.iter().map(Vec::len).sum::<usize>(), max);
+        assert_eq!(open.load(Ordering::SeqCst), max);
+        assert!(InFlight::enter_below(&open, max).is_none());
+        drop(held);
+        assert_eq!(
+            open.load(Ordering::SeqCst),
+            0,
+            "a closed connection frees its slot"
+        );
+        assert!(InFlight::enter_below(&open, max).is_some());
     }
 }

@@ -48,9 +48,10 @@ impl ProxyProc {
             state_dir.to_string_lossy().into_owned(),
             "--node-id".into(),
             name.into(),
-            "--worker-threads".into(),
-            "2".into(),
         ];
+        if !extra.contains(&"--worker-threads") {
+            args.extend(["--worker-threads".into(), "2".into()]);
+        }
         for cp in control_planes {
             args.extend(["--control-plane".to_string(), cp.clone()]);
         }

@@ -295,24 +295,35 @@ async fn a_connection_failure_is_retried_on_another_endpoint_which_is_then_prefe
 async fn upstream_connections_are_reused_across_requests_and_client_connections()
 -> anyhow::Result<()> {
     let opened = "holdfast_proxy_upstream_connections_opened_total";
-    let r = one_route("reuse", &[]).await?;
     // Each GET is a client connection of its own; a HEAD's response has no body.
-    for i in 0..10 {
-        let (code, body) = r.p.get("a.test", &format!("/{i}")).await?;
-        assert_eq!(code, 200, "{body}");
-        let head = raw_head(
-            r.p.addr,
-            "HEAD / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
-        )
-        .await?;
-        assert!(head.starts_with("http/1.1 200"), "{head}");
+    async fn twenty_requests(p: &ProxyProc) -> anyhow::Result<()> {
+        for i in 0..10 {
+            let (code, body) = p.get("a.test", &format!("/{i}")).await?;
+            assert_eq!(code, 200, "{body}");
+            let head = raw_head(
+                p.addr,
+                "HEAD / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+            )
+            .await?;
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+        }
+        Ok(())
     }
-    // The proxy runs two workers (tests/src/proxy.rs), each with its own idle pool; the
-    // kernel spreads the 20 client connections over them.
-    let n = r.p.metric(opened).await?.unwrap_or(0.0);
+    let one = one_route("reuse", &["--worker-threads", "1"]).await?;
+    twenty_requests(&one.p).await?;
+    assert_eq!(
+        one.p.metric(opened).await?,
+        Some(1.0),
+        "20 requests one after another need one upstream connection"
+    );
+    // Two workers, each with its own idle pool; the kernel spreads the 20 client
+    // connections over them.
+    let two = one_route("reuse-two-workers", &["--worker-threads", "2"]).await?;
+    twenty_requests(&two.p).await?;
+    let n = two.p.metric(opened).await?.unwrap_or(0.0);
     assert!(
         (1.0..=2.0).contains(&n),
-        "20 requests one after another need one upstream connection per worker, opened {n}"
+        "at most one upstream connection per worker, opened {n}"
     );
 
     let none = one_route("no-reuse", &["--upstream-pool-idle", "0"]).await?;
