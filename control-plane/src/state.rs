@@ -483,11 +483,12 @@ impl Shared {
             held: None,
             problems: Vec::new(),
         };
+        // Every kind's series exist from the start (synced 0, no watch errors), so that
+        // alerts and rate() see them before the first change.
         for kind in KINDS {
-            metrics
-                .cache_synced
-                .get_or_create(&KindLabel { kind: kind.into() })
-                .set(0);
+            let label = KindLabel { kind: kind.into() };
+            metrics.cache_synced.get_or_create(&label).set(0);
+            let _ = metrics.watch_errors.get_or_create(&label);
         }
         Shared {
             inner: Arc::new(Inner {

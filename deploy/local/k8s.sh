@@ -36,10 +36,28 @@ log() { printf 'k8s.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------------------------------
-# ensure: build etcd, kube-apiserver, kubectl, grpcurl and h2spec from pinned module versions.
+# ensure: build etcd, kube-apiserver, kubectl, grpcurl, h2spec, promtool and helm from
+# pinned module versions.
 
 have_all_tools() {
-  [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]] && have_h2spec
+  [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]] &&
+    have_h2spec && have_stamped promtool "$PROMETHEUS_VERSION" && have_stamped helm "$HELM_VERSION"
+}
+
+# Tools outside PIN (a new one must not rebuild Kubernetes) have their version stamped
+# next to the binary: have_stamped NAME VERSION.
+have_stamped() {
+  [[ -x $BIN/$1 && "$(cat "$BIN/$1.version" 2>/dev/null)" == "$2" ]]
+}
+
+# go_install NAME PACKAGE@VERSION: builds one command from the Go module proxy into $BIN
+# and stamps its version.
+go_install() {
+  local name=$1 pkg=$2 work=$TOOLS_DIR/src/$1
+  rm -rf "$work" && mkdir -p "$work"
+  (cd "$work" && CGO_ENABLED=0 GOBIN="$work" go install -trimpath -ldflags "-s -w" "$pkg")
+  mv "$work/$name" "$BIN/$name"
+  printf '%s\n' "${pkg##*@}" >"$BIN/$name.version"
 }
 
 # h2spec is not part of PIN (a new h2spec must not rebuild Kubernetes): its version is
@@ -150,6 +168,14 @@ cmd_ensure() {
   [[ -x $BIN/etcd ]] || { log "building etcd $ETCD_VERSION"; build_etcd; }
   [[ -x $BIN/grpcurl ]] || { log "building grpcurl $GRPCURL_VERSION"; build_grpcurl; }
   have_h2spec || { log "building h2spec $H2SPEC_VERSION"; build_h2spec; }
+  have_stamped promtool "$PROMETHEUS_VERSION" || {
+    log "building promtool $PROMETHEUS_VERSION"
+    go_install promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
+  }
+  have_stamped helm "$HELM_VERSION" || {
+    log "building helm $HELM_VERSION"
+    go_install helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  }
   if [[ ! -x $BIN/kube-apiserver || ! -x $BIN/kubectl ]]; then
     log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first time: many minutes)"
     build_kubernetes

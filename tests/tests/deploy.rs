@@ -1,6 +1,7 @@
 //! `deploy/kubernetes` against the real API server: every manifest is accepted, the RBAC
 //! and pod specs follow the allowlist, mutual TLS between the planes is wired consistently,
-//! and the control plane works with exactly that RBAC.
+//! and the control plane works with exactly that RBAC. `deploy/observability` against
+//! Prometheus's own promtool and the real `/metrics` of both binaries.
 //!
 //! `certificates.yaml` holds cert-manager objects, so cert-manager's CRDs (pinned in
 //! `deploy/local/versions.env`, fetched by `k8s.sh cert-manager-crds`) are installed first.
@@ -523,17 +524,43 @@ async fn mutual_tls_between_the_planes_is_wired_consistently() -> anyhow::Result
     Ok(())
 }
 
+/// One control plane at a time runs the RBAC check: each must take the Lease and write
+/// status and Events itself.
+static RBAC_CHECK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Result<()> {
+    let _serial = RBAC_CHECK.lock().await;
+    control_plane_works_with_the_rbac_applied_by(&["apply", "-k", &kustomize_dir()], "kustomize")
+        .await
+}
+
+#[tokio::test]
+async fn the_control_plane_works_with_exactly_the_helm_charts_rbac() -> anyhow::Result<()> {
+    let _serial = RBAC_CHECK.lock().await;
+    let chart = helm_template(&["--set", "namespace.create=true"])?;
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), chart)?;
+    let path = file.path().to_string_lossy().into_owned();
+    control_plane_works_with_the_rbac_applied_by(&["apply", "-f", &path], "helm").await
+}
+
+/// Applies the deploy objects with `kubectl <apply>`, then runs a control plane with the
+/// token of the ServiceAccount they create and checks that it reads, writes status and
+/// Events, and holds the Lease with exactly that RBAC.
+async fn control_plane_works_with_the_rbac_applied_by(
+    apply: &[&str],
+    how: &str,
+) -> anyhow::Result<()> {
     let cluster = LocalCluster::shared();
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
     install_cert_manager_crds(cluster)?;
     {
         let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
-        cluster.kubectl_run(&["apply", "-k", &kustomize_dir()])?;
+        cluster.kubectl_run(apply)?;
     }
     let admin = cluster.client().await?;
-    let ns = cluster.namespace(&admin, "rbacapp").await?;
+    let ns = cluster.namespace(&admin, &format!("rbac{how}")).await?;
     // Two Ingresses with a true conflict, so an Event has to be written too.
     create(&admin, Some(&ns), &objects::service("web", 80, 8080)).await?;
     create(
@@ -581,7 +608,7 @@ async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Resul
         .join(&ns);
     std::fs::create_dir_all(&logs)?;
     let cp = ControlPlane::start(
-        "control-plane-rbac",
+        &format!("control-plane-rbac-{how}"),
         &kubeconfig,
         &logs,
         &[
@@ -675,4 +702,373 @@ fn dockerfiles_are_multi_stage_and_run_the_binary_as_non_root() {
         // The binary it names exists in the workspace.
         assert!(holdfast_tests::workspace_bin(binary).exists());
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// deploy/observability: the alerts and the dashboard.
+
+fn observability(file: &str) -> std::path::PathBuf {
+    holdfast_tests::repo_root()
+        .join("deploy/observability")
+        .join(file)
+}
+
+/// promtool, built at the pinned version by `k8s.sh ensure`.
+fn promtool() -> anyhow::Result<std::path::PathBuf> {
+    run_script(&["ensure"])?;
+    Ok(std::path::PathBuf::from(run_script(&["tools-dir"])?.trim()).join("promtool"))
+}
+
+/// The PrometheusRule's `spec` as a plain Prometheus rule file (the lines under `spec:`,
+/// de-indented), which is what promtool reads.
+fn rule_file() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(observability("prometheusrule.yaml"))?;
+    let spec = text
+        .lines()
+        .skip_while(|l| *l != "spec:")
+        .skip(1)
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    anyhow::ensure!(
+        spec.starts_with("groups:"),
+        "no spec.groups in prometheusrule.yaml"
+    );
+    Ok(spec + "\n")
+}
+
+/// Every `holdfast_*` name in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("holdfast_") {
+        let boundary = rest[..i]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+        let len = rest[i..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len() - i);
+        if boundary {
+            names.push(rest[i..i + len].to_string());
+        }
+        rest = &rest[i + len..];
+    }
+    names
+}
+
+#[test]
+fn the_alerts_pass_promtool_check_and_their_unit_tests() -> anyhow::Result<()> {
+    let promtool = promtool()?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("rules.yaml"), rule_file()?)?;
+    std::fs::copy(
+        observability("rules.test.yaml"),
+        dir.path().join("rules.test.yaml"),
+    )?;
+    let run = |args: &[&str]| -> anyhow::Result<String> {
+        let o = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(dir.path())
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        anyhow::ensure!(o.status.success(), "promtool {args:?}:\n{text}");
+        Ok(text)
+    };
+    run(&["check", "rules", "rules.yaml"])?;
+    run(&["test", "rules", "rules.test.yaml"])?;
+
+    // Every alert the issue asks for exists and has a unit test.
+    let rules = rule_file()?;
+    let tests = std::fs::read_to_string(observability("rules.test.yaml"))?;
+    for alert in [
+        "HoldfastRemovalHeld",
+        "HoldfastProxyNacks",
+        "HoldfastProxyBehind",
+        "HoldfastCacheNotSynced",
+        "HoldfastCertificateExpiresSoon",
+        "HoldfastProxyHigh5xxRate",
+    ] {
+        assert!(
+            rules.contains(&format!("alert: {alert}\n")),
+            "{alert} missing"
+        );
+        assert!(
+            tests.contains(&format!("alertname: {alert}\n")),
+            "{alert} has no unit test"
+        );
+    }
+    Ok(())
+}
+
+/// The names a `/metrics` page exposes: each sample's name, and for each `# TYPE` the
+/// names its samples take (`_total` for counters; `_bucket`, `_sum`, `_count` for
+/// histograms), so that a family with no series yet counts too.
+fn exposed(page: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in page.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let mut parts = t.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        } else if !line.starts_with('#') {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            names.insert(line[..end].to_string());
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_the_alerts_and_the_dashboard_use_is_exposed_by_the_binaries()
+-> anyhow::Result<()> {
+    let mut used: BTreeSet<String> = rule_file()?.lines().flat_map(metric_names).collect();
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(observability("dashboard.json"))?)?;
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            used.extend(metric_names(target["expr"].as_str().expect("expr")));
+        }
+    }
+    assert!(used.len() >= 20, "{used:?}");
+
+    // The real binaries: a control plane on the shared API server and a proxy fed by it.
+    // A family appears on /metrics with its first series, so the cluster gets an HTTPS
+    // Ingress (certificate expiry) and the proxy one request (requests by route).
+    let cluster = LocalCluster::shared();
+    let admin = cluster.client().await?;
+    let class = "holdfast-observability";
+    let _ = objects::create_class(&admin, class).await;
+    let ns = cluster.namespace(&admin, "observability").await?;
+    let host = format!("web.{ns}.test");
+    let issued = holdfast_tests::tls::TestCa::new("observability CA").server(&[&host]);
+    create(
+        &admin,
+        Some(&ns),
+        &objects::tls_secret("web-tls", &issued.cert_pem, &issued.key_pem),
+    )
+    .await?;
+    create(&admin, Some(&ns), &objects::service("web", 80, 8080)).await?;
+    create(
+        &admin,
+        Some(&ns),
+        &objects::tls_ingress(
+            "web",
+            class,
+            &host,
+            "web",
+            80,
+            "web-tls",
+            serde_json::json!({}),
+        ),
+    )
+    .await?;
+    let logs = holdfast_tests::repo_root().join("target/e2e-logs/observability");
+    std::fs::create_dir_all(&logs)?;
+    let cp = ControlPlane::start(
+        "control-plane-observability",
+        &cluster.kubeconfig(),
+        &logs,
+        &["--ingress-class", class, "--lease-namespace", "default"],
+    )?;
+    let state = tempfile::tempdir()?;
+    let proxy = holdfast_tests::proxy::ProxyProc::start(
+        "proxy-observability",
+        &[cp.grpc_url()],
+        state.path(),
+        &logs,
+        &[],
+    )?;
+    let (_, _) = holdfast_tests::http::get(proxy.addr, &host, "/").await?;
+    let page = |admin: std::net::SocketAddr, name: &'static str| async move {
+        wait::until(&format!("{name} on /metrics"), T, || async move {
+            let (_, body) = holdfast_tests::http::get(admin, "localhost", "/metrics")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body.contains(name).then_some(body))
+        })
+        .await
+    };
+    let cp_page = page(cp.admin, "holdfast_certificate_expiry_timestamp_seconds{").await?;
+    let proxy_page = page(proxy.admin, "holdfast_proxy_requests_total{").await?;
+    let mut exposed_names = exposed(&cp_page);
+    exposed_names.extend(exposed(&proxy_page));
+    let missing: Vec<&String> = used.difference(&exposed_names).collect();
+    assert!(
+        missing.is_empty(),
+        "used by deploy/observability but exposed by neither binary: {missing:?}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// deploy/helm/holdfast: the chart renders what the kustomization does.
+
+fn chart_dir() -> String {
+    holdfast_tests::repo_root()
+        .join("deploy/helm/holdfast")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// helm, built at the pinned version by `k8s.sh ensure`.
+fn helm(args: &[&str]) -> anyhow::Result<String> {
+    run_script(&["ensure"])?;
+    let helm = std::path::PathBuf::from(run_script(&["tools-dir"])?.trim()).join("helm");
+    let o = std::process::Command::new(helm).args(args).output()?;
+    anyhow::ensure!(
+        o.status.success(),
+        "helm {args:?}:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The chart rendered for namespace holdfast-system with `extra` flags.
+fn helm_template(extra: &[&str]) -> anyhow::Result<String> {
+    let dir = chart_dir();
+    let mut args = vec![
+        "template",
+        "holdfast",
+        &dir,
+        "--namespace",
+        "holdfast-system",
+    ];
+    args.extend(extra);
+    helm(&args)
+}
+
+/// The objects of `kubectl create <args>` (`-k DIR` or `-f FILE`) as JSON, through
+/// kubectl's own parser, by kind/namespace/name. A client-side create dry run: nothing is
+/// read from or written to the cluster (an apply dry run would merge live objects in).
+fn by_identity(
+    cluster: &LocalCluster,
+    args: &[&str],
+) -> anyhow::Result<std::collections::BTreeMap<String, Value>> {
+    install_cert_manager_crds(cluster)?;
+    let mut all = vec!["create", "--dry-run=client", "-o", "json"];
+    all.extend(args);
+    // One JSON document per object (or a List).
+    let out = cluster.kubectl_run(&all)?;
+    let mut items = Vec::new();
+    for doc in serde_json::Deserializer::from_str(&out).into_iter::<Value>() {
+        let doc = doc?;
+        match doc["kind"].as_str() {
+            Some("List") => items.extend(doc["items"].as_array().cloned().unwrap_or_default()),
+            _ => items.push(doc),
+        }
+    }
+    Ok(items
+        .into_iter()
+        .map(|o| {
+            let key = format!(
+                "{}/{}/{}",
+                o["kind"].as_str().unwrap_or(""),
+                o["metadata"]["namespace"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or("")
+            );
+            (key, o)
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn the_helm_chart_passes_lint_and_renders_what_the_kustomization_does() -> anyhow::Result<()>
+{
+    let lint = helm(&["lint", "--strict", &chart_dir()])?;
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    let cluster = LocalCluster::shared();
+    let kustomize = by_identity(cluster, &["-k", &kustomize_dir()])?;
+    let render = |extra: &[&str]| -> anyhow::Result<_> {
+        let file = tempfile::NamedTempFile::new()?;
+        std::fs::write(file.path(), helm_template(extra)?)?;
+        by_identity(cluster, &["-f", &file.path().to_string_lossy()])
+    };
+    // Default values: every object of the kustomization but the Namespace, which Helm
+    // creates (`--create-namespace`) before it can record the release.
+    let mut expected = kustomize.clone();
+    assert!(expected.remove("Namespace//holdfast-system").is_some());
+    let chart = render(&[])?;
+    assert_eq!(
+        chart.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    for (key, object) in &expected {
+        assert_eq!(
+            &chart[key], object,
+            "{key} differs between the chart and the kustomization"
+        );
+    }
+    // With the Namespace (for `helm template | kubectl apply`): all of them.
+    assert_eq!(render(&["--set", "namespace.create=true"])?, kustomize);
+
+    // The values do what they say.
+    let changed = render(&[
+        "--set",
+        "controlPlane.replicas=3",
+        "--set",
+        "proxy.hpa.enabled=false",
+        "--set",
+        "proxy.service.type=ClusterIP",
+        "--set",
+        "ingressClass.name=edge",
+        "--set",
+        "ingressClass.default=true",
+        "--set",
+        "proxy.extraArgs={--worker-threads=2}",
+    ])?;
+    let cp = &changed["Deployment/holdfast-system/holdfast-control-plane"];
+    assert_eq!(cp["spec"]["replicas"], 3);
+    assert!(!changed.contains_key("HorizontalPodAutoscaler/holdfast-system/holdfast-proxy"));
+    let svc = &changed["Service/holdfast-system/holdfast-proxy"];
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert!(svc["spec"].get("externalTrafficPolicy").is_none());
+    let class = &changed["IngressClass//edge"];
+    assert_eq!(
+        class["metadata"]["annotations"]["ingressclass.kubernetes.io/is-default-class"],
+        "true"
+    );
+    let proxy = &changed["Deployment/holdfast-system/holdfast-proxy"];
+    let args = strings(&proxy["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(args.contains(&"--worker-threads=2"), "{args:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_helm_chart_passes_server_side_dry_run() -> anyhow::Result<()> {
+    let cluster = LocalCluster::shared();
+    let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
+    install_cert_manager_crds(cluster)?;
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), helm_template(&[])?)?;
+    let out = {
+        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        cluster.kubectl_run(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            &file.path().to_string_lossy(),
+        ])?
+    };
+    assert!(out.lines().count() >= 20, "{out}");
+    assert!(
+        out.lines().all(|l| l.ends_with("(server dry run)")),
+        "{out}"
+    );
+    Ok(())
 }
