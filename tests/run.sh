@@ -69,9 +69,10 @@ phase "AFL++ fuzzing"
 # 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README, Security).
 data-plane/fuzz/afl.sh --seconds 5
 phase "benchmark smoke run"
-# A seconds-long version of every benchmark (criterion, proxy against nginx with wrk and
-# oha, fan-out, control plane at scale), so the harness cannot rot. Full runs:
-# tests/bench/run.sh (docs/benchmarks.md).
+# A seconds-long version of every benchmark harness (proxy against nginx with wrk and
+# holdfast-load, fan-out, control plane at scale) with the debug binaries, so the harness
+# cannot rot; criterion ran once per benchmark in `cargo test --all-targets` above. Full
+# runs: tests/bench/run.sh (docs/benchmarks.md).
 smoke_report=$(deploy/local/target-dir.sh)/bench-smoke.md
 tests/bench/run.sh --smoke >"$smoke_report"
 echo "tests/run.sh: benchmark smoke run passed (report: $smoke_report)" >&2

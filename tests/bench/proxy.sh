@@ -5,7 +5,9 @@
 # generator and the upstream pinned to core 1.
 #
 # - closed loop, maximum throughput: wrk (Debian)
-# - open loop at fixed rates with latency correction: oha (crates.io) -q RATE --latency-correction
+# - open loop at fixed rates with latency correction: oha (crates.io) -q RATE --latency-correction;
+#   with --smoke, holdfast-load (tests/src/bin, the same JSON), so the test command needs no
+#   oha (whose install builds SQLite for minutes)
 #
 # For each run: achieved rps, p50/p99/p99.9, errors, proxy CPU % (utime+stime over wall
 # time, from /proc) and proxy RSS (VmHWM), and the holdfast/nginx ratio. Markdown on stdout.
@@ -21,15 +23,15 @@
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing).
 #
-# Needs nginx, wrk, taskset (installed from Debian when missing) and oha (cargo install
+# Needs nginx, wrk, taskset (installed from Debian when missing) and, but for --smoke, oha (cargo install
 # when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME=
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME= SMOKE=
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
-    --smoke) DURATION=1 CONNS=10 RATES=1000 ;;
+    --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
     --rates) RATES=$2; shift ;;
@@ -37,10 +39,28 @@ while (($#)); do
   esac
   shift
 done
-tests/bench/tools.sh
+tests/bench/tools.sh $SMOKE
 PATH=$HOME/.cargo/bin:$PATH
-cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
-BIN=$(deploy/local/target-dir.sh)/release
+if [[ -n $SMOKE ]]; then
+  # The smoke run checks that the harness works, not the figures: the debug binaries the
+  # test command has built already, and holdfast-load for the open-loop runs.
+  cargo build -q -p holdfast-data-plane -p holdfast-tests --bins
+  BIN=$(deploy/local/target-dir.sh)/debug
+  LOAD=holdfast-load
+else
+  cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
+  BIN=$(deploy/local/target-dir.sh)/release
+  LOAD=oha
+fi
+# The open-loop command for PORT RATE, into the array `load`.
+load_open_loop() {
+  if [[ $LOAD == oha ]]; then
+    load=(oha --no-tui --output-format json -z "${DURATION}s" -c "$CONNS" -q "$2" --latency-correction
+      -H 'Host: bench.test' "http://127.0.0.1:$1/")
+  else
+    load=("$BIN/holdfast-load" -z "${DURATION}s" -c "$CONNS" -q "$2" --host bench.test "http://127.0.0.1:$1/")
+  fi
+}
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -132,11 +152,12 @@ print(f"{rps:.0f}|{pct(50)}|{pct(99)}|—|{errs}|{cpu}|{rss}")
 PY
 }
 
-# oha open loop at a fixed rate: "rps|p50|p99|p99.9|errors|cpu|rss"
+# Open loop at a fixed rate (oha, or holdfast-load in the smoke run; the same JSON):
+# "rps|p50|p99|p99.9|errors|cpu|rss"
 oha_run() {
-  local name=$1 port=$2 pid=$3 rate=$4 usage
-  usage=$(measure "$pid" taskset -c 1 oha --no-tui --output-format json -z "${DURATION}s" -c "$CONNS" \
-    -q "$rate" --latency-correction -H 'Host: bench.test' "http://127.0.0.1:$port/" 3>&1 >"$work/$name-$rate.json")
+  local name=$1 port=$2 pid=$3 rate=$4 usage load
+  load_open_loop "$port" "$rate"
+  usage=$(measure "$pid" taskset -c 1 "${load[@]}" 3>&1 >"$work/$name-$rate.json")
   python3 - "$work/$name-$rate.json" "$usage" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -194,11 +215,11 @@ echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | |"
 IFS=, read -ra rates <<<"$RATES"
 for rate in "${rates[@]}"; do
   hf=$(oha_run holdfast "$HF" "$hf_pid" "$rate"); ng=$(oha_run nginx "$NG" "$ng_pid" "$rate")
-  echo "| oha open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-  echo "| oha open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | |"
+  echo "| $LOAD open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
+  echo "| $LOAD open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | |"
 done
 echo
-echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $(oha --version), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."
+echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."
 
 # Warm both over TLS.
 taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$HFS/" >/dev/null

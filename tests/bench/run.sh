@@ -3,8 +3,10 @@
 # stderr). docs/benchmarks.md holds the latest full report and what the figures mean.
 #
 #   tests/bench/run.sh            the full runs (about 25 minutes on the 2-core machine)
-#   tests/bench/run.sh --smoke    seconds-long versions of each, so the harness cannot rot
-#                                 (the test command, tests/run.sh, runs this)
+#   tests/bench/run.sh --smoke    seconds-long versions with the debug binaries, so the
+#                                 harness cannot rot (the test command, tests/run.sh, runs
+#                                 this; criterion is left out: `cargo test --all-targets`
+#                                 runs each benchmark once)
 #
 # Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
 # nginx (wrk closed loop, oha open loop); route discovery fan-out of 1 MB and 10 MB
@@ -40,10 +42,21 @@ else
 fi
 step() { echo "tests/bench/run.sh: $* ($(date -u +%T))" >&2; }
 
-tests/bench/tools.sh
 deploy/local/k8s.sh ensure >&2
-step building release binaries
-cargo build --release -q --workspace --bins >&2
+if $smoke; then
+  # The smoke run checks that the harness works, not the figures: it uses the debug
+  # binaries the test command has built, and leaves out criterion, which
+  # `cargo test --all-targets` has just run once per benchmark.
+  tests/bench/tools.sh --smoke
+  step building debug binaries
+  cargo build -q --workspace --bins >&2
+  BINS=$TARGET/debug PROFILE=debug
+else
+  tests/bench/tools.sh
+  step building release binaries
+  cargo build --release -q --workspace --bins >&2
+  BINS=$RELEASE PROFILE=release
+fi
 
 echo "# holdfast benchmarks ($(date -u +%F)$($smoke && echo ', smoke run: figures mean nothing'))"
 echo
@@ -51,7 +64,7 @@ echo "## Machine"
 echo
 echo "- $(nproc) cores: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
 echo "- $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, Linux $(uname -r)"
-echo "- $(rustc --version), release profile"
+echo "- $(rustc --version), $PROFILE profile"
 echo
 
 # Criterion prints "name\n   time: [low median high]"; keep the median.
@@ -67,6 +80,7 @@ for name, median in rows:
 sys.exit(0 if rows else "no criterion results in the output")
 '
 }
+if ! $smoke; then
 step criterion: route lookup
 echo "## Route lookup (criterion, \`cargo bench -p holdfast-data-plane --bench lookup\`)"
 echo
@@ -90,23 +104,24 @@ echo "## Snapshot build (criterion, \`cargo bench -p holdfast-control-plane --be
 echo
 cargo bench -q -p holdfast-control-plane --bench build -- "${CRITERION[@]}" 2>/dev/null | criterion_table
 echo
+fi
 
 step proxy against nginx
 tests/bench/proxy.sh "${PROXY[@]}"
 echo
 
 step route discovery fan-out
-echo "## Route discovery fan-out (\`target/release/holdfast-bench-fanout ${FANOUT[*]}\`)"
+echo "## Route discovery fan-out (\`target/$PROFILE/holdfast-bench-fanout ${FANOUT[*]}\`)"
 echo
-"$RELEASE/holdfast-bench-fanout" "${FANOUT[@]}"
+"$BINS/holdfast-bench-fanout" "${FANOUT[@]}"
 echo
 
 step control plane at scale
-echo "## Control plane at scale (\`target/release/holdfast-bench-scale ${SCALE[*]}\`)"
+echo "## Control plane at scale (\`target/$PROFILE/holdfast-bench-scale ${SCALE[*]}\`)"
 echo
-"$RELEASE/holdfast-bench-scale" "${SCALE[@]}"
+"$BINS/holdfast-bench-scale" "${SCALE[@]}"
 echo
 echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo
-"$RELEASE/holdfast-bench-scale" "${SCALE[@]}" --deltas "${CHURN[@]}"
+"$BINS/holdfast-bench-scale" "${SCALE[@]}" --deltas "${CHURN[@]}"
 step done

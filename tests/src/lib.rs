@@ -18,6 +18,7 @@
 //! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
 //! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
+//! - [`load`]: the open-loop load driver's schedule and summary (binary `holdfast-load`).
 //! - [`http`]: a small HTTP client for admin endpoints and traffic; [`tls`]: a test CA
 //!   (rcgen), the certificates it signs, and an HTTPS client that reports ALPN and serial.
 //! - [`h2raw`]: raw HTTP/2 frames for abuse tests (resets, floods), plaintext or TLS.
@@ -36,6 +37,7 @@ pub mod faultproxy;
 pub mod grpcurl;
 pub mod h2raw;
 pub mod http;
+pub mod load;
 pub mod netns;
 pub mod objects;
 pub mod process;
