@@ -10,6 +10,9 @@
 # certificates from a throwaway local CA (holdfast-dev-certs, rcgen).
 # Needs root (network namespace). HOLDFAST_DEMO_SKIP_BUILD=1 skips `cargo build`.
 set -euo pipefail
+for d in "$HOME/.cargo/bin" /usr/local/go/bin; do
+  [[ -d $d && ":$PATH:" != *":$d:"* ]] && PATH=$PATH:$d
+done
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 K8S=$REPO/deploy/local/k8s.sh
 SUBNET=10.199.0
@@ -31,7 +34,9 @@ cleanup() { # the exit status (0 when stopped by a signal)
   bash "$K8S" netns down "$NETNS" >/dev/null 2>&1 || true
   bash "$K8S" down "$DIR/k8s" >/dev/null 2>&1 || true
   if $keep_logs || ((status != 0)); then
-    rm -rf "$DIR/k8s" "$DIR/pki" "$DIR"/proxy-*/
+    # Keep every log, the API server's and etcd's too; drop their data, keys and state.
+    for f in "$DIR"/k8s/*; do [[ $f == *.log ]] || rm -rf "$f"; done
+    rm -rf "$DIR/pki" "$DIR"/proxy-*/
     echo "holdfast demo: stopped; logs kept in $DIR (rm -r $DIR when done)"
   else
     rm -rf "$DIR"
@@ -164,10 +169,14 @@ while :; do
   done
   if $restart; then
     restart=false
+    started=0
     for name in "${order[@]}"; do
       [[ ${pid_of[$name]} == - ]] || continue
       "start_$name"
+      started=$((started + 1))
       echo "holdfast demo: started $name again (pid ${pid_of[$name]})" >&2
     done
+    # A component still shutting down is not down yet: say so rather than nothing.
+    ((started)) || echo "holdfast demo: nothing has exited; nothing to start (send USR1 again once it has)" >&2
   fi
 done

@@ -158,9 +158,13 @@ oha_run() {
   local name=$1 port=$2 pid=$3 rate=$4 usage load
   load_open_loop "$port" "$rate"
   usage=$(measure "$pid" taskset -c 1 "${load[@]}" 3>&1 >"$work/$name-$rate.json")
-  python3 - "$work/$name-$rate.json" "$usage" <<'PY'
+  python3 - "$work/$name-$rate.json" "$usage" "$SMOKE" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+# The smoke run checks the harness: every request must have been answered 2xx.
+if sys.argv[3] and (r["summary"]["requestsPerSec"] <= 0 or r.get("errorDistribution", {}).keys() - {"aborted due to deadline"}
+                    or any(not c.startswith("2") for c in r.get("statusCodeDistribution", {}))):
+    sys.exit(f"smoke: open-loop run failed: {json.dumps(r)}")
 s, p = r["summary"], r["latencyPercentiles"]
 ms = lambda v: "—" if v is None else f"{v * 1000:.2f}ms"
 codes = r.get("statusCodeDistribution", {})
@@ -198,7 +202,7 @@ PY
 }
 
 row() { local name=$1 line=$2; echo "| $name | ${line//|/ | } |"; }
-ratio() { python3 -c "print(f'{float(\"${1%%|*}\") / float(\"${2%%|*}\"):.2f}')"; }
+ratio() { python3 -c "a, b = float(\"${1%%|*}\"), float(\"${2%%|*}\"); print(f'{a / b:.2f}' if b else '—')"; }
 
 # Warm both.
 taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null

@@ -9,11 +9,11 @@
 #                                 runs each benchmark once)
 #
 # Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
-# nginx (wrk closed loop, oha open loop); route discovery fan-out of 1 MB and 10 MB
+# nginx (wrk closed loop, oha open loop; holdfast-load in the smoke run); route discovery fan-out of 1 MB and 10 MB
 # snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
 # Ingresses, 1,000 ACKing subscribers; with deltas, then 100 EndpointSlice changes a
-# second for a minute); the proxy's apply of a one-host delta. Installs nginx, wrk and oha
-# when missing; builds the pinned Kubernetes tools when missing (deploy/local/k8s.sh
+# second for a minute); the proxy's apply of a one-host delta. Installs nginx, wrk and (but for
+# the smoke run) oha when missing; builds the pinned Kubernetes tools when missing (deploy/local/k8s.sh
 # ensure).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -538,6 +538,26 @@ async fn the_control_plane_works_with_exactly_the_deploy_rbac() -> anyhow::Resul
 #[tokio::test]
 async fn the_control_plane_works_with_exactly_the_helm_charts_rbac() -> anyhow::Result<()> {
     let _serial = RBAC_CHECK.lock().await;
+    // Nothing left over from the kustomization may stand in for what the chart lacks.
+    let cluster = LocalCluster::shared();
+    {
+        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        cluster.kubectl_run(&[
+            "delete",
+            "--ignore-not-found",
+            "clusterrole/holdfast-control-plane",
+            "clusterrolebinding/holdfast-control-plane",
+        ])?;
+        cluster.kubectl_run(&[
+            "-n",
+            "holdfast-system",
+            "delete",
+            "--ignore-not-found",
+            "role/holdfast-control-plane-lease",
+            "rolebinding/holdfast-control-plane-lease",
+            "serviceaccount/holdfast-control-plane",
+        ])?;
+    }
     let chart = helm_template(&["--set", "namespace.create=true"])?;
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), chart)?;
@@ -1017,7 +1037,7 @@ async fn the_helm_chart_passes_lint_and_renders_what_the_kustomization_does() ->
     // With the Namespace (for `helm template | kubectl apply`): all of them.
     assert_eq!(render(&["--set", "namespace.create=true"])?, kustomize);
 
-    // The values do what they say.
+    // Some values, and what they change.
     let changed = render(&[
         "--set",
         "controlPlane.replicas=3",
@@ -1046,6 +1066,23 @@ async fn the_helm_chart_passes_lint_and_renders_what_the_kustomization_does() ->
     let proxy = &changed["Deployment/holdfast-system/holdfast-proxy"];
     let args = strings(&proxy["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(args.contains(&"--worker-threads=2"), "{args:?}");
+
+    // Your own CA: no self-signed CA, and the CA Issuer on your Secret still signs.
+    let own_ca = render(&["--set", "mtls.certManager.createCA=false"])?;
+    assert!(!own_ca.contains_key("Issuer/holdfast-system/holdfast-selfsigned"));
+    assert!(!own_ca.contains_key("Certificate/holdfast-system/holdfast-ca"));
+    assert!(own_ca.contains_key("Issuer/holdfast-system/holdfast-ca"));
+    assert!(own_ca.contains_key("Certificate/holdfast-system/holdfast-control-plane"));
+    // No cert-manager: no cert-manager objects at all.
+    let none = render(&["--set", "mtls.certManager.enabled=false"])?;
+    assert!(
+        none.values().all(|o| !o["apiVersion"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("cert-manager.io/")),
+        "{:?}",
+        none.keys().collect::<Vec<_>>()
+    );
     Ok(())
 }
 
