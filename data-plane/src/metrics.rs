@@ -58,6 +58,15 @@ impl Eq for RouteCounters {}
 /// The status class labels, by their index in [`RouteCounters`].
 const CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
 
+/// Labels of a local error answer: why, and its status code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// A [`crate::proxy::Reason`], e.g. `no_route` or `upstream_timeout`.
+    pub reason: &'static str,
+    /// Its status code, e.g. `404`.
+    pub status: &'static str,
+}
+
 /// The status class label and its index in [`RouteCounters`].
 fn class_of(status: u16) -> (&'static str, usize) {
     let i = match status {
@@ -74,6 +83,8 @@ fn class_of(status: u16) -> (&'static str, usize) {
 pub struct Metrics {
     /// Requests by route and status class.
     pub requests: Family<RequestLabels, Counter>,
+    /// The proxy's own error answers (4xx and 5xx it makes itself), by reason.
+    pub errors: Family<ErrorLabels, Counter>,
     /// Time from sending upstream to the response head.
     pub upstream_latency: Histogram,
     /// Cluster revision of the applied snapshot.
@@ -123,6 +134,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Metrics {
             requests: Family::default(),
+            errors: Family::default(),
             upstream_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             applied_revision: Gauge::default(),
             last_apply: Gauge::default(),
@@ -149,6 +161,11 @@ impl Metrics {
             "requests",
             "Requests served, by route and status class",
             m.requests.clone(),
+        );
+        r.register(
+            "error_responses",
+            "Error answers the proxy made itself, by reason and status (an upstream's own errors are counted in requests only)",
+            m.errors.clone(),
         );
         r.register(
             "upstream_latency_seconds",

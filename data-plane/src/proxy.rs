@@ -152,6 +152,79 @@ pub struct Forwarder {
     draining: std::sync::atomic::AtomicBool,
 }
 
+/// Why the proxy answered a request itself with an error, and the status that carries:
+/// the one mapping from a failure to its status code, and the `reason` label of
+/// `holdfast_proxy_error_responses_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// 400: a malformed or ambiguous request (framing, Host, path).
+    BadRequest,
+    /// 404: no virtual host or path matches.
+    NoRoute,
+    /// 408: the request body stalled past --body-read-timeout.
+    BodyStalled,
+    /// 413: the request body is over --max-request-body.
+    BodyTooLarge,
+    /// 502: no endpoint could be connected to.
+    UpstreamConnectFailed,
+    /// 502: the upstream failed mid-exchange (reset, bad response).
+    UpstreamFailed,
+    /// 503: no snapshot applied yet.
+    NoSnapshot,
+    /// 503: the route's backend has no usable endpoint (or its Service is missing).
+    BackendUnavailable,
+    /// 503: every connection slot of the endpoint stayed busy.
+    EndpointBusy,
+    /// 504: no response head within --upstream-response-timeout.
+    UpstreamTimeout,
+}
+
+impl Reason {
+    /// The status code answered.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Reason::BadRequest => StatusCode::BAD_REQUEST,
+            Reason::NoRoute => StatusCode::NOT_FOUND,
+            Reason::BodyStalled => StatusCode::REQUEST_TIMEOUT,
+            Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Reason::UpstreamConnectFailed | Reason::UpstreamFailed => StatusCode::BAD_GATEWAY,
+            Reason::NoSnapshot | Reason::BackendUnavailable | Reason::EndpointBusy => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The status code as the metric label.
+    fn status_str(self) -> &'static str {
+        match self {
+            Reason::BadRequest => "400",
+            Reason::NoRoute => "404",
+            Reason::BodyStalled => "408",
+            Reason::BodyTooLarge => "413",
+            Reason::UpstreamConnectFailed | Reason::UpstreamFailed => "502",
+            Reason::NoSnapshot | Reason::BackendUnavailable | Reason::EndpointBusy => "503",
+            Reason::UpstreamTimeout => "504",
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BadRequest => "bad_request",
+            Reason::NoRoute => "no_route",
+            Reason::BodyStalled => "body_stalled",
+            Reason::BodyTooLarge => "body_too_large",
+            Reason::UpstreamConnectFailed => "upstream_connect_failed",
+            Reason::UpstreamFailed => "upstream_failed",
+            Reason::NoSnapshot => "no_snapshot",
+            Reason::BackendUnavailable => "backend_unavailable",
+            Reason::EndpointBusy => "endpoint_busy",
+            Reason::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+}
+
 /// A local answer: status and a short plain body saying why.
 fn local(status: StatusCode, message: impl Into<String>) -> Response<ProxyBody> {
     let mut body = message.into();
@@ -296,7 +369,7 @@ impl Forwarder {
 
     /// Answers a request the framing tracker flagged: 400, and the connection is closed.
     pub fn reject(&self, bad: &BadRequest) -> Response<ProxyBody> {
-        let mut response = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {bad}"));
+        let mut response = self.fail(Reason::BadRequest, format!("400 bad request: {bad}"));
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -307,7 +380,15 @@ impl Forwarder {
     /// An error answer. What went wrong (`detail`) can name backends, pod addresses and
     /// error chains: it goes to the debug log, and to the client only with
     /// `--verbose-errors`. The client otherwise learns the status and nothing else.
-    fn fail(&self, status: StatusCode, detail: impl Into<String>) -> Response<ProxyBody> {
+    fn fail(&self, reason: Reason, detail: impl Into<String>) -> Response<ProxyBody> {
+        let status = reason.status();
+        self.metrics
+            .errors
+            .get_or_create(&crate::metrics::ErrorLabels {
+                reason: reason.as_str(),
+                status: reason.status_str(),
+            })
+            .inc();
         let detail = detail.into();
         tracing::debug!(status = status.as_u16(), %detail, "error answer");
         if self.settings.verbose_errors {
@@ -479,7 +560,7 @@ impl Forwarder {
         if version <= Version::HTTP_11
             && let Err(e) = check_framing(headers)
         {
-            let answer = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}"));
+            let answer = self.fail(Reason::BadRequest, format!("400 bad request: {e}"));
             return Err((answer, None));
         }
         // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
@@ -495,19 +576,19 @@ impl Forwarder {
         };
         let Some(raw_host) = raw_host.filter(|h| h.to_str().is_ok_and(|h| !h.is_empty())) else {
             let why = format!("400 bad request: {}", BadRequest::NoHost);
-            return Err((self.fail(StatusCode::BAD_REQUEST, why), None));
+            return Err((self.fail(Reason::BadRequest, why), None));
         };
         let host = normalise_host(raw_host.to_str().unwrap_or_default());
         let Some(table) = table else {
             let why = "503 no route table yet: waiting for a snapshot";
-            return Err((self.fail(StatusCode::SERVICE_UNAVAILABLE, why), None));
+            return Err((self.fail(Reason::NoSnapshot, why), None));
         };
         // Route on, and forward, the path the backend will see (see `path`).
         let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
             Ok(std::borrow::Cow::Borrowed(_)) => None,
             Ok(std::borrow::Cow::Owned(p)) => Some(p),
             Err(e) => {
-                let answer = self.fail(StatusCode::BAD_REQUEST, format!("400 bad request: {e}"));
+                let answer = self.fail(Reason::BadRequest, format!("400 bad request: {e}"));
                 return Err((answer, None));
             }
         };
@@ -521,7 +602,7 @@ impl Forwarder {
                     Ok(pq) => Some(pq),
                     Err(_) => {
                         let why = "400 bad request: unusable path";
-                        return Err((self.fail(StatusCode::BAD_REQUEST, why), None));
+                        return Err((self.fail(Reason::BadRequest, why), None));
                     }
                 }
             }
@@ -544,12 +625,12 @@ impl Forwarder {
                         format!("404 no route: no path of {vhost:?} matches {path}")
                     }
                 };
-                return Err((self.fail(StatusCode::NOT_FOUND, why), None));
+                return Err((self.fail(Reason::NoRoute, why), None));
             }
         };
         if let Some(reason) = &route.backend.unavailable_reason {
             let why = format!("503 backend unavailable: {reason}");
-            return Err((self.fail(StatusCode::SERVICE_UNAVAILABLE, why), Some(route)));
+            return Err((self.fail(Reason::BackendUnavailable, why), Some(route)));
         }
         Ok(Routed {
             route,
@@ -627,7 +708,7 @@ impl Forwarder {
         if max > 0 && declared.is_some_and(|n| n > max) {
             return (
                 self.fail(
-                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Reason::BodyTooLarge,
                     format!(
                         "413 request body of {} bytes is over --max-request-body",
                         declared.unwrap_or(0)
@@ -757,15 +838,14 @@ impl Forwarder {
             Some(BodyLimit::TooLarge) => {
                 return (
                     self.fail(
-                        StatusCode::PAYLOAD_TOO_LARGE,
+                        Reason::BodyTooLarge,
                         "413 request body over --max-request-body",
                     ),
                     label,
                 );
             }
             Some(BodyLimit::Stalled) => {
-                let mut response =
-                    self.fail(StatusCode::REQUEST_TIMEOUT, "408 request body stalled");
+                let mut response = self.fail(Reason::BodyStalled, "408 request body stalled");
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -775,18 +855,18 @@ impl Forwarder {
         }
         let response = match failure {
             Failure::Connect(e) => self.fail(
-                StatusCode::BAD_GATEWAY,
+                Reason::UpstreamConnectFailed,
                 format!("502 upstream connect failed: {e}"),
             ),
             Failure::Upstream(e) => {
-                self.fail(StatusCode::BAD_GATEWAY, format!("502 upstream failed: {e}"))
+                self.fail(Reason::UpstreamFailed, format!("502 upstream failed: {e}"))
             }
             Failure::Busy(a) => self.fail(
-                StatusCode::SERVICE_UNAVAILABLE,
+                Reason::EndpointBusy,
                 format!("503 endpoint {a} busy: --max-upstream-connections-per-endpoint in use"),
             ),
             Failure::Timeout => self.fail(
-                StatusCode::GATEWAY_TIMEOUT,
+                Reason::UpstreamTimeout,
                 format!(
                     "504 upstream did not answer within {:?}",
                     self.settings.response_timeout
@@ -1096,6 +1176,30 @@ mod tests {
     impl std::error::Error for Wrapped {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn every_reason_has_one_status_and_its_label_says_it() {
+        use Reason::*;
+        for r in [
+            BadRequest,
+            NoRoute,
+            BodyStalled,
+            BodyTooLarge,
+            UpstreamConnectFailed,
+            UpstreamFailed,
+            NoSnapshot,
+            BackendUnavailable,
+            EndpointBusy,
+            UpstreamTimeout,
+        ] {
+            assert_eq!(r.status_str(), r.status().as_str(), "{r:?}");
+            assert!(
+                r.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+            );
         }
     }
 

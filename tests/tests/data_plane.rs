@@ -219,6 +219,19 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
         metrics.contains("holdfast_proxy_upstream_latency_seconds_bucket"),
         "{metrics}"
     );
+    // Each error answer the proxy made itself is counted by why (the dashboard's "5xx by
+    // reason").
+    for (reason, status) in [
+        ("no_route", 404),
+        ("backend_unavailable", 503),
+        ("upstream_connect_failed", 502),
+        ("upstream_timeout", 504),
+    ] {
+        let line = format!(
+            r#"holdfast_proxy_error_responses_total{{reason="{reason}",status="{status}"}} 1"#
+        );
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
     drop(p);
 
     // --verbose-errors (development): the pages say why.

@@ -1051,7 +1051,14 @@ async fn the_helm_chart_passes_lint_and_renders_what_the_kustomization_does() ->
         "ingressClass.default=true",
         "--set",
         "proxy.extraArgs={--worker-threads=2}",
+        "--set",
+        "controlPlane.hpa.enabled=true",
     ])?;
+    assert_eq!(
+        changed["HorizontalPodAutoscaler/holdfast-system/holdfast-control-plane"]["spec"]["scaleTargetRef"]
+            ["name"],
+        "holdfast-control-plane"
+    );
     let cp = &changed["Deployment/holdfast-system/holdfast-control-plane"];
     assert_eq!(cp["spec"]["replicas"], 3);
     assert!(!changed.contains_key("HorizontalPodAutoscaler/holdfast-system/holdfast-proxy"));
