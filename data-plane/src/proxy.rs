@@ -180,6 +180,20 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 10] = [
+        Reason::BadRequest,
+        Reason::NoRoute,
+        Reason::BodyStalled,
+        Reason::BodyTooLarge,
+        Reason::UpstreamConnectFailed,
+        Reason::UpstreamFailed,
+        Reason::NoSnapshot,
+        Reason::BackendUnavailable,
+        Reason::EndpointBusy,
+        Reason::UpstreamTimeout,
+    ];
+
     /// The status code answered.
     pub fn status(self) -> StatusCode {
         match self {
@@ -1181,19 +1195,7 @@ mod tests {
 
     #[test]
     fn every_reason_has_one_status_and_its_label_says_it() {
-        use Reason::*;
-        for r in [
-            BadRequest,
-            NoRoute,
-            BodyStalled,
-            BodyTooLarge,
-            UpstreamConnectFailed,
-            UpstreamFailed,
-            NoSnapshot,
-            BackendUnavailable,
-            EndpointBusy,
-            UpstreamTimeout,
-        ] {
+        for r in Reason::ALL {
             assert_eq!(r.status_str(), r.status().as_str(), "{r:?}");
             assert!(
                 r.as_str()
