@@ -310,7 +310,6 @@ struct Workers {
     /// Each worker says when its listeners have drained (`Ok`), or that it ended
     /// otherwise (`Err`: it panicked).
     served: tokio::sync::mpsc::UnboundedReceiver<Result<usize, usize>>,
-    count: usize,
     /// Turns true when the workers may stop (their tunnels are over).
     release: watch::Sender<bool>,
 }
@@ -334,7 +333,6 @@ impl Workers {
         let mut workers = Workers {
             threads: Vec::new(),
             served,
-            count: listeners.len(),
             release,
         };
         for (index, listener) in listeners.into_iter().enumerate() {
@@ -395,7 +393,7 @@ impl Workers {
     /// Waits until every worker has stopped accepting and drained its connections, or
     /// until one ends otherwise (`Err` with its index).
     async fn served(&mut self) -> Result<(), usize> {
-        for _ in 0..self.count {
+        for _ in 0..self.threads.len() {
             match self.served.recv().await {
                 Some(Ok(_)) => {}
                 Some(Err(index)) => {

@@ -41,11 +41,12 @@ die() { log "error: $*"; exit 1; }
 
 have_all_tools() {
   [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]] &&
-    have_h2spec && have_stamped promtool "$PROMETHEUS_VERSION" && have_stamped helm "$HELM_VERSION"
+    have_stamped h2spec "$H2SPEC_VERSION" && have_stamped promtool "$PROMETHEUS_VERSION" &&
+    have_stamped helm "$HELM_VERSION"
 }
 
-# Tools outside PIN (a new one must not rebuild Kubernetes) have their version stamped
-# next to the binary: have_stamped NAME VERSION.
+# Tools outside PIN (a new h2spec, promtool or helm must not rebuild Kubernetes) have their
+# version stamped next to the binary: have_stamped NAME VERSION.
 have_stamped() {
   [[ -x $BIN/$1 && "$(cat "$BIN/$1.version" 2>/dev/null)" == "$2" ]]
 }
@@ -58,12 +59,6 @@ go_install() {
   (cd "$work" && CGO_ENABLED=0 GOBIN="$work" go install -trimpath -ldflags "-s -w" "$pkg")
   mv "$work/$name" "$BIN/$name"
   printf '%s\n' "${pkg##*@}" >"$BIN/$name.version"
-}
-
-# h2spec is not part of PIN (a new h2spec must not rebuild Kubernetes): its version is
-# stamped next to the binary instead.
-have_h2spec() {
-  [[ -x $BIN/h2spec && "$(cat "$BIN/h2spec.version" 2>/dev/null)" == "$H2SPEC_VERSION" ]]
 }
 
 build_h2spec() {
@@ -167,7 +162,7 @@ cmd_ensure() {
   local start=$SECONDS
   [[ -x $BIN/etcd ]] || { log "building etcd $ETCD_VERSION"; build_etcd; }
   [[ -x $BIN/grpcurl ]] || { log "building grpcurl $GRPCURL_VERSION"; build_grpcurl; }
-  have_h2spec || { log "building h2spec $H2SPEC_VERSION"; build_h2spec; }
+  have_stamped h2spec "$H2SPEC_VERSION" || { log "building h2spec $H2SPEC_VERSION"; build_h2spec; }
   have_stamped promtool "$PROMETHEUS_VERSION" || {
     log "building promtool $PROMETHEUS_VERSION"
     go_install promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"

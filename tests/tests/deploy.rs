@@ -733,10 +733,10 @@ fn observability(file: &str) -> std::path::PathBuf {
         .join(file)
 }
 
-/// promtool, built at the pinned version by `k8s.sh ensure`.
-fn promtool() -> anyhow::Result<std::path::PathBuf> {
+/// A tool `k8s.sh ensure` builds at its pinned version (promtool, helm).
+fn tool(name: &str) -> anyhow::Result<std::path::PathBuf> {
     run_script(&["ensure"])?;
-    Ok(std::path::PathBuf::from(run_script(&["tools-dir"])?.trim()).join("promtool"))
+    Ok(std::path::PathBuf::from(run_script(&["tools-dir"])?.trim()).join(name))
 }
 
 /// The PrometheusRule's `spec` as a plain Prometheus rule file (the lines under `spec:`,
@@ -779,7 +779,7 @@ fn metric_names(expr: &str) -> Vec<String> {
 
 #[test]
 fn the_alerts_pass_promtool_check_and_their_unit_tests() -> anyhow::Result<()> {
-    let promtool = promtool()?;
+    let promtool = tool("promtool")?;
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("rules.yaml"), rule_file()?)?;
     std::fs::copy(
@@ -944,11 +944,11 @@ fn chart_dir() -> String {
         .into_owned()
 }
 
-/// helm, built at the pinned version by `k8s.sh ensure`.
+/// Runs helm (built at the pinned version by `k8s.sh ensure`) and returns its output.
 fn helm(args: &[&str]) -> anyhow::Result<String> {
-    run_script(&["ensure"])?;
-    let helm = std::path::PathBuf::from(run_script(&["tools-dir"])?.trim()).join("helm");
-    let o = std::process::Command::new(helm).args(args).output()?;
+    let o = std::process::Command::new(tool("helm")?)
+        .args(args)
+        .output()?;
     anyhow::ensure!(
         o.status.success(),
         "helm {args:?}:\n{}{}",
