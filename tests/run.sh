@@ -21,6 +21,7 @@ summary() {
   phase end
   echo "tests/run.sh: time per phase (exit status $rc)" >&2
   printf '  %s\n' "${phases[@]}" "$(printf '%-34s %5d s' total "$SECONDS")" >&2
+  [[ -z ${tools_pid:-} ]] || stop_tools
 }
 trap summary EXIT
 
@@ -41,10 +42,16 @@ if ((avail_gib < 15)); then
   echo "tests/run.sh: warning: only ${avail_gib} GiB free on $(pwd); a full run needs about 15 GiB" >&2
 fi
 
-phase "Kubernetes and Go tools"
-deploy/local/k8s.sh ensure
-
 phase "cargo-deny"
+# The pinned Go tools (k8s.sh ensure: etcd, kube-apiserver, kubectl, grpcurl, h2spec,
+# promtool, helm) build in the background while cargo-deny, clippy and the build run: on a
+# brand-new machine they take about 12 minutes, much of it fetching modules, and no step
+# before `cargo test` needs them. Own session, so that an early exit stops the whole build.
+tools_log=$(mktemp)
+setsid --wait deploy/local/k8s.sh ensure >"$tools_log" 2>&1 &
+tools_pid=$!
+stop_tools() { kill -- -"$tools_pid" 2>/dev/null || true; rm -f "$tools_log"; }
+
 # cargo-deny (pinned) from crates.io into ~/.cargo/bin: a few minutes the first time.
 CARGO_DENY_VERSION=0.18.9
 if [[ $(cargo deny --version 2>/dev/null) != "cargo-deny $CARGO_DENY_VERSION" ]]; then
@@ -59,6 +66,16 @@ cargo fmt --all -- --check
 cargo fmt --manifest-path data-plane/fuzz/afl/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
+phase "wait for Kubernetes and Go tools"
+tools_rc=0
+wait "$tools_pid" || tools_rc=$?
+cat "$tools_log" >&2
+rm -f "$tools_log"
+tools_pid=
+if ((tools_rc != 0)); then
+  echo "tests/run.sh: deploy/local/k8s.sh ensure failed (exit status $tools_rc)" >&2
+  exit 1
+fi
 phase "cargo test"
 # --all-targets also runs each criterion benchmark once (test mode), so the harness cannot rot.
 cargo test --workspace --all-targets --locked "$@"

@@ -3,15 +3,14 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use holdfast_process::admin::{Page, healthz, metrics, text};
 use holdfast_proto::v1::admin_server::Admin;
 use holdfast_proto::v1::{
     ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetChangesRequest, GetSnapshotRequest,
     GetStatusRequest, GetStatusResponse, ListProxiesRequest, ListProxiesResponse, Snapshot,
     SnapshotDelta,
 };
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -119,21 +118,13 @@ pub async fn serve_http(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let handler = move |req: &Request<Incoming>| route(req, &shared, &registry);
-    let limits = holdfast_proto::admin_http::Limits::default();
-    holdfast_proto::admin_http::serve(listener, limits, handler, shutdown).await;
+    let limits = holdfast_process::admin::Limits::default();
+    holdfast_process::admin::serve(listener, limits, handler, shutdown).await;
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
-}
-
-fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Response<Full<Bytes>> {
+fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Page {
     match req.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/healthz" => healthz(),
         "/readyz" => match shared.published() {
             Some(p) => text(StatusCode::OK, format!("ready: serving {}\n", p.version)),
             None => text(
@@ -144,22 +135,7 @@ fn route(req: &Request<Incoming>, shared: &Shared, registry: &Registry) -> Respo
                 ),
             ),
         },
-        "/metrics" => {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, registry) {
-                Ok(()) => Response::builder()
-                    .header(
-                        "content-type",
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )
-                    .body(Full::new(Bytes::from(body)))
-                    .expect("static response parts are valid"),
-                Err(e) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("encoding metrics: {e}\n"),
-                ),
-            }
-        }
+        "/metrics" => metrics(registry),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /healthz, /readyz, /metrics\n".into(),

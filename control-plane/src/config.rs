@@ -4,16 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+use clap::Parser;
+pub use holdfast_process::LogFormat;
 
 /// holdfast control plane: watches Ingresses, IngressClasses, Services and EndpointSlices,
 /// and streams complete, versioned route snapshots to holdfast proxies over gRPC.
@@ -310,11 +302,8 @@ impl Args {
         if self.ingress_class.as_deref() == Some("") {
             return Err(err("ingress-class", "must not be empty"));
         }
-        let instance = self.instance.clone().unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "holdfast-control-plane".into())
-        });
+        let instance =
+            holdfast_process::node_name(self.instance.as_deref(), "holdfast-control-plane");
         let lease_namespace = self.lease_namespace.clone().unwrap_or_else(|| {
             std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
                 .map(|n| n.trim().to_owned())

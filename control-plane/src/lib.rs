@@ -13,6 +13,9 @@
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
 //! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
 //! - [`metrics`], [`config`], [`server`] (wiring).
+//!
+//! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
+//! the proxy, in the `holdfast-process` crate (`process/`).
 
 pub mod admin;
 pub mod authn;
@@ -26,28 +29,6 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod translate;
-
-use tokio_util::sync::CancellationToken;
-
-/// Cancels `token` on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal(token: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down");
-    token.cancel();
-}
 
 /// Runs `f`, which may wait a while (an approval waiting for the publishing lock, which a
 /// build during a hold keeps for O(snapshot)), so that the runtime's other tasks do not

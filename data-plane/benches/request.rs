@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -77,6 +77,7 @@ fn forward(
     client: SocketAddr,
     (request, response): (Request<()>, Response<()>),
 ) -> (Request<()>, Response<()>) {
+    let started = Instant::now();
     let (mut parts, ()) = request.into_parts();
     let Ok(routed) = f.route(
         parts.version,
@@ -96,8 +97,12 @@ fn forward(
     *upstream.headers_mut() = parts.headers;
     let (mut answer, ()) = response.into_parts();
     Forwarder::downstream_head(&mut answer, false);
-    f.metrics()
-        .count_route(&route.label, &route.counters, answer.status.as_u16());
+    f.metrics().count_route(
+        &route.label,
+        &route.counters,
+        answer.status.as_u16(),
+        started.elapsed(),
+    );
     (upstream, Response::from_parts(answer, ()))
 }
 

@@ -5,27 +5,18 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use holdfast_process::admin::{Limits, Page, healthz, metrics, reply, text};
+use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::path::EscapedSlashes;
 use crate::table::{Miss, RouteTable, normalise_host};
 
-fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
-}
-
-fn json_reply(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+fn json_reply(status: StatusCode, v: serde_json::Value) -> Page {
     reply(status, "application/json", format!("{v:#}\n"))
 }
 
@@ -126,8 +117,7 @@ fn route(
     table: &ArcSwapOption<RouteTable>,
     registry: &Registry,
     escaped: EscapedSlashes,
-) -> Response<Full<Bytes>> {
-    let text = |status, body: String| reply(status, "text/plain; charset=utf-8", body);
+) -> Page {
     let path = req.uri().path();
     let debug = path.starts_with("/debug/");
     if debug != (pages == Pages::Debug) {
@@ -141,7 +131,7 @@ fn route(
     }
     let current = table.load_full();
     match path {
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/healthz" => healthz(),
         "/readyz" if draining => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: shutting down (draining)\n".into(),
@@ -150,13 +140,7 @@ fn route(
             Some(t) => text(StatusCode::OK, format!("ready: serving {}\n", t.version)),
             None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: no snapshot applied yet\n".into()),
         },
-        "/metrics" => {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, registry) {
-                Ok(()) => reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", body),
-                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")),
-            }
-        }
+        "/metrics" => metrics(registry),
         "/debug/snapshot" => match &current {
             Some(t) => json_reply(
                 StatusCode::OK,
@@ -196,21 +180,21 @@ fn route(
     }
 }
 
-/// Serves `pages` under `limits` until the task is aborted. Once `shutdown` turns true,
+/// Serves `pages` under `limits` until the task is aborted. Once `shutdown` is cancelled,
 /// `/readyz` fails, so that load balancers stop sending new connections while the
 /// listeners still accept them for `--drain-delay`.
 pub async fn serve(
     listener: TcpListener,
     pages: Pages,
-    limits: holdfast_proto::admin_http::Limits,
+    limits: Limits,
     table: Arc<ArcSwapOption<RouteTable>>,
     registry: Arc<Registry>,
     escaped: EscapedSlashes,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let handler = move |req: &Request<Incoming>| {
-        let draining = *shutdown.borrow();
+        let draining = shutdown.is_cancelled();
         route(req, pages, draining, &table, &registry, escaped)
     };
-    holdfast_proto::admin_http::serve(listener, limits, handler, std::future::pending()).await;
+    holdfast_process::admin::serve(listener, limits, handler, std::future::pending()).await;
 }

@@ -5,15 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use holdfast_process::LogFormat;
 
 /// What to do with an escaped `/` or `\` (`%2F`, `%5C`) in a request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -325,10 +317,7 @@ impl Args {
         }
         let node_id = match &self.node_id {
             Some(id) if id.is_empty() => return Err(err("node-id", "must not be empty")),
-            Some(id) => id.clone(),
-            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "holdfast-proxy".into()),
+            given => holdfast_process::node_name(given.as_deref(), "holdfast-proxy"),
         };
         Ok(Config {
             args: self,

@@ -20,6 +20,9 @@
 //! - [`metrics`], [`config`], and [`run`] (wiring: the control-plane stream and the admin
 //!   listeners on a small control runtime, the proxy listeners on worker threads, one
 //!   single-threaded runtime each).
+//!
+//! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
+//! the control plane, in the `holdfast-process` crate (`process/`).
 
 pub mod admin;
 pub mod config;
@@ -43,6 +46,7 @@ use holdfast_proto::v1::Node;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::proxy::{ForwardSettings, Forwarder};
@@ -50,8 +54,8 @@ use crate::server::ListenSettings;
 use crate::subscriber::Applier;
 use crate::table::RouteTable;
 
-/// Runs the proxy until `shutdown` turns true, then drains.
-pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+/// Runs the proxy until `shutdown` is cancelled, then drains.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let args = &config.args;
     persist::prepare_dir(&args.state_dir)
         .with_context(|| format!("preparing --state-dir {}", args.state_dir.display()))?;
@@ -181,7 +185,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         shutdown.clone(),
     ));
     let registry = Arc::new(registry);
-    let admin_limits = holdfast_proto::admin_http::Limits::default();
+    let admin_limits = holdfast_process::admin::Limits::default();
     let admin = tokio::spawn(admin::serve(
         admin_listener,
         admin::Pages::Admin,
@@ -213,12 +217,13 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
     // --drain-delay so that balancers notice, then stop accepting and drain.
     let (stop_tx, stop_accepting) = watch::channel(false);
     let drain_delay = args.drain_delay;
-    let mut signalled = shutdown.clone();
+    let signalled = shutdown.clone();
     let drain_started = Arc::new(std::sync::OnceLock::new());
     let started = drain_started.clone();
     let draining = forwarder.clone();
     let delay = tokio::spawn(async move {
-        if signalled.wait_for(|s| *s).await.is_ok() {
+        signalled.cancelled().await;
+        {
             draining.start_draining();
             tracing::info!(
                 ?drain_delay,
@@ -246,7 +251,7 @@ pub async fn run(config: Config, shutdown: watch::Receiver<bool>) -> anyhow::Res
         // A worker ended without a shutdown (a panic): its listening socket is gone and
         // this proxy serves less than it says; exit so that the supervisor restarts it.
         anyhow::ensure!(
-            *shutdown.borrow(),
+            shutdown.is_cancelled(),
             "worker {index} stopped unexpectedly; exiting"
         );
     }
@@ -440,24 +445,6 @@ impl Drop for Served {
             let _ = self.tx.send(Err(self.index));
         }
     }
-}
-
-/// Turns `tx` true on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal(tx: watch::Sender<bool>) {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
-    tracing::info!("shutting down: no new connections; draining in-flight requests");
-    let _ = tx.send(true);
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! `holdfast-proxy`: parse config, set up tracing, serve until SIGTERM or Ctrl-C, drain.
 
 use clap::Parser;
-use holdfast_data_plane::config::{Args, LogFormat};
-use tracing_subscriber::EnvFilter;
+use holdfast_data_plane::config::Args;
+use holdfast_process::{init_tracing, shutdown_signal, usage_error};
+use tokio_util::sync::CancellationToken;
 
 /// mimalloc: every request allocates a handful of small buffers (headers, URI, body
 /// frames); it serves them faster than the system allocator (docs/benchmarks.md).
@@ -12,19 +13,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     let config = match Args::parse().validate() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("holdfast-proxy: {e}");
-            return std::process::ExitCode::from(2);
-        }
+        Err(e) => return usage_error("holdfast-proxy", e),
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.args.log_format {
-        LogFormat::Text => builder.with_ansi(false).init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    init_tracing(config.args.log_format);
     // The control-plane stream and the admin listeners run here; the proxy listeners run
     // on --worker-threads threads of their own (see `run`). Two threads, so that /healthz,
     // /readyz and /metrics answer while the other one compiles a large snapshot.
@@ -41,9 +32,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     runtime.block_on(async {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(holdfast_data_plane::shutdown_signal(tx));
-        match holdfast_data_plane::run(config, rx).await {
+        let shutdown = CancellationToken::new();
+        tokio::spawn(shutdown_signal(
+            shutdown.clone(),
+            "shutting down: no new connections; draining in-flight requests",
+        ));
+        match holdfast_data_plane::run(config, shutdown).await {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

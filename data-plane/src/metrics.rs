@@ -2,6 +2,7 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,12 +20,21 @@ pub struct RequestLabels {
     pub class: String,
 }
 
-/// A route's request counters, one per status class, looked up in the family on first use
-/// so that counting a request costs no allocation and no lock. Not part of a route's
-/// identity: two routes compare equal whatever their counters.
+/// Labels of a route's latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    /// `<host><path>` of the matched route.
+    pub route: String,
+}
+
+/// A route's request counters, one per status class, and its latency histogram, looked up
+/// in their families on first use so that counting a request costs no allocation and no
+/// family lock. Not part of a route's identity: two routes compare equal whatever their
+/// counters.
 #[derive(Debug, Default)]
 pub struct RouteCounters {
     classes: [OnceLock<Counter>; 4],
+    latency: OnceLock<Histogram>,
     /// Set when the route is no longer served and its series are dropped: a request still
     /// in flight on it must not make them again.
     retired: AtomicBool,
@@ -35,6 +45,7 @@ impl Clone for RouteCounters {
     fn clone(&self) -> Self {
         RouteCounters {
             classes: self.classes.clone(),
+            latency: self.latency.clone(),
             retired: AtomicBool::new(false),
         }
     }
@@ -78,11 +89,19 @@ fn class_of(status: u16) -> (&'static str, usize) {
     (CLASSES[i], i)
 }
 
+/// Buckets of the latency histograms: 100 µs to about 13 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
 /// Every proxy metric; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     /// Requests by route and status class.
     pub requests: Family<RequestLabels, Counter>,
+    /// Time from a request's head to its response's head, by matched route (series made
+    /// on a route's first request, dropped with the route like `requests`).
+    pub route_latency: Family<RouteLabel, Histogram, fn() -> Histogram>,
     /// The proxy's own error answers (4xx and 5xx it makes itself), by reason.
     pub errors: Family<ErrorLabels, Counter>,
     /// Time from sending upstream to the response head.
@@ -134,8 +153,9 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = Metrics {
             requests: Family::default(),
+            route_latency: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
-            upstream_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            upstream_latency: latency_histogram(),
             applied_revision: Gauge::default(),
             last_apply: Gauge::default(),
             control_plane_connected: Gauge::default(),
@@ -161,6 +181,11 @@ impl Metrics {
             "requests",
             "Requests served, by route and status class",
             m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from a request's head to its response's head (the proxy's own work, retries and the upstream's answer), by route",
+            m.route_latency.clone(),
         );
         r.register(
             "error_responses",
@@ -271,11 +296,14 @@ impl Metrics {
         self.counter(route, class_of(status).0).inc();
     }
 
-    /// Counts a response of a matched route, through the route's own counters.
-    pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16) {
+    /// Counts a response of a matched route that took `took` to its head, through the
+    /// route's own counters and histogram.
+    pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16, took: Duration) {
         let (class, i) = class_of(status);
-        if let Some(counter) = counters.classes[i].get() {
+        if let (Some(counter), Some(latency)) = (counters.classes[i].get(), counters.latency.get())
+        {
             counter.inc();
+            latency.observe(took.as_secs_f64());
             return;
         }
         // A request that ends on a route gone since it started is not counted: making
@@ -286,14 +314,15 @@ impl Metrics {
         counters.classes[i]
             .get_or_init(|| self.counter(label, class))
             .inc();
-        // Retired while the series was being made: `forget_routes` may have run before it
-        // existed, so drop it here (retire happens before forget, so one of the two sees
-        // the other).
+        counters
+            .latency
+            .get_or_init(|| self.latency(label))
+            .observe(took.as_secs_f64());
+        // Retired while the series were being made: `forget_routes` may have run before
+        // they existed, so drop them here (retire happens before forget, so one of the two
+        // sees the other).
         if counters.retired.load(Ordering::SeqCst) {
-            self.requests.remove(&RequestLabels {
-                route: label.to_owned(),
-                class: class.to_owned(),
-            });
+            self.forget_routes(std::slice::from_ref(&label.to_owned()));
         }
     }
 
@@ -309,7 +338,18 @@ impl Metrics {
                     class: class.to_owned(),
                 });
             }
+            self.route_latency.remove(&RouteLabel {
+                route: route.clone(),
+            });
         }
+    }
+
+    fn latency(&self, route: &str) -> Histogram {
+        self.route_latency
+            .get_or_create(&RouteLabel {
+                route: route.to_owned(),
+            })
+            .clone()
     }
 
     fn counter(&self, route: &str, class: &str) -> Counter {

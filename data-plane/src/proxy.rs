@@ -535,6 +535,7 @@ impl Forwarder {
         tls: bool,
         port: u16,
     ) -> Response<ProxyBody> {
+        let started = Instant::now();
         let table = self.table.load_full();
         let http1 = req.version() <= Version::HTTP_11;
         let (mut response, route) = self
@@ -550,9 +551,10 @@ impl Forwarder {
         }
         let status = response.status().as_u16();
         match route {
-            Some(route) => self
-                .metrics
-                .count_route(&route.label, &route.counters, status),
+            Some(route) => {
+                self.metrics
+                    .count_route(&route.label, &route.counters, status, started.elapsed())
+            }
             None => self.metrics.count("(none)", status),
         }
         response

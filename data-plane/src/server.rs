@@ -86,7 +86,7 @@ pub async fn serve(
             Ok(a) => a,
             Err(error) => {
                 forwarder.metrics().accept_errors.inc();
-                holdfast_proto::admin_http::accept_backoff(&error).await;
+                holdfast_process::admin::accept_backoff(&error).await;
                 continue;
             }
         };

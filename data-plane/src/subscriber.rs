@@ -23,8 +23,9 @@ use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, Snapshot
 use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::persist;
@@ -365,7 +366,7 @@ pub struct ClientTls {
     pub server_name: Option<String>,
 }
 
-/// Keeps a stream to one of `urls` open until `shutdown` turns true (over mutual TLS
+/// Keeps a stream to one of `urls` open until `shutdown` is cancelled (over mutual TLS
 /// when `tls` is set).
 pub async fn run(
     urls: Vec<String>,
@@ -373,7 +374,7 @@ pub async fn run(
     applier: Arc<Applier>,
     metrics: Metrics,
     tls: Option<ClientTls>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     let mut attempt = 0usize;
@@ -381,7 +382,7 @@ pub async fn run(
         let url = &urls[attempt % urls.len()];
         attempt += 1;
         let outcome = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
             r = stream_once(url, urls.len() > 1, tls.as_ref(), &node, &applier, &metrics, &mut backoff) => r,
         };
         metrics.control_plane_connected.set(0);
@@ -394,7 +395,7 @@ pub async fn run(
         }
         let delay = backoff.next_delay();
         tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
         }
     }
@@ -679,7 +680,7 @@ mod tests {
         let serve = |host: &str| {
             let t = table.load_full().expect("a table");
             let r = t.lookup(host, "/").expect("a route");
-            metrics.count_route(&r.label, &r.counters, 200);
+            metrics.count_route(&r.label, &r.counters, 200, Duration::from_millis(3));
         };
         let all = ["a.test", "b.test", "c.test"];
         let first = snapshot_of(&all, 1);
@@ -709,8 +710,8 @@ mod tests {
         applier.apply_delta(&delta).expect("applies");
         assert_eq!(series(&registry), ["(none)", "a.test/"]);
         let in_flight = in_flight_table.lookup("c.test", "/").expect("a route");
-        metrics.count_route(&in_flight.label, &in_flight.counters, 503);
-        metrics.count_route(&in_flight.label, &in_flight.counters, 200);
+        metrics.count_route(&in_flight.label, &in_flight.counters, 503, Duration::ZERO);
+        metrics.count_route(&in_flight.label, &in_flight.counters, 200, Duration::ZERO);
         assert_eq!(
             series(&registry),
             ["(none)", "a.test/"],
@@ -722,6 +723,25 @@ mod tests {
             text.contains("holdfast_proxy_requests_total{route=\"a.test/\",class=\"2xx\"} 2"),
             "{text}"
         );
+        // The latency histograms come and go with the request series.
+        assert!(
+            text.contains("holdfast_proxy_request_duration_seconds_count{route=\"a.test/\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "holdfast_proxy_request_duration_seconds_bucket{le=\"0.0032\",route=\"a.test/\"} 2"
+            ) && text.contains(
+                "holdfast_proxy_request_duration_seconds_bucket{le=\"0.0016\",route=\"a.test/\"} 0"
+            ),
+            "{text}"
+        );
+        for gone in ["b.test/", "c.test/"] {
+            assert!(
+                !text.contains(&format!("route=\"{gone}\"")),
+                "a series of gone route {gone} is left: {text}"
+            );
+        }
     }
 
     /// `hosts` at per-kind progress `kinds`.

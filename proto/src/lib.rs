@@ -15,7 +15,6 @@
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
 
-pub mod admin_http;
 pub mod certificate;
 pub mod client;
 pub mod content;

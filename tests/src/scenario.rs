@@ -19,8 +19,7 @@ use crate::proxy::ProxyProc;
 use crate::traffic::Traffic;
 use crate::wait;
 
-/// Deadline for waits inside scenarios.
-pub const T: Duration = Duration::from_secs(60);
+pub use crate::wait::T;
 
 /// How a scenario is set up.
 #[derive(Debug, Clone)]

@@ -6,6 +6,11 @@ use std::time::{Duration, Instant};
 /// How often a condition is polled.
 const POLL: Duration = Duration::from_millis(50);
 
+/// The deadline of every wait in the end-to-end tests: how long a condition may take
+/// before the test fails. Generous, because it only bounds a failing test; tests that
+/// measure how fast something happens assert that time themselves.
+pub const T: Duration = Duration::from_secs(60);
+
 /// Polls `check` until it returns `Some`, or fails with `what` and the last observation
 /// once `timeout` has passed.
 pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>

@@ -20,7 +20,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-const T: Duration = Duration::from_secs(30);
+use holdfast_tests::wait::T;
 
 struct World {
     _net: TestNet,

@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
-const T: Duration = Duration::from_secs(30);
+use holdfast_tests::wait::T;
 
 struct Setup {
     cluster: &'static LocalCluster,

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig, run_script};
 use holdfast_tests::control_plane::ControlPlane;
@@ -20,7 +19,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
 use serde_json::Value;
 
-const T: Duration = Duration::from_secs(60);
+use holdfast_tests::wait::T;
 
 fn kustomize_dir() -> String {
     holdfast_tests::repo_root()
@@ -912,7 +911,6 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exposed_by_the_binarie
         &logs,
         &[],
     )?;
-    let (_, _) = holdfast_tests::http::get(proxy.addr, &host, "/").await?;
     let page = |admin: std::net::SocketAddr, name: &'static str| async move {
         wait::until(&format!("{name} on /metrics"), T, || async move {
             let (_, body) = holdfast_tests::http::get(admin, "localhost", "/metrics")
@@ -923,7 +921,26 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_exposed_by_the_binarie
         .await
     };
     let cp_page = page(cp.admin, "holdfast_certificate_expiry_timestamp_seconds{").await?;
-    let proxy_page = page(proxy.admin, "holdfast_proxy_requests_total{").await?;
+    // Requests until one is answered on the route (before the first snapshot the proxy
+    // answers 503 itself, matching no route), so the route's request and latency series
+    // exist. The host has TLS, so plain HTTP is redirected (matching no route) except for
+    // ACME challenges: a challenge path reaches the route.
+    let (proxy_addr, proxy_admin) = (proxy.addr, proxy.admin);
+    let proxy_page = wait::until("a request answered on the web route", T, || {
+        let host = host.clone();
+        async move {
+            holdfast_tests::http::get(proxy_addr, &host, "/.well-known/acme-challenge/probe")
+                .await
+                .map_err(|e| e.to_string())?;
+            let (_, body) = holdfast_tests::http::get(proxy_admin, "localhost", "/metrics")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body
+                .contains("holdfast_proxy_request_duration_seconds_bucket{")
+                .then_some(body))
+        }
+    })
+    .await?;
     let mut exposed_names = exposed(&cp_page);
     exposed_names.extend(exposed(&proxy_page));
     let missing: Vec<&String> = used.difference(&exposed_names).collect();

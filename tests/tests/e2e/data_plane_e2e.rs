@@ -11,7 +11,7 @@ use holdfast_tests::objects::{self, create, create_class};
 use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::wait;
 
-const T: Duration = Duration::from_secs(30);
+use holdfast_tests::wait::T;
 
 struct World {
     _net: TestNet,

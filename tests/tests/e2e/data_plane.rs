@@ -11,7 +11,7 @@ use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::{echo, wait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const T: Duration = Duration::from_secs(20);
+use holdfast_tests::wait::T;
 
 fn dirs(test: &str) -> (tempfile::TempDir, PathBuf) {
     let logs = holdfast_tests::repo_root()

@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
 
-const T: Duration = Duration::from_secs(60);
+use holdfast_tests::wait::T;
 const LEASE: Duration = Duration::from_secs(4);
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {

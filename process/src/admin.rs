@@ -2,7 +2,8 @@
 //! small HTTP servers that a hostile or broken client must not exhaust. Each connection
 //! must send its first byte, and each request head, within the header read timeout, and
 //! has a lifetime; the listener has a connection cap; and a failed accept for lack of
-//! file descriptors backs off instead of spinning.
+//! file descriptors backs off instead of spinning. The pages both planes answer alike
+//! (plain text, `/healthz`, `/metrics`) are here too.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,11 +12,50 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+
+/// A page of the admin listeners.
+pub type Page = Response<Full<Bytes>>;
+
+/// A page with `status`, `content_type` and `body`.
+pub fn reply(status: StatusCode, content_type: &str, body: String) -> Page {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+/// A plain-text page.
+pub fn text(status: StatusCode, body: String) -> Page {
+    reply(status, "text/plain; charset=utf-8", body)
+}
+
+/// `/healthz`: the process answers (liveness; readiness is each plane's own).
+pub fn healthz() -> Page {
+    text(StatusCode::OK, "ok\n".into())
+}
+
+/// `/metrics`: `registry` in the OpenMetrics text format.
+pub fn metrics(registry: &Registry) -> Page {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
+        Ok(()) => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            body,
+        ),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        ),
+    }
+}
 
 /// Limits of an admin listener.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +104,7 @@ pub async fn serve<H>(
     handler: H,
     shutdown: impl Future<Output = ()>,
 ) where
-    H: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+    H: Fn(&Request<Incoming>) -> Page + Clone + Send + Sync + 'static,
 {
     let mut shutdown = std::pin::pin!(shutdown);
     let open = Arc::new(AtomicUsize::new(0));

@@ -3,7 +3,6 @@
 //! of the serving certificate on disk, and plaintext mode refusing to send keys.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use holdfast_proto::v1::{DiscoveryRequest, Node};
 use holdfast_tests::cluster::LocalCluster;
@@ -16,7 +15,7 @@ use holdfast_tests::wait;
 use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
-const T: Duration = Duration::from_secs(30);
+use holdfast_tests::wait::T;
 
 struct Setup {
     client: kube::Client,

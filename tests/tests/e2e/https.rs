@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 use holdfast_proto::v1::Snapshot;
 use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
@@ -15,7 +14,7 @@ use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::tls::{Issued, TestCa, certificate_resource, client_config, https_get};
 use holdfast_tests::{echo, wait};
 
-const T: Duration = Duration::from_secs(20);
+use holdfast_tests::wait::T;
 
 fn dirs(test: &str) -> (tempfile::TempDir, PathBuf) {
     let logs = holdfast_tests::repo_root()

@@ -5,14 +5,13 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
 use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::tls::{TestCa, certificate_resource};
 use holdfast_tests::{cluster, echo};
 
-const T: Duration = Duration::from_secs(20);
+use holdfast_tests::wait::T;
 
 /// The allowed failures: `<listener>: <case id>` (like `h2c: http2/3.5/2`) before `#` on
 /// each line of the allowlist.

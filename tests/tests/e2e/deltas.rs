@@ -32,7 +32,7 @@ use holdfast_tests::subscriber::Subscriber;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use proptest::prelude::*;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 const NS: &str = "default";
 const CLASS: &str = "holdfast";
@@ -297,7 +297,7 @@ struct Proxy {
     /// When its connections were last cut: a stream the control plane registered
     /// before then is dead, even if the control plane has not noticed yet.
     cut: SystemTime,
-    shutdown: watch::Sender<bool>,
+    shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
@@ -324,7 +324,7 @@ impl Proxy {
             .iter()
             .map(|f| format!("http://{}", f.addr()))
             .collect();
-        let (shutdown, rx) = watch::channel(false);
+        let shutdown = CancellationToken::new();
         let node = Node {
             id: id.into(),
             zone: "test".into(),
@@ -335,7 +335,7 @@ impl Proxy {
             applier.clone(),
             metrics.clone(),
             None,
-            rx,
+            shutdown.clone(),
         ));
         Ok(Proxy {
             applier,
@@ -566,7 +566,7 @@ async fn run(ops: Vec<Op>) -> anyhow::Result<()> {
         "each NACKed delta is one resync"
     );
     for p in &proxies {
-        let _ = p.shutdown.send(true);
+        p.shutdown.cancel();
     }
     for p in proxies {
         let _ = p.task.await;
