@@ -3,7 +3,7 @@
 //! is ever read.
 //!
 //! Snapshots are built only from these stores: no API call happens while building
-//! (DESIGN invariant 1). Each kind has its own list-then-watch loop (not kube-runtime's
+//! (docs/design.md, invariant 1). Each kind has its own list-then-watch loop (not kube-runtime's
 //! watcher, which hides what this needs: the list's resourceVersion and bookmarks):
 //! - a (re-)list marks the kind incomplete; its pages (a quorum read, then continue
 //!   tokens) are buffered and swapped into the store whole, which marks it complete;

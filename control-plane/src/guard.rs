@@ -1,4 +1,4 @@
-//! Bounded destruction (DESIGN invariant 7), as pure functions.
+//! Bounded destruction (docs/design.md, invariant 7), as pure functions.
 //!
 //! A candidate snapshot that removes more than `max_removal_share` of the published routes,
 //! or all of them, has that removal held back, and only that: the routes it removes stay

@@ -1,4 +1,4 @@
-//! `cluster objects → snapshot`: a pure function with the route semantics of DESIGN.md.
+//! `cluster objects → snapshot`: a pure function with the route semantics of docs/design.md.
 //!
 //! Rules, in the order they apply:
 //! - **Class.** An Ingress is ours when `spec.ingressClassName` (or the legacy

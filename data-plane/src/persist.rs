@@ -1,5 +1,5 @@
 //! The last applied snapshot on disk (`<state-dir>/snapshot.bin`), so a restarted proxy
-//! serves at once, before any control plane answers (DESIGN invariant 6).
+//! serves at once, before any control plane answers (docs/design.md, invariant 6).
 //!
 //! Format: `HFSNAP01` (8 bytes), payload length (u64 little-endian), SHA-256 of the
 //! payload (32 bytes), payload (the protobuf `Snapshot`). Written to a temporary file,

@@ -1,7 +1,7 @@
 //! Subscribing to the control plane and applying snapshots.
 //!
 //! [`Applier::apply`] is the only way a route table changes: validate (consistency, hash,
-//! version), refuse anything older than what is served (DESIGN invariant 8), compile,
+//! version), refuse anything older than what is served (docs/design.md, invariant 8), compile,
 //! persist, then swap the whole table in one step (invariant 5). Anything wrong leaves the
 //! served table untouched and is NACKed with the reason.
 //!

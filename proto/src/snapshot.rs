@@ -1,6 +1,6 @@
 //! Rules both planes apply to a snapshot: its identity (content hash and version), its
 //! ordering, and its consistency. The control plane seals and validates a snapshot before
-//! publishing it; the proxy validates it again before applying it (DESIGN invariant 4).
+//! publishing it; the proxy validates it again before applying it (docs/design.md, invariant 4).
 //!
 //! # Version rule
 //! - `content_hash` = SHA-256 (hex) of the LtHash16 sum of the snapshot's resource hashes

@@ -1,5 +1,5 @@
 //! `holdfast.v1.DiscoveryResponse`, written by hand so that a snapshot is encoded once and
-//! its bytes are shared by every stream (DESIGN: "encode each snapshot once").
+//! its bytes are shared by every stream (docs/design.md, "The protocol": encoded once).
 //!
 //! On the wire it is exactly the message in `holdfast.proto`: field 3 holds the encoded
 //! `Snapshot`. The control plane builds it from [`EncodedSnapshot`] (a cheap `Bytes` clone

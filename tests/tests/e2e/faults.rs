@@ -1,5 +1,5 @@
 //! The fault suite: zero failed requests through API-server, etcd and control-plane
-//! outages (DESIGN: "the failure it must never have"). Every scenario runs real processes:
+//! outages (docs/design.md, "What holdfast is for"). Every scenario runs real processes:
 //! a private kube-apiserver and etcd, the control plane behind a TCP fault proxy, two
 //! proxies, echo backends in a test network namespace, and steady traffic.
 //!
