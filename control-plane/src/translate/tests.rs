@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use holdfast_proto::v1::MatchKind;
 use serde_json::{Value, json};
 
 use super::*;

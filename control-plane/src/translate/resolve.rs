@@ -1,0 +1,650 @@
+//! Building virtual hosts from the Ingresses that route each host, resolving backends
+//! (Service port → targetPort → ready endpoints), and choosing each TLS host's certificate.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use holdfast_proto::certificate;
+use holdfast_proto::v1::{Backend, Certificate, Endpoint, IngressRef, Route, VirtualHost};
+
+use super::*;
+
+/// One virtual host as built: the message, the conflicts decided in it, and the
+/// backends its routes use.
+pub(super) struct HostEntry {
+    /// Shared with the snapshots published from it (changed only by copy on write).
+    pub(super) vhost: Arc<VirtualHost>,
+    /// The namespace of the host's oldest Ingress (who owns it, with
+    /// `HostOwnership::FirstNamespace`).
+    pub(super) owner: String,
+    pub(super) problems: Vec<Problem>,
+    pub(super) backends: Vec<Arc<BackendRef>>,
+}
+
+impl HostEntry {
+    /// Sets the host's certificate and redirect, copying the shared virtual host only if
+    /// they change.
+    pub(super) fn set_tls(&mut self, certificate: &str, redirect: bool) {
+        if self.vhost.certificate != certificate || self.vhost.ssl_redirect != redirect {
+            let v = Arc::make_mut(&mut self.vhost);
+            certificate.clone_into(&mut v.certificate);
+            v.ssl_redirect = redirect;
+        }
+    }
+}
+
+/// One resolved backend: the message, and how many virtual hosts (and the default
+/// backend) use it.
+pub(super) struct BackendEntry {
+    pub(super) users: usize,
+    /// Shared with the snapshots published from it.
+    pub(super) backend: Arc<Backend>,
+    /// An ExternalName Service, refused because `allow_external_name` is off.
+    pub(super) refused_external: bool,
+}
+
+impl BackendEntry {
+    /// An entry with `users` users, to be resolved before the snapshot is built.
+    pub(super) fn unresolved(users: usize) -> Self {
+        BackendEntry {
+            users,
+            backend: Arc::default(),
+            refused_external: false,
+        }
+    }
+}
+
+/// The TLS part of a build.
+pub(super) struct TlsOut {
+    /// Sorted by name.
+    pub(super) certificates: Vec<Certificate>,
+    pub(super) default_certificate: String,
+    pub(super) users: Vec<(String, IngressRef)>,
+}
+
+/// The distinct hosts an Ingress routes.
+pub(super) fn hosts_of(d: &IngressDigest) -> Vec<&String> {
+    let mut hosts: Vec<&String> = d.routes.iter().map(|r| &r.host).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    hosts
+}
+
+/// The built backends, by name (snapshot order), and their names by the Service they
+/// resolve against.
+#[derive(Default)]
+pub(super) struct Backends {
+    pub(super) entries: BTreeMap<String, BackendEntry>,
+    pub(super) by_service: FastMap<String, Vec<Arc<BackendRef>>>,
+    /// Backends removed or resolved again since the last build's content sum.
+    pub(super) unsummed: Vec<String>,
+}
+
+impl Backends {
+    /// One more user of backend `b`; a backend not built yet is noted in `new`.
+    pub(super) fn acquire(&mut self, b: &Arc<BackendRef>, new: &mut Vec<Arc<BackendRef>>) {
+        match self.entries.get_mut(&b.name) {
+            Some(entry) => entry.users += 1,
+            None => {
+                self.entries
+                    .insert(b.name.clone(), BackendEntry::unresolved(1));
+                self.added(b, new);
+            }
+        }
+    }
+
+    /// [`Backends::acquire`] for each of `refs`; from scratch, in one pass.
+    pub(super) fn acquire_all(
+        &mut self,
+        mut refs: Vec<Arc<BackendRef>>,
+        new: &mut Vec<Arc<BackendRef>>,
+    ) {
+        if !self.entries.is_empty() {
+            for b in &refs {
+                self.acquire(b, new);
+            }
+            return;
+        }
+        refs.sort_unstable_by(|a, b| by_name(a, b));
+        let mut entries = Vec::new();
+        for group in refs.chunk_by(|a, b| a.name == b.name) {
+            let b = &group[0];
+            entries.push((b.name.clone(), BackendEntry::unresolved(group.len())));
+            self.added(b, new);
+        }
+        self.entries = entries.into_iter().collect();
+    }
+
+    /// Indexes a backend just added by its Service, and notes it in `new` (to resolve).
+    pub(super) fn added(&mut self, b: &Arc<BackendRef>, new: &mut Vec<Arc<BackendRef>>) {
+        self.by_service
+            .entry(b.service_key().to_owned())
+            .or_default()
+            .push(b.clone());
+        new.push(b.clone());
+    }
+
+    /// One user fewer of backend `b`; an unused backend leaves the snapshot.
+    pub(super) fn release(&mut self, b: &BackendRef) {
+        let Some(entry) = self.entries.get_mut(&b.name) else {
+            return;
+        };
+        entry.users -= 1;
+        if entry.users > 0 {
+            return;
+        }
+        self.entries.remove(&b.name);
+        self.unsummed.push(b.name.clone());
+        if let Some(list) = self.by_service.get_mut(b.service_key()) {
+            list.retain(|x| x.name != b.name);
+            if list.is_empty() {
+                self.by_service.remove(b.service_key());
+            }
+        }
+    }
+}
+
+/// Builds one virtual host from the Ingresses that route it: on the same host, path and
+/// kind twice, the oldest Ingress wins and the others (if other Ingresses) get a problem.
+pub(super) fn build_host(
+    host: &str,
+    contributors: &[Arc<IngressDigest>],
+    ownership: HostOwnership,
+) -> HostEntry {
+    let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
+    ordered.sort_unstable_by(|a, b| by_age(a, b));
+    let mut problems = Vec::new();
+    let owner = ordered
+        .first()
+        .map(|d| d.source.namespace.clone())
+        .unwrap_or_default();
+    if ownership == HostOwnership::FirstNamespace && !owner.is_empty() {
+        ordered.retain(|d| {
+            let own = d.source.namespace == owner;
+            if !own {
+                problems.push(Problem {
+                    namespace: d.source.namespace.clone(),
+                    name: d.source.name.clone(),
+                    reason: "HostOwnedByOtherNamespace",
+                    message: format!(
+                        "rules for host {host:?} skipped: the host belongs to namespace {owner:?} (its oldest Ingress); see --host-ownership"
+                    ),
+                });
+            }
+            own
+        });
+    }
+    let mut candidates: Vec<(&RouteDigest, usize)> = ordered
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, d)| {
+            d.routes
+                .iter()
+                .filter(|r| r.host == host)
+                .map(move |r| (r, rank))
+        })
+        .collect();
+    candidates.sort_unstable_by(|(a, ra), (b, rb)| {
+        (a.kind as i32, a.path_key)
+            .cmp(&(b.kind as i32, b.path_key))
+            .then_with(|| (&a.path, ra).cmp(&(&b.path, rb)))
+    });
+    let mut winners: Vec<(&RouteDigest, usize)> = Vec::with_capacity(candidates.len());
+    for (route, rank) in candidates {
+        if let Some((w, wrank)) = winners.last()
+            && (w.kind, &w.path) == (route.kind, &route.path)
+        {
+            let (winner, loser) = (ordered[*wrank], ordered[rank]);
+            if !std::ptr::eq(winner, loser) {
+                problems.push(Problem {
+                    namespace: loser.source.namespace.clone(),
+                    name: loser.source.name.clone(),
+                    reason: "ConflictingRoute",
+                    message: format!(
+                        "{:?} path {:?} on host {:?} ignored: {}/{} (older) already routes it",
+                        route.kind, route.path, host, winner.source.namespace, winner.source.name
+                    ),
+                });
+            }
+            continue;
+        }
+        winners.push((route, rank));
+    }
+    let mut routes: Vec<Route> = winners
+        .iter()
+        .map(|(r, rank)| Route {
+            match_kind: r.kind as i32,
+            path: r.path.clone(),
+            backend: r.backend.name.clone(),
+            source: Some(ordered[*rank].source.clone()),
+        })
+        .collect();
+    sort_routes(&mut routes);
+    let mut backends: Vec<Arc<BackendRef>> =
+        winners.iter().map(|(r, _)| r.backend.clone()).collect();
+    backends.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    backends.dedup_by(|a, b| a.name == b.name);
+    let vhost = VirtualHost {
+        host: host.to_owned(),
+        routes,
+        ..Default::default()
+    };
+    HostEntry {
+        vhost: Arc::new(vhost),
+        owner,
+        problems,
+        backends,
+    }
+}
+
+/// Resolves one backend against its Service and that Service's EndpointSlices; true with
+/// it if it is an ExternalName Service refused because `allow_external` is off.
+pub(super) fn resolve_backend(
+    key: &BackendRef,
+    svc: Option<&ServiceDigest>,
+    slices: &[Arc<SliceDigest>],
+    allow_external: bool,
+) -> (Backend, bool) {
+    (
+        resolve_allowed_backend(key, svc, slices, allow_external),
+        !allow_external && svc.is_some_and(|s| s.external_name.is_some()),
+    )
+}
+
+pub(super) fn resolve_allowed_backend(
+    key: &BackendRef,
+    svc: Option<&ServiceDigest>,
+    slices: &[Arc<SliceDigest>],
+    allow_external: bool,
+) -> Backend {
+    let (ns, svc_name, port_ref) = (key.namespace(), key.service(), key.port());
+    let mut backend = Backend {
+        name: key.name.clone(),
+        ..Default::default()
+    };
+    let Some(svc) = svc else {
+        backend.unavailable_reason = format!("service {ns}/{svc_name} not found");
+        return backend;
+    };
+    if let Some(external) = &svc.external_name {
+        if !allow_external {
+            backend.unavailable_reason = format!(
+                "ExternalName service {ns}/{svc_name} is not allowed (--allow-external-name is off)"
+            );
+            return backend;
+        }
+        if external.is_empty() {
+            backend.unavailable_reason =
+                format!("ExternalName service {ns}/{svc_name} has no externalName");
+            return backend;
+        }
+        let port = match port_ref {
+            PortRef::Number(n) => Some(n),
+            PortRef::Name(name) => svc.ports.iter().find(|p| p.name == name).map(|p| p.port),
+        };
+        match port {
+            Some(p) => {
+                backend.external_name = external.clone();
+                backend.external_port = p as u32;
+            }
+            None => {
+                backend.unavailable_reason =
+                    format!("service {ns}/{svc_name} has no port {port_ref}")
+            }
+        }
+        return backend;
+    }
+    let service_port = svc.ports.iter().find(|p| match port_ref {
+        PortRef::Number(n) => p.port == n,
+        PortRef::Name(name) => p.name == name,
+    });
+    let Some(service_port) = service_port else {
+        backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");
+        return backend;
+    };
+    // (address, port, zone), borrowed; sorted and deduplicated before anything is copied.
+    let mut endpoints: Vec<(&str, u32, &str)> = Vec::new();
+    for slice in slices {
+        // Named target ports are resolved per slice: its port named like the Service port.
+        let slice_port = slice
+            .ports
+            .iter()
+            .find(|(name, _)| *name == service_port.name)
+            .and_then(|(_, port)| *port)
+            .or(service_port.numeric_target);
+        let Some(port) = slice_port.filter(|p| (1..=65535).contains(p)) else {
+            continue;
+        };
+        for (address, zone) in &slice.endpoints {
+            let text = &slice.text;
+            endpoints.push((&text[address.clone()], port as u32, &text[zone.clone()]));
+        }
+    }
+    // One entry per address and port (a pod listed in two slices counts once).
+    endpoints.sort_unstable();
+    endpoints.dedup_by(|a, b| (a.0, a.1) == (b.0, b.1));
+    if endpoints.is_empty() {
+        backend.unavailable_reason = format!("no ready endpoints for service {ns}/{svc_name}");
+    }
+    backend.endpoints = endpoints
+        .into_iter()
+        .map(|(address, port, zone)| Endpoint {
+            address: address.to_owned(),
+            port,
+            zone: zone.to_owned(),
+            ready: true,
+        })
+        .collect();
+    backend
+}
+
+impl Translator {
+    /// An `ExternalNameDisabled` problem for each Ingress routing to a refused
+    /// ExternalName backend. Walks the routes only while there is such a backend.
+    pub(super) fn refused_external_problems(&self, problems: &mut BTreeSet<Problem>) {
+        let refused: HashSet<&str> = self
+            .backends
+            .entries
+            .iter()
+            .filter(|(_, e)| e.refused_external)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if refused.is_empty() {
+            return;
+        }
+        for entry in self.hosts.values() {
+            for route in &entry.vhost.routes {
+                if let (true, Some(src)) = (refused.contains(route.backend.as_str()), &route.source)
+                {
+                    problems.insert(Problem {
+                        namespace: src.namespace.clone(),
+                        name: src.name.clone(),
+                        reason: "ExternalNameDisabled",
+                        message: format!(
+                            "backend {} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
+                            route.backend
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Decides which certificate serves each `spec.tls` host, sets `certificate` and
+    /// `ssl_redirect` on the built virtual hosts, and returns the certificates in use.
+    /// Runs in full on every build: its cost is in the TLS entries, not the cluster.
+    pub(super) fn assign_certificates(
+        &mut self,
+        opts: &Options,
+        problems: &mut BTreeSet<Problem>,
+    ) -> TlsOut {
+        let before: Vec<(String, String, bool)> = self
+            .tls_hosts
+            .iter()
+            .filter_map(|h| {
+                let v = &self.hosts.get(h)?.vhost;
+                Some((h.clone(), v.certificate.clone(), v.ssl_redirect))
+            })
+            .collect();
+        let out = self.assign_certificates_afresh(opts, problems);
+        // The hosts whose certificate or redirect changed must be hashed again.
+        let had: FastSet<&str> = before.iter().map(|(h, _, _)| h.as_str()).collect();
+        for (host, certificate, redirect) in &before {
+            if self.hosts.get(host).is_some_and(|e| {
+                e.vhost.certificate != *certificate || e.vhost.ssl_redirect != *redirect
+            }) {
+                self.unsummed_hosts.push(host.clone());
+            }
+        }
+        for host in &self.tls_hosts {
+            if !had.contains(host.as_str()) {
+                self.unsummed_hosts.push(host.clone());
+            }
+        }
+        out
+    }
+
+    /// [`Self::assign_certificates`] without the bookkeeping of what it changed.
+    pub(super) fn assign_certificates_afresh(
+        &mut self,
+        opts: &Options,
+        problems: &mut BTreeSet<Problem>,
+    ) -> TlsOut {
+        let problem = |src: &IngressRef, reason: &'static str, message: String| Problem {
+            namespace: src.namespace.clone(),
+            name: src.name.clone(),
+            reason,
+            message,
+        };
+        // Each host's Secret: the oldest Ingress naming the host decides.
+        let mut tls_ingresses: Vec<&Arc<IngressDigest>> = self.with_tls.values().collect();
+        tls_ingresses.sort_unstable_by(|a, b| by_age(a, b));
+        if !opts.allow_certificates {
+            for d in &tls_ingresses {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSDisabled",
+                    "spec.tls ignored: the control plane serves plaintext gRPC, so it sends no private keys (use mutual TLS, or --allow-plaintext-secrets)".into(),
+                ));
+            }
+            for host in std::mem::take(&mut self.tls_hosts) {
+                if let Some(entry) = self.hosts.get_mut(&host) {
+                    entry.set_tls("", false);
+                }
+            }
+            return TlsOut {
+                certificates: Vec::new(),
+                default_certificate: String::new(),
+                users: Vec::new(),
+            };
+        }
+        let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
+        for d in &tls_ingresses {
+            for (host, secret) in &d.tls {
+                if opts.host_ownership == HostOwnership::FirstNamespace
+                    && let Some(entry) = self.hosts.get(host.as_str())
+                    && entry.owner != d.source.namespace
+                {
+                    problems.insert(problem(
+                        &d.source,
+                        "HostOwnedByOtherNamespace",
+                        format!(
+                            "spec.tls host {host:?} ignored: the host belongs to namespace {:?} (its oldest Ingress); see --host-ownership",
+                            entry.owner
+                        ),
+                    ));
+                    continue;
+                }
+                match wanted.get(host.as_str()) {
+                    None => {
+                        wanted.insert(host, (secret, d));
+                    }
+                    Some((s, w)) if *s != secret.as_str() => {
+                        problems.insert(problem(
+                            &d.source,
+                            "ConflictingTLS",
+                            format!(
+                                "spec.tls host {host:?} with Secret {secret:?} ignored: {}/{} (older) serves it with {s:?}",
+                                w.source.namespace, w.source.name
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        // Each Secret in use: its current certificate if good, else its last good one.
+        let mut secrets: BTreeMap<&str, (Vec<&str>, Vec<&IngressRef>)> = BTreeMap::new();
+        for (host, (secret, d)) in &wanted {
+            let e = secrets.entry(secret).or_default();
+            e.0.push(host);
+            if !e.1.contains(&&d.source) {
+                e.1.push(&d.source);
+            }
+        }
+        let default_secret = opts.default_certificate.as_deref();
+        if let Some(s) = default_secret {
+            secrets.entry(s).or_default();
+        }
+        let mut chosen: BTreeMap<&str, Arc<SecretDigest>> = BTreeMap::new();
+        for (secret, (hosts, users)) in &secrets {
+            let current = self.secrets_by_key.get(*secret);
+            let last = self.last_good.get(*secret);
+            let mut tell = |reason: &'static str, message: String| {
+                if users.is_empty() {
+                    // The operator's default certificate: reported under the Secret.
+                    let (namespace, name) = secret.split_once('/').unwrap_or(("", secret));
+                    problems.insert(Problem {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                        reason,
+                        message: format!("--default-certificate: {message}"),
+                    });
+                }
+                for u in users {
+                    problems.insert(problem(u, reason, message.clone()));
+                }
+            };
+            let keeps = if last.is_some() {
+                "its hosts keep the previous certificate"
+            } else {
+                "its hosts get no certificate"
+            };
+            let pick = match current {
+                Some(cur) => match &cur.certificate {
+                    Ok(c) => {
+                        let dropped: Vec<&str> = last
+                            .filter(|l| !Arc::ptr_eq(l, cur))
+                            .and_then(|l| l.certificate.as_ref().ok())
+                            .map(|l| {
+                                hosts
+                                    .iter()
+                                    .copied()
+                                    .filter(|h| {
+                                        certificate::covers(&l.dns_names, h)
+                                            && !certificate::covers(&c.dns_names, h)
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        if dropped.is_empty() {
+                            Some(cur.clone())
+                        } else {
+                            tell(
+                                "InvalidTLSSecret",
+                                format!(
+                                    "Secret {secret:?} now holds a certificate that does not cover {dropped:?}; its hosts keep the previous certificate"
+                                ),
+                            );
+                            last.cloned()
+                        }
+                    }
+                    Err(e) => {
+                        tell(
+                            "InvalidTLSSecret",
+                            format!("Secret {secret:?} {e}; {keeps}"),
+                        );
+                        last.cloned()
+                    }
+                },
+                None => {
+                    tell(
+                        "MissingTLSSecret",
+                        format!(
+                            "Secret {secret:?} not found (or not of type {TLS_SECRET_TYPE}); {keeps}"
+                        ),
+                    );
+                    last.cloned()
+                }
+            };
+            if let Some(p) = pick {
+                self.last_good.insert((*secret).to_owned(), p.clone());
+                chosen.insert(secret, p);
+            }
+        }
+        self.last_good
+            .retain(|k, _| secrets.contains_key(k.as_str()));
+
+        // Each host: the chosen certificate, if it covers the host and the host is routed.
+        let mut assigned: Vec<(String, String, bool)> = Vec::new();
+        let mut users: BTreeSet<(String, String, String)> = BTreeSet::new();
+        for (host, (secret, d)) in &wanted {
+            let Some(cert) = chosen.get(secret).and_then(|c| c.certificate.as_ref().ok()) else {
+                continue;
+            };
+            if !certificate::covers(&cert.dns_names, host) {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSHostNotCovered",
+                    format!("the certificate in Secret {secret:?} does not cover host {host:?} (it names {:?}); the host gets no certificate", cert.dns_names),
+                ));
+                continue;
+            }
+            if !self.hosts.contains_key(*host) {
+                problems.insert(problem(
+                    &d.source,
+                    "TLSHostWithoutRules",
+                    format!("spec.tls host {host:?} has no rules of its own in any Ingress of this class; it gets no certificate"),
+                ));
+                continue;
+            }
+            let redirect = d.ssl_redirect
+                && self
+                    .contributors
+                    .get(*host)
+                    .is_none_or(|list| list.iter().all(|c| c.ssl_redirect));
+            assigned.push(((*host).to_owned(), cert.name.clone(), redirect));
+        }
+        let served: FastMap<&str, &str> = assigned
+            .iter()
+            .map(|(h, c, _)| (h.as_str(), c.as_str()))
+            .collect();
+        for d in &tls_ingresses {
+            for (h, s) in &d.tls {
+                if served.get(h.as_str()) == Some(&s.as_str()) {
+                    users.insert((s.clone(), d.source.namespace.clone(), d.source.name.clone()));
+                }
+            }
+        }
+        let kept: FastSet<&str> = served.keys().copied().collect();
+        for host in std::mem::take(&mut self.tls_hosts) {
+            if !kept.contains(host.as_str())
+                && let Some(entry) = self.hosts.get_mut(&host)
+            {
+                entry.set_tls("", false);
+            }
+        }
+        drop(kept);
+        drop(served);
+        let mut names: BTreeSet<&str> = BTreeSet::new();
+        for (host, name, redirect) in assigned {
+            if let Some(entry) = self.hosts.get_mut(&host) {
+                entry.set_tls(&name, redirect);
+            }
+            if let Some((secret, _)) = wanted.get(host.as_str()) {
+                names.insert(secret);
+            }
+            self.tls_hosts.push(host);
+        }
+        let default_certificate = default_secret
+            .filter(|s| chosen.contains_key(s))
+            .map(str::to_owned)
+            .unwrap_or_default();
+        if !default_certificate.is_empty() {
+            names.insert(default_secret.unwrap_or_default());
+        }
+        let certificates = names
+            .into_iter()
+            .filter_map(|n| chosen.get(n))
+            .filter_map(|d| d.certificate.as_ref().ok().cloned())
+            .collect();
+        TlsOut {
+            certificates,
+            default_certificate,
+            users: users
+                .into_iter()
+                .map(|(c, namespace, name)| (c, IngressRef { namespace, name }))
+                .collect(),
+        }
+    }
+}
