@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -16,14 +16,18 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, 
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
-use crate::headers::{
-    BadRequest, Hop, add_forwarded, check_framing, is_upgrade, strip_hop_by_hop, upgrade_allowed,
-};
+use crate::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
 use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 use crate::upstream::{Key, Pool, Upstream};
+
+mod balance;
+mod upgrade;
+
+use balance::Balancer;
+pub use balance::is_local_error;
+use upgrade::Tunnels;
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
 pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
@@ -136,17 +140,12 @@ pub struct Forwarder {
     pool: Arc<Pool<ReclaimBody>>,
     settings: ForwardSettings,
     metrics: Metrics,
-    /// Endpoints that failed to connect, and until when (ms since `epoch`) they are
-    /// skipped. A std mutex: touched briefly, never across an await.
-    ejected: Mutex<std::collections::HashMap<SocketAddr, u64>>,
-    /// Fast path: no lock while nothing is ejected.
-    any_ejected: AtomicU64,
-    epoch: Instant,
+    /// Endpoint choice, and the endpoints ejected after failing to connect.
+    balancer: Balancer,
     /// Connection slots per endpoint (`max_connections_per_endpoint`).
     slots: Mutex<std::collections::HashMap<SocketAddr, Arc<tokio::sync::Semaphore>>>,
-    /// Upgraded tunnels, tracked so that shutdown can wait for them and then close them.
-    tunnels: tokio_util::task::TaskTracker,
-    close_tunnels: tokio::sync::watch::Sender<bool>,
+    /// Upgraded tunnels.
+    tunnels: Tunnels,
     /// Shutting down: HTTP/1.1 responses carry `Connection: close`, so keep-alive clients
     /// move to new connections (which balancers send elsewhere) before the listener closes.
     draining: std::sync::atomic::AtomicBool,
@@ -282,16 +281,46 @@ enum Failed {
     Timeout,
 }
 
-/// Why forwarding failed, by whose fault (pingora-style classification).
+/// Why forwarding failed, by whose fault (pingora-style classification), with its cause:
+/// [`Failure::reason`] is the one mapping to a [`Reason`] (and so to a status), and the
+/// error with its sources is the detail for the log and `--verbose-errors`.
+#[derive(Debug, thiserror::Error)]
 enum Failure {
-    /// Could not connect to any endpoint tried: 502.
-    Connect(String),
+    /// The backend has no endpoint to try: 502.
+    #[error("502 upstream connect failed: no endpoint")]
+    NoEndpoint,
+    /// Could not connect to any endpoint tried (the last one's error): 502.
+    #[error("502 upstream connect failed: {authority}")]
+    Connect {
+        authority: String,
+        #[source]
+        source: crate::upstream::ConnectError,
+    },
     /// The upstream broke the protocol or the connection mid-way: 502.
-    Upstream(String),
-    /// No response head in time: 504.
-    Timeout,
+    #[error("502 upstream failed: {authority}")]
+    Upstream {
+        authority: String,
+        #[source]
+        source: hyper::Error,
+    },
+    /// No response head within the response timeout: 504.
+    #[error("504 upstream did not answer within {0:?}")]
+    Timeout(Duration),
     /// Every connection slot of the endpoint stayed busy past the connect timeout: 503.
+    #[error("503 endpoint {0} busy: --max-upstream-connections-per-endpoint in use")]
     Busy(SocketAddr),
+}
+
+impl Failure {
+    /// The reason the error answer is counted under, which says its status.
+    fn reason(&self) -> Reason {
+        match self {
+            Failure::NoEndpoint | Failure::Connect { .. } => Reason::UpstreamConnectFailed,
+            Failure::Upstream { .. } => Reason::UpstreamFailed,
+            Failure::Timeout(_) => Reason::UpstreamTimeout,
+            Failure::Busy(_) => Reason::EndpointBusy,
+        }
+    }
 }
 
 impl Forwarder {
@@ -304,14 +333,11 @@ impl Forwarder {
         Forwarder {
             table,
             pool: Arc::new(Pool::new(settings.pool_idle_per_host, settings.workers)),
+            balancer: Balancer::new(settings.eject_for),
+            tunnels: Tunnels::new(settings.tunnel_idle_timeout),
             settings,
             metrics,
-            ejected: Mutex::new(Default::default()),
-            any_ejected: AtomicU64::new(0),
-            epoch: Instant::now(),
             slots: Mutex::new(Default::default()),
-            tunnels: tokio_util::task::TaskTracker::new(),
-            close_tunnels: tokio::sync::watch::channel(false).0,
             draining: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -324,61 +350,12 @@ impl Forwarder {
     /// On shutdown: waits until `deadline` for upgraded tunnels to end, then closes the
     /// rest.
     pub async fn finish_tunnels(&self, deadline: tokio::time::Instant) {
-        self.tunnels.close();
-        if tokio::time::timeout_at(deadline, self.tunnels.wait())
-            .await
-            .is_err()
-        {
-            tracing::info!(
-                tunnels = self.tunnels.len(),
-                "grace period over; closing upgraded tunnels"
-            );
-            self.close_tunnels.send_replace(true);
-            self.tunnels.wait().await;
-        }
+        self.tunnels.finish(deadline).await;
     }
 
     /// Open upgraded tunnels.
     pub fn tunnels_open(&self) -> usize {
         self.tunnels.len()
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn is_ejected(&self, addr: &SocketAddr, now: u64) -> bool {
-        if self.any_ejected.load(Ordering::Relaxed) <= now {
-            return false;
-        }
-        let ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
-        ejected.get(addr).is_some_and(|until| *until > now)
-    }
-
-    fn eject(&self, addr: SocketAddr) {
-        let until = self.now_ms() + self.settings.eject_for.as_millis() as u64;
-        let mut ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
-        let now = self.now_ms();
-        ejected.retain(|_, u| *u > now);
-        ejected.insert(addr, until);
-        self.any_ejected.fetch_max(until, Ordering::Relaxed);
-    }
-
-    /// Picks an endpoint round-robin (its index and address), skipping ejected ones and
-    /// `avoid` (unless nothing else is left).
-    fn pick(
-        &self,
-        endpoints: &[SocketAddr],
-        start: usize,
-        avoid: Option<SocketAddr>,
-    ) -> Option<(usize, SocketAddr)> {
-        let now = self.now_ms();
-        let n = endpoints.len();
-        let ok = |(_, a): &(usize, SocketAddr)| Some(*a) != avoid && !self.is_ejected(a, now);
-        let order = || (0..n).map(|i| ((start + i) % n, endpoints[(start + i) % n]));
-        order()
-            .find(ok)
-            .or_else(|| order().find(|(_, a)| Some(*a) != avoid))
     }
 
     /// Answers a request the framing tracker flagged: 400, and the connection is closed.
@@ -713,9 +690,7 @@ impl Forwarder {
         // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
         // Upgrade header removed.
         let connection_slot = req.extensions().get::<ConnectionSlot>().cloned();
-        let upgrade = req.version() == Version::HTTP_11
-            && is_upgrade(req.headers())
-            && upgrade_allowed(req.headers(), &self.settings.allow_upgrade);
+        let upgrade = upgrade::requested(&req, &self.settings.allow_upgrade);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
@@ -746,7 +721,7 @@ impl Forwarder {
         let mut headers = Some(parts.headers);
         let start = backend.next_index();
         let mut tried: Option<SocketAddr> = None;
-        let mut failure = Failure::Connect("no endpoint".into());
+        let mut failure = Failure::NoEndpoint;
         for attempt in 0..2 {
             let (key, authority, mut slot_permit) =
                 if let Some(external) = &backend.external_authority {
@@ -755,7 +730,7 @@ impl Forwarder {
                     }
                     (Key::Name(external.clone()), external, None)
                 } else {
-                    match self.pick(&backend.endpoints, start, tried) {
+                    match self.balancer.pick(&backend.endpoints, start, tried) {
                         Some((i, a)) if Some(a) != tried => {
                             tried = Some(a);
                             let Some(permit) = self.slot(a).await else {
@@ -789,7 +764,7 @@ impl Forwarder {
             };
             match result {
                 Err(Failed::Timeout) => {
-                    failure = Failure::Timeout;
+                    failure = Failure::Timeout(self.settings.response_timeout);
                     break;
                 }
                 Ok((mut resp, up)) => {
@@ -798,20 +773,11 @@ impl Forwarder {
                         .observe(sent.elapsed().as_secs_f64());
                     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
                     if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
-                        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                        let idle = self.settings.tunnel_idle_timeout;
-                        let close = self.close_tunnels.subscribe();
                         // The tunnel holds the client connection's and the endpoint's
                         // slots until it ends.
                         let held = (connection_slot.clone(), slot_permit.take());
-                        self.tunnels.spawn(async move {
-                            let _held = held;
-                            if let (Ok(down), Ok(up)) =
-                                (client_upgrade.await, upstream_upgrade.await)
-                            {
-                                tunnel(TokioIo::new(down), TokioIo::new(up), idle, close).await;
-                            }
-                        });
+                        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                        self.tunnels.open(client_upgrade, upstream_upgrade, held);
                     }
                     let (mut rparts, rbody) = resp.into_parts();
                     Self::downstream_head(&mut rparts, upgrade);
@@ -829,15 +795,12 @@ impl Forwarder {
                     }
                     self.metrics.upstream_connect_errors.inc();
                     if let Some(a) = tried {
-                        if is_local_error(&e) {
-                            // Out of ports or descriptors here: the endpoint is not at fault.
-                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %error_chain(&e), "upstream connect failed for a local reason; not ejecting");
-                        } else {
-                            tracing::warn!(endpoint = %a, backend = %backend.name, error = %error_chain(&e), "upstream connect failed; ejecting endpoint");
-                            self.eject(a);
-                        }
+                        self.balancer.connect_failed(a, &backend.name, &e);
                     }
-                    failure = Failure::Connect(format!("{authority}: {}", error_chain(&e)));
+                    failure = Failure::Connect {
+                        authority: authority.to_string(),
+                        source: e,
+                    };
                     // Retry only if the request body was never sent.
                     let unsent = slot.body.lock().map(|s| s.is_some()).unwrap_or(false);
                     if !unsent {
@@ -845,7 +808,10 @@ impl Forwarder {
                     }
                 }
                 Err(Failed::Upstream(e)) => {
-                    failure = Failure::Upstream(format!("{authority}: {}", error_chain(&e)));
+                    failure = Failure::Upstream {
+                        authority: authority.to_string(),
+                        source: e,
+                    };
                     break;
                 }
             }
@@ -869,110 +835,7 @@ impl Forwarder {
             }
             None => {}
         }
-        let response = match failure {
-            Failure::Connect(e) => self.fail(
-                Reason::UpstreamConnectFailed,
-                format!("502 upstream connect failed: {e}"),
-            ),
-            Failure::Upstream(e) => {
-                self.fail(Reason::UpstreamFailed, format!("502 upstream failed: {e}"))
-            }
-            Failure::Busy(a) => self.fail(
-                Reason::EndpointBusy,
-                format!("503 endpoint {a} busy: --max-upstream-connections-per-endpoint in use"),
-            ),
-            Failure::Timeout => self.fail(
-                Reason::UpstreamTimeout,
-                format!(
-                    "504 upstream did not answer within {:?}",
-                    self.settings.response_timeout
-                ),
-            ),
-        };
-        (response, label)
-    }
-}
-
-/// Copies both ways between the client and the upstream of an upgraded connection until
-/// either side closes, nothing moves for `idle`, or `close` turns true (shutdown).
-async fn tunnel<A, B>(down: A, up: B, idle: Duration, mut close: tokio::sync::watch::Receiver<bool>)
-where
-    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let epoch = Instant::now();
-    let last = AtomicU64::new(0);
-    let (mut down, mut up) = (
-        Touched::new(down, &last, epoch),
-        Touched::new(up, &last, epoch),
-    );
-    let copy = tokio::io::copy_bidirectional(&mut down, &mut up);
-    tokio::pin!(copy);
-    let check = (idle / 4).max(Duration::from_millis(50));
-    loop {
-        tokio::select! {
-            _ = &mut copy => return,
-            _ = close.wait_for(|c| *c) => return,
-            _ = tokio::time::sleep(check) => {
-                let now = epoch.elapsed().as_millis() as u64;
-                if now.saturating_sub(last.load(Ordering::Relaxed)) >= idle.as_millis() as u64 {
-                    tracing::debug!("upgraded tunnel idle; closing");
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// A stream that records when bytes last moved through it.
-struct Touched<'a, S> {
-    inner: S,
-    last: &'a AtomicU64,
-    epoch: Instant,
-}
-
-impl<'a, S> Touched<'a, S> {
-    fn new(inner: S, last: &'a AtomicU64, epoch: Instant) -> Self {
-        Touched { inner, last, epoch }
-    }
-    fn touch(&self) {
-        self.last
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Touched<'_, S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.touch();
-        }
-        r
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Touched<'_, S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        (self.fail(failure.reason(), error_chain(&failure)), label)
     }
 }
 
@@ -996,22 +859,6 @@ fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
             "400 bad request: unusable host or path",
         ),
     }
-}
-
-/// Is a connect error this machine's own (EADDRNOTAVAIL: no local port; EMFILE, ENFILE:
-/// no descriptor; ENOBUFS, ENOMEM), rather than the endpoint's?
-pub fn is_local_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    const LOCAL: [i32; 5] = [99, 24, 23, 105, 12];
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io.raw_os_error().is_some_and(|c| LOCAL.contains(&c))
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
