@@ -23,6 +23,13 @@ use crate::publisher::{self, FreshRead, ProblemReporter, Settings};
 use crate::state::Shared;
 use crate::{status, translate};
 
+/// The gRPC listener pings a connection after this long without frames, so a proxy
+/// that vanished without closing its stream (a silent partition, a killed node) is
+/// noticed and its stream dropped from `ListProxies`.
+pub const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// A ping unanswered for this long closes the connection.
+pub const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// An idle connection to the API server older than this is not reused. After a silent
 /// partition (no FIN, no RST) the connections open at the cut are dead but look alive:
 /// a watch that timed out on one must not be retried on another idle since before the
@@ -215,8 +222,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let admin_mode = mode.clone();
     let router = tonic::transport::Server::builder()
         // Detect proxies that vanished without closing their stream.
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .http2_keepalive_interval(Some(KEEP_ALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEP_ALIVE_TIMEOUT))
         // tonic leaves these open: a client could open streams without bound, reset them
         // faster than they are served (CVE-2023-44487), or hold one connection forever
         // (after a rollout every proxy would stay on the replicas that came up first).

@@ -43,6 +43,10 @@ pub struct ListenSettings {
     pub max_connections: usize,
 }
 
+/// A connection's timeouts are checked four times per the shorter of the idle and header
+/// read timeouts (so one fires at most a quarter late), but no more often than this.
+const CHECK_AT_MOST_EVERY: Duration = Duration::from_millis(50);
+
 /// Serves `listener` until `shutdown` turns true, then drains. With `tls`, every
 /// connection is a TLS connection (HTTPS); the handshake must finish within the header
 /// read timeout. `open` counts the connections of every worker serving the same address,
@@ -260,8 +264,7 @@ impl Connection {
         // Set when an idle connection was asked to close: a client that does not take
         // part in a graceful close (an unanswered HTTP/2 GOAWAY PING) loses the socket.
         let mut idle_close: Option<Instant> = None;
-        let check =
-            (self.idle_timeout.min(self.header_read_timeout) / 4).max(Duration::from_millis(50));
+        let check = (self.idle_timeout.min(self.header_read_timeout) / 4).max(CHECK_AT_MOST_EVERY);
         loop {
             tokio::select! {
                 _ = conn.as_mut() => break,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use holdfast_proto::delta::InvalidDelta;
 use holdfast_proto::mtls::Reloading;
 use holdfast_proto::snapshot::{InvalidSnapshot, Stamp, check_not_older};
 use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, SnapshotDelta};
@@ -29,7 +30,56 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::persist;
+use crate::table::CompileError;
 use crate::table::RouteTable;
+
+/// Why a snapshot or delta was refused: the NACK's text is its message (which includes
+/// its cause), and nothing served changes.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// A delta came while no snapshot is served (there is no base to apply it to).
+    #[error("delta to {version} for base {base}, but no snapshot is served")]
+    NoBase {
+        /// The version the delta makes.
+        version: String,
+        /// The version it applies to.
+        base: String,
+    },
+    /// A delta that does not apply to the served snapshot or does not make the snapshot
+    /// it names.
+    #[error("delta to {version}: {source}")]
+    Delta {
+        /// The version the delta makes.
+        version: String,
+        /// What is wrong with it.
+        #[source]
+        source: InvalidDelta,
+    },
+    /// Larger than `--max-snapshot-bytes`.
+    #[error("snapshot {version} is {size} bytes, over this proxy's --max-snapshot-bytes ({max})")]
+    TooLarge {
+        /// Its version.
+        version: String,
+        /// Its encoded size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Older than the served snapshot for some kind (or behind for one kind and ahead
+    /// for another: waited out).
+    #[error("{0}")]
+    NotNewer(#[source] InvalidSnapshot),
+    /// Fails validation (references, content hash, version).
+    #[error("invalid snapshot: {0}")]
+    Invalid(#[source] InvalidSnapshot),
+    /// Valid, but cannot be compiled into a route table (a certificate that does not
+    /// load, an endpoint address that does not parse).
+    #[error("cannot compile snapshot: {0}")]
+    Compile(#[source] CompileError),
+    /// A response with neither a snapshot nor a delta.
+    #[error("response carries no snapshot")]
+    Empty,
+}
 
 /// Applies snapshots to the shared route table.
 pub struct Applier {
@@ -110,20 +160,22 @@ impl Applier {
     /// over the size limit, compiles only what it changes, appends it to the delta log
     /// and swaps the table. O(change) throughout. A delta for another base, or whose
     /// result is not exactly the snapshot it names, is refused and nothing changes.
-    pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, String> {
+    pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, Refused> {
         // Applies happen one at a time (one stream); the lock is held throughout.
         self.not_newer
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = served.as_mut() else {
-            return Err(format!(
-                "delta to {} for base {}, but no snapshot is served",
-                change.version, change.base_version
-            ));
+            return Err(Refused::NoBase {
+                version: change.version.clone(),
+                base: change.base_version.clone(),
+            });
         };
-        let checked = held
-            .check(change)
-            .map_err(|e| format!("delta to {}: {e}", change.version))?;
+        let delta_error = |source| Refused::Delta {
+            version: change.version.clone(),
+            source,
+        };
+        let checked = held.check(change).map_err(delta_error)?;
         let offered = Stamp {
             version: &change.version,
             cluster_revision: change.cluster_revision,
@@ -136,11 +188,11 @@ impl Applier {
             // The table is always the held snapshot's; compile whole if it ever is not.
             _ => {
                 let mut next = held.clone();
-                next.commit(change, held.check(change).map_err(|e| e.to_string())?);
+                next.commit(change, held.check(change).map_err(delta_error)?);
                 RouteTable::compile(&next.to_snapshot())
             }
         }
-        .map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        .map_err(Refused::Compile)?;
         held.commit(change, checked);
         let persist_error = self.persist(Some(change), || Arc::new(held.to_snapshot()));
         drop(served);
@@ -206,7 +258,7 @@ impl Applier {
     /// A snapshot that is valid but cannot be written to the state file is still served
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
-    pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, String> {
+    pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, Refused> {
         self.not_newer
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
@@ -216,10 +268,8 @@ impl Applier {
             prost::Message::encoded_len(&snapshot),
             served.as_ref(),
         )?;
-        let hashed =
-            delta::Hashed::verified(&snapshot).map_err(|e| format!("invalid snapshot: {e}"))?;
-        let table =
-            RouteTable::compile(&snapshot).map_err(|e| format!("cannot compile snapshot: {e}"))?;
+        let hashed = delta::Hashed::verified(&snapshot).map_err(Refused::Invalid)?;
+        let table = RouteTable::compile(&snapshot).map_err(Refused::Compile)?;
         let snapshot = Arc::new(snapshot);
         let persist_error = self.persist(None, || snapshot.clone());
         *served = Some(delta::Held::new(Arc::unwrap_or_clone(snapshot), hashed));
@@ -237,12 +287,13 @@ impl Applier {
         offered: Stamp<'_>,
         size: usize,
         served: Option<&delta::Held>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         if size > self.max_snapshot_bytes {
-            return Err(format!(
-                "snapshot {} is {size} bytes, over this proxy's --max-snapshot-bytes ({})",
-                offered.version, self.max_snapshot_bytes
-            ));
+            return Err(Refused::TooLarge {
+                version: offered.version.to_owned(),
+                size,
+                max: self.max_snapshot_bytes,
+            });
         }
         let Some(served) = served else {
             return Ok(());
@@ -258,7 +309,7 @@ impl Applier {
             }
             self.not_newer
                 .store(true, std::sync::atomic::Ordering::Relaxed);
-            e.to_string()
+            Refused::NotNewer(e)
         })
     }
 
@@ -376,7 +427,7 @@ pub async fn run(
     tls: Option<ClientTls>,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut backoff = Backoff::new(RECONNECT_FIRST, RECONNECT_MAX);
     let mut attempt = 0usize;
     loop {
         let url = &urls[attempt % urls.len()];
@@ -389,7 +440,7 @@ pub async fn run(
         match outcome {
             Ok(()) => tracing::warn!(control_plane = %url, "stream closed; reconnecting"),
             Err(error) => {
-                let error = error_chain(&*error);
+                let error = error_chain(&error);
                 tracing::warn!(control_plane = %url, %error, "control plane unreachable; serving the last applied snapshot")
             }
         }
@@ -401,7 +452,48 @@ pub async fn run(
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The first reconnect delay after a stream fails; it doubles (with full jitter) on each
+/// further failure up to [`RECONNECT_MAX`], and starts over once a stream is established.
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(200);
+/// The longest reconnect delay.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
+/// Connecting to a control plane (TCP, and TLS when configured) must finish within this.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// An HTTP/2 ping goes to the control plane after this long without frames, so a dead
+/// peer (a silent partition) is noticed without waiting for TCP.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// A ping unanswered for this long closes the stream (and the proxy reconnects).
+pub const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a control-plane stream failed (the proxy keeps serving and reconnects, with
+/// backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The URL does not parse.
+    #[error("invalid control-plane URL")]
+    Url(#[from] http::uri::InvalidUri),
+    /// The URL names no host.
+    #[error("control-plane URL {0:?} has no host")]
+    NoHost(String),
+    /// The TLS server name (`--control-plane-name` or the URL's host) is not a valid name.
+    #[error("invalid TLS server name")]
+    ServerName(#[from] rustls::pki_types::InvalidDnsNameError),
+    /// Connecting failed (TCP, TLS or HTTP/2).
+    #[error("cannot connect")]
+    Connect(#[from] tonic::transport::Error),
+    /// The stream failed or the control plane answered with an error status.
+    #[error("stream failed")]
+    Status(#[from] tonic::Status),
+    /// The stream's request side closed: the control plane stopped reading.
+    #[error("the control plane stopped reading requests")]
+    Closed,
+}
+
+impl<T> From<mpsc::error::SendError<T>> for StreamError {
+    fn from(_: mpsc::error::SendError<T>) -> Self {
+        StreamError::Closed
+    }
+}
 
 /// How often a failed write of the served snapshot is tried again.
 const PERSIST_RETRY: Duration = Duration::from_secs(2);
@@ -423,20 +515,22 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 async fn connect(
     url: &str,
     tls: Option<&ClientTls>,
-) -> Result<tonic::transport::Channel, BoxError> {
-    let endpoint = |url: &str| -> Result<tonic::transport::Endpoint, BoxError> {
+) -> Result<tonic::transport::Channel, StreamError> {
+    let endpoint = |url: &str| -> Result<tonic::transport::Endpoint, StreamError> {
         Ok(
             client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
-                .connect_timeout(Duration::from_secs(2))
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(5)),
+                .connect_timeout(CONNECT_TIMEOUT)
+                .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+                .keep_alive_timeout(KEEP_ALIVE_TIMEOUT),
         )
     };
     let Some(tls) = tls else {
         return Ok(endpoint(url)?.connect().await?);
     };
     let uri: http::Uri = url.parse()?;
-    let host = uri.host().ok_or("control-plane URL has no host")?;
+    let host = uri
+        .host()
+        .ok_or_else(|| StreamError::NoHost(url.to_owned()))?;
     let port = uri.port_u16().unwrap_or(443);
     let name = tls.server_name.clone().unwrap_or_else(|| {
         host.trim_start_matches('[')
@@ -489,7 +583,7 @@ async fn stream_once(
     applier: &Applier,
     metrics: &Metrics,
     backoff: &mut Backoff,
-) -> Result<(), BoxError> {
+) -> Result<(), StreamError> {
     let channel = connect(url, tls).await?;
     // The first request states --max-snapshot-bytes, so the control plane does not send a
     // larger snapshot. Decode a little past it anyway, so one that is sent regardless is
@@ -572,7 +666,7 @@ async fn stream_once(
                         .inc_by(prost::Message::encoded_len(&snapshot) as u64);
                     applier.apply(snapshot)
                 }
-                None => Err("response carries no snapshot".to_owned()),
+                None => Err(Refused::Empty),
             },
         };
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
@@ -586,7 +680,8 @@ async fn stream_once(
         }
         let error_detail = match result {
             Ok(_) => None,
-            Err(message) => {
+            Err(refused) => {
+                let message = refused.to_string();
                 metrics.nacks.inc();
                 tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
                 Some(ErrorDetail { message, not_newer })
