@@ -403,7 +403,22 @@ pub struct SecretDigest {
     pub(super) key: Option<String>,
     /// The certificate resource (named `namespace/name`), or why there is none. The
     /// reason never contains key bytes.
-    pub(super) certificate: Result<Certificate, String>,
+    pub(super) certificate: Result<Certificate, InvalidSecret>,
+}
+
+/// Why a TLS Secret gives no certificate (the message of its [`Problem`]; it never holds
+/// key bytes).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InvalidSecret {
+    /// Not a `kubernetes.io/tls` Secret.
+    #[error("is not of type {TLS_SECRET_TYPE}")]
+    NotTls,
+    /// `tls.crt` or `tls.key` is missing.
+    #[error("lacks tls.crt or tls.key")]
+    Incomplete,
+    /// The certificate or key does not parse, or they do not match.
+    #[error("{0}")]
+    Certificate(#[source] certificate::CertificateError),
 }
 
 /// Digests one Secret: parses and checks `tls.crt` and `tls.key`.
@@ -416,14 +431,14 @@ pub fn digest_secret(secret: &Secret) -> SecretDigest {
         .map(|(ns, name)| format!("{ns}/{name}"));
     let certificate = (|| {
         if secret.type_.as_deref() != Some(TLS_SECRET_TYPE) {
-            return Err(format!("is not of type {TLS_SECRET_TYPE}"));
+            return Err(InvalidSecret::NotTls);
         }
         let data = secret.data.as_ref();
         let field = |name: &str| data.and_then(|d| d.get(name)).map(|b| b.0.as_slice());
         let (Some(chain), Some(private_key)) = (field("tls.crt"), field("tls.key")) else {
-            return Err("lacks tls.crt or tls.key".to_owned());
+            return Err(InvalidSecret::Incomplete);
         };
-        let parsed = certificate::parse(chain, private_key).map_err(|e| e.to_string())?;
+        let parsed = certificate::parse(chain, private_key).map_err(InvalidSecret::Certificate)?;
         let f = parsed.facts;
         Ok(Certificate {
             name: key.clone().unwrap_or_default(),

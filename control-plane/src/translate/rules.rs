@@ -93,18 +93,52 @@ pub fn our_ingresses<'a>(state: &'a ClusterState, opts: &Options) -> Vec<&'a Ing
         .collect()
 }
 
+/// Why an Ingress path cannot be routed (the message of its [`Problem`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidPath {
+    /// The path does not start with `/`.
+    #[error("path {0:?} does not start with '/'")]
+    NotAbsolute(String),
+    /// The path holds whitespace, `?` or `#`.
+    #[error("path {0:?} contains whitespace, '?' or '#'")]
+    ForbiddenCharacter(String),
+    /// The `pathType` is none of `Exact`, `Prefix`, `ImplementationSpecific`.
+    #[error("unknown pathType {0:?}")]
+    UnknownPathType(String),
+}
+
+/// Why an Ingress backend cannot be used (the message of its [`Problem`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBackend {
+    /// A resource backend (not a Service).
+    #[error("resource backends are not supported; use a Service backend")]
+    Resource,
+    /// No Service named.
+    #[error("backend names no Service")]
+    NoService,
+    /// No Service port named.
+    #[error("backend names no Service port")]
+    NoPort,
+    /// A port number outside 1–65535.
+    #[error("Service port {0} is out of range")]
+    PortOutOfRange(i32),
+    /// A port "name" of digits only.
+    #[error("Service port name {0:?} is not a port name (names contain a letter)")]
+    NumericPortName(String),
+}
+
 /// Normalises an Ingress path for its kind, or says why it is invalid.
-pub fn normalise_path(path: Option<&str>, kind: MatchKind) -> Result<String, String> {
+pub fn normalise_path(path: Option<&str>, kind: MatchKind) -> Result<String, InvalidPath> {
     let path = path.unwrap_or("/");
     let path = if path.is_empty() { "/" } else { path };
     if !path.starts_with('/') {
-        return Err(format!("path {path:?} does not start with '/'"));
+        return Err(InvalidPath::NotAbsolute(path.to_owned()));
     }
     if path
         .chars()
         .any(|c| c.is_whitespace() || c == '?' || c == '#')
     {
-        return Err(format!("path {path:?} contains whitespace, '?' or '#'"));
+        return Err(InvalidPath::ForbiddenCharacter(path.to_owned()));
     }
     Ok(match kind {
         MatchKind::Prefix => {
@@ -173,11 +207,11 @@ pub fn escape_never_matched(path: &str) -> Option<String> {
 }
 
 /// The match kind for an Ingress `pathType`.
-pub fn match_kind(path_type: &str) -> Result<MatchKind, String> {
+pub fn match_kind(path_type: &str) -> Result<MatchKind, InvalidPath> {
     match path_type {
         "Exact" => Ok(MatchKind::Exact),
         "Prefix" | "ImplementationSpecific" => Ok(MatchKind::Prefix),
-        other => Err(format!("unknown pathType {other:?}")),
+        other => Err(InvalidPath::UnknownPathType(other.to_owned())),
     }
 }
 
@@ -237,22 +271,23 @@ impl BackendRef {
 }
 
 /// The backend an Ingress backend refers to, or why it cannot be used.
-pub(super) fn backend_ref(ns: &str, backend: &IngressBackend) -> Result<BackendRef, String> {
+pub(super) fn backend_ref(
+    ns: &str,
+    backend: &IngressBackend,
+) -> Result<BackendRef, InvalidBackend> {
     if backend.resource.is_some() {
-        return Err("resource backends are not supported; use a Service backend".into());
+        return Err(InvalidBackend::Resource);
     }
-    let svc = backend.service.as_ref().ok_or("backend names no Service")?;
-    let port = svc.port.as_ref().ok_or("backend names no Service port")?;
+    let svc = backend.service.as_ref().ok_or(InvalidBackend::NoService)?;
+    let port = svc.port.as_ref().ok_or(InvalidBackend::NoPort)?;
     let port = match (port.number, port.name.as_deref()) {
         (Some(n), _) if (1..=65535).contains(&n) => PortRef::Number(n),
-        (Some(n), _) => return Err(format!("Service port {n} is out of range")),
+        (Some(n), _) => return Err(InvalidBackend::PortOutOfRange(n)),
         (None, Some(name)) if name.bytes().all(|b| b.is_ascii_digit()) && !name.is_empty() => {
-            return Err(format!(
-                "Service port name {name:?} is not a port name (names contain a letter)"
-            ));
+            return Err(InvalidBackend::NumericPortName(name.to_owned()));
         }
         (None, Some(name)) if !name.is_empty() => PortRef::Name(name),
-        _ => return Err("backend names no Service port".into()),
+        _ => return Err(InvalidBackend::NoPort),
     };
     let name = format!("{ns}/{}:{port}", svc.name);
     Ok(BackendRef {
