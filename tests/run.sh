@@ -28,7 +28,8 @@ trap summary EXIT
 # Debian packages the suite and deploy/local/k8s.sh use; installed only when missing.
 missing=()
 for pair in curl:curl openssl:openssl ip:iproute2 jq:jq flock:util-linux setsid:util-linux \
-  python3:python3 sha1sum:coreutils prlimit:util-linux mount:mount make:make cc:gcc; do
+  python3:python3 sha1sum:coreutils prlimit:util-linux mount:mount make:make cc:gcc \
+  shellcheck:shellcheck; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if ((${#missing[@]})); then
@@ -62,6 +63,9 @@ fi
 cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
 
 phase "fmt, clippy, build"
+# Every shell script of the project (sourced files followed from each script's directory).
+shellcheck -x --source-path=SCRIPTDIR deploy/local/*.sh tests/run.sh tests/bench/*.sh \
+  data-plane/fuzz/afl.sh .ci/run
 cargo fmt --all -- --check
 cargo fmt --manifest-path data-plane/fuzz/afl/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

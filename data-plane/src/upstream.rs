@@ -47,7 +47,9 @@ impl<B> SendBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Send
 /// connecting (ExternalName backends).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Key {
+    /// An endpoint's address (a Service's ready endpoint).
     Addr(SocketAddr),
+    /// A DNS name and port (an ExternalName Service), resolved when connecting.
     Name(Authority),
 }
 

@@ -385,6 +385,7 @@ wait_ready() {
 start_watchdog() {
   local dir=$1 owner=$2
   # Tears the cluster down when the owner (a test binary, the demo) dies, even by SIGKILL.
+  # shellcheck disable=SC2016 # $1 and $2 are the inner shell's arguments
   setsid bash -c '
     while kill -0 "$1" 2>/dev/null && [[ -f "$2/etcd.args" ]]; do sleep 1; done
     [[ -f "$2/etcd.args" ]] && exec "$3" down "$2"
@@ -432,7 +433,7 @@ cmd_down() {
   if [[ -f $dir/watchdog.pid ]]; then
     local w
     w=$(cat "$dir/watchdog.pid")
-    [[ $w != "$$" ]] && kill "$w" 2>/dev/null || true
+    if [[ $w != "$$" ]]; then kill "$w" 2>/dev/null || true; fi
     rm -f "$dir/watchdog.pid"
   fi
   rm -rf "$dir/etcd-data"
@@ -508,7 +509,8 @@ cmd_netns_down() {
   read -r host_if ns_if < <(netns_links "$name")
   if ip netns list | grep -qw "^$name"; then
     pids=$(ip netns pids "$name" 2>/dev/null || true)
-    [[ -n $pids ]] && kill -9 $pids 2>/dev/null || true
+    # shellcheck disable=SC2086 # one pid per word
+    if [[ -n $pids ]]; then kill -9 $pids 2>/dev/null || true; fi
     ip netns del "$name" 2>/dev/null || true
   fi
   ip link del "$host_if" 2>/dev/null || true

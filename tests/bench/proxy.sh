@@ -27,7 +27,7 @@
 # when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME= SMOKE=
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
@@ -246,7 +246,9 @@ for mode in "-new" "-new -tls1_2" "-reuse -tls1_2"; do
     *) what="resumed, TLS 1.2 (resumption on)" ;;
   esac
   # shellcheck disable=SC2086 # the mode is several flags
-  hf=$(stime_run holdfast "$HFS" "$hf_pid" $mode); ng=$(stime_run nginx "$NGS" "$ng_pid" $mode)
+  hf=$(stime_run holdfast "$HFS" "$hf_pid" $mode)
+  # shellcheck disable=SC2086 # the mode is several flags
+  ng=$(stime_run nginx "$NGS" "$ng_pid" $mode)
   per() { local f; IFS='|' read -ra f <<<"$1"; echo "${f[2]% µs}"; }
   cpu_ratio=$(python3 -c "a, b = float('$(per "$hf")'), float('$(per "$ng")'); print(f'{b / a:.2f}' if a else '—')")
   echo "| $what | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $cpu_ratio |"

@@ -30,13 +30,13 @@ smoke=false
 if $smoke; then
   CRITERION=(--warm-up-time 0.05 --measurement-time 0.1)
   PROXY=(--smoke)
-  FANOUT=(--sizes-mb 0.1 --streams 1,20 --rounds 2)
+  FANOUT=(--sizes-mb 0.1 --streams "1,20" --rounds 2)
   SCALE=(--ingresses 30 --subscribers 20 --streams-per-connection 10 --rounds 2)
   CHURN=(--churn-per-second 20 --churn-seconds 2)
 else
   CRITERION=()
   PROXY=()
-  FANOUT=(--sizes-mb 1,10 --streams 1,100,1000 --rounds 5)
+  FANOUT=(--sizes-mb "1,10" --streams "1,100,1000" --rounds 5)
   SCALE=(--ingresses 10000 --subscribers 1000 --rounds 20)
   CHURN=(--churn-per-second 100 --churn-seconds 60)
 fi
@@ -124,4 +124,4 @@ echo
 echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo
 "$BINS/holdfast-bench-scale" "${SCALE[@]}" --deltas "${CHURN[@]}"
-step done
+step "done"

@@ -17,7 +17,9 @@ use tempfile::TempDir;
 /// One of the two server processes `k8s.sh up` starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Component {
+    /// etcd.
     Etcd,
+    /// kube-apiserver.
     KubeApiserver,
 }
 

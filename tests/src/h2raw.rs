@@ -7,13 +7,19 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Frame types used by the tests (RFC 9113 §6).
+/// Frame type DATA (RFC 9113 §6.1).
 pub const DATA: u8 = 0x0;
+/// Frame type HEADERS (§6.2).
 pub const HEADERS: u8 = 0x1;
+/// Frame type RST_STREAM (§6.4).
 pub const RST_STREAM: u8 = 0x3;
+/// Frame type SETTINGS (§6.5).
 pub const SETTINGS: u8 = 0x4;
+/// Frame type PING (§6.7).
 pub const PING: u8 = 0x6;
+/// Frame type GOAWAY (§6.8).
 pub const GOAWAY: u8 = 0x7;
+/// Frame type CONTINUATION (§6.10).
 pub const CONTINUATION: u8 = 0x9;
 
 /// SETTINGS_MAX_CONCURRENT_STREAMS.
