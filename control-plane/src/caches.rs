@@ -250,12 +250,13 @@ async fn watch_kind<K>(
             }
         }
         let Some(mut rv) = listed_at else {
-            ctx.failed(kind, "the list had no resourceVersion".into());
+            ctx.failed(kind, String::from("the list had no resourceVersion").into());
             backoff.wait().await;
             continue 'list;
         };
         ctx.apply(index, &mut writer, Some(&Event::InitDone), &rv);
         tracing::info!(kind, "cache complete");
+        ctx.shared.count_list(kind);
         ctx.shared.set_synced(kind, true);
         ctx.changed.notify_one();
         loop {
@@ -313,7 +314,10 @@ async fn watch_kind<K>(
                 };
                 let Some(at) = at.filter(|v| !v.is_empty()) else {
                     // Cannot resume after it: start over.
-                    ctx.failed(kind, "a watch event had no resourceVersion".into());
+                    ctx.failed(
+                        kind,
+                        String::from("a watch event had no resourceVersion").into(),
+                    );
                     backoff.wait().await;
                     continue 'list;
                 };
@@ -369,9 +373,10 @@ impl WatchCtx {
         }
     }
 
-    fn failed(&self, kind: &'static str, message: String) {
+    fn failed(&self, kind: &'static str, failure: WatchFailure) {
+        let WatchFailure { message, forbidden } = failure;
         tracing::warn!(kind, error = %message, "watch failed; retrying with backoff");
-        self.shared.record_watch_error(kind, message);
+        self.shared.record_watch_error(kind, message, forbidden);
     }
 }
 
@@ -418,20 +423,37 @@ pub fn prune<K: Resource>(obj: &mut K) {
     }
 }
 
-/// A watch error in words an operator can act on (a 403 names the missing permission,
-/// as the API server's message does).
-fn describe_watch_error(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => describe_status(status),
-        _ => error.to_string(),
+/// A failed list or watch: in words an operator can act on (a 403 names the missing
+/// permission, as the API server's message does), and whether it was a 403.
+struct WatchFailure {
+    message: String,
+    forbidden: bool,
+}
+
+impl From<String> for WatchFailure {
+    fn from(message: String) -> Self {
+        WatchFailure {
+            message,
+            forbidden: false,
+        }
     }
 }
 
-fn describe_status(status: &kube::core::Status) -> String {
+fn describe_watch_error(error: &kube::Error) -> WatchFailure {
+    match error {
+        kube::Error::Api(status) => describe_status(status),
+        _ => error.to_string().into(),
+    }
+}
+
+fn describe_status(status: &kube::core::Status) -> WatchFailure {
     if status.code == 403 {
-        format!("permission denied (403): {}", status.message)
+        WatchFailure {
+            message: format!("permission denied (403): {}", status.message),
+            forbidden: true,
+        }
     } else {
-        format!("{}: {} ({})", status.message, status.reason, status.code)
+        format!("{}: {} ({})", status.message, status.reason, status.code).into()
     }
 }
 

@@ -28,6 +28,14 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Label of the hold releases: `confirmation` (stable, and a fresh read agreed) or
+/// `approval` (an operator).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReleaseLabel {
+    /// What released the hold.
+    pub by: &'static str,
+}
+
 /// Every control-plane metric. Cheap to clone (metrics are shared handles).
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -61,6 +69,12 @@ pub struct Metrics {
     pub cache_synced: Family<KindLabel, Gauge>,
     /// Errors from the watch of a kind.
     pub watch_errors: Family<KindLabel, Counter>,
+    /// Lists and watches of a kind the API server refused with 403 (a missing permission).
+    pub watch_forbidden: Family<KindLabel, Counter>,
+    /// Complete lists of a kind: the first, then one per re-list.
+    pub cache_lists: Family<KindLabel, Counter>,
+    /// Held removals released, by what released them.
+    pub hold_releases: Family<ReleaseLabel, Counter>,
     /// Ingress rules skipped (invalid or losing a conflict) in the last build.
     pub skipped_rules: Gauge,
     /// 1 while this replica holds the leader Lease (writes Ingress status).
@@ -99,6 +113,9 @@ impl Metrics {
             sent_bytes: Counter::default(),
             cache_synced: Family::default(),
             watch_errors: Family::default(),
+            watch_forbidden: Family::default(),
+            cache_lists: Family::default(),
+            hold_releases: Family::default(),
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
             certificate_expiry: Family::default(),
@@ -214,6 +231,21 @@ impl Metrics {
             "grpc_tls_reload_failures",
             "Changed TLS files that did not load (the previous ones stay in use)",
             m.tls_reload_failures.clone(),
+        );
+        r.register(
+            "watch_forbidden",
+            "Lists and watches of a kind refused with 403: the ServiceAccount lacks a permission",
+            m.watch_forbidden.clone(),
+        );
+        r.register(
+            "cache_lists",
+            "Complete lists of a kind (the first, then one per re-list after an expired or lost watch)",
+            m.cache_lists.clone(),
+        );
+        r.register(
+            "snapshot_hold_releases",
+            "Held removals released, by what released them (confirmation or approval)",
+            m.hold_releases.clone(),
         );
         r.register(
             "leader",

@@ -489,6 +489,8 @@ impl Shared {
             let label = KindLabel { kind: kind.into() };
             metrics.cache_synced.get_or_create(&label).set(0);
             let _ = metrics.watch_errors.get_or_create(&label);
+            let _ = metrics.watch_forbidden.get_or_create(&label);
+            let _ = metrics.cache_lists.get_or_create(&label);
         }
         Shared {
             inner: Arc::new(Inner {
@@ -581,8 +583,24 @@ impl Shared {
             .set(i64::from(synced));
     }
 
-    /// Records a watch error of a kind.
-    pub fn record_watch_error(&self, kind: &'static str, error: String) {
+    /// Counts a complete list of a kind.
+    pub fn count_list(&self, kind: &'static str) {
+        self.inner
+            .metrics
+            .cache_lists
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// Records a watch error of a kind (`forbidden`: the API server answered 403).
+    pub fn record_watch_error(&self, kind: &'static str, error: String, forbidden: bool) {
+        if forbidden {
+            self.inner
+                .metrics
+                .watch_forbidden
+                .get_or_create(&KindLabel { kind: kind.into() })
+                .inc();
+        }
         lock(&self.inner.status)
             .caches
             .entry(kind)
@@ -670,9 +688,18 @@ impl Shared {
             status.held.take()?
         };
         self.inner.metrics.held.set(0);
+        self.count_release("confirmation");
         let version = held.snapshot.version.clone();
         self.publish(held.snapshot);
         Some(version)
+    }
+
+    fn count_release(&self, by: &'static str) {
+        self.inner
+            .metrics
+            .hold_releases
+            .get_or_create(&crate::metrics::ReleaseLabel { by })
+            .inc();
     }
 
     /// Operator approval of the hold named `name`: publishes its newest build, without
@@ -694,6 +721,7 @@ impl Shared {
             status.held.take().ok_or(ApproveError::NothingHeld)?
         };
         self.inner.metrics.held.set(0);
+        self.count_release("approval");
         let version = held.snapshot.version.clone();
         tracing::warn!(held = name, %version, reason = %held.reason, routes = held.routes.len(), "held removal approved by an operator");
         self.publish(held.snapshot);

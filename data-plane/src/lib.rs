@@ -70,23 +70,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     ));
 
     // Serve the persisted snapshot at once, before any control plane answers.
-    match persist::load(&args.state_dir) {
+    let outcome = match persist::load(&args.state_dir) {
         Ok(Some(snapshot)) => match RouteTable::compile(&snapshot) {
             Ok(t) => {
                 tracing::info!(version = %t.version, routes = t.route_count(), "serving the persisted snapshot");
                 applier.install(snapshot, t);
+                "served"
             }
             Err(error) => {
-                tracing::error!(%error, "persisted snapshot does not compile; not ready until a control plane delivers one")
+                tracing::error!(%error, "persisted snapshot does not compile; not ready until a control plane delivers one");
+                "rejected"
             }
         },
         Ok(None) => {
-            tracing::info!("no persisted snapshot; not ready until a control plane delivers one")
+            tracing::info!("no persisted snapshot; not ready until a control plane delivers one");
+            "none"
         }
         Err(error) => {
-            tracing::error!(%error, "rejected the state file; not ready until a control plane delivers a snapshot")
+            tracing::error!(%error, "rejected the state file; not ready until a control plane delivers a snapshot");
+            "rejected"
         }
-    }
+    };
+    metrics
+        .state_file_loads
+        .get_or_create(&metrics::LoadLabel { outcome })
+        .inc();
 
     let workers = args
         .worker_threads

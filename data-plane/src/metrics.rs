@@ -78,6 +78,14 @@ pub struct ErrorLabels {
     pub status: &'static str,
 }
 
+/// Label of the state-file loads at start.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoadLabel {
+    /// `served` (the persisted snapshot is served), `none` (no state file yet) or
+    /// `rejected` (corrupt, truncated, or not a valid snapshot: not used at all).
+    pub outcome: &'static str,
+}
+
 /// The status class label and its index in [`RouteCounters`].
 fn class_of(status: u16) -> (&'static str, usize) {
     let i = match status {
@@ -106,6 +114,8 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// Time from sending upstream to the response head.
     pub upstream_latency: Histogram,
+    /// The state file at start, by outcome (one load per start).
+    pub state_file_loads: Family<LoadLabel, Counter>,
     /// Cluster revision of the applied snapshot.
     pub applied_revision: Gauge,
     /// Unix time (seconds) of the last apply.
@@ -155,6 +165,7 @@ impl Metrics {
             requests: Family::default(),
             route_latency: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
+            state_file_loads: Family::default(),
             upstream_latency: latency_histogram(),
             applied_revision: Gauge::default(),
             last_apply: Gauge::default(),
@@ -181,6 +192,11 @@ impl Metrics {
             "requests",
             "Requests served, by route and status class",
             m.requests.clone(),
+        );
+        r.register(
+            "state_file_loads",
+            "The state file read at start, by outcome: served, none (no file yet) or rejected (corrupt or invalid; not used)",
+            m.state_file_loads.clone(),
         );
         r.register(
             "request_duration_seconds",

@@ -468,10 +468,16 @@ async fn removing_all_ingresses_is_released_after_a_stable_period_and_a_fresh_re
     let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
     assert!(status.get("held").is_none(), "{status}");
     assert_eq!(status["publishedVersion"], after.version.as_str());
-    assert!(
-        cp.proc.log().contains("confirmed by a fresh read"),
-        "{}",
-        cp.proc.log()
+    assert_eq!(
+        cp.metric(r#"holdfast_snapshot_hold_releases_total{by="confirmation"}"#)
+            .await?,
+        Some(1.0)
+    );
+    assert_eq!(
+        cp.metric(r#"holdfast_snapshot_hold_releases_total{by="approval"}"#)
+            .await?,
+        None,
+        "released by confirmation, not by an operator"
     );
     Ok(())
 }
@@ -575,7 +581,11 @@ async fn a_conflicting_rule_is_skipped_with_an_event_and_other_routes_are_unaffe
 
     let event = objects::warning_event(&s.client, &s.ns, "ConflictingRoute", "beta").await?;
     assert!(event.note.unwrap_or_default().contains("alpha"));
-    assert!(cp.proc.log().contains("ConflictingRoute"));
+    assert_eq!(
+        cp.metric(r#"holdfast_problems{reason="ConflictingRoute"}"#)
+            .await?,
+        Some(1.0)
+    );
     Ok(())
 }
 

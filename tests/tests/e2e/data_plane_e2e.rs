@@ -155,7 +155,11 @@ async fn the_persisted_snapshot_is_served_after_a_restart_while_the_control_plan
         before,
         "the same snapshot"
     );
-    assert!(p.proc.log().contains("serving the persisted snapshot"));
+    assert_eq!(
+        p.metric(r#"holdfast_proxy_state_file_loads_total{outcome="served"}"#)
+            .await?,
+        Some(1.0)
+    );
     assert_eq!(
         p.metric("holdfast_proxy_control_plane_connected").await?,
         Some(0.0)
@@ -254,10 +258,11 @@ async fn a_corrupt_or_truncated_state_file_keeps_the_proxy_not_ready_until_a_con
         assert_eq!(code, 503, "{what}: {body}");
         let (_, why) = p.admin_get("/debug/explain?host=x&path=/").await?;
         assert!(why.contains("no route table"), "{what}: {why}");
-        let log = p.proc.log();
-        assert!(
-            log.contains("rejected the state file"),
-            "{what}: no clear log line:\n{log}"
+        assert_eq!(
+            p.metric(r#"holdfast_proxy_state_file_loads_total{outcome="rejected"}"#)
+                .await?,
+            Some(1.0),
+            "{what}"
         );
 
         // A control plane comes back: the proxy recovers at once.

@@ -101,10 +101,6 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
         Some(0.0),
         "two leaders"
     );
-    assert!(
-        !replicas[fi].proc.log().contains("became leader"),
-        "the standby wrote status"
-    );
 
     // SIGKILL the leader: the standby takes over within the lease duration.
     let killed = Instant::now();

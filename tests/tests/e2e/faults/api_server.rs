@@ -84,7 +84,7 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
         }
         seen
     });
-    let lists_before = ingress_lists(&s.cp);
+    let lists_before = ingress_lists(&s.cp).await?;
     let traffic = s.traffic(RATE);
 
     // Every connection is cut after 8.5 kB from the server: past the TLS handshake and a
@@ -100,7 +100,8 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
     s.api_fault.set(Mode::Pass);
     s.wait_cp_synced().await?;
     wait::until("a completed re-list of Ingresses", T, || async {
-        Ok((ingress_lists(&s.cp) > lists_before).then_some(()))
+        let lists = ingress_lists(&s.cp).await.map_err(|e| e.to_string())?;
+        Ok((lists > lists_before).then_some(()))
     })
     .await?;
 
@@ -300,10 +301,24 @@ async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready(
                 .contains(r#"cannot list resource "services""#),
         "{status}"
     );
-    let log = s.cp.proc.log();
+    // Counted as a refused permission, for the kind it was refused for.
+    let forbidden = |kind: &'static str| {
+        let cp = &s.cp;
+        async move {
+            cp.metric(&format!(
+                "holdfast_watch_forbidden_total{{kind=\"{kind}\"}}"
+            ))
+            .await
+        }
+    };
+    assert!(forbidden("Service").await?.is_some_and(|n| n >= 1.0));
+    assert_eq!(forbidden("Ingress").await?, Some(0.0));
     assert!(
-        log.contains("permission denied (403)") && log.contains("services"),
-        "the log does not say what is missing:\n{log}"
+        status["lastError"]
+            .as_str()
+            .unwrap()
+            .starts_with("permission denied (403)"),
+        "{status}"
     );
     assert_eq!(
         call(s.cp.grpc, "grpc.health.v1.Health/Check", "{}")?["status"],
@@ -331,7 +346,7 @@ async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps(
     let hash = s.published_hash()?;
     let versions = s.applied_versions().await?;
     let published = s.published_total().await?;
-    let lists_before = ingress_lists(&s.cp);
+    let lists_before = ingress_lists(&s.cp).await?;
     let traffic = s.traffic(RATE);
 
     // Disconnect the watches, move the cluster on, compact, and restart the API server so
@@ -359,7 +374,8 @@ async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps(
     s.api_fault.set(Mode::Pass);
 
     wait::until("a re-list of Ingresses", T, || async {
-        Ok((ingress_lists(&s.cp) > lists_before).then_some(()))
+        let lists = ingress_lists(&s.cp).await.map_err(|e| e.to_string())?;
+        Ok((lists > lists_before).then_some(()))
     })
     .await?;
     s.wait_cp_synced().await?;

@@ -43,13 +43,11 @@ pub(super) fn assert_clean(report: &Report) {
     assert!(report.total > 0, "no traffic was sent");
 }
 
-/// Lines of the control plane's log that report a completed list of Ingresses.
-pub(super) fn ingress_lists(cp: &ControlPlane) -> usize {
-    cp.proc
-        .log()
-        .lines()
-        .filter(|l| l.contains("cache complete") && l.contains("kind=\"Ingress\""))
-        .count()
+/// Complete lists of Ingresses the control plane has made (`holdfast_cache_lists_total`).
+pub(super) async fn ingress_lists(cp: &ControlPlane) -> anyhow::Result<f64> {
+    cp.metric(r#"holdfast_cache_lists_total{kind="Ingress"}"#)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no holdfast_cache_lists_total for Ingress"))
 }
 
 /// Holds the outage for `d`: the fault's own duration, not synchronisation.

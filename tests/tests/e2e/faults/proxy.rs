@@ -60,7 +60,12 @@ async fn s08_corrupt_or_truncated_state_file_is_rejected_and_recovered_from() ->
             let (code, body) = s.proxies[0].get(&host, "/").await?;
             assert_eq!(code, 503, "served from a partial table? {body}");
         }
-        assert!(s.proxies[0].proc.log().contains("rejected the state file"));
+        assert_eq!(
+            s.proxies[0]
+                .metric(r#"holdfast_proxy_state_file_loads_total{outcome="rejected"}"#)
+                .await?,
+            Some(1.0)
+        );
         s.cp.restart()?;
         s.proxies[0].wait_ready(T).await?;
         s.wait_all_served().await?;
