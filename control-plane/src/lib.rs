@@ -13,6 +13,7 @@
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
 //! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
 //! - [`metrics`], [`config`], [`server`] (wiring).
+//! - `fixtures` (tests only): a mocked API server that pins the exact requests made.
 //!
 //! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
 //! the proxy, in the `holdfast-process` crate (`process/`).
@@ -22,6 +23,8 @@ pub mod authn;
 pub mod caches;
 pub mod config;
 pub mod discovery;
+#[cfg(test)]
+mod fixtures;
 pub mod guard;
 pub mod metrics;
 pub mod publisher;

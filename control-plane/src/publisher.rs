@@ -1004,105 +1004,129 @@ mod tests {
         );
     }
 
-    /// A stand-in for the API server's LIST of Ingresses (IngressClasses: none): it
-    /// serves `ingresses` in pages of the `limit` asked (the continue token is the next
-    /// index), answers page `expire` with 410 Gone as an expired token, and records each
-    /// Ingress query.
-    #[derive(Clone)]
-    struct FakeApi {
-        ingresses: usize,
-        expire: Option<usize>,
-        queries: Arc<std::sync::Mutex<Vec<String>>>,
-    }
-
-    impl tower::Service<http::Request<kube::client::Body>> for FakeApi {
-        type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
-        type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
-
-        fn poll_ready(
-            &mut self,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Result<(), Self::Error>> {
-            std::task::Poll::Ready(Ok(()))
+    /// A page of `IngressList`: Ingresses `ns/ing-<i>` for `i` in `range`, continued at
+    /// `range.end` unless that is `total`.
+    fn ingress_page(range: std::ops::Range<usize>, total: usize) -> serde_json::Value {
+        let items: Vec<_> = range
+            .clone()
+            .map(|i| serde_json::json!({"metadata": {"namespace": "ns", "name": format!("ing-{i}"), "resourceVersion": "7"}}))
+            .collect();
+        let mut metadata = serde_json::json!({"resourceVersion": "7"});
+        if range.end < total {
+            metadata["continue"] = range.end.to_string().into();
         }
-
-        fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
-            let query = req.uri().query().unwrap_or_default().to_owned();
-            let param = |name: &str| {
-                query
-                    .split('&')
-                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                    .and_then(|v| v.parse::<usize>().ok())
-            };
-            let (status, body) = if req.uri().path().ends_with("/ingressclasses") {
-                (
-                    200,
-                    serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClassList", "metadata": {}, "items": []}),
-                )
-            } else {
-                self.queries.lock().unwrap().push(query.clone());
-                let start = param("continue").unwrap_or(0);
-                let end = (start + param("limit").unwrap_or(usize::MAX)).min(self.ingresses);
-                let page = self.queries.lock().unwrap().len() - 1;
-                if self.expire == Some(page) {
-                    (
-                        410,
-                        serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": "the continue token has expired"}),
-                    )
-                } else {
-                    let items: Vec<_> = (start..end)
-                        .map(|i| serde_json::json!({"metadata": {"namespace": "ns", "name": format!("ing-{i}"), "resourceVersion": "7"}}))
-                        .collect();
-                    let mut metadata = serde_json::json!({"resourceVersion": "7"});
-                    if end < self.ingresses {
-                        metadata["continue"] = end.to_string().into();
-                    }
-                    (
-                        200,
-                        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressList", "metadata": metadata, "items": items}),
-                    )
-                }
-            };
-            std::future::ready(Ok(http::Response::builder()
-                .status(status)
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(bytes::Bytes::from(
-                    body.to_string(),
-                )))
-                .expect("a response")))
-        }
+        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressList", "metadata": metadata, "items": items})
     }
 
-    fn fresh_read(ingresses: usize, expire: Option<usize>) -> (FreshRead, FakeApi) {
-        let api = FakeApi {
-            ingresses,
-            expire,
-            queries: Arc::default(),
-        };
-        (FreshRead::new(Client::new(api.clone(), "default"), 2), api)
-    }
+    const INGRESSES: &str = "/apis/networking.k8s.io/v1/ingresses";
+    const CLASSES: &str = "/apis/networking.k8s.io/v1/ingressclasses";
 
+    /// The exact requests of a fresh read of 5 Ingresses in pages of 2: a quorum LIST
+    /// (no resourceVersion), then each continue token in turn, then the IngressClasses.
     #[tokio::test]
     async fn the_fresh_read_lists_in_pages_of_the_page_size_and_gets_every_object() {
-        let (fresh, api) = fresh_read(5, None);
-        let read = fresh.read().await.expect("reads");
+        let (client, mut api) = crate::fixtures::client();
+        let read = tokio::spawn(async move { FreshRead::new(client, 2).read().await });
+        let mut queries = Vec::new();
+        for (range, continued) in [(0..2, None), (2..4, Some("2")), (4..5, Some("4"))] {
+            let r = api
+                .expect(http::Method::GET, INGRESSES, 200, |_| {
+                    ingress_page(range, 5)
+                })
+                .await;
+            assert!(r.query.contains("limit=2"), "{}", r.query);
+            assert!(
+                !r.query.contains("resourceVersion"),
+                "not a quorum read: {}",
+                r.query
+            );
+            match continued {
+                Some(token) => assert!(
+                    r.query.contains(&format!("continue={token}")),
+                    "{}",
+                    r.query
+                ),
+                None => assert!(!r.query.contains("continue="), "{}", r.query),
+            }
+            queries.push(r.query);
+        }
+        api.expect(http::Method::GET, CLASSES, 200, |_| {
+            serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClassList", "metadata": {}, "items": []})
+        })
+        .await;
+        let read = read.await.expect("the read task").expect("reads");
         let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
             ["ns/ing-0", "ns/ing-1", "ns/ing-2", "ns/ing-3", "ns/ing-4"]
         );
-        let queries = api.queries.lock().unwrap().clone();
-        assert_eq!(queries.len(), 3, "{queries:?}");
-        assert!(queries.iter().all(|q| q.contains("limit=2")), "{queries:?}");
-        assert!(queries[1].contains("continue=2") && queries[2].contains("continue=4"));
     }
 
+    /// A later page answered 410 (an expired continue token): the read is an error, and
+    /// nothing more is asked (no IngressClasses: a partial list is never used).
     #[tokio::test]
     async fn a_fresh_read_whose_later_page_fails_is_an_error_never_a_partial_list() {
-        let (fresh, api) = fresh_read(5, Some(1));
-        assert!(fresh.read().await.is_err());
-        assert_eq!(api.queries.lock().unwrap().len(), 2);
+        let (client, mut api) = crate::fixtures::client();
+        let read = tokio::spawn(async move { FreshRead::new(client, 2).read().await });
+        api.expect(http::Method::GET, INGRESSES, 200, |_| ingress_page(0..2, 5))
+            .await;
+        api.expect(http::Method::GET, INGRESSES, 410, |_| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": "the continue token has expired"})
+        })
+        .await;
+        let read = tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("the read ends at the failed page")
+            .expect("the read task");
+        assert!(read.is_err(), "{read:?}");
+    }
+
+    /// The exact Events of skipped rules: one Warning Event (events.k8s.io/v1) on the
+    /// Ingress, saying the reason and the message, from this controller and instance;
+    /// a problem already reported is not reported again (the next request is the next new
+    /// problem's).
+    #[tokio::test]
+    async fn a_skipped_rule_is_one_warning_event_on_its_ingress_reported_once() {
+        let (client, mut api) = crate::fixtures::client();
+        let mut reporter = ProblemReporter::new(Some(client), "cp-0".into());
+        let ingress: Ingress = serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"namespace": "ns", "name": "beta", "uid": "u-1"}
+        }))
+        .expect("an Ingress");
+        let state = ClusterState {
+            ingresses: vec![Arc::new(ingress)],
+            ..Default::default()
+        };
+        let problem = |reason: &'static str, message: &str| Problem {
+            namespace: "ns".into(),
+            name: "beta".into(),
+            reason,
+            message: message.into(),
+        };
+        let conflict = problem("ConflictingRoute", "path / of a.test is ns/alpha's (older)");
+        let echo = |r: &crate::fixtures::Received| r.body.clone();
+        const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+        reporter.report(std::slice::from_ref(&conflict), &state);
+        let event = api.expect(http::Method::POST, EVENTS, 201, echo).await;
+        assert_eq!(event.body["type"], "Warning");
+        assert_eq!(event.body["reason"], "ConflictingRoute");
+        assert_eq!(event.body["note"], "path / of a.test is ns/alpha's (older)");
+        assert_eq!(event.body["action"], "Translate");
+        assert_eq!(event.body["regarding"]["name"], "beta");
+        assert_eq!(event.body["regarding"]["uid"], "u-1");
+        assert_eq!(event.body["reportingController"], "holdfast-control-plane");
+        assert_eq!(event.body["reportingInstance"], "cp-0");
+
+        reporter.report(std::slice::from_ref(&conflict), &state);
+        let invalid = problem("InvalidPath", "path \"x\" on host a.test skipped");
+        reporter.report(&[conflict, invalid], &state);
+        let next = api.expect(http::Method::POST, EVENTS, 201, echo).await;
+        assert_eq!(
+            next.body["reason"], "InvalidPath",
+            "the conflict was reported twice"
+        );
     }
 
     #[test]

@@ -187,12 +187,17 @@ pub async fn run(
 }
 
 async fn sync(client: &Client, caches: &Caches, settings: &Settings) {
-    let state = caches.state();
+    sync_state(client, &caches.state(), settings).await;
+}
+
+/// Patches the status of every Ingress of ours in `state` whose addresses are not the
+/// desired ones: one status PATCH each, nothing for those already right.
+async fn sync_state(client: &Client, state: &ClusterState, settings: &Settings) {
     let Some(desired) = desired(&settings.publish, &state.services) else {
         tracing::debug!("no address to publish yet");
         return;
     };
-    for ing in stale(&state, &settings.translate, &desired) {
+    for ing in stale(state, &settings.translate, &desired) {
         let (Some(ns), Some(name)) = (
             ing.metadata.namespace.as_deref(),
             ing.metadata.name.as_deref(),
@@ -271,8 +276,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn only_our_ingresses_with_a_different_status_are_stale() {
+    /// Our class, and four Ingresses in namespace `a`: `fresh` (already the desired
+    /// address), `old` (another address), `none` (no status), `theirs` (another class).
+    fn state() -> ClusterState {
         let class: Arc<k8s_openapi::api::networking::v1::IngressClass> = Arc::new(
             serde_json::from_value(json!({ "metadata": { "name": "holdfast" }, "spec": { "controller": "holdfast.dev/ingress-controller" } })).unwrap(),
         );
@@ -283,7 +289,7 @@ mod tests {
             }
             Arc::new(serde_json::from_value(v).unwrap())
         };
-        let state = ClusterState {
+        ClusterState {
             ingress_classes: vec![class],
             ingresses: vec![
                 ing("fresh", "holdfast", Some("203.0.113.7")),
@@ -292,12 +298,53 @@ mod tests {
                 ing("theirs", "nginx", None),
             ],
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn only_our_ingresses_with_a_different_status_are_stale() {
+        let state = state();
         let d = desired(&Publish::Addresses(vec!["203.0.113.7".into()]), &[]).unwrap();
         let names: Vec<_> = stale(&state, &translate::Options::default(), &d)
             .iter()
             .map(|i| i.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(names, ["old", "none"]);
+    }
+
+    /// The exact requests a status sync makes: one merge PATCH of the status subresource
+    /// per stale Ingress of ours, carrying only the desired addresses, and nothing else.
+    #[tokio::test]
+    async fn a_sync_patches_the_status_of_each_stale_ingress_once_and_nothing_else() {
+        let (client, mut api) = crate::fixtures::client();
+        let settings = Settings {
+            publish: Publish::Addresses(vec!["203.0.113.7".into()]),
+            lease_name: "holdfast".into(),
+            lease_namespace: "holdfast-system".into(),
+            lease_duration: Duration::from_secs(15),
+            lease_grace: Duration::from_secs(5),
+            identity: "cp-0".into(),
+            translate: translate::Options::default(),
+        };
+        let sync = tokio::spawn(async move { sync_state(&client, &state(), &settings).await });
+        for name in ["old", "none"] {
+            let patch = api
+                .expect(
+                    http::Method::PATCH,
+                    &format!("/apis/networking.k8s.io/v1/namespaces/a/ingresses/{name}/status"),
+                    200,
+                    |_| json!({ "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": { "namespace": "a", "name": name } }),
+                )
+                .await;
+            assert_eq!(
+                patch.body,
+                json!({ "status": { "loadBalancer": { "ingress": [{ "ip": "203.0.113.7" }] } } })
+            );
+        }
+        // Done after those two: a third request would never be answered.
+        tokio::time::timeout(Duration::from_secs(5), sync)
+            .await
+            .expect("the sync made no other request")
+            .expect("the sync task");
     }
 }
