@@ -5,6 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use holdfast_proto::v1::Node;
+
+use crate::path::EscapedSlashes;
+use crate::proxy::ForwardSettings;
+use crate::server::ListenSettings;
 pub use holdfast_process::LogFormat;
 
 /// What to do with an escaped `/` or `\` (`%2F`, `%5C`) in a request path.
@@ -188,15 +193,57 @@ fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
         .map_err(|_| format!("{s:?} is not an address or a CIDR (like 10.0.0.0/8)"))
 }
 
-/// Validated configuration.
+/// Validated configuration: one settings value per component, which wiring hands over
+/// as it is (nothing is checked or converted again).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The checked arguments.
-    pub args: Args,
-    /// The control-plane connection's TLS files; None with --insecure-plaintext.
+    /// The addresses listened on.
+    pub addresses: Addresses,
+    /// Worker threads serving the proxy listeners (`--worker-threads`, default: CPUs).
+    pub workers: usize,
+    /// The client listeners' limits and timeouts.
+    pub listen: ListenSettings,
+    /// Forwarding: upstream timeouts, limits, balancing, error pages.
+    pub forward: ForwardSettings,
+    /// The control-plane stream.
+    pub subscribe: SubscribeSettings,
+    /// The state file's directory (`--state-dir`).
+    pub state_dir: PathBuf,
+    /// Largest snapshot accepted, encoded (`--max-snapshot-bytes`).
+    pub max_snapshot_bytes: usize,
+    /// How long a shutting-down proxy keeps accepting, not ready (`--drain-delay`).
+    pub drain_delay: Duration,
+    /// `--log-format`.
+    pub log_format: LogFormat,
+}
+
+/// The addresses the proxy listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    /// HTTP/1.1 and h2c (`--listen`).
+    pub listen: SocketAddr,
+    /// HTTPS (`--listen-tls`), if served.
+    pub listen_tls: Option<SocketAddr>,
+    /// `/healthz`, `/readyz`, `/metrics` (`--admin-listen`).
+    pub admin: SocketAddr,
+    /// `/debug/*` (`--debug-listen`).
+    pub debug: SocketAddr,
+}
+
+/// The control-plane stream's settings.
+#[derive(Debug, Clone)]
+pub struct SubscribeSettings {
+    /// Control-plane URLs, tried in turn.
+    pub control_planes: Vec<String>,
+    /// This proxy's identity (`--node-id`, default the hostname) and zone.
+    pub node: Node,
+    /// The mutual-TLS files; None with `--insecure-plaintext`.
     pub tls: Option<holdfast_proto::mtls::Files>,
-    /// This proxy's node id.
-    pub node_id: String,
+    /// The name the control plane's certificate must have (`--control-plane-name`;
+    /// default: the URL's host).
+    pub server_name: Option<String>,
+    /// How often the TLS files are checked for changes.
+    pub tls_reload_interval: Duration,
 }
 
 /// A flag value that cannot work.
@@ -319,10 +366,62 @@ impl Args {
             Some(id) if id.is_empty() => return Err(err("node-id", "must not be empty")),
             given => holdfast_process::node_name(given.as_deref(), "holdfast-proxy"),
         };
+        let workers = self.worker_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        });
         Ok(Config {
-            args: self,
-            tls,
-            node_id,
+            addresses: Addresses {
+                listen: self.listen,
+                listen_tls: self.listen_tls,
+                admin: self.admin_listen,
+                debug: self.debug_listen,
+            },
+            workers,
+            listen: ListenSettings {
+                header_read_timeout: self.header_read_timeout,
+                idle_timeout: self.idle_timeout,
+                max_headers: self.max_headers,
+                max_header_bytes: self.max_header_bytes,
+                shutdown_grace: self.shutdown_grace,
+                send_timeout: self.send_timeout,
+                max_connections: self.max_connections.unwrap_or(8192 * workers),
+            },
+            forward: ForwardSettings {
+                connect_timeout: self.upstream_connect_timeout,
+                response_timeout: self.upstream_response_timeout,
+                eject_for: self.eject_for,
+                pool_idle_per_host: self.upstream_pool_idle,
+                workers,
+                escaped_slashes: match self.escaped_slashes {
+                    EscapedSlashesArg::Reject => EscapedSlashes::Reject,
+                    EscapedSlashesArg::Keep => EscapedSlashes::Keep,
+                },
+                verbose_errors: self.verbose_errors,
+                max_connections_per_endpoint: self.max_upstream_connections_per_endpoint,
+                tunnel_idle_timeout: self.idle_timeout,
+                max_request_body: self.max_request_body,
+                body_read_timeout: self.body_read_timeout,
+                trust_forwarded_from: self.trust_forwarded_from,
+                allow_upgrade: self
+                    .allow_upgrade
+                    .iter()
+                    .map(|p| p.trim().to_ascii_lowercase())
+                    .collect(),
+            },
+            subscribe: SubscribeSettings {
+                control_planes: self.control_planes,
+                node: Node {
+                    id: node_id,
+                    zone: self.zone,
+                },
+                tls,
+                server_name: self.control_plane_name,
+                tls_reload_interval: self.tls_reload_interval,
+            },
+            state_dir: self.state_dir,
+            max_snapshot_bytes: self.max_snapshot_bytes,
+            drain_delay: self.drain_delay,
+            log_format: self.log_format,
         })
     }
 }
@@ -348,17 +447,17 @@ mod tests {
     #[test]
     fn defaults_are_safe_and_valid() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.args.listen.port(), 8080);
-        assert_eq!(c.args.header_read_timeout, Duration::from_secs(10));
-        assert_eq!(c.args.max_headers, 100);
+        assert_eq!(c.addresses.listen.port(), 8080);
+        assert_eq!(c.listen.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.listen.max_headers, 100);
         // /debug/* shows every route and pod address: loopback unless told otherwise.
-        assert!(c.args.debug_listen.ip().is_loopback());
-        assert!(!c.args.verbose_errors, "error pages say only the status");
-        assert_eq!(c.args.allow_upgrade, ["websocket"]);
-        assert!(c.args.trust_forwarded_from.is_empty());
-        assert_eq!(c.args.max_request_body, 100 << 20);
-        assert_eq!(c.args.max_snapshot_bytes, 64 << 20);
-        assert_eq!(c.args.drain_delay, Duration::from_secs(5));
+        assert!(c.addresses.debug.ip().is_loopback());
+        assert!(!c.forward.verbose_errors, "error pages say only the status");
+        assert_eq!(c.forward.allow_upgrade, ["websocket"]);
+        assert!(c.forward.trust_forwarded_from.is_empty());
+        assert_eq!(c.forward.max_request_body, 100 << 20);
+        assert_eq!(c.max_snapshot_bytes, 64 << 20);
+        assert_eq!(c.drain_delay, Duration::from_secs(5));
         assert!(
             parse(&["--allow-upgrade", "websocket,h2c"]).is_err(),
             "never h2c"
@@ -389,7 +488,7 @@ mod tests {
             )
             .unwrap()
             .validate()
-            .map(|c| c.tls.is_some())
+            .map(|c| c.subscribe.tls.is_some())
             .map_err(|e| e.to_string())
         };
         let tls = [
@@ -419,7 +518,7 @@ mod tests {
     fn several_control_planes_by_repetition_or_comma() {
         let c = parse(&["--control-plane", "http://b:1,http://c:2"]).unwrap();
         assert_eq!(
-            c.args.control_planes,
+            c.subscribe.control_planes,
             ["http://127.0.0.1:18000", "http://b:1", "http://c:2"]
         );
     }

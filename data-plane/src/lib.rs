@@ -42,35 +42,44 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwapOption;
-use holdfast_proto::v1::Node;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::proxy::{ForwardSettings, Forwarder};
+use crate::proxy::Forwarder;
 use crate::server::ListenSettings;
 use crate::subscriber::Applier;
 use crate::table::RouteTable;
 
 /// Runs the proxy until `shutdown` is cancelled, then drains.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let args = &config.args;
-    persist::prepare_dir(&args.state_dir)
-        .with_context(|| format!("preparing --state-dir {}", args.state_dir.display()))?;
+    let Config {
+        addresses,
+        workers,
+        listen,
+        forward,
+        subscribe,
+        state_dir,
+        max_snapshot_bytes,
+        drain_delay,
+        log_format: _,
+    } = config;
+    persist::prepare_dir(&state_dir)
+        .with_context(|| format!("preparing --state-dir {}", state_dir.display()))?;
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let table: Arc<ArcSwapOption<RouteTable>> = Arc::new(ArcSwapOption::empty());
     let applier = Arc::new(Applier::new(
         table.clone(),
-        args.state_dir.clone(),
+        state_dir.clone(),
         metrics.clone(),
-        args.max_snapshot_bytes,
+        max_snapshot_bytes,
     ));
 
     // Serve the persisted snapshot at once, before any control plane answers.
-    let outcome = match persist::load(&args.state_dir) {
+    let outcome = match persist::load(&state_dir) {
         Ok(Some(snapshot)) => match RouteTable::compile(&snapshot) {
             Ok(t) => {
                 tracing::info!(version = %t.version, routes = t.route_count(), "serving the persisted snapshot");
@@ -96,62 +105,30 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .get_or_create(&metrics::LoadLabel { outcome })
         .inc();
 
-    let workers = args
-        .worker_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
-    let listeners = bind_per_worker(args.listen, workers)
-        .with_context(|| format!("binding --listen {}", args.listen))?;
-    let tls_listeners = match args.listen_tls {
+    let listeners = bind_per_worker(addresses.listen, workers)
+        .with_context(|| format!("binding --listen {}", addresses.listen))?;
+    let tls_listeners = match addresses.listen_tls {
         Some(addr) => Some(
             bind_per_worker(addr, workers)
                 .with_context(|| format!("binding --listen-tls {addr}"))?,
         ),
         None => None,
     };
-    let admin_listener = TcpListener::bind(args.admin_listen)
+    let admin_listener = TcpListener::bind(addresses.admin)
         .await
-        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
-    let debug_listener = TcpListener::bind(args.debug_listen)
+        .with_context(|| format!("binding --admin-listen {}", addresses.admin))?;
+    let debug_listener = TcpListener::bind(addresses.debug)
         .await
-        .with_context(|| format!("binding --debug-listen {}", args.debug_listen))?;
+        .with_context(|| format!("binding --debug-listen {}", addresses.debug))?;
     let https = match &tls_listeners {
         Some(l) => l[0].local_addr()?.to_string(),
         None => "off".into(),
     };
-    tracing::info!(proxy = %listeners[0].local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %config.node_id, workers, "listening");
+    tracing::info!(proxy = %listeners[0].local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %subscribe.node.id, workers, "listening");
 
-    let escaped_slashes = match args.escaped_slashes {
-        config::EscapedSlashesArg::Reject => path::EscapedSlashes::Reject,
-        config::EscapedSlashesArg::Keep => path::EscapedSlashes::Keep,
-    };
-    let forwarder = Arc::new(Forwarder::new(
-        table.clone(),
-        ForwardSettings {
-            connect_timeout: args.upstream_connect_timeout,
-            response_timeout: args.upstream_response_timeout,
-            eject_for: args.eject_for,
-            pool_idle_per_host: args.upstream_pool_idle,
-            workers,
-            escaped_slashes,
-            verbose_errors: args.verbose_errors,
-            max_connections_per_endpoint: args.max_upstream_connections_per_endpoint,
-            tunnel_idle_timeout: args.idle_timeout,
-            max_request_body: args.max_request_body,
-            body_read_timeout: args.body_read_timeout,
-            trust_forwarded_from: args.trust_forwarded_from.clone(),
-            allow_upgrade: args
-                .allow_upgrade
-                .iter()
-                .map(|p| p.trim().to_ascii_lowercase())
-                .collect(),
-        },
-        metrics.clone(),
-    ));
-    let node = Node {
-        id: config.node_id.clone(),
-        zone: args.zone.clone(),
-    };
-    let tls = match &config.tls {
+    let escaped_slashes = forward.escaped_slashes;
+    let forwarder = Arc::new(Forwarder::new(table.clone(), forward, metrics.clone()));
+    let tls = match &subscribe.tls {
         Some(files) => {
             let reloading = holdfast_proto::mtls::Reloading::new(
                 files.clone(),
@@ -160,7 +137,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .context("loading --tls-cert, --tls-key and --control-plane-ca")?;
             Some(subscriber::ClientTls {
                 config: reloading,
-                server_name: args.control_plane_name.clone(),
+                server_name: subscribe.server_name.clone(),
             })
         }
         None => {
@@ -173,7 +150,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let tls_watch = tls.as_ref().map(|t| {
         let m = metrics.clone();
         t.config
-            .watch(args.tls_reload_interval, move |outcome| match outcome {
+            .watch(subscribe.tls_reload_interval, move |outcome| match outcome {
                 Ok(()) => {
                     m.tls_reloads.inc();
                     tracing::info!("reloaded the control-plane TLS files; the next connection uses them")
@@ -185,8 +162,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             })
     });
     let subscriber = tokio::spawn(subscriber::run(
-        args.control_planes.clone(),
-        node,
+        subscribe.control_planes,
+        subscribe.node,
         applier,
         metrics.clone(),
         tls,
@@ -212,19 +189,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         escaped_slashes,
         shutdown.clone(),
     ));
-    let listen = ListenSettings {
-        header_read_timeout: args.header_read_timeout,
-        idle_timeout: args.idle_timeout,
-        max_headers: args.max_headers,
-        max_header_bytes: args.max_header_bytes,
-        shutdown_grace: args.shutdown_grace,
-        send_timeout: args.send_timeout,
-        max_connections: args.max_connections.unwrap_or(8192 * workers),
-    };
     // On SIGTERM: /readyz fails at once (above), the listeners keep accepting for
     // --drain-delay so that balancers notice, then stop accepting and drain.
     let (stop_tx, stop_accepting) = watch::channel(false);
-    let drain_delay = args.drain_delay;
     let signalled = shutdown.clone();
     let drain_started = Arc::new(std::sync::OnceLock::new());
     let started = drain_started.clone();

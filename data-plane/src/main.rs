@@ -15,7 +15,7 @@ fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error("holdfast-proxy", e),
     };
-    init_tracing(config.args.log_format);
+    init_tracing(config.log_format);
     // The control-plane stream and the admin listeners run here; the proxy listeners run
     // on --worker-threads threads of their own (see `run`). Two threads, so that /healthz,
     // /readyz and /metrics answer while the other one compiles a large snapshot.
