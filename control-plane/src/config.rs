@@ -7,6 +7,9 @@ use std::time::Duration;
 use clap::Parser;
 pub use holdfast_process::LogFormat;
 
+use crate::caches::WatchSettings;
+use crate::{publisher, status, translate};
+
 /// holdfast control plane: watches Ingresses, IngressClasses, Services and EndpointSlices,
 /// and streams complete, versioned route snapshots to holdfast proxies over gRPC.
 /// Kubernetes access comes from KUBECONFIG or the in-cluster ServiceAccount.
@@ -182,17 +185,56 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
-/// Validated configuration.
+/// Validated configuration: one settings value per component, which wiring hands over
+/// as it is (nothing is checked or converted again).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The parsed arguments, all checked.
-    pub args: Args,
-    /// The gRPC listener's TLS files; None in plaintext mode.
-    pub tls: Option<holdfast_proto::mtls::Files>,
-    /// This replica's name.
+    /// Talking to the Kubernetes API server.
+    pub api: ApiSettings,
+    /// The gRPC listener (RouteDiscovery, Admin, health, reflection).
+    pub grpc: GrpcSettings,
+    /// The HTTP admin listener (`--admin-listen`).
+    pub admin_listen: SocketAddr,
+    /// The watch-fed caches.
+    pub watch: WatchSettings,
+    /// The reconcile loop: translation, coalescing, bounded destruction.
+    pub publisher: publisher::Settings,
+    /// Leader election and Ingress status; None when no address is published.
+    pub status: Option<status::Settings>,
+    /// This replica's name (Events, the Lease).
     pub instance: String,
-    /// Namespace of the leader Lease.
-    pub lease_namespace: String,
+    /// `--log-format`.
+    pub log_format: LogFormat,
+}
+
+/// How the control plane talks to the API server.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiSettings {
+    /// Connecting must finish within this (`--api-connect-timeout`).
+    pub connect_timeout: Duration,
+    /// A response (or the next watch event) must come within this (`--api-read-timeout`).
+    pub read_timeout: Duration,
+}
+
+/// The gRPC listener's settings.
+#[derive(Debug, Clone)]
+pub struct GrpcSettings {
+    /// Its address (`--grpc-listen`).
+    pub listen: SocketAddr,
+    /// The mutual-TLS files; None in plaintext mode.
+    pub tls: Option<holdfast_proto::mtls::Files>,
+    /// How often the TLS files are checked for changes.
+    pub tls_reload_interval: Duration,
+    /// Identities allowed to call Admin.
+    pub admin_identities: Vec<String>,
+    /// Most concurrent streams per connection.
+    pub max_concurrent_streams: u32,
+    /// Connections are closed after this long (so proxies spread over new replicas).
+    pub max_connection_age: Duration,
+    /// Grace for streams on a connection past its age.
+    pub max_connection_age_grace: Duration,
+    /// Most route streams per client identity.
+    pub max_streams_per_identity: usize,
 }
 
 /// A flag value that cannot work.
@@ -309,11 +351,73 @@ impl Args {
                 .map(|n| n.trim().to_owned())
                 .unwrap_or_else(|_| "default".into())
         });
-        Ok(Config {
-            args: self,
-            tls,
-            instance,
+        let translate = translate::Options {
+            controller: self.controller_name.clone(),
+            ingress_class: self.ingress_class.clone(),
+            default_certificate: self.default_certificate.clone(),
+            allow_certificates: tls.is_some() || self.allow_plaintext_secrets,
+            allow_external_name: self.allow_external_name,
+            host_ownership: self.host_ownership,
+            ingress_limits: translate::IngressLimits {
+                max_rules: self.max_rules_per_ingress,
+                max_paths: self.max_paths_per_ingress,
+            },
+            default_backend_namespaces: self
+                .default_backend_namespaces
+                .as_ref()
+                .map(|list| list.iter().map(|n| n.trim().to_owned()).collect()),
+        };
+        let publish = match (&self.publish_service, self.publish_addresses.is_empty()) {
+            (Some(svc), _) => {
+                svc.split_once('/')
+                    .map(|(namespace, name)| status::Publish::Service {
+                        namespace: namespace.into(),
+                        name: name.into(),
+                    })
+            }
+            (None, false) => Some(status::Publish::Addresses(self.publish_addresses.clone())),
+            (None, true) => None,
+        };
+        let status = publish.map(|publish| status::Settings {
+            publish,
+            lease_name: self.lease_name.clone(),
             lease_namespace,
+            lease_duration: self.lease_duration,
+            lease_grace: self.lease_grace,
+            identity: instance.clone(),
+            translate: translate.clone(),
+        });
+        Ok(Config {
+            api: ApiSettings {
+                connect_timeout: self.api_connect_timeout,
+                read_timeout: self.api_read_timeout,
+            },
+            grpc: GrpcSettings {
+                listen: self.grpc_listen,
+                tls,
+                tls_reload_interval: self.tls_reload_interval,
+                admin_identities: self.admin_identities.clone(),
+                max_concurrent_streams: self.grpc_max_concurrent_streams,
+                max_connection_age: self.grpc_max_connection_age,
+                max_connection_age_grace: self.grpc_max_connection_age_grace,
+                max_streams_per_identity: self.max_streams_per_identity,
+            },
+            admin_listen: self.admin_listen,
+            watch: WatchSettings {
+                watch_timeout_secs: self.watch_timeout_secs(),
+                page_size: self.list_page_size,
+            },
+            publisher: publisher::Settings {
+                translate,
+                debounce: self.debounce,
+                max_delay: self.max_delay,
+                max_removal_share: self.max_removal_share,
+                confirm_after: self.hold_confirm_after,
+                max_snapshot_bytes: self.max_snapshot_bytes,
+            },
+            status,
+            instance,
+            log_format: self.log_format,
         })
     }
 
@@ -345,7 +449,7 @@ mod tests {
             )
             .unwrap()
             .validate()
-            .map(|c| c.tls.is_some())
+            .map(|c| c.grpc.tls.is_some())
             .map_err(|e| e.to_string())
         };
         assert!(bare(&[]).unwrap_err().contains("--insecure-plaintext"));
@@ -372,9 +476,9 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.args.grpc_listen.port(), 18000);
-        assert_eq!(c.args.max_removal_share, 0.5);
-        assert_eq!(c.args.watch_timeout_secs(), 7);
+        assert_eq!(c.grpc.listen.port(), 18000);
+        assert_eq!(c.publisher.max_removal_share, 0.5);
+        assert_eq!(c.watch.watch_timeout_secs, 7);
     }
 
     #[test]

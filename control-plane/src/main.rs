@@ -16,7 +16,7 @@ async fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error("holdfast-control-plane", e),
     };
-    init_tracing(config.args.log_format);
+    init_tracing(config.log_format);
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_signal(shutdown.clone(), "shutting down"));
     match holdfast_control_plane::server::run(config, shutdown).await {

@@ -15,13 +15,13 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{AdminService, serve_http};
 use crate::authn::{self, Mode};
-use crate::caches::{self, WatchSettings};
+use crate::caches;
 use crate::config::Config;
 use crate::discovery::Discovery;
 use crate::metrics::Metrics;
-use crate::publisher::{self, FreshRead, ProblemReporter, Settings};
+use crate::publisher::{self, FreshRead, ProblemReporter};
 use crate::state::Shared;
-use crate::{status, translate};
+use crate::status;
 
 /// The gRPC listener pings a connection after this long without frames, so a proxy
 /// that vanished without closing its stream (a silent partition, a killed node) is
@@ -66,15 +66,24 @@ pub fn api_client(config: kube::Config) -> anyhow::Result<kube::Client> {
 
 /// Runs the control plane until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let args = &config.args;
+    let Config {
+        api,
+        grpc,
+        admin_listen,
+        watch,
+        publisher: settings,
+        status: status_settings,
+        instance,
+        log_format: _,
+    } = config;
     let mut kube_config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (KUBECONFIG or in-cluster)")?;
-    kube_config.connect_timeout = Some(args.api_connect_timeout);
-    kube_config.read_timeout = Some(args.api_read_timeout);
+    kube_config.connect_timeout = Some(api.connect_timeout);
+    kube_config.read_timeout = Some(api.read_timeout);
     let client = api_client(kube_config).context("building the Kubernetes client")?;
 
-    let tls = match &config.tls {
+    let tls = match &grpc.tls {
         Some(files) => Some(
             holdfast_proto::mtls::Reloading::new(
                 files.clone(),
@@ -85,26 +94,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => {
             tracing::warn!(
                 "INSECURE: gRPC is served in plaintext (--insecure-plaintext): anyone who can reach {} can read every route and backend address, register as a proxy, and call Admin (approve held snapshots). Use --tls-cert, --tls-key and --client-ca outside local development.",
-                args.grpc_listen
+                grpc.listen
             );
             None
         }
     };
     let mode = match &tls {
         Some(_) => Mode::MutualTls {
-            admin_identities: Arc::new(args.admin_identities.clone()),
+            admin_identities: Arc::new(grpc.admin_identities.clone()),
         },
         None => Mode::Plaintext,
     };
-    if tls.is_some() && args.admin_identities.is_empty() {
+    if tls.is_some() && grpc.admin_identities.is_empty() {
         tracing::warn!("no --admin-identities: every Admin call will be refused");
     }
-    let grpc_listener = TcpListener::bind(args.grpc_listen)
+    let grpc_listener = TcpListener::bind(grpc.listen)
         .await
-        .with_context(|| format!("binding --grpc-listen {}", args.grpc_listen))?;
-    let admin_listener = TcpListener::bind(args.admin_listen)
+        .with_context(|| format!("binding --grpc-listen {}", grpc.listen))?;
+    let admin_listener = TcpListener::bind(admin_listen)
         .await
-        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+        .with_context(|| format!("binding --admin-listen {admin_listen}"))?;
     tracing::info!(
         grpc = %grpc_listener.local_addr()?,
         admin = %admin_listener.local_addr()?,
@@ -121,60 +130,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         client.clone(),
         shared.clone(),
         changed.clone(),
-        WatchSettings {
-            watch_timeout_secs: args.watch_timeout_secs(),
-            page_size: args.list_page_size,
-        },
+        watch,
         &mut tasks,
     );
-    let settings = Settings {
-        translate: translate::Options {
-            controller: args.controller_name.clone(),
-            ingress_class: args.ingress_class.clone(),
-            default_certificate: args.default_certificate.clone(),
-            allow_certificates: config.tls.is_some() || args.allow_plaintext_secrets,
-            allow_external_name: args.allow_external_name,
-            host_ownership: args.host_ownership,
-            ingress_limits: translate::IngressLimits {
-                max_rules: args.max_rules_per_ingress,
-                max_paths: args.max_paths_per_ingress,
-            },
-            default_backend_namespaces: args
-                .default_backend_namespaces
-                .as_ref()
-                .map(|list| list.iter().map(|n| n.trim().to_owned()).collect()),
-        },
-        debounce: args.debounce,
-        max_delay: args.max_delay,
-        max_removal_share: args.max_removal_share,
-        confirm_after: args.hold_confirm_after,
-        max_snapshot_bytes: args.max_snapshot_bytes,
-    };
-    let publish = match (&args.publish_service, args.publish_addresses.is_empty()) {
-        (Some(svc), _) => {
-            let (namespace, name) = svc.split_once('/').expect("validated namespace/name");
-            Some(status::Publish::Service {
-                namespace: namespace.into(),
-                name: name.into(),
-            })
-        }
-        (None, false) => Some(status::Publish::Addresses(args.publish_addresses.clone())),
-        (None, true) => None,
-    };
-    if let Some(publish) = publish {
+    if let Some(status_settings) = status_settings {
         tasks.spawn(status::run(
             client.clone(),
             caches.clone(),
             shared.clone(),
-            status::Settings {
-                publish,
-                lease_name: args.lease_name.clone(),
-                lease_namespace: config.lease_namespace.clone(),
-                lease_duration: args.lease_duration,
-                lease_grace: args.lease_grace,
-                identity: config.instance.clone(),
-                translate: settings.translate.clone(),
-            },
+            status_settings,
             shutdown.clone(),
         ));
     }
@@ -183,8 +147,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         shared.clone(),
         changed,
         settings,
-        ProblemReporter::new(Some(client.clone()), config.instance.clone()),
-        Some(FreshRead::new(client, args.list_page_size)),
+        ProblemReporter::new(Some(client.clone()), instance),
+        Some(FreshRead::new(client, watch.page_size)),
         shutdown.clone().cancelled_owned(),
     ));
 
@@ -227,19 +191,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // tonic leaves these open: a client could open streams without bound, reset them
         // faster than they are served (CVE-2023-44487), or hold one connection forever
         // (after a rollout every proxy would stay on the replicas that came up first).
-        .max_concurrent_streams(args.grpc_max_concurrent_streams)
+        .max_concurrent_streams(grpc.max_concurrent_streams)
         .http2_max_pending_accept_reset_streams(Some(20))
         .http2_max_local_error_reset_streams(Some(256))
         .http2_max_header_list_size(16 * 1024)
-        .max_connection_age(args.grpc_max_connection_age)
-        .max_connection_age_grace(args.grpc_max_connection_age_grace)
+        .max_connection_age(grpc.max_connection_age)
+        .max_connection_age_grace(grpc.max_connection_age_grace)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(Discovery::new(
             shared.clone(),
             mode,
-            args.max_streams_per_identity,
+            grpc.max_streams_per_identity,
         ))
         .add_service(AdminServer::with_interceptor(
             AdminService::new(shared.clone()),
@@ -253,7 +217,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Some(tls) => {
             let reloads = shared.metrics().tls_reloads.clone();
             let failures = shared.metrics().tls_reload_failures.clone();
-            let watcher = tls.watch(args.tls_reload_interval, move |outcome| match outcome {
+            let watcher = tls.watch(grpc.tls_reload_interval, move |outcome| match outcome {
                 Ok(()) => {
                     reloads.inc();
                     tracing::info!("reloaded the gRPC listener's TLS files; new connections use them");
