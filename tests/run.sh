@@ -48,6 +48,8 @@ phase "cargo-deny"
 # promtool, helm) build in the background while cargo-deny, clippy and the build run: on a
 # brand-new machine they take about 12 minutes, much of it fetching modules, and no step
 # before `cargo test` needs them. Own session, so that an early exit stops the whole build.
+# Without Go (and tools to build) that fails at once, not after the build.
+deploy/local/k8s.sh can-ensure
 tools_log=$(mktemp)
 setsid --wait deploy/local/k8s.sh ensure >"$tools_log" 2>&1 &
 tools_pid=$!
@@ -63,9 +65,10 @@ fi
 cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
 
 phase "fmt, clippy, build"
-# Every shell script of the project (sourced files followed from each script's directory).
-shellcheck -x --source-path=SCRIPTDIR deploy/local/*.sh tests/run.sh tests/bench/*.sh \
-  data-plane/fuzz/afl.sh .ci/run
+# Every shell script git tracks (sourced files followed from each script's directory), with
+# Debian's shellcheck.
+mapfile -t scripts < <(git ls-files -- '*.sh' .ci/run)
+shellcheck -x --source-path=SCRIPTDIR "${scripts[@]}"
 cargo fmt --all -- --check
 cargo fmt --manifest-path data-plane/fuzz/afl/Cargo.toml -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

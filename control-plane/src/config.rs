@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-pub use holdfast_process::LogFormat;
+use holdfast_process::tls;
+pub use holdfast_process::{ConfigError, LogFormat};
 
 use crate::caches::WatchSettings;
 use crate::{publisher, status, translate};
@@ -237,112 +238,90 @@ pub struct GrpcSettings {
     pub max_streams_per_identity: usize,
 }
 
-/// A flag value that cannot work.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid --{flag}: {reason}")]
-pub struct ConfigError {
-    /// The flag.
-    pub flag: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
-
-/// Is `s` of the form `namespace/name`?
-fn is_namespace_name(s: &str) -> bool {
+/// `namespace/name` split in two, if `s` has that form.
+fn namespace_name(s: &str) -> Option<(&str, &str)> {
     s.split_once('/')
-        .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
 }
 
 impl Args {
     /// Checks the values together.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let err = |flag, reason: &str| ConfigError {
-            flag,
-            reason: reason.to_owned(),
-        };
         if !(0.0..=1.0).contains(&self.max_removal_share) {
-            return Err(err("max-removal-share", "must be between 0 and 1"));
+            return Err(ConfigError::new(
+                "max-removal-share",
+                "must be between 0 and 1",
+            ));
         }
         if self.max_delay.is_zero() {
-            return Err(err("max-delay", "must be more than 0"));
+            return Err(ConfigError::new("max-delay", "must be more than 0"));
         }
         if self.debounce > self.max_delay {
-            return Err(err("debounce", "must not exceed --max-delay"));
+            return Err(ConfigError::new("debounce", "must not exceed --max-delay"));
         }
         if self.api_read_timeout < Duration::from_secs(2) {
-            return Err(err("api-read-timeout", "must be at least 2s"));
+            return Err(ConfigError::new("api-read-timeout", "must be at least 2s"));
         }
         if !self.publish_addresses.is_empty() && self.publish_service.is_some() {
-            return Err(err(
+            return Err(ConfigError::new(
                 "publish-address",
                 "cannot be combined with --publish-service",
             ));
         }
         if let Some(cert) = &self.default_certificate
-            && !is_namespace_name(cert)
+            && namespace_name(cert).is_none()
         {
-            return Err(err("default-certificate", "must be namespace/name"));
+            return Err(ConfigError::new(
+                "default-certificate",
+                "must be namespace/name",
+            ));
         }
-        if let Some(svc) = &self.publish_service
-            && !is_namespace_name(svc)
-        {
-            return Err(err("publish-service", "must be namespace/name"));
-        }
+        let publish_service = match self.publish_service.as_deref().map(namespace_name) {
+            Some(None) => {
+                return Err(ConfigError::new(
+                    "publish-service",
+                    "must be namespace/name",
+                ));
+            }
+            Some(Some((namespace, name))) => Some(status::Publish::Service {
+                namespace: namespace.into(),
+                name: name.into(),
+            }),
+            None => None,
+        };
         if self.lease_duration.as_secs() < 2
             || self.lease_grace.is_zero()
             || self.lease_grace >= self.lease_duration
         {
-            return Err(err(
+            return Err(ConfigError::new(
                 "lease-grace",
                 "needs --lease-duration of at least 2s and a grace of at least 1s below it",
             ));
         }
-        let tls = match (&self.tls_cert, &self.tls_key, &self.client_ca) {
-            (Some(cert), Some(key), Some(ca)) => Some(holdfast_proto::mtls::Files {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: ca.clone(),
-            }),
-            (None, None, None) => None,
-            _ => {
-                return Err(err(
-                    "tls-cert",
-                    "--tls-cert, --tls-key and --client-ca go together",
-                ));
-            }
-        };
-        match (&tls, self.insecure_plaintext) {
-            (Some(_), true) => {
-                return Err(err(
-                    "insecure-plaintext",
-                    "cannot be combined with --tls-cert",
-                ));
-            }
-            (None, false) => {
-                return Err(err(
-                    "tls-cert",
-                    "the gRPC listener needs --tls-cert, --tls-key and --client-ca (mutual TLS), or --insecure-plaintext for local development",
-                ));
-            }
-            _ => {}
+        let tls = tls::Flags {
+            cert: &self.tls_cert,
+            key: &self.tls_key,
+            ca: &self.client_ca,
+            ca_flag: "client-ca",
+            insecure_plaintext: self.insecure_plaintext,
+            reload_interval: self.tls_reload_interval,
+            needed_by: "the gRPC listener",
         }
+        .validate()?;
         if self.allow_plaintext_secrets && !self.insecure_plaintext {
-            return Err(err(
+            return Err(ConfigError::new(
                 "allow-plaintext-secrets",
                 "only means something with --insecure-plaintext",
             ));
         }
-        if self.tls_reload_interval < Duration::from_millis(100) {
-            return Err(err("tls-reload-interval", "must be at least 100ms"));
-        }
         if self.list_page_size == 0 {
-            return Err(err("list-page-size", "must be at least 1"));
+            return Err(ConfigError::new("list-page-size", "must be at least 1"));
         }
         if self.controller_name.is_empty() {
-            return Err(err("controller-name", "must not be empty"));
+            return Err(ConfigError::new("controller-name", "must not be empty"));
         }
         if self.ingress_class.as_deref() == Some("") {
-            return Err(err("ingress-class", "must not be empty"));
+            return Err(ConfigError::new("ingress-class", "must not be empty"));
         }
         let instance =
             holdfast_process::node_name(self.instance.as_deref(), "holdfast-control-plane");
@@ -367,14 +346,8 @@ impl Args {
                 .as_ref()
                 .map(|list| list.iter().map(|n| n.trim().to_owned()).collect()),
         };
-        let publish = match (&self.publish_service, self.publish_addresses.is_empty()) {
-            (Some(svc), _) => {
-                svc.split_once('/')
-                    .map(|(namespace, name)| status::Publish::Service {
-                        namespace: namespace.into(),
-                        name: name.into(),
-                    })
-            }
+        let publish = match (publish_service, self.publish_addresses.is_empty()) {
+            (Some(service), _) => Some(service),
             (None, false) => Some(status::Publish::Addresses(self.publish_addresses.clone())),
             (None, true) => None,
         };

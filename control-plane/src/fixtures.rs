@@ -34,6 +34,8 @@ pub struct Received {
     pub path: String,
     /// The query string ("" if none).
     pub query: String,
+    /// The Content-Type header ("" if none): says which kind of patch a PATCH is.
+    pub content_type: String,
     /// The body as JSON (`Value::Null` if empty).
     pub body: Value,
 }
@@ -62,6 +64,12 @@ impl ApiServer {
             method: parts.method,
             path: parts.uri.path().to_owned(),
             query: parts.uri.query().unwrap_or_default().to_owned(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
             body: if bytes.is_empty() {
                 Value::Null
             } else {

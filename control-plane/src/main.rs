@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use holdfast_control_plane::config::Args;
-use holdfast_process::{init_tracing, shutdown_signal, usage_error};
+use holdfast_process::{exit_code, init_tracing, shutdown_signal, usage_error};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: snapshot builds allocate hundreds of thousands of small strings; it builds
@@ -19,11 +19,5 @@ async fn main() -> std::process::ExitCode {
     init_tracing(config.log_format);
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_signal(shutdown.clone(), "shutting down"));
-    match holdfast_control_plane::server::run(config, shutdown).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    exit_code(holdfast_control_plane::server::run(config, shutdown).await)
 }

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the control plane (served on the admin listener's `/metrics`).
 
+use holdfast_process::tls::ReloadCounters;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,6 +80,8 @@ pub struct Metrics {
     pub skipped_rules: Gauge,
     /// 1 while this replica holds the leader Lease (writes Ingress status).
     pub leader: Gauge,
+    /// Times this replica acquired the leader Lease.
+    pub leader_acquisitions: Counter,
     /// notAfter of each certificate in the published snapshot.
     pub certificate_expiry: Family<CertificateLabel, Gauge>,
     /// Problems of the last build, by reason.
@@ -88,10 +91,8 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Proxy streams refused (a node id the client certificate does not prove).
     pub streams_refused: Counter,
-    /// Reloads of the gRPC listener's TLS files.
-    pub tls_reloads: Counter,
-    /// Changed TLS files that did not load (the previous ones stay in use).
-    pub tls_reload_failures: Counter,
+    /// Reloads of the gRPC listener's TLS files, and changed files that did not load.
+    pub tls_reloads: ReloadCounters,
 }
 
 impl Metrics {
@@ -118,12 +119,12 @@ impl Metrics {
             hold_releases: Family::default(),
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
+            leader_acquisitions: Counter::default(),
             certificate_expiry: Family::default(),
             problems: Family::default(),
             tls_handshake_failures: Counter::default(),
             streams_refused: Counter::default(),
-            tls_reloads: Counter::default(),
-            tls_reload_failures: Counter::default(),
+            tls_reloads: ReloadCounters::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast");
         r.register(
@@ -222,16 +223,7 @@ impl Metrics {
             "Proxy streams refused: the node id is not an identity of the client certificate",
             m.streams_refused.clone(),
         );
-        r.register(
-            "grpc_tls_reloads",
-            "Reloads of the gRPC listener's TLS files",
-            m.tls_reloads.clone(),
-        );
-        r.register(
-            "grpc_tls_reload_failures",
-            "Changed TLS files that did not load (the previous ones stay in use)",
-            m.tls_reload_failures.clone(),
-        );
+        m.tls_reloads.register(r, "grpc_tls", "the gRPC listener's");
         r.register(
             "watch_forbidden",
             "Lists and watches of a kind refused with 403: the ServiceAccount lacks a permission",
@@ -251,6 +243,11 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
+        );
+        r.register(
+            "leader_acquisitions",
+            "Times this replica acquired the leader Lease (became the one writing Ingress status)",
+            m.leader_acquisitions.clone(),
         );
         m
     }

@@ -21,7 +21,7 @@ use crate::guard::{
 };
 use crate::metrics::{CertificateLabel, ReasonLabel};
 use crate::state::{Held, Published, Shared};
-use crate::translate::{self, ClusterState, Content, Problem, Translator};
+use crate::translate::{self, ClusterState, Content, Problem, ProblemReason, Translator};
 
 /// A certificate this close to its notAfter gets a warning Event on the Ingresses it
 /// serves.
@@ -91,12 +91,12 @@ pub fn expiry_problems(
             .map_or_else(|_| not_after.to_string(), |t| t.to_string());
         let (reason, message) = if not_after <= now {
             (
-                "CertificateExpired",
+                ProblemReason::CertificateExpired,
                 format!("the certificate of Secret {name:?} expired at {date}; it is still served"),
             )
         } else if not_after - now <= EXPIRY_WARNING.as_secs() as i64 {
             (
-                "CertificateExpiresSoon",
+                ProblemReason::CertificateExpiresSoon,
                 format!("the certificate of Secret {name:?} expires at {date}"),
             )
         } else {
@@ -141,7 +141,7 @@ impl ProblemReporter {
         for p in current.difference(&self.reported) {
             tracing::warn!(
                 ingress = %format!("{}/{}", p.namespace, p.name),
-                reason = p.reason,
+                reason = p.reason.as_str(),
                 "{}", p.message
             );
             let Some(recorder) = self.recorder.clone() else {
@@ -156,7 +156,7 @@ impl ProblemReporter {
             let reference = ing.object_ref(&());
             let event = Event {
                 type_: EventType::Warning,
-                reason: p.reason.into(),
+                reason: p.reason.as_str().into(),
                 note: Some(p.message.clone()),
                 action: "Translate".into(),
                 secondary: None,
@@ -397,7 +397,7 @@ fn record_problems(shared: &Shared, problems: &[Problem], candidate: &Published)
         metrics
             .problems
             .get_or_create(&ReasonLabel {
-                reason: p.reason.into(),
+                reason: p.reason.as_str().into(),
             })
             .inc();
     }
@@ -1098,13 +1098,16 @@ mod tests {
             ingresses: vec![Arc::new(ingress)],
             ..Default::default()
         };
-        let problem = |reason: &'static str, message: &str| Problem {
+        let problem = |reason: ProblemReason, message: &str| Problem {
             namespace: "ns".into(),
             name: "beta".into(),
             reason,
             message: message.into(),
         };
-        let conflict = problem("ConflictingRoute", "path / of a.test is ns/alpha's (older)");
+        let conflict = problem(
+            ProblemReason::ConflictingRoute,
+            "path / of a.test is ns/alpha's (older)",
+        );
         let echo = |r: &crate::fixtures::Received| r.body.clone();
         const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
@@ -1120,7 +1123,10 @@ mod tests {
         assert_eq!(event.body["reportingInstance"], "cp-0");
 
         reporter.report(std::slice::from_ref(&conflict), &state);
-        let invalid = problem("InvalidPath", "path \"x\" on host a.test skipped");
+        let invalid = problem(
+            ProblemReason::InvalidPath,
+            "path \"x\" on host a.test skipped",
+        );
         reporter.report(&[conflict, invalid], &state);
         let next = api.expect(http::Method::POST, EVENTS, 201, echo).await;
         assert_eq!(
@@ -1175,7 +1181,7 @@ mod tests {
         );
         let got: Vec<(&str, &str)> = problems
             .iter()
-            .map(|p| (p.name.as_str(), p.reason))
+            .map(|p| (p.name.as_str(), p.reason.as_str()))
             .collect();
         assert_eq!(
             got,

@@ -215,18 +215,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let stop = shutdown.clone().cancelled_owned();
     let result = match tls {
         Some(tls) => {
-            let reloads = shared.metrics().tls_reloads.clone();
-            let failures = shared.metrics().tls_reload_failures.clone();
-            let watcher = tls.watch(grpc.tls_reload_interval, move |outcome| match outcome {
-                Ok(()) => {
-                    reloads.inc();
-                    tracing::info!("reloaded the gRPC listener's TLS files; new connections use them");
-                }
-                Err(error) => {
-                    failures.inc();
-                    tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones");
-                }
-            });
+            let watcher = holdfast_process::tls::watch_reloads(
+                &tls,
+                grpc.tls_reload_interval,
+                shared.metrics().tls_reloads.clone(),
+                "the gRPC listener's",
+            );
             let handshakes = shared.metrics().tls_handshake_failures.clone();
             let incoming = authn::tls_incoming(grpc_listener, tls, move || {
                 handshakes.inc();

@@ -786,7 +786,7 @@ impl Shared {
                 .map(|p| v1::Problem {
                     namespace: p.namespace.clone(),
                     name: p.name.clone(),
-                    reason: p.reason.into(),
+                    reason: p.reason.as_str().into(),
                     message: p.message.clone(),
                 })
                 .collect(),

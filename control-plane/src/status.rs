@@ -169,6 +169,7 @@ pub async fn run(
                 let is_leader = *leader.borrow_and_update();
                 shared.metrics().leader.set(i64::from(is_leader));
                 if is_leader {
+                    shared.metrics().leader_acquisitions.inc();
                     tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "became leader: writing Ingress status");
                 } else {
                     tracing::info!(identity = %settings.identity, "not the leader");
@@ -336,6 +337,8 @@ mod tests {
                     |_| json!({ "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": { "namespace": "a", "name": name } }),
                 )
                 .await;
+            // A merge patch of the status alone: nothing else of the Ingress is sent.
+            assert_eq!(patch.content_type, "application/merge-patch+json");
             assert_eq!(
                 patch.body,
                 json!({ "status": { "loadBalancer": { "ingress": [{ "ip": "203.0.113.7" }] } } })

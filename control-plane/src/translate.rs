@@ -161,6 +161,108 @@ impl Default for Options {
     }
 }
 
+/// Why an Ingress, or part of it, was skipped or warned about: the Warning Event's
+/// reason, and the `reason` label of `holdfast_problems`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProblemReason {
+    /// An annotation of ours with a value that cannot work.
+    InvalidAnnotation,
+    /// A `tls` entry that cannot be used.
+    InvalidTls,
+    /// A wildcard host that would cover a public suffix.
+    PublicSuffixWildcard,
+    /// Over `--max-rules-per-ingress` or `--max-paths-per-ingress`.
+    IngressTooLarge,
+    /// A `defaultBackend` that cannot be used.
+    InvalidDefaultBackend,
+    /// A rule's host that is not a valid host name.
+    InvalidHost,
+    /// A path that is invalid or could never match.
+    InvalidPath,
+    /// A backend that cannot be used (a resource backend, a bad port).
+    InvalidBackend,
+    /// Two Ingresses name different certificates for one host.
+    ConflictingTls,
+    /// A TLS Secret whose certificate or key does not load.
+    InvalidTlsSecret,
+    /// A TLS Secret that does not exist (or is not of type kubernetes.io/tls).
+    MissingTlsSecret,
+    /// A host that another namespace's Ingress claimed first.
+    HostOwnedByOtherNamespace,
+    /// A path another Ingress routes already (the older one wins).
+    ConflictingRoute,
+    /// An ExternalName Service while `--allow-external-name` is off.
+    ExternalNameDisabled,
+    /// A `defaultBackend` from a namespace not allowed to set it.
+    DefaultBackendNotAllowed,
+    /// A second `defaultBackend` (the older one wins).
+    ConflictingDefaultBackend,
+    /// A served certificate has expired.
+    CertificateExpired,
+    /// A served certificate expires within 14 days.
+    CertificateExpiresSoon,
+    /// A `tls` entry while certificates may not travel (plaintext control channel).
+    TlsDisabled,
+    /// A `tls` host that the Secret's certificate does not cover.
+    TlsHostNotCovered,
+    /// A `tls` host with no rules of its own.
+    TlsHostWithoutRules,
+}
+
+impl ProblemReason {
+    /// The Event reason, as Kubernetes shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemReason::InvalidAnnotation => "InvalidAnnotation",
+            ProblemReason::InvalidTls => "InvalidTLS",
+            ProblemReason::PublicSuffixWildcard => "PublicSuffixWildcard",
+            ProblemReason::IngressTooLarge => "IngressTooLarge",
+            ProblemReason::InvalidDefaultBackend => "InvalidDefaultBackend",
+            ProblemReason::InvalidHost => "InvalidHost",
+            ProblemReason::InvalidPath => "InvalidPath",
+            ProblemReason::InvalidBackend => "InvalidBackend",
+            ProblemReason::ConflictingTls => "ConflictingTLS",
+            ProblemReason::InvalidTlsSecret => "InvalidTLSSecret",
+            ProblemReason::MissingTlsSecret => "MissingTLSSecret",
+            ProblemReason::HostOwnedByOtherNamespace => "HostOwnedByOtherNamespace",
+            ProblemReason::ConflictingRoute => "ConflictingRoute",
+            ProblemReason::ExternalNameDisabled => "ExternalNameDisabled",
+            ProblemReason::DefaultBackendNotAllowed => "DefaultBackendNotAllowed",
+            ProblemReason::ConflictingDefaultBackend => "ConflictingDefaultBackend",
+            ProblemReason::CertificateExpired => "CertificateExpired",
+            ProblemReason::CertificateExpiresSoon => "CertificateExpiresSoon",
+            ProblemReason::TlsDisabled => "TLSDisabled",
+            ProblemReason::TlsHostNotCovered => "TLSHostNotCovered",
+            ProblemReason::TlsHostWithoutRules => "TLSHostWithoutRules",
+        }
+    }
+}
+
+impl std::fmt::Display for ProblemReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Ordered by name, as problems are listed (GetStatus, Events).
+impl Ord for ProblemReason {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for ProblemReason {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq<&str> for ProblemReason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// An Ingress rule that was skipped or lost a conflict; it becomes a Kubernetes Event on
 /// that Ingress and a warning log line.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -170,7 +272,7 @@ pub struct Problem {
     /// The Ingress concerned.
     pub name: String,
     /// Short machine-readable reason (Event reason).
-    pub reason: &'static str,
+    pub reason: ProblemReason,
     /// What was skipped and why.
     pub message: String,
 }
@@ -696,7 +798,7 @@ impl Translator {
                     problems.insert(Problem {
                         namespace: d.source.namespace.clone(),
                         name: d.source.name.clone(),
-                        reason: "DefaultBackendNotAllowed",
+                        reason: ProblemReason::DefaultBackendNotAllowed,
                         message: format!(
                             "defaultBackend ignored: namespace {:?} may not set the cluster-wide default backend (--default-backend-namespaces)",
                             d.source.namespace
@@ -712,7 +814,7 @@ impl Translator {
             problems.insert(Problem {
                 namespace: loser.source.namespace.clone(),
                 name: loser.source.name.clone(),
-                reason: "ConflictingDefaultBackend",
+                reason: ProblemReason::ConflictingDefaultBackend,
                 message: format!(
                     "defaultBackend ignored: {}/{} (older) already sets one",
                     w.map_or("", |w| w.namespace.as_str()),
@@ -836,7 +938,7 @@ impl Translator {
             problems.extend(d.problems.iter().map(|(reason, message)| Problem {
                 namespace: d.source.namespace.clone(),
                 name: d.source.name.clone(),
-                reason,
+                reason: *reason,
                 message: message.clone(),
             }));
         }

@@ -10,7 +10,8 @@ use holdfast_proto::v1::Node;
 use crate::path::EscapedSlashes;
 use crate::proxy::ForwardSettings;
 use crate::server::ListenSettings;
-pub use holdfast_process::LogFormat;
+use holdfast_process::tls;
+pub use holdfast_process::{ConfigError, LogFormat};
 
 /// What to do with an escaped `/` or `\` (`%2F`, `%5C`) in a request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -246,23 +247,9 @@ pub struct SubscribeSettings {
     pub tls_reload_interval: Duration,
 }
 
-/// A flag value that cannot work.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid --{flag}: {reason}")]
-pub struct ConfigError {
-    /// The flag.
-    pub flag: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
-
 impl Args {
     /// Checks the values together.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let err = |flag, reason: &str| ConfigError {
-            flag,
-            reason: reason.to_owned(),
-        };
         for url in &self.control_planes {
             let scheme = url
                 .parse::<http::Uri>()
@@ -271,24 +258,24 @@ impl Args {
                 .and_then(|u| u.scheme_str().map(str::to_owned));
             match scheme.as_deref() {
                 Some("https") if self.insecure_plaintext => {
-                    return Err(err(
+                    return Err(ConfigError::new(
                         "control-plane",
-                        &format!("{url:?} is https://, but --insecure-plaintext is set"),
+                        format!("{url:?} is https://, but --insecure-plaintext is set"),
                     ));
                 }
                 Some("http") if !self.insecure_plaintext => {
-                    return Err(err(
+                    return Err(ConfigError::new(
                         "control-plane",
-                        &format!(
+                        format!(
                             "{url:?} is plaintext http://; use https:// with --tls-cert, --tls-key and --control-plane-ca, or --insecure-plaintext for local development"
                         ),
                     ));
                 }
                 Some("http" | "https") => {}
                 _ => {
-                    return Err(err(
+                    return Err(ConfigError::new(
                         "control-plane",
-                        &format!("{url:?} is not an https:// (or http://) URL with a host"),
+                        format!("{url:?} is not an https:// (or http://) URL with a host"),
                     ));
                 }
             }
@@ -298,40 +285,21 @@ impl Args {
             .iter()
             .find(|p| p.eq_ignore_ascii_case("h2c") || p.trim().is_empty())
         {
-            return Err(err(
+            return Err(ConfigError::new(
                 "allow-upgrade",
-                &format!("{p:?} cannot be allowed (h2c upgrades are never forwarded)"),
+                format!("{p:?} cannot be allowed (h2c upgrades are never forwarded)"),
             ));
         }
-        let tls = match (&self.tls_cert, &self.tls_key, &self.control_plane_ca) {
-            (Some(cert), Some(key), Some(ca)) => Some(holdfast_proto::mtls::Files {
-                cert: cert.clone(),
-                key: key.clone(),
-                ca: ca.clone(),
-            }),
-            (None, None, None) => None,
-            _ => {
-                return Err(err(
-                    "tls-cert",
-                    "--tls-cert, --tls-key and --control-plane-ca go together",
-                ));
-            }
-        };
-        if tls.is_none() && !self.insecure_plaintext {
-            return Err(err(
-                "tls-cert",
-                "the control-plane connection needs --tls-cert, --tls-key and --control-plane-ca (mutual TLS)",
-            ));
+        let tls = tls::Flags {
+            cert: &self.tls_cert,
+            key: &self.tls_key,
+            ca: &self.control_plane_ca,
+            ca_flag: "control-plane-ca",
+            insecure_plaintext: self.insecure_plaintext,
+            reload_interval: self.tls_reload_interval,
+            needed_by: "the control-plane connection",
         }
-        if tls.is_some() && self.insecure_plaintext {
-            return Err(err(
-                "insecure-plaintext",
-                "cannot be combined with --tls-cert",
-            ));
-        }
-        if self.tls_reload_interval < Duration::from_millis(100) {
-            return Err(err("tls-reload-interval", "must be at least 100ms"));
-        }
+        .validate()?;
         for (flag, d) in [
             ("header-read-timeout", self.header_read_timeout),
             ("idle-timeout", self.idle_timeout),
@@ -339,17 +307,20 @@ impl Args {
             ("upstream-response-timeout", self.upstream_response_timeout),
         ] {
             if d.is_zero() {
-                return Err(err(flag, "must be more than 0"));
+                return Err(ConfigError::new(flag, "must be more than 0"));
             }
         }
         if self.max_headers == 0 {
-            return Err(err("max-headers", "must be at least 1"));
+            return Err(ConfigError::new("max-headers", "must be at least 1"));
         }
         if self.max_header_bytes < 1024 {
-            return Err(err("max-header-bytes", "must be at least 1024"));
+            return Err(ConfigError::new(
+                "max-header-bytes",
+                "must be at least 1024",
+            ));
         }
         if self.worker_threads == Some(0) {
-            return Err(err("worker-threads", "must be at least 1"));
+            return Err(ConfigError::new("worker-threads", "must be at least 1"));
         }
         // The workers' sockets share their address (SO_REUSEPORT), so the kernel would not
         // refuse the second of two listeners on one address: refuse it here.
@@ -357,13 +328,15 @@ impl Args {
             .listen_tls
             .is_some_and(|tls| tls == self.listen && tls.port() != 0)
         {
-            return Err(err(
+            return Err(ConfigError::new(
                 "listen-tls",
                 "must differ from --listen (one address cannot serve both)",
             ));
         }
         let node_id = match &self.node_id {
-            Some(id) if id.is_empty() => return Err(err("node-id", "must not be empty")),
+            Some(id) if id.is_empty() => {
+                return Err(ConfigError::new("node-id", "must not be empty"));
+            }
             given => holdfast_process::node_name(given.as_deref(), "holdfast-proxy"),
         };
         let workers = self.worker_threads.unwrap_or_else(|| {

@@ -87,7 +87,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 "served"
             }
             Err(error) => {
-                tracing::error!(%error, "persisted snapshot does not compile; not ready until a control plane delivers one");
+                tracing::error!(error = %holdfast_process::error_chain(&error), "persisted snapshot does not compile; not ready until a control plane delivers one");
                 "rejected"
             }
         },
@@ -148,18 +148,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     };
     let tls_watch = tls.as_ref().map(|t| {
-        let m = metrics.clone();
-        t.config
-            .watch(subscribe.tls_reload_interval, move |outcome| match outcome {
-                Ok(()) => {
-                    m.tls_reloads.inc();
-                    tracing::info!("reloaded the control-plane TLS files; the next connection uses them")
-                }
-                Err(error) => {
-                    m.tls_reload_failures.inc();
-                    tracing::warn!(%error, "TLS files changed but do not load; keeping the previous ones")
-                }
-            })
+        holdfast_process::tls::watch_reloads(
+            &t.config,
+            subscribe.tls_reload_interval,
+            metrics.tls_reloads.clone(),
+            "the control-plane connection's",
+        )
     });
     let subscriber = tokio::spawn(subscriber::run(
         subscribe.control_planes,

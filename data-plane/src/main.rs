@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use holdfast_data_plane::config::Args;
-use holdfast_process::{init_tracing, shutdown_signal, usage_error};
+use holdfast_process::{exit_code, init_tracing, shutdown_signal, usage_error};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: every request allocates a handful of small buffers (headers, URI, body
@@ -37,12 +37,6 @@ fn main() -> std::process::ExitCode {
             shutdown.clone(),
             "shutting down: no new connections; draining in-flight requests",
         ));
-        match holdfast_data_plane::run(config, shutdown).await {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        }
+        exit_code(holdfast_data_plane::run(config, shutdown).await)
     })
 }

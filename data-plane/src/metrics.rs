@@ -4,6 +4,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use holdfast_process::tls::ReloadCounters;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -152,10 +153,9 @@ pub struct Metrics {
     pub accept_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
     pub tls_handshake_failures: Counter,
-    /// Reloads of the control-plane connection's TLS files.
-    pub tls_reloads: Counter,
-    /// Changed TLS files that did not load (the previous ones stay in use).
-    pub tls_reload_failures: Counter,
+    /// Reloads of the control-plane connection's TLS files, and changed files that did
+    /// not load.
+    pub tls_reloads: ReloadCounters,
 }
 
 impl Metrics {
@@ -184,8 +184,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
-            tls_reloads: Counter::default(),
-            tls_reload_failures: Counter::default(),
+            tls_reloads: ReloadCounters::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
         r.register(
@@ -284,16 +283,8 @@ impl Metrics {
             "TLS handshakes that failed or timed out",
             m.tls_handshake_failures.clone(),
         );
-        r.register(
-            "tls_reloads",
-            "Reloads of the control-plane connection's TLS files",
-            m.tls_reloads.clone(),
-        );
-        r.register(
-            "tls_reload_failures",
-            "Changed TLS files that did not load (the previous ones stay in use)",
-            m.tls_reload_failures.clone(),
-        );
+        m.tls_reloads
+            .register(r, "tls", "the control-plane connection's");
         r.register(
             "upstream_connections_opened",
             "Upstream connections opened (other requests reused an idle connection)",

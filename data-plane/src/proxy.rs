@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::uri::PathAndQuery;
+use holdfast_process::error_chain;
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
@@ -272,6 +273,20 @@ pub struct Routed<'t> {
 /// A response head, with the connection it came on (None: an upgrade's).
 type Exchanged = (Response<Incoming>, Option<Box<Upstream<ReclaimBody>>>);
 
+/// Where one attempt goes (`Forwarder::target`).
+enum Target<'b> {
+    /// To this endpoint or name, with its connection slot (None: no cap).
+    Go(
+        Key,
+        &'b Authority,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+    /// The endpoint picked stayed busy past the connect timeout.
+    Busy(SocketAddr),
+    /// No endpoint (left) to try.
+    None,
+}
+
 /// Why one exchange with an upstream failed.
 enum Failed {
     /// No connection took the request; its headers come back when it was built (it was
@@ -281,33 +296,33 @@ enum Failed {
     Timeout,
 }
 
-/// Why forwarding failed, by whose fault (pingora-style classification), with its cause:
-/// [`Failure::reason`] is the one mapping to a [`Reason`] (and so to a status), and the
-/// error with its sources is the detail for the log and `--verbose-errors`.
+/// Why forwarding to an upstream failed, with its cause: [`Failure::reason`] is the one
+/// mapping to a [`Reason`] (and so to the status), and the error with its sources is the
+/// detail for the log and `--verbose-errors`.
 #[derive(Debug, thiserror::Error)]
 enum Failure {
     /// The backend has no endpoint to try: 502.
-    #[error("502 upstream connect failed: no endpoint")]
+    #[error("upstream connect failed: no endpoint")]
     NoEndpoint,
     /// Could not connect to any endpoint tried (the last one's error): 502.
-    #[error("502 upstream connect failed: {authority}")]
+    #[error("upstream connect failed: {authority}")]
     Connect {
         authority: String,
         #[source]
         source: crate::upstream::ConnectError,
     },
     /// The upstream broke the protocol or the connection mid-way: 502.
-    #[error("502 upstream failed: {authority}")]
+    #[error("upstream failed: {authority}")]
     Upstream {
         authority: String,
         #[source]
         source: hyper::Error,
     },
     /// No response head within the response timeout: 504.
-    #[error("504 upstream did not answer within {0:?}")]
+    #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
     /// Every connection slot of the endpoint stayed busy past the connect timeout: 503.
-    #[error("503 endpoint {0} busy: --max-upstream-connections-per-endpoint in use")]
+    #[error("endpoint {0} busy: --max-upstream-connections-per-endpoint in use")]
     Busy(SocketAddr),
 }
 
@@ -360,7 +375,7 @@ impl Forwarder {
 
     /// Answers a request the framing tracker flagged: 400, and the connection is closed.
     pub fn reject(&self, bad: &BadRequest) -> Response<ProxyBody> {
-        let mut response = self.fail(Reason::BadRequest, format!("400 bad request: {bad}"));
+        let mut response = self.fail(Reason::BadRequest, format!("bad request: {bad}"));
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -383,7 +398,7 @@ impl Forwarder {
         let detail = detail.into();
         tracing::debug!(status = status.as_u16(), %detail, "error answer");
         if self.settings.verbose_errors {
-            local(status, detail)
+            local(status, format!("{} {detail}", status.as_u16()))
         } else {
             local(status, generic(status))
         }
@@ -553,7 +568,7 @@ impl Forwarder {
         if version <= Version::HTTP_11
             && let Err(e) = check_framing(headers)
         {
-            let answer = self.fail(Reason::BadRequest, format!("400 bad request: {e}"));
+            let answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
             return Err((answer, None));
         }
         // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
@@ -568,12 +583,12 @@ impl Forwarder {
             None => headers.get(header::HOST).cloned(),
         };
         let Some(raw_host) = raw_host.filter(|h| h.to_str().is_ok_and(|h| !h.is_empty())) else {
-            let why = format!("400 bad request: {}", BadRequest::NoHost);
+            let why = format!("bad request: {}", BadRequest::NoHost);
             return Err((self.fail(Reason::BadRequest, why), None));
         };
         let host = normalise_host(raw_host.to_str().unwrap_or_default());
         let Some(table) = table else {
-            let why = "503 no route table yet: waiting for a snapshot";
+            let why = "no route table yet: waiting for a snapshot";
             return Err((self.fail(Reason::NoSnapshot, why), None));
         };
         // Route on, and forward, the path the backend will see (see `path`).
@@ -581,7 +596,7 @@ impl Forwarder {
             Ok(std::borrow::Cow::Borrowed(_)) => None,
             Ok(std::borrow::Cow::Owned(p)) => Some(p),
             Err(e) => {
-                let answer = self.fail(Reason::BadRequest, format!("400 bad request: {e}"));
+                let answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
                 return Err((answer, None));
             }
         };
@@ -594,7 +609,7 @@ impl Forwarder {
                 match PathAndQuery::try_from(pq) {
                     Ok(pq) => Some(pq),
                     Err(_) => {
-                        let why = "400 bad request: unusable path";
+                        let why = "bad request: unusable path";
                         return Err((self.fail(Reason::BadRequest, why), None));
                     }
                 }
@@ -613,16 +628,16 @@ impl Forwarder {
             Ok(r) => r,
             Err(miss) => {
                 let why = match miss {
-                    Miss::NoHost => format!("404 no route: no virtual host for {host}"),
+                    Miss::NoHost => format!("no route: no virtual host for {host}"),
                     Miss::NoPath { vhost } => {
-                        format!("404 no route: no path of {vhost:?} matches {path}")
+                        format!("no route: no path of {vhost:?} matches {path}")
                     }
                 };
                 return Err((self.fail(Reason::NoRoute, why), None));
             }
         };
         if let Some(reason) = &route.backend.unavailable_reason {
-            let why = format!("503 backend unavailable: {reason}");
+            let why = format!("backend unavailable: {reason}");
             return Err((self.fail(Reason::BackendUnavailable, why), Some(route)));
         }
         Ok(Routed {
@@ -671,7 +686,9 @@ impl Forwarder {
         strip_hop_by_hop(&mut parts.headers, switching && upgrade);
     }
 
-    /// Routes and forwards; also returns the route matched, if any.
+    /// Routes and forwards; also returns the route matched, if any. At most two
+    /// attempts, on different endpoints, and a second only while the request body is
+    /// unsent.
     async fn route_and_forward<'t>(
         &self,
         mut req: Request<Incoming>,
@@ -689,60 +706,34 @@ impl Forwarder {
         let backend = &route.backend;
         // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
         // Upgrade header removed.
-        let connection_slot = req.extensions().get::<ConnectionSlot>().cloned();
         let upgrade = upgrade::requested(&req, &self.settings.allow_upgrade);
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let client_upgrade = upgrade.then(|| {
+            let slot = req.extensions().get::<ConnectionSlot>().cloned();
+            (hyper::upgrade::on(&mut req), slot)
+        });
         let (mut parts, body) = req.into_parts();
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
-        let declared = body.size_hint().exact();
-        let max = self.settings.max_request_body;
-        if max > 0 && declared.is_some_and(|n| n > max) {
-            return (
-                self.fail(
-                    Reason::BodyTooLarge,
-                    format!(
-                        "413 request body of {} bytes is over --max-request-body",
-                        declared.unwrap_or(0)
-                    ),
-                ),
-                label,
-            );
-        }
-        let empty = body.is_end_stream();
-        let slot = Arc::new(BodySlot {
-            body: Mutex::new(Some(body)),
-            limit: OnceLock::new(),
-            max_bytes: max,
-            read_timeout: self.settings.body_read_timeout,
-            done: std::sync::atomic::AtomicBool::new(empty),
-            done_notify: tokio::sync::Notify::new(),
-        });
+        let slot = match self.body_slot(body) {
+            Ok(slot) => Arc::new(slot),
+            Err(declared) => {
+                let why = format!("request body of {declared} bytes is over --max-request-body");
+                return (self.fail(Reason::BodyTooLarge, why), label);
+            }
+        };
 
         let mut headers = Some(parts.headers);
         let start = backend.next_index();
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::NoEndpoint;
         for attempt in 0..2 {
-            let (key, authority, mut slot_permit) =
-                if let Some(external) = &backend.external_authority {
-                    if attempt > 0 {
-                        break;
+            let (key, authority, slot_permit) =
+                match self.target(backend, attempt, start, &mut tried).await {
+                    Target::Go(key, authority, permit) => (key, authority, permit),
+                    Target::Busy(endpoint) => {
+                        failure = Failure::Busy(endpoint);
+                        continue;
                     }
-                    (Key::Name(external.clone()), external, None)
-                } else {
-                    match self.balancer.pick(&backend.endpoints, start, tried) {
-                        Some((i, a)) if Some(a) != tried => {
-                            tried = Some(a);
-                            let Some(permit) = self.slot(a).await else {
-                                // Busy past the connect timeout: the next endpoint, if any.
-                                self.metrics.upstream_queue_timeouts.inc();
-                                failure = Failure::Busy(a);
-                                continue;
-                            };
-                            (Key::Addr(a), &backend.authorities[i], permit)
-                        }
-                        _ => break,
-                    }
+                    Target::None => break,
                 };
             let sent = Instant::now();
             let result = match self.connection(&key, upgrade).await {
@@ -763,30 +754,16 @@ impl Forwarder {
                 Err(e) => Err(Failed::Connect(e, None)),
             };
             match result {
-                Err(Failed::Timeout) => {
-                    failure = Failure::Timeout(self.settings.response_timeout);
-                    break;
-                }
-                Ok((mut resp, up)) => {
+                Ok((resp, up)) => {
                     self.metrics
                         .upstream_latency
                         .observe(sent.elapsed().as_secs_f64());
-                    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-                    if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
-                        // The tunnel holds the client connection's and the endpoint's
-                        // slots until it ends.
-                        let held = (connection_slot.clone(), slot_permit.take());
-                        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                        self.tunnels.open(client_upgrade, upstream_upgrade, held);
-                    }
-                    let (mut rparts, rbody) = resp.into_parts();
-                    Self::downstream_head(&mut rparts, upgrade);
-                    let body = UpstreamBody {
-                        inner: rbody,
-                        up: up.map(|up| (up, self.pool.clone())),
-                        _slot: slot_permit,
-                    };
-                    return (Response::from_parts(rparts, Either::Left(body)), label);
+                    let answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
+                    return (answer, label);
+                }
+                Err(Failed::Timeout) => {
+                    failure = Failure::Timeout(self.settings.response_timeout);
+                    break;
                 }
                 Err(Failed::Connect(e, unsent)) => {
                     // Its headers go to the next endpoint.
@@ -816,26 +793,99 @@ impl Forwarder {
                 }
             }
         }
-        match slot.limit.get() {
+        // A body cut short by our own limits says so, whatever the upstream did then.
+        let answer = match slot.limit.get() {
             Some(BodyLimit::TooLarge) => {
-                return (
-                    self.fail(
-                        Reason::BodyTooLarge,
-                        "413 request body over --max-request-body",
-                    ),
-                    label,
-                );
+                self.fail(Reason::BodyTooLarge, "request body over --max-request-body")
             }
             Some(BodyLimit::Stalled) => {
-                let mut response = self.fail(Reason::BodyStalled, "408 request body stalled");
+                let mut response = self.fail(Reason::BodyStalled, "request body stalled");
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                return (response, label);
+                response
             }
-            None => {}
+            None => self.fail(failure.reason(), error_chain(&failure)),
+        };
+        (answer, label)
+    }
+
+    /// The request body, shared by the attempts; its declared length when that is over
+    /// `--max-request-body` (refused at once, 413).
+    fn body_slot(&self, body: Incoming) -> Result<BodySlot, u64> {
+        let max = self.settings.max_request_body;
+        if let Some(n) = body.size_hint().exact().filter(|&n| max > 0 && n > max) {
+            return Err(n);
         }
-        (self.fail(failure.reason(), error_chain(&failure)), label)
+        let empty = body.is_end_stream();
+        Ok(BodySlot {
+            body: Mutex::new(Some(body)),
+            limit: OnceLock::new(),
+            max_bytes: max,
+            read_timeout: self.settings.body_read_timeout,
+            done: std::sync::atomic::AtomicBool::new(empty),
+            done_notify: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Where attempt `attempt` goes: an ExternalName's authority (once), or the next
+    /// endpoint the balancer picks that is not `tried`, with a connection slot.
+    async fn target<'b>(
+        &self,
+        backend: &'b crate::table::Backend,
+        attempt: usize,
+        start: usize,
+        tried: &mut Option<SocketAddr>,
+    ) -> Target<'b> {
+        if let Some(external) = &backend.external_authority {
+            return if attempt == 0 {
+                Target::Go(Key::Name(external.clone()), external, None)
+            } else {
+                Target::None
+            };
+        }
+        match self.balancer.pick(&backend.endpoints, start, *tried) {
+            Some((i, a)) if Some(a) != *tried => {
+                *tried = Some(a);
+                match self.slot(a).await {
+                    Some(permit) => Target::Go(Key::Addr(a), &backend.authorities[i], permit),
+                    None => {
+                        // Busy past the connect timeout: the next endpoint, if any.
+                        self.metrics.upstream_queue_timeouts.inc();
+                        Target::Busy(a)
+                    }
+                }
+            }
+            _ => Target::None,
+        }
+    }
+
+    /// The client's response from the upstream's: its head mapped, its body driving the
+    /// upstream connection. A switch to an allowed upgrade opens the tunnel, which holds
+    /// the client connection's and the endpoint's slots until it ends.
+    fn relay(
+        &self,
+        mut resp: Response<Incoming>,
+        up: Option<Box<Upstream<ReclaimBody>>>,
+        upgrade: bool,
+        client_upgrade: Option<(hyper::upgrade::OnUpgrade, Option<ConnectionSlot>)>,
+        mut slot_permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Response<ProxyBody> {
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+            && let Some((client_upgrade, connection_slot)) = client_upgrade
+        {
+            let held = (connection_slot, slot_permit.take());
+            let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            self.tunnels.open(client_upgrade, upstream_upgrade, held);
+        }
+        let (mut parts, body) = resp.into_parts();
+        Self::downstream_head(&mut parts, upgrade);
+        let body = UpstreamBody {
+            inner: body,
+            up: up.map(|up| (up, self.pool.clone())),
+            _slot: slot_permit,
+        };
+        Response::from_parts(parts, Either::Left(body))
     }
 }
 
@@ -859,17 +909,6 @@ fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
             "400 bad request: unusable host or path",
         ),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Why a request body was cut short by the proxy's own limits.
@@ -1029,19 +1068,6 @@ impl Body for ReclaimBody {
 mod tests {
     use super::*;
 
-    #[derive(Debug)]
-    struct Wrapped(std::io::Error);
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("connect failed")
-        }
-    }
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
     #[test]
     fn every_reason_has_one_status_and_its_label_says_it() {
         for r in Reason::ALL {
@@ -1051,18 +1077,6 @@ mod tests {
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c == '_')
             );
-        }
-    }
-
-    #[test]
-    fn local_connect_errors_are_told_from_the_endpoints_own() {
-        for code in [99, 24, 23, 105, 12] {
-            let e = Wrapped(std::io::Error::from_raw_os_error(code));
-            assert!(is_local_error(&e), "errno {code} is local");
-        }
-        for code in [111, 113, 110] {
-            let e = Wrapped(std::io::Error::from_raw_os_error(code));
-            assert!(!is_local_error(&e), "errno {code} is the endpoint's");
         }
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use holdfast_process::error_chain;
 use holdfast_proto::delta::InvalidDelta;
 use holdfast_proto::mtls::Reloading;
 use holdfast_proto::snapshot::{InvalidSnapshot, Stamp, check_not_older};
@@ -33,8 +34,9 @@ use crate::persist;
 use crate::table::CompileError;
 use crate::table::RouteTable;
 
-/// Why a snapshot or delta was refused: the NACK's text is its message (which includes
-/// its cause), and nothing served changes.
+/// Why a snapshot or delta was refused; nothing served changes. Each variant says what
+/// was refused and leaves the why to its source: the NACK's text is the whole chain
+/// ([`error_chain`]).
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
     /// A delta came while no snapshot is served (there is no base to apply it to).
@@ -47,7 +49,7 @@ pub enum Refused {
     },
     /// A delta that does not apply to the served snapshot or does not make the snapshot
     /// it names.
-    #[error("delta to {version}: {source}")]
+    #[error("delta to {version}")]
     Delta {
         /// The version the delta makes.
         version: String,
@@ -67,18 +69,26 @@ pub enum Refused {
     },
     /// Older than the served snapshot for some kind (or behind for one kind and ahead
     /// for another: waited out).
-    #[error("{0}")]
-    NotNewer(#[source] InvalidSnapshot),
+    #[error(transparent)]
+    NotNewer(InvalidSnapshot),
     /// Fails validation (references, content hash, version).
-    #[error("invalid snapshot: {0}")]
+    #[error("invalid snapshot")]
     Invalid(#[source] InvalidSnapshot),
     /// Valid, but cannot be compiled into a route table (a certificate that does not
     /// load, an endpoint address that does not parse).
-    #[error("cannot compile snapshot: {0}")]
+    #[error("cannot compile snapshot")]
     Compile(#[source] CompileError),
     /// A response with neither a snapshot nor a delta.
     #[error("response carries no snapshot")]
     Empty,
+}
+
+impl Refused {
+    /// A valid snapshot that is not newer than the one served (older for a kind, or
+    /// waiting): the NACK says so, and the control plane keeps its delta base.
+    pub fn is_not_newer(&self) -> bool {
+        matches!(self, Refused::NotNewer(_))
+    }
 }
 
 /// Applies snapshots to the shared route table.
@@ -92,9 +102,6 @@ pub struct Applier {
     /// The served snapshot by resource, the base the next delta applies to (so a delta
     /// is checked and applied in O(change)).
     served: std::sync::Mutex<Option<delta::Held>>,
-    /// Whether the last refusal was of a valid snapshot that is not newer than the one
-    /// served (older for a kind, or waiting).
-    not_newer: std::sync::atomic::AtomicBool,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
 }
@@ -114,15 +121,8 @@ impl Applier {
             metrics,
             unpersisted: std::sync::Mutex::new(None),
             served: std::sync::Mutex::new(None),
-            not_newer: std::sync::atomic::AtomicBool::new(false),
             max_snapshot_bytes,
         }
-    }
-
-    /// Whether the last apply that failed refused a valid snapshot as not newer than
-    /// the one served (the NACK says so, and the control plane keeps its delta base).
-    pub fn last_refusal_not_newer(&self) -> bool {
-        self.not_newer.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The served table's (version, content hash), if any.
@@ -162,8 +162,6 @@ impl Applier {
     /// result is not exactly the snapshot it names, is refused and nothing changes.
     pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, Refused> {
         // Applies happen one at a time (one stream); the lock is held throughout.
-        self.not_newer
-            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = served.as_mut() else {
             return Err(Refused::NoBase {
@@ -259,8 +257,6 @@ impl Applier {
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, Refused> {
-        self.not_newer
-            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         // Refused before hashing it whole: a replica that is behind may offer it again.
         self.admissible(
@@ -307,8 +303,6 @@ impl Applier {
             if matches!(e, InvalidSnapshot::Incomparable(_)) {
                 self.metrics.snapshots_waited.inc();
             }
-            self.not_newer
-                .store(true, std::sync::atomic::Ordering::Relaxed);
             Refused::NotNewer(e)
         })
     }
@@ -498,18 +492,6 @@ impl<T> From<mpsc::error::SendError<T>> for StreamError {
 /// How often a failed write of the served snapshot is tried again.
 const PERSIST_RETRY: Duration = Duration::from_secs(2);
 
-/// An error and its causes, in one line ("transport error" alone says nothing).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// Connects to `url`, over mutual TLS with the configuration current now when `tls` is
 /// set.
 async fn connect(
@@ -670,7 +652,7 @@ async fn stream_once(
             },
         };
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
-        let not_newer = result.is_err() && applier.last_refusal_not_newer();
+        let not_newer = result.as_ref().is_err_and(Refused::is_not_newer);
         if !not_newer {
             waiting_since = None;
         } else {
@@ -681,7 +663,7 @@ async fn stream_once(
         let error_detail = match result {
             Ok(_) => None,
             Err(refused) => {
-                let message = refused.to_string();
+                let message = error_chain(&refused);
                 metrics.nacks.inc();
                 tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
                 Some(ErrorDetail { message, not_newer })
@@ -875,26 +857,25 @@ mod tests {
         // Ingresses behind (9 < 10), Services ahead (25 > 20): the one number (25) is
         // higher, but the Ingress view would move back. Wait.
         let mixed = snapshot_at(&["a.test", "b.test"], &[("Ingress", 9), ("Service", 25)]);
-        assert!(applier.apply(mixed).is_err());
+        let refused = applier.apply(mixed).expect_err("waited");
         assert_eq!(served(&table), first.version);
         assert_eq!(metrics.snapshots_waited.get(), 1);
+        assert!(refused.is_not_newer(), "a wait is marked not newer");
         // Behind for one kind, ahead for none: refused, not a wait.
-        assert!(
-            applier.last_refusal_not_newer(),
-            "a wait is marked not newer"
-        );
         let behind = snapshot_at(&["c.test"], &[("Ingress", 10), ("Service", 19)]);
-        assert!(applier.apply(behind).is_err());
+        let refused = applier.apply(behind).expect_err("older");
         assert_eq!(metrics.snapshots_waited.get(), 1);
-        assert!(
-            applier.last_refusal_not_newer(),
-            "an older one is marked not newer"
-        );
+        assert!(refused.is_not_newer(), "an older one is marked not newer");
         // An invalid snapshot (content hash wrong) is refused for another reason.
         let mut broken = snapshot_at(&["d.test"], &[("Ingress", 30), ("Service", 30)]);
         broken.virtual_hosts[0].host = "e.test".into();
-        assert!(applier.apply(broken).is_err());
-        assert!(!applier.last_refusal_not_newer(), "an invalid one is not");
+        let refused = applier.apply(broken).expect_err("invalid");
+        assert!(!refused.is_not_newer(), "an invalid one is not");
+        assert!(
+            error_chain(&refused).starts_with("invalid snapshot: "),
+            "the NACK names the cause: {}",
+            error_chain(&refused)
+        );
         // Caught up on every kind: accepted, as a delta.
         let next = snapshot_at(&["a.test", "b.test"], &[("Ingress", 12), ("Service", 25)]);
         let change = holdfast_proto::delta::diff(

@@ -227,7 +227,7 @@ pub enum Miss {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CompileError {
     /// A certificate cannot be served (the reason never holds key bytes).
-    #[error("certificate {name}: {source}")]
+    #[error("certificate {name}")]
     Certificate {
         /// Its name.
         name: String,

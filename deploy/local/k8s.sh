@@ -3,6 +3,7 @@
 # and the tests, built from pinned upstream sources through the Go module proxy.
 #
 #   k8s.sh ensure                      build missing tools into the cache (locked)
+#   k8s.sh can-ensure                  fail at once if tools are missing and Go is not
 #   k8s.sh up [DIR]                    start etcd + kube-apiserver, wait for /readyz
 #   k8s.sh down [DIR]                  stop everything `up` started in DIR
 #   k8s.sh env [DIR]                   print `export KUBECONFIG=...` and PATH
@@ -531,6 +532,7 @@ main() {
   shift || true
   case $cmd in
   ensure) cmd_ensure ;;
+  can-ensure) have_all_tools || need_go ;;
   tools-dir) echo "$BIN" ;;
   cert-manager-crds) cmd_cert_manager_crds ;;
   up) cmd_up "${1:-$DEFAULT_DIR}" ;;

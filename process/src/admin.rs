@@ -82,14 +82,7 @@ impl Default for Limits {
 /// ENOMEM) does not go away by retrying at once, so wait a little instead of spinning;
 /// other errors (a connection reset before it was accepted) are retried at once.
 pub async fn accept_backoff(error: &std::io::Error) {
-    const EMFILE: i32 = 24;
-    const ENFILE: i32 = 23;
-    const ENOBUFS: i32 = 105;
-    const ENOMEM: i32 = 12;
-    if matches!(
-        error.raw_os_error(),
-        Some(EMFILE | ENFILE | ENOBUFS | ENOMEM)
-    ) {
+    if error.raw_os_error().is_some_and(crate::out_of_resources) {
         tracing::warn!(%error, "accept failed: out of file descriptors or memory; backing off");
         tokio::time::sleep(Duration::from_millis(100)).await;
     } else {

@@ -7,10 +7,16 @@
 //! - [`shutdown_signal`]: SIGTERM or Ctrl-C cancels a [`CancellationToken`].
 //! - [`node_name`]: a flag's value, else the kernel's hostname (the pod name), else a
 //!   fallback.
+//! - [`ConfigError`]: a flag value that cannot work; [`tls`]: the mutual-TLS flags both
+//!   planes take and the watcher that reloads their files.
+//! - [`exit_code`], [`usage_error`]: how a binary ends; [`error_chain`]: an error and its
+//!   causes on one line.
+//! - [`out_of_resources`]: the errnos that retrying at once cannot cure.
 //! - [`admin`]: the admin HTTP listeners (`/healthz`, `/readyz`, `/metrics`, debug pages),
 //!   hardened against slow and greedy clients, and the pages both planes answer alike.
 
 pub mod admin;
+pub mod tls;
 
 use std::process::ExitCode;
 
@@ -36,6 +42,59 @@ pub fn init_tracing(format: LogFormat) {
         LogFormat::Text => builder.with_ansi(false).init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// A flag value that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag}: {reason}")]
+pub struct ConfigError {
+    /// The flag.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// `--flag` is wrong because of `reason`.
+    pub fn new(flag: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The exit status of a binary's run: success, or the error (with its causes) logged and
+/// 1.
+pub fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error` and each of its sources, joined by ": ".
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// Is `errno` a lack of file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): this
+/// machine's own limit, which does not go away by retrying at once?
+pub fn out_of_resources(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
+    )
 }
 
 /// The exit status of a binary whose flags did not validate: the error on stderr, and 2,
@@ -79,6 +138,24 @@ pub fn node_name(given: Option<&str>, fallback: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_chain_names_every_cause_in_order() {
+        let error = Wrapped(std::io::Error::other("connection refused"));
+        assert_eq!(error_chain(&error), "connecting: connection refused");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connecting")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn descriptor_and_memory_exhaustion_are_out_of_resources() {
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(out_of_resources(errno), "{errno}");
+        }
+        assert!(!out_of_resources(libc::ECONNRESET));
+    }
 
     #[test]
     fn a_given_name_wins_and_the_hostname_is_the_default() {

@@ -356,7 +356,7 @@ pub enum InvalidDelta {
     },
     /// The snapshot base + delta makes is not valid (its content hash does not match, a
     /// reference is missing, ...).
-    #[error("base + delta: {0}")]
+    #[error("base + delta")]
     Result(#[from] InvalidSnapshot),
 }
 

@@ -2,14 +2,10 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::Result;
 
 use crate::process::{Proc, addr_in};
-
-/// How long a control plane may take to start listening.
-const START: Duration = Duration::from_secs(30);
 
 /// A running control plane.
 #[derive(Debug)]
@@ -70,7 +66,7 @@ impl ControlPlane {
             )],
             log_dir.join(format!("{name}.log")),
         )?;
-        let line = proc.wait_log("listening", 0, START)?;
+        let line = proc.wait_log("listening", 0, crate::wait::T)?;
         let grpc = addr_in(&line, "grpc")?;
         let admin = addr_in(&line, "admin")?;
         // Restarts reuse the same ports, so proxies find it again.
@@ -110,7 +106,7 @@ impl ControlPlane {
     pub fn restart(&mut self) -> Result<()> {
         let skip = self.proc.log().len();
         self.proc.restart()?;
-        self.proc.wait_log("listening", skip, START)?;
+        self.proc.wait_log("listening", skip, crate::wait::T)?;
         Ok(())
     }
 }

@@ -143,7 +143,7 @@ pub async fn warning_event(
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
     let event = crate::wait::until(
         &format!("a {reason} Event on {ns}/{name}"),
-        std::time::Duration::from_secs(30),
+        crate::wait::T,
         || {
             let events = events.clone();
             async move {

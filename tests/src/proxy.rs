@@ -70,7 +70,7 @@ impl ProxyProc {
             vec![],
             log_dir.join(format!("{name}.log")),
         )?;
-        let line = proc.wait_log("listening", 0, Duration::from_secs(20))?;
+        let line = proc.wait_log("listening", 0, crate::wait::T)?;
         let addr = addr_in(&line, "proxy")?;
         let admin = addr_in(&line, "admin")?;
         let debug = addr_in(&line, "debug")?;
@@ -104,8 +104,7 @@ impl ProxyProc {
         let skip = self.proc.log().len();
         let started = Instant::now();
         self.proc.restart()?;
-        self.proc
-            .wait_log("listening", skip, Duration::from_secs(20))?;
+        self.proc.wait_log("listening", skip, crate::wait::T)?;
         Ok(started.elapsed())
     }
 

@@ -41,7 +41,7 @@ pub struct IngressDigest {
     pub(super) tls: Vec<(String, String)>,
     /// False when the Ingress turns the HTTP→HTTPS redirect off.
     pub(super) ssl_redirect: bool,
-    pub(super) problems: Vec<(&'static str, String)>,
+    pub(super) problems: Vec<(ProblemReason, String)>,
 }
 
 /// Digests one Ingress's `spec.tls` and redirect annotation into `digest`.
@@ -56,7 +56,7 @@ pub(super) fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
         Some("false") => false,
         Some(other) => {
             digest.problems.push((
-                "InvalidAnnotation",
+                ProblemReason::InvalidAnnotation,
                 format!(
                     "{SSL_REDIRECT_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"; redirecting"
                 ),
@@ -69,14 +69,14 @@ pub(super) fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
         let hosts = entry.hosts.as_deref().unwrap_or_default();
         let Some(secret) = entry.secret_name.as_deref().filter(|s| !s.is_empty()) else {
             digest.problems.push((
-                "InvalidTLS",
+                ProblemReason::InvalidTls,
                 format!("spec.tls entry for hosts {hosts:?} names no secretName; those hosts get no certificate"),
             ));
             continue;
         };
         if hosts.is_empty() {
             digest.problems.push((
-                "InvalidTLS",
+                ProblemReason::InvalidTls,
                 format!("spec.tls entry for Secret {secret:?} lists no hosts; it is not used"),
             ));
         }
@@ -84,14 +84,14 @@ pub(super) fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
             let host = host.to_ascii_lowercase();
             if host.is_empty() || !is_valid_host(&host) {
                 digest.problems.push((
-                    "InvalidTLS",
+                    ProblemReason::InvalidTls,
                     format!("spec.tls host {host:?} skipped: not a valid host name or one-label wildcard"),
                 ));
                 continue;
             }
             if let Some(suffix) = wildcard_over_public_suffix(&host) {
                 digest.problems.push((
-                    "PublicSuffixWildcard",
+                    ProblemReason::PublicSuffixWildcard,
                     format!("spec.tls host {host:?} skipped: it covers every name under the public suffix {suffix:?}"),
                 ));
                 continue;
@@ -153,7 +153,7 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressLimits) -> IngressDig
             });
         let mut digest = digest_ingress_unchecked(&trimmed);
         digest.problems.push((
-            "IngressTooLarge",
+            ProblemReason::IngressTooLarge,
             format!(
                 "Ingress skipped: {rules} rules and {paths} paths, over the limits of {} rules (--max-rules-per-ingress) and {} paths (--max-paths-per-ingress)",
                 limits.max_rules, limits.max_paths
@@ -191,7 +191,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         match backend_ref(ns, db) {
             Ok(b) => digest.default_backend = Some(Arc::new(b)),
             Err(e) => digest.problems.push((
-                "InvalidDefaultBackend",
+                ProblemReason::InvalidDefaultBackend,
                 format!("defaultBackend skipped: {e}"),
             )),
         }
@@ -200,7 +200,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         let host = rule.host.as_deref().unwrap_or("").to_ascii_lowercase();
         if !is_valid_host(&host) {
             digest.problems.push((
-                "InvalidHost",
+                ProblemReason::InvalidHost,
                 format!(
                     "rule for host {host:?} skipped: not a valid host name or one-label wildcard"
                 ),
@@ -209,7 +209,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         }
         if let Some(suffix) = wildcard_over_public_suffix(&host) {
             digest.problems.push((
-                "PublicSuffixWildcard",
+                ProblemReason::PublicSuffixWildcard,
                 format!(
                     "rule for host {host:?} skipped: it covers every name under the public suffix {suffix:?}"
                 ),
@@ -222,7 +222,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                 Ok(k) => k,
                 Err(e) => {
                     digest.problems.push((
-                        "InvalidPath",
+                        ProblemReason::InvalidPath,
                         format!(
                             "path {:?} on host {host:?} skipped: {e}",
                             p.path.as_deref().unwrap_or("")
@@ -235,7 +235,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                 && let Some(why) = p.path.as_deref().and_then(unnormalised)
             {
                 digest.problems.push((
-                    "InvalidPath",
+                    ProblemReason::InvalidPath,
                     format!(
                         "ImplementationSpecific path {:?} on host {host:?} skipped: it {why}, and proxies match normalised request paths, which never do",
                         p.path.as_deref().unwrap_or("")
@@ -247,7 +247,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                 && let Some(why) = p.path.as_deref().and_then(escape_never_matched)
             {
                 digest.problems.push((
-                    "InvalidPath",
+                    ProblemReason::InvalidPath,
                     format!(
                         "{} path {:?} on host {host:?} skipped: it {why}; proxies match normalised request paths, which never have that form",
                         p.path_type,
@@ -259,9 +259,10 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
             let path = match normalise_path(p.path.as_deref(), kind) {
                 Ok(path) => path,
                 Err(e) => {
-                    digest
-                        .problems
-                        .push(("InvalidPath", format!("path on host {host:?} skipped: {e}")));
+                    digest.problems.push((
+                        ProblemReason::InvalidPath,
+                        format!("path on host {host:?} skipped: {e}"),
+                    ));
                     continue;
                 }
             };
@@ -274,7 +275,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                     backend: Arc::new(backend),
                 }),
                 Err(e) => digest.problems.push((
-                    "InvalidBackend",
+                    ProblemReason::InvalidBackend,
                     format!("path {path:?} on host {host:?} skipped: {e}"),
                 )),
             }
@@ -417,8 +418,8 @@ pub enum InvalidSecret {
     #[error("lacks tls.crt or tls.key")]
     Incomplete,
     /// The certificate or key does not parse, or they do not match.
-    #[error("{0}")]
-    Certificate(#[source] certificate::CertificateError),
+    #[error(transparent)]
+    Certificate(certificate::CertificateError),
 }
 
 /// Digests one Secret: parses and checks `tls.crt` and `tls.key`.

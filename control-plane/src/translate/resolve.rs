@@ -165,7 +165,7 @@ pub(super) fn build_host(
                 problems.push(Problem {
                     namespace: d.source.namespace.clone(),
                     name: d.source.name.clone(),
-                    reason: "HostOwnedByOtherNamespace",
+                    reason: ProblemReason::HostOwnedByOtherNamespace,
                     message: format!(
                         "rules for host {host:?} skipped: the host belongs to namespace {owner:?} (its oldest Ingress); see --host-ownership"
                     ),
@@ -199,7 +199,7 @@ pub(super) fn build_host(
                 problems.push(Problem {
                     namespace: loser.source.namespace.clone(),
                     name: loser.source.name.clone(),
-                    reason: "ConflictingRoute",
+                    reason: ProblemReason::ConflictingRoute,
                     message: format!(
                         "{:?} path {:?} on host {:?} ignored: {}/{} (older) already routes it",
                         route.kind, route.path, host, winner.source.namespace, winner.source.name
@@ -359,7 +359,7 @@ impl Translator {
                     problems.insert(Problem {
                         namespace: src.namespace.clone(),
                         name: src.name.clone(),
-                        reason: "ExternalNameDisabled",
+                        reason: ProblemReason::ExternalNameDisabled,
                         message: format!(
                             "backend {} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
                             route.backend
@@ -410,7 +410,7 @@ impl Translator {
         opts: &Options,
         problems: &mut BTreeSet<Problem>,
     ) -> TlsOut {
-        let problem = |src: &IngressRef, reason: &'static str, message: String| Problem {
+        let problem = |src: &IngressRef, reason: ProblemReason, message: String| Problem {
             namespace: src.namespace.clone(),
             name: src.name.clone(),
             reason,
@@ -423,7 +423,7 @@ impl Translator {
             for d in &tls_ingresses {
                 problems.insert(problem(
                     &d.source,
-                    "TLSDisabled",
+                    ProblemReason::TlsDisabled,
                     "spec.tls ignored: the control plane serves plaintext gRPC, so it sends no private keys (use mutual TLS, or --allow-plaintext-secrets)".into(),
                 ));
             }
@@ -447,7 +447,7 @@ impl Translator {
                 {
                     problems.insert(problem(
                         &d.source,
-                        "HostOwnedByOtherNamespace",
+                        ProblemReason::HostOwnedByOtherNamespace,
                         format!(
                             "spec.tls host {host:?} ignored: the host belongs to namespace {:?} (its oldest Ingress); see --host-ownership",
                             entry.owner
@@ -462,7 +462,7 @@ impl Translator {
                     Some((s, w)) if *s != secret.as_str() => {
                         problems.insert(problem(
                             &d.source,
-                            "ConflictingTLS",
+                            ProblemReason::ConflictingTls,
                             format!(
                                 "spec.tls host {host:?} with Secret {secret:?} ignored: {}/{} (older) serves it with {s:?}",
                                 w.source.namespace, w.source.name
@@ -490,7 +490,7 @@ impl Translator {
         for (secret, (hosts, users)) in &secrets {
             let current = self.secrets_by_key.get(*secret);
             let last = self.last_good.get(*secret);
-            let mut tell = |reason: &'static str, message: String| {
+            let mut tell = |reason: ProblemReason, message: String| {
                 if users.is_empty() {
                     // The operator's default certificate: reported under the Secret.
                     let (namespace, name) = secret.split_once('/').unwrap_or(("", secret));
@@ -531,7 +531,7 @@ impl Translator {
                             Some(cur.clone())
                         } else {
                             tell(
-                                "InvalidTLSSecret",
+                                ProblemReason::InvalidTlsSecret,
                                 format!(
                                     "Secret {secret:?} now holds a certificate that does not cover {dropped:?}; its hosts keep the previous certificate"
                                 ),
@@ -541,7 +541,7 @@ impl Translator {
                     }
                     Err(e) => {
                         tell(
-                            "InvalidTLSSecret",
+                            ProblemReason::InvalidTlsSecret,
                             format!("Secret {secret:?} {e}; {keeps}"),
                         );
                         last.cloned()
@@ -549,7 +549,7 @@ impl Translator {
                 },
                 None => {
                     tell(
-                        "MissingTLSSecret",
+                        ProblemReason::MissingTlsSecret,
                         format!(
                             "Secret {secret:?} not found (or not of type {TLS_SECRET_TYPE}); {keeps}"
                         ),
@@ -575,7 +575,7 @@ impl Translator {
             if !certificate::covers(&cert.dns_names, host) {
                 problems.insert(problem(
                     &d.source,
-                    "TLSHostNotCovered",
+                    ProblemReason::TlsHostNotCovered,
                     format!("the certificate in Secret {secret:?} does not cover host {host:?} (it names {:?}); the host gets no certificate", cert.dns_names),
                 ));
                 continue;
@@ -583,7 +583,7 @@ impl Translator {
             if !self.hosts.contains_key(*host) {
                 problems.insert(problem(
                     &d.source,
-                    "TLSHostWithoutRules",
+                    ProblemReason::TlsHostWithoutRules,
                     format!("spec.tls host {host:?} has no rules of its own in any Ingress of this class; it gets no certificate"),
                 ));
                 continue;

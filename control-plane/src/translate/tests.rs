@@ -467,7 +467,7 @@ fn external_name_services_resolve_to_their_dns_name_only_when_allowed() {
     );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
-        (t.problems[0].reason, t.problems[0].name.as_str()),
+        (t.problems[0].reason.as_str(), t.problems[0].name.as_str()),
         ("ExternalNameDisabled", "a")
     );
 }
@@ -605,7 +605,7 @@ fn an_invalid_host_skips_that_rule_only_with_a_problem() {
         )]
     );
     assert_eq!(t.problems.len(), 1);
-    assert_eq!(t.problems[0].reason, "InvalidHost");
+    assert_eq!(t.problems[0].reason.as_str(), "InvalidHost");
     assert_eq!(
         (
             t.problems[0].namespace.as_str(),
@@ -762,7 +762,7 @@ fn a_true_conflict_goes_to_the_oldest_ingress_and_the_loser_gets_a_problem() {
     );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
-        (t.problems[0].name.as_str(), t.problems[0].reason),
+        (t.problems[0].name.as_str(), t.problems[0].reason.as_str()),
         ("newer", "ConflictingRoute")
     );
     assert!(
@@ -828,7 +828,7 @@ fn default_backend_of_the_oldest_ingress_wins() {
     assert_eq!(d.backend, "default/web:80");
     assert_eq!(d.source.as_ref().unwrap().name, "first");
     assert_eq!(t.problems.len(), 1);
-    assert_eq!(t.problems[0].reason, "ConflictingDefaultBackend");
+    assert_eq!(t.problems[0].reason.as_str(), "ConflictingDefaultBackend");
     assert!(backend(&t, "default/web:80").endpoints.len() == 2);
 }
 
@@ -848,7 +848,10 @@ fn only_listed_namespaces_may_set_the_default_backend() {
     assert_eq!(d.source.as_ref().unwrap().namespace, "edge");
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
-        (t.problems[0].reason, t.problems[0].namespace.as_str()),
+        (
+            t.problems[0].reason.as_str(),
+            t.problems[0].namespace.as_str()
+        ),
         ("DefaultBackendNotAllowed", "tenant")
     );
     let only_tenant = state(vec![ingress_with("tenant", "catch-all", 1, db("web"))]);
@@ -871,7 +874,7 @@ fn resource_backends_are_skipped_with_a_problem() {
         ]}}]),
     )]));
     assert!(routes(&t).is_empty());
-    assert_eq!(t.problems[0].reason, "InvalidBackend");
+    assert_eq!(t.problems[0].reason.as_str(), "InvalidBackend");
 }
 
 #[test]
@@ -1239,7 +1242,7 @@ fn a_port_name_made_of_digits_is_skipped_with_a_problem_and_the_rest_kept() {
         vec![r("a.example.com", MatchKind::Prefix, "/", "default/web:80")]
     );
     assert_eq!(t.problems.len(), 1);
-    assert_eq!(t.problems[0].reason, "InvalidBackend");
+    assert_eq!(t.problems[0].reason.as_str(), "InvalidBackend");
     assert!(
         t.problems[0].message.contains("not a port name"),
         "{}",
@@ -1321,7 +1324,7 @@ fn tls_of(t: &Translation) -> Vec<(String, String, bool)> {
 }
 
 fn reasons(t: &Translation) -> Vec<&'static str> {
-    t.problems.iter().map(|p| p.reason).collect()
+    t.problems.iter().map(|p| p.reason.as_str()).collect()
 }
 
 #[test]
@@ -1729,7 +1732,7 @@ fn wildcards_over_a_public_suffix_are_refused_and_private_ones_allowed() {
         [r("*.example.com", MatchKind::Prefix, "/", "default/web:80")]
     );
     assert_eq!(t.problems.len(), 1);
-    assert_eq!(t.problems[0].reason, "PublicSuffixWildcard");
+    assert_eq!(t.problems[0].reason.as_str(), "PublicSuffixWildcard");
 }
 
 #[test]
@@ -1768,7 +1771,7 @@ fn a_host_belongs_to_the_namespace_of_its_oldest_ingress_unless_shared() {
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
         (
-            t.problems[0].reason,
+            t.problems[0].reason.as_str(),
             t.problems[0].namespace.as_str(),
             t.problems[0].name.as_str()
         ),
@@ -1842,7 +1845,7 @@ fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaff
     );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
-        (t.problems[0].reason, t.problems[0].name.as_str()),
+        (t.problems[0].reason.as_str(), t.problems[0].name.as_str()),
         ("IngressTooLarge", "big")
     );
     let by_paths = Options {
@@ -1853,7 +1856,7 @@ fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaff
         ..Options::default()
     };
     assert_eq!(
-        run_with(&st, &by_paths).problems[0].reason,
+        run_with(&st, &by_paths).problems[0].reason.as_str(),
         "IngressTooLarge"
     );
     assert_eq!(routes(&run(&st)).len(), 5, "within the defaults");

@@ -59,7 +59,17 @@ impl Balancer {
         start: usize,
         avoid: Option<SocketAddr>,
     ) -> Option<(usize, SocketAddr)> {
-        let now = self.now_ms();
+        self.pick_at(endpoints, start, avoid, self.now_ms())
+    }
+
+    /// [`Balancer::pick`] at `now` (ms since `epoch`).
+    fn pick_at(
+        &self,
+        endpoints: &[SocketAddr],
+        start: usize,
+        avoid: Option<SocketAddr>,
+        now: u64,
+    ) -> Option<(usize, SocketAddr)> {
         let n = endpoints.len();
         let ok = |(_, a): &(usize, SocketAddr)| Some(*a) != avoid && !self.is_ejected(a, now);
         let order = || (0..n).map(|i| ((start + i) % n, endpoints[(start + i) % n]));
@@ -77,7 +87,7 @@ impl Balancer {
         backend: &str,
         error: &(dyn std::error::Error + 'static),
     ) {
-        let chain = super::error_chain(error);
+        let chain = holdfast_process::error_chain(error);
         if is_local_error(error) {
             tracing::warn!(%endpoint, backend, error = %chain, "upstream connect failed for a local reason; not ejecting");
         } else {
@@ -87,14 +97,15 @@ impl Balancer {
     }
 }
 
-/// Is a connect error this machine's own (EADDRNOTAVAIL: no local port; EMFILE, ENFILE:
-/// no descriptor; ENOBUFS, ENOMEM), rather than the endpoint's?
+/// Is a connect error this machine's own (EADDRNOTAVAIL: no local port; or out of
+/// descriptors or memory), rather than the endpoint's?
 pub fn is_local_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    const LOCAL: [i32; 5] = [99, 24, 23, 105, 12];
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io.raw_os_error().is_some_and(|c| LOCAL.contains(&c))
+            && io.raw_os_error().is_some_and(|errno| {
+                errno == libc::EADDRNOTAVAIL || holdfast_process::out_of_resources(errno)
+            })
         {
             return true;
         }
@@ -140,17 +151,41 @@ mod tests {
     fn a_local_connect_error_ejects_nobody() {
         let b = Balancer::new(Duration::from_secs(10));
         let e = addrs(2);
-        let emfile = std::io::Error::from_raw_os_error(24);
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
         b.connect_failed(e[0], "web", &emfile);
         assert_eq!(b.pick(&e, 0, None), Some((0, e[0])));
     }
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("connect failed")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn local_connect_errors_are_told_from_the_endpoints_own() {
+        use libc::*;
+        for errno in [EADDRNOTAVAIL, EMFILE, ENFILE, ENOBUFS, ENOMEM] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(errno));
+            assert!(is_local_error(&e), "errno {errno} is local");
+        }
+        for errno in [ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT] {
+            let e = Wrapped(std::io::Error::from_raw_os_error(errno));
+            assert!(!is_local_error(&e), "errno {errno} is the endpoint's");
+        }
+    }
+
     #[test]
     fn an_ejection_ends_after_eject_for() {
-        let b = Balancer::new(Duration::ZERO);
+        let b = Balancer::new(Duration::from_secs(10));
         let e = addrs(2);
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let ejected_at = b.now_ms();
         b.connect_failed(e[0], "web", &refused);
-        assert_eq!(b.pick(&e, 0, None), Some((0, e[0])));
+        let done = b.now_ms() + 10_000;
+        // Skipped until `eject_for` has passed since the failure, then taken again.
+        assert_eq!(b.pick_at(&e, 0, None, ejected_at + 9_999), Some((1, e[1])));
+        assert_eq!(b.pick_at(&e, 0, None, done), Some((0, e[0])));
+        // A second failure later ejects it again, from then.
+        b.connect_failed(e[0], "web", &refused);
+        assert_eq!(b.pick(&e, 0, None), Some((1, e[1])));
     }
 }

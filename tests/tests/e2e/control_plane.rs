@@ -447,6 +447,11 @@ async fn removing_all_ingresses_is_held_until_approved_with_grpcurl() -> anyhow:
         .await?;
     assert_eq!(approved["publishedVersion"], after.version.as_str());
     assert_eq!(cp.metric("holdfast_snapshot_held").await?, Some(0.0));
+    assert_eq!(
+        cp.metric(r#"holdfast_snapshot_hold_releases_total{by="approval"}"#)
+            .await?,
+        Some(1.0)
+    );
     Ok(())
 }
 

@@ -273,6 +273,38 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
 }
 
 #[tokio::test]
+async fn the_per_route_latency_histogram_measures_the_whole_exchange() -> anyhow::Result<()> {
+    let (state, logs) = dirs("latency");
+    let echo = echo_on_loopback("echo").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("slow.test", "/", "web")], &[("web", &[echo])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-latency", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    // Two answers that each take at least 300 ms upstream.
+    for _ in 0..2 {
+        let (code, body) = p.get("slow.test", "/?delay_ms=300").await?;
+        assert_eq!(code, 200, "{body}");
+    }
+    let series = |suffix: &str| format!("holdfast_proxy_request_duration_seconds{suffix}");
+    let route = r#"route="slow.test/""#;
+    assert_eq!(
+        p.metric(&series(&format!("_count{{{route}}}"))).await?,
+        Some(2.0)
+    );
+    let sum = p.metric(&series(&format!("_sum{{{route}}}"))).await?;
+    assert!(
+        sum.is_some_and(|s| s >= 0.6),
+        "sum {sum:?} under 2 × 300 ms"
+    );
+    // None is in the buckets below the delay (up to 0.2048 s).
+    let bucket = |le: &str| series(&format!("_bucket{{le=\"{le}\",{route}}}"));
+    assert_eq!(p.metric(&bucket("0.2048")).await?, Some(0.0));
+    assert_eq!(p.metric(&bucket("+Inf")).await?, Some(2.0));
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_connection_failure_is_retried_on_another_endpoint_which_is_then_preferred()
 -> anyhow::Result<()> {
     let (state, logs) = dirs("retry");

@@ -6,9 +6,8 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use holdfast_tests::wait;
+use holdfast_tests::wait::{self, T};
 
 #[test]
 fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_control_plane_and_exits_cleanly()
@@ -23,7 +22,8 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
         .stdout(std::fs::File::create(&out)?)
         .stderr(Stdio::inherit())
         .spawn()?;
-    let text = wait::until_blocking("the demo to be ready", Duration::from_secs(120), || {
+    let text = // Two deadlines: the demo starts a cluster, two test hosts and five processes.
+    wait::until_blocking("the demo to be ready", 2 * T, || {
         let text = std::fs::read_to_string(&out).unwrap_or_default();
         if let Ok(Some(status)) = demo.try_wait() {
             return Err(format!("demo exited early ({status}):\n{text}"));
@@ -128,11 +128,9 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
             .status()?
             .success()
     );
-    wait::until_blocking(
-        "the control plane to be gone",
-        Duration::from_secs(10),
-        || Ok((!Path::new(&format!("/proc/{control_plane}")).exists()).then_some(())),
-    )?;
+    wait::until_blocking("the control plane to be gone", T, || {
+        Ok((!Path::new(&format!("/proc/{control_plane}")).exists()).then_some(()))
+    })?;
     for c in curls.iter().filter(|c| c.contains("web.demo.test")) {
         let served = run(c)?;
         assert!(
@@ -155,11 +153,9 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
         .collect();
     assert_eq!(late.len(), 2);
     for c in &late {
-        wait::until_blocking(
-            "the new Ingress to reach the proxy",
-            Duration::from_secs(60),
-            || Ok(run(c).ok().filter(|b| b.starts_with("echo-"))),
-        )?;
+        wait::until_blocking("the new Ingress to reach the proxy", T, || {
+            Ok(run(c).ok().filter(|b| b.starts_with("echo-")))
+        })?;
     }
     assert!(demo.try_wait()?.is_none(), "the demo is still running");
 
@@ -170,16 +166,14 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
         .status()?
         .success();
     assert!(ok);
-    let status = wait::until_blocking("the demo to exit", Duration::from_secs(60), || {
+    let status = wait::until_blocking("the demo to exit", T, || {
         demo.try_wait().map_err(|e| e.to_string())
     })?;
     assert!(status.success(), "demo exited with {status}");
     for pid in pids {
-        wait::until_blocking(
-            &format!("process {pid} to be gone"),
-            Duration::from_secs(10),
-            || Ok((!Path::new(&format!("/proc/{pid}")).exists()).then_some(())),
-        )?;
+        wait::until_blocking(&format!("process {pid} to be gone"), T, || {
+            Ok((!Path::new(&format!("/proc/{pid}")).exists()).then_some(()))
+        })?;
     }
     // The restarted control plane too: no process refers to the demo's directory.
     let left: Vec<String> = std::fs::read_dir("/proc")?

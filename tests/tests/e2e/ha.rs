@@ -101,6 +101,14 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
         Some(0.0),
         "two leaders"
     );
+    // Not even for a moment: the standby never acquired the Lease.
+    assert_eq!(
+        replicas[fi]
+            .metric("holdfast_leader_acquisitions_total")
+            .await?,
+        Some(0.0),
+        "the standby held the Lease"
+    );
 
     // SIGKILL the leader: the standby takes over within the lease duration.
     let killed = Instant::now();
@@ -117,6 +125,12 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
         "takeover took {took:?}"
     );
     leader_gauge_is_one(&replicas[fi]).await?;
+    assert_eq!(
+        replicas[fi]
+            .metric("holdfast_leader_acquisitions_total")
+            .await?,
+        Some(1.0)
+    );
 
     // The new leader writes status, and the survivor keeps serving its proxy.
     create(

@@ -1,20 +1,16 @@
 //! The local Kubernetes the other tests stand on: a real kube-apiserver and etcd, kubectl,
 //! grpcurl, kube-rs, ServiceAccount identities and test hosts in a network namespace.
 
-use std::time::Duration;
-
 use futures::{StreamExt, TryStreamExt};
 use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig, tools_bin};
 use holdfast_tests::netns::TestNet;
-use holdfast_tests::wait;
+use holdfast_tests::wait::{self, T};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
-
-const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn fixture(name: &str) -> String {
     holdfast_tests::repo_root()
@@ -114,14 +110,14 @@ async fn kube_rs_watch_sees_ingress_added_and_deleted() -> anyhow::Result<()> {
 
     api.create(&PostParams::default(), &ingress("watched"))
         .await?;
-    let added = tokio::time::timeout(TIMEOUT, events.try_next()).await??;
+    let added = tokio::time::timeout(T, events.try_next()).await??;
     match added {
         Some(WatchEvent::Added(ing)) => assert_eq!(ing.metadata.name.as_deref(), Some("watched")),
         other => panic!("expected ADDED, got {other:?}"),
     }
 
     api.delete("watched", &DeleteParams::default()).await?;
-    let deleted = tokio::time::timeout(TIMEOUT, async {
+    let deleted = tokio::time::timeout(T, async {
         // A MODIFIED (deletion timestamp) may come first; DELETED must follow.
         while let Some(ev) = events.try_next().await? {
             if let WatchEvent::Deleted(ing) = ev {
@@ -260,7 +256,7 @@ async fn service_account_without_list_services_gets_403() -> anyhow::Result<()> 
 
     // The identity works (RBAC bindings take effect asynchronously in the authorizer cache).
     let ingresses: Api<Ingress> = Api::namespaced(limited.clone(), &ns);
-    wait::until("the ServiceAccount can list ingresses", TIMEOUT, || {
+    wait::until("the ServiceAccount can list ingresses", T, || {
         let ingresses = ingresses.clone();
         async move {
             ingresses

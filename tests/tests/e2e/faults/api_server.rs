@@ -76,7 +76,8 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
     assert_eq!(full, 10);
     let observed = tokio::spawn(async move {
         let mut seen = Vec::new();
-        while let Ok(Some(r)) = observer.next(Duration::from_secs(120)).await {
+        // Listens for the whole scenario (longer than any one wait in it).
+        while let Ok(Some(r)) = observer.next(2 * T).await {
             match observer.ack(r).await {
                 Ok(snap) => seen.push(route_count(&snap)),
                 Err(_) => break,

@@ -484,7 +484,8 @@ async fn s18_replicas_lagging_on_different_kinds_never_move_a_proxy_back_and_it_
     ])?;
     wait::until(
         "the new host served through B",
-        Duration::from_secs(120),
+        // B re-lists Services and republishes; the proxy leaves A's stream first.
+        2 * T,
         || async {
             Ok(matches!(s.proxies[0].get(&new_host, "/").await, Ok((200, _))).then_some(()))
         },

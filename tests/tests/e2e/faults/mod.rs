@@ -23,7 +23,6 @@ mod routes;
 use std::time::{Duration, Instant};
 
 use holdfast_tests::control_plane::ControlPlane;
-use holdfast_tests::grpcurl::call;
 use holdfast_tests::objects::{self, create};
 use holdfast_tests::proxy::ProxyProc;
 use holdfast_tests::scenario::{Scenario, T, create_app};
@@ -233,18 +232,17 @@ pub(super) async fn served_progress(
     ))
 }
 
-/// Waits until `cp`'s GetStatus shows a 403 on `kind`'s watch.
+/// Waits until `cp` counts a refused (403) list or watch of `kind`
+/// (`holdfast_watch_forbidden_total{kind}`).
 pub(super) async fn wait_denied(cp: &ControlPlane, kind: &str) -> anyhow::Result<()> {
-    wait::until(&format!("a 403 on {kind} at {}", cp.grpc), T, || async {
-        let st = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
-        Ok(st["caches"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["kind"] == kind)
-            .and_then(|c| c["lastError"].as_str())
-            .filter(|e| e.contains("403"))
-            .map(|_| ()))
-    })
+    let counter = format!("holdfast_watch_forbidden_total{{kind=\"{kind}\"}}");
+    wait::until(
+        &format!("a refused watch of {kind} at {}", cp.grpc),
+        T,
+        || async {
+            let refused = cp.metric(&counter).await.map_err(|e| e.to_string())?;
+            Ok(refused.is_some_and(|n| n >= 1.0).then_some(()))
+        },
+    )
     .await
 }
