@@ -96,7 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "none"
         }
         Err(error) => {
-            tracing::error!(%error, "rejected the state file; not ready until a control plane delivers a snapshot");
+            tracing::error!(error = %holdfast_process::error_chain(&error), "rejected the state file; not ready until a control plane delivers a snapshot");
             "rejected"
         }
     };

@@ -22,6 +22,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use holdfast_process::error_chain;
 use holdfast_proto::snapshot::{InvalidSnapshot, validate};
 use holdfast_proto::v1::Snapshot;
 use prost::Message;
@@ -32,11 +33,12 @@ const HEADER: usize = 8 + 8 + 32;
 /// Name of the file inside the state directory.
 pub const FILE_NAME: &str = "snapshot.bin";
 
-/// Why a state file was rejected or could not be written.
+/// Why a state file was rejected or could not be written (what failed; the cause, where
+/// there is one, is the source: log it with `error_chain`).
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
     /// Reading or writing failed.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -59,7 +61,7 @@ pub enum PersistError {
         path: PathBuf,
     },
     /// The payload does not decode.
-    #[error("{path}: payload does not decode: {source}")]
+    #[error("{path}: payload does not decode")]
     Decode {
         /// The file.
         path: PathBuf,
@@ -68,7 +70,7 @@ pub enum PersistError {
         source: prost::DecodeError,
     },
     /// The snapshot decodes but is not valid.
-    #[error("{path}: snapshot is invalid: {source}")]
+    #[error("{path}: snapshot is invalid")]
     Invalid {
         /// The file.
         path: PathBuf,
@@ -200,7 +202,7 @@ fn store_as(dir: &Path, snapshot: &Snapshot, temp: &str) -> Result<(), PersistEr
     match std::fs::remove_file(&log) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => tracing::warn!(%error, "cannot remove the delta log"),
+        Err(error) => tracing::warn!(error = %error_chain(&error), "cannot remove the delta log"),
     }
     File::open(dir)
         .and_then(|d| d.sync_all())

@@ -1,6 +1,13 @@
 //! Forwarding one request: check, route, pick an endpoint, forward over a keep-alive
 //! upstream connection that the request's own task drives (`upstream`), stream bodies,
-//! classify failures into 502/503/504.
+//! and answer each failure with the status of its [`Reason`].
+//!
+//! # Layout
+//! - here: [`Forwarder`] (`route` checks and routes, `forward` makes the attempts,
+//!   `relay` hands the upstream's response back), the request-body slot the attempts
+//!   share, [`Reason`] and the typed `Failure` that maps to it;
+//! - `balance`: endpoint choice round-robin and ejection after connect failures;
+//! - `upgrade`: which upgrades may pass, and the tunnels they become.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -296,7 +303,7 @@ enum Failed {
     Timeout,
 }
 
-/// Why forwarding to an upstream failed, with its cause: [`Failure::reason`] is the one
+/// Why forwarding a routed request failed, with its cause: [`Failure::reason`] is the one
 /// mapping to a [`Reason`] (and so to the status), and the error with its sources is the
 /// detail for the log and `--verbose-errors`.
 #[derive(Debug, thiserror::Error)]
@@ -324,6 +331,15 @@ enum Failure {
     /// Every connection slot of the endpoint stayed busy past the connect timeout: 503.
     #[error("endpoint {0} busy: --max-upstream-connections-per-endpoint in use")]
     Busy(SocketAddr),
+    /// The request body declared a length over `--max-request-body`: 413, at once.
+    #[error("request body of {0} bytes is over --max-request-body")]
+    DeclaredTooLarge(u64),
+    /// The request body grew past `--max-request-body` while it was sent: 413.
+    #[error("request body over --max-request-body")]
+    BodyTooLarge,
+    /// No request body bytes for `--body-read-timeout`: 408.
+    #[error("request body stalled")]
+    BodyStalled,
 }
 
 impl Failure {
@@ -334,6 +350,8 @@ impl Failure {
             Failure::Upstream { .. } => Reason::UpstreamFailed,
             Failure::Timeout(_) => Reason::UpstreamTimeout,
             Failure::Busy(_) => Reason::EndpointBusy,
+            Failure::DeclaredTooLarge(_) | Failure::BodyTooLarge => Reason::BodyTooLarge,
+            Failure::BodyStalled => Reason::BodyStalled,
         }
     }
 }
@@ -686,12 +704,10 @@ impl Forwarder {
         strip_hop_by_hop(&mut parts.headers, switching && upgrade);
     }
 
-    /// Routes and forwards; also returns the route matched, if any. At most two
-    /// attempts, on different endpoints, and a second only while the request body is
-    /// unsent.
+    /// Routes and forwards; also returns the route matched, if any.
     async fn route_and_forward<'t>(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         client: SocketAddr,
         tls: bool,
         port: u16,
@@ -702,24 +718,43 @@ impl Forwarder {
             Err(answer) => return answer,
         };
         let route = routed.route;
-        let label = Some(route);
-        let backend = &route.backend;
+        let answer = match self.forward(req, routed, client, tls, port).await {
+            Ok(response) => response,
+            Err(failure) => {
+                let mut answer = self.fail(failure.reason(), error_chain(&failure));
+                if matches!(failure, Failure::BodyStalled) {
+                    // The rest of the body may never come: do not wait for it.
+                    answer
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                answer
+            }
+        };
+        (answer, Some(route))
+    }
+
+    /// Forwards a routed request: at most two attempts, on different endpoints, and a
+    /// second only while the request body is unsent.
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        routed: Routed<'_>,
+        client: SocketAddr,
+        tls: bool,
+        port: u16,
+    ) -> Result<Response<ProxyBody>, Failure> {
+        let backend = &routed.route.backend;
         // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
         // Upgrade header removed.
         let upgrade = upgrade::requested(&req, &self.settings.allow_upgrade);
-        let client_upgrade = upgrade.then(|| {
+        let mut client_upgrade = upgrade.then(|| {
             let slot = req.extensions().get::<ConnectionSlot>().cloned();
             (hyper::upgrade::on(&mut req), slot)
         });
         let (mut parts, body) = req.into_parts();
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
-        let slot = match self.body_slot(body) {
-            Ok(slot) => Arc::new(slot),
-            Err(declared) => {
-                let why = format!("request body of {declared} bytes is over --max-request-body");
-                return (self.fail(Reason::BodyTooLarge, why), label);
-            }
-        };
+        let slot = Arc::new(self.body_slot(body).map_err(Failure::DeclaredTooLarge)?);
 
         let mut headers = Some(parts.headers);
         let start = backend.next_index();
@@ -758,8 +793,8 @@ impl Forwarder {
                     self.metrics
                         .upstream_latency
                         .observe(sent.elapsed().as_secs_f64());
-                    let answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
-                    return (answer, label);
+                    let client_upgrade = client_upgrade.take();
+                    return Ok(self.relay(resp, up, upgrade, client_upgrade, slot_permit));
                 }
                 Err(Failed::Timeout) => {
                     failure = Failure::Timeout(self.settings.response_timeout);
@@ -794,20 +829,11 @@ impl Forwarder {
             }
         }
         // A body cut short by our own limits says so, whatever the upstream did then.
-        let answer = match slot.limit.get() {
-            Some(BodyLimit::TooLarge) => {
-                self.fail(Reason::BodyTooLarge, "request body over --max-request-body")
-            }
-            Some(BodyLimit::Stalled) => {
-                let mut response = self.fail(Reason::BodyStalled, "request body stalled");
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                response
-            }
-            None => self.fail(failure.reason(), error_chain(&failure)),
-        };
-        (answer, label)
+        Err(match slot.limit.get() {
+            Some(BodyLimit::TooLarge) => Failure::BodyTooLarge,
+            Some(BodyLimit::Stalled) => Failure::BodyStalled,
+            None => failure,
+        })
     }
 
     /// The request body, shared by the attempts; its declared length when that is over

@@ -245,7 +245,7 @@ impl Applier {
             }
             Err(error) => {
                 if let Some((_, e)) = pending.as_mut() {
-                    *e = error.to_string();
+                    *e = error_chain(&error);
                 }
                 false
             }
@@ -329,10 +329,10 @@ impl Applier {
             }
             Err(error) => {
                 let snapshot = whole();
-                tracing::error!(%error, version = %snapshot.version, "could not persist the snapshot; serving it anyway and retrying");
+                tracing::error!(error = %error_chain(&error), version = %snapshot.version, "could not persist the snapshot; serving it anyway and retrying");
                 self.metrics.persist_failures.inc();
                 self.metrics.snapshot_persisted.set(0);
-                let message = error.to_string();
+                let message = error_chain(&error);
                 *pending = Some((snapshot, message.clone()));
                 Some(message)
             }

@@ -115,7 +115,7 @@ pub fn watch_reloads<T: Send + Sync + 'static>(
         }
         Err(error) => {
             counters.failures.inc();
-            tracing::warn!(files, %error, "TLS files changed but do not load; keeping the previous ones");
+            tracing::warn!(files, error = %crate::error_chain(error), "TLS files changed but do not load; keeping the previous ones");
         }
     })
 }

@@ -25,11 +25,12 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use sha2::{Digest, Sha256};
 
-/// Why a TLS configuration could not be built.
+/// Why a TLS configuration could not be built (what failed; the cause, where there is
+/// one, is the source).
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -46,7 +47,7 @@ pub enum TlsError {
         what: String,
     },
     /// rustls refused the combination (for example a key that does not match).
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Rustls(#[from] rustls::Error),
     /// The client-certificate verifier could not be built from the CA.
     #[error("client CA: {0}")]

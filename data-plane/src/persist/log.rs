@@ -30,6 +30,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use holdfast_process::error_chain;
 use holdfast_proto::delta;
 use holdfast_proto::v1::{Snapshot, SnapshotDelta};
 use prometheus_client::metrics::counter::Counter;
@@ -85,7 +86,7 @@ pub fn replay(dir: &Path, snapshot: Snapshot) -> Snapshot {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return snapshot,
         Err(error) => {
-            tracing::warn!(%error, "cannot read the delta log; serving the state file alone and removing the log");
+            tracing::warn!(error = %error_chain(&error), "cannot read the delta log; serving the state file alone and removing the log");
             remove_unusable_log(&path);
             return snapshot;
         }
@@ -99,7 +100,7 @@ pub fn replay(dir: &Path, snapshot: Snapshot) -> Snapshot {
         );
         if let Err(error) = file.set_len(good as u64).and_then(|()| file.sync_all()) {
             // New records must never follow garbage.
-            tracing::warn!(%error, "cannot cut the delta log; removing it");
+            tracing::warn!(error = %error_chain(&error), "cannot cut the delta log; removing it");
             remove_unusable_log(&path);
         }
     } else if applied > 0 {
@@ -114,7 +115,7 @@ fn remove_unusable_log(path: &Path) {
     if let Err(error) = std::fs::remove_file(path)
         && error.kind() != std::io::ErrorKind::NotFound
     {
-        tracing::error!(%error, "cannot remove the unusable delta log; appends are refused until a complete snapshot is written");
+        tracing::error!(error = %error_chain(&error), "cannot remove the unusable delta log; appends are refused until a complete snapshot is written");
     }
 }
 
@@ -185,7 +186,7 @@ fn maybe_compact(f: &mut Files, dir: &Path, files: &Arc<Mutex<Files>>, compactio
         .name("state-compaction".into())
         .spawn(move || job.run());
     if let Err(error) = spawned {
-        tracing::warn!(%error, "cannot start the state file compaction");
+        tracing::warn!(error = %error_chain(&error), "cannot start the state file compaction");
         f.compacting = false;
     }
 }
@@ -317,7 +318,7 @@ impl Compaction {
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, "state file compaction failed; the log keeps growing until the next one")
+                tracing::warn!(error = %error_chain(&error), "state file compaction failed; the log keeps growing until the next one")
             }
         }
     }

@@ -614,10 +614,7 @@ async fn a_snapshot_refused_as_not_newer_is_offered_again_at_newer_progress() ->
         &objects::service("unused", 80, 8080),
     )
     .await?;
-    let again = sub
-        .next(Duration::from_secs(30))
-        .await?
-        .expect("offered again");
+    let again = sub.next(T).await?.expect("offered again");
     assert!(
         refused.elapsed() >= Duration::from_secs(2),
         "offered again after {:?}",

@@ -38,8 +38,6 @@ const NS: &str = "default";
 const CLASS: &str = "holdfast";
 const HOSTS: usize = 4;
 const SERVICES: usize = 3;
-/// How long one step may take to reach every proxy.
-const CONVERGE: Duration = Duration::from_secs(30);
 
 /// One step of a sequence.
 #[derive(Debug, Clone)]
@@ -383,7 +381,7 @@ struct Scripted {
 impl Scripted {
     /// Reads and answers responses until it serves `hash`.
     async fn converge(&mut self, hash: &str, step: usize) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + CONVERGE;
+        let deadline = tokio::time::Instant::now() + holdfast_tests::wait::T;
         while self.sub.serving.as_ref().map(|s| s.content_hash.as_str()) != Some(hash) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let Some(response) = self.sub.next(left).await? else {
@@ -436,7 +434,7 @@ async fn acked(replica: &Replica, id: &str, proxy: &Proxy) -> anyhow::Result<()>
         .cut
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    holdfast_tests::wait::until(&format!("{id}'s ACK"), CONVERGE, || async {
+    holdfast_tests::wait::until(&format!("{id}'s ACK"), holdfast_tests::wait::T, || async {
         let serving = proxy.applier.serving().map(|(v, _)| v).unwrap_or_default();
         let live: Vec<String> = replica
             .shared
@@ -462,7 +460,7 @@ async fn acked(replica: &Replica, id: &str, proxy: &Proxy) -> anyhow::Result<()>
 /// Waits until `proxy` serves `hash`.
 async fn converge(proxy: &Proxy, which: usize, hash: &str, step: usize) -> anyhow::Result<()> {
     let what = format!("step {step}: proxy {which} to serve {hash}");
-    holdfast_tests::wait::until(&what, CONVERGE, || async {
+    holdfast_tests::wait::until(&what, holdfast_tests::wait::T, || async {
         match proxy.serving() {
             Some(h) if h == hash => Ok(Some(())),
             other => Err(format!("it serves {other:?}")),

@@ -50,7 +50,7 @@ async fn warm_up_is_ready_quickly_survives_kills_and_down_leaves_no_process() ->
     cluster.restart(Component::Etcd)?;
     holdfast_tests::wait::until(
         "reads through the restarted etcd",
-        Duration::from_secs(30),
+        holdfast_tests::wait::T,
         || {
             let api = api.clone();
             async move {
