@@ -125,6 +125,9 @@ pub struct Metrics {
     pub control_plane_connected: Gauge,
     /// Snapshots applied.
     pub applied: Counter,
+    /// Time to apply a snapshot or delta that was applied: validate, compile, persist and
+    /// swap, from the response's arrival.
+    pub apply_duration: Histogram,
     /// Snapshots rejected (NACKed).
     pub nacks: Counter,
     /// Snapshots neither newer nor older than the one served (behind for one kind, ahead
@@ -171,6 +174,7 @@ impl Metrics {
             last_apply: Gauge::default(),
             control_plane_connected: Gauge::default(),
             applied: Counter::default(),
+            apply_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             nacks: Counter::default(),
             snapshots_waited: Counter::default(),
             state_compactions: Counter::default(),
@@ -228,6 +232,11 @@ impl Metrics {
             m.control_plane_connected.clone(),
         );
         r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
+        r.register(
+            "snapshot_apply_duration_seconds",
+            "Time to apply a snapshot or delta (validate, compile, persist, swap); applied ones only",
+            m.apply_duration.clone(),
+        );
         r.register(
             "snapshots_waited",
             "Snapshots behind the served one for one kind and ahead for another: kept the served one (a NACK) until a snapshot behind for no kind arrived",

@@ -633,6 +633,7 @@ async fn stream_once(
         };
         let nonce = response.nonce.clone();
         let offered = response.version_info.clone();
+        let arrived = std::time::Instant::now();
         let result = match response.delta.take() {
             Some(change) => {
                 metrics.deltas_received.inc();
@@ -651,6 +652,11 @@ async fn stream_once(
                 None => Err(Refused::Empty),
             },
         };
+        if result.is_ok() {
+            metrics
+                .apply_duration
+                .observe(arrived.elapsed().as_secs_f64());
+        }
         let (version_info, content_hash) = applier.serving().unwrap_or_default();
         let not_newer = result.as_ref().is_err_and(Refused::is_not_newer);
         if !not_newer {

@@ -281,6 +281,16 @@ async fn the_per_route_latency_histogram_measures_the_whole_exchange() -> anyhow
     cp.push(s.clone());
     let p = ProxyProc::start("proxy-latency", &[cp.url()], state.path(), &logs, &[])?;
     wait_version(&p, &s.version).await?;
+    // The apply that made the route is timed too (the dashboard's apply panel); it is
+    // observed just after the swap that wait_version sees.
+    wait::until("the apply timed", T, || async {
+        let applies = p
+            .metric("holdfast_proxy_snapshot_apply_duration_seconds_count")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(applies.filter(|&n| n >= 1.0))
+    })
+    .await?;
     // Two answers that each take at least 300 ms upstream.
     for _ in 0..2 {
         let (code, body) = p.get("slow.test", "/?delay_ms=300").await?;
