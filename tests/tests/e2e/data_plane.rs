@@ -274,13 +274,8 @@ async fn status_codes_404_503_502_504_with_short_bodies_saying_which() -> anyhow
 
 #[tokio::test]
 async fn the_per_route_latency_histogram_measures_the_whole_exchange() -> anyhow::Result<()> {
-    let (state, logs) = dirs("latency");
-    let echo = echo_on_loopback("echo").await;
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("slow.test", "/", "web")], &[("web", &[echo])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start("proxy-latency", &[cp.url()], state.path(), &logs, &[])?;
-    wait_version(&p, &s.version).await?;
+    let w = one_route("latency", &[]).await?;
+    let p = &w.p;
     // The apply that made the route is timed too (the dashboard's apply panel); it is
     // observed just after the swap that wait_version sees.
     wait::until("the apply timed", T, || async {
@@ -293,11 +288,11 @@ async fn the_per_route_latency_histogram_measures_the_whole_exchange() -> anyhow
     .await?;
     // Two answers that each take at least 300 ms upstream.
     for _ in 0..2 {
-        let (code, body) = p.get("slow.test", "/?delay_ms=300").await?;
+        let (code, body) = p.get("a.test", "/?delay_ms=300").await?;
         assert_eq!(code, 200, "{body}");
     }
     let series = |suffix: &str| format!("holdfast_proxy_request_duration_seconds{suffix}");
-    let route = r#"route="slow.test/""#;
+    let route = r#"route="a.test/""#;
     assert_eq!(
         p.metric(&series(&format!("_count{{{route}}}"))).await?,
         Some(2.0)
