@@ -211,6 +211,38 @@ mod tests {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A fixed certificate (Ed25519, made once with openssl for this test; the key
+    /// protects nothing) and what `openssl x509 -fingerprint -sha256 -enddate -serial
+    /// -subject` says of it: the facts are fixed test vectors, not recomputations.
+    #[test]
+    fn a_fixed_certificate_has_the_facts_openssl_gives_it() {
+        const KEY: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIBbyloUP1W4jVUbC9W/qkr4yFilQ4hLSKcTnGtNKTs1S
+-----END PRIVATE KEY-----
+";
+        const CHAIN: &str = "-----BEGIN CERTIFICATE-----
+MIIBXjCCARCgAwIBAgICEjQwBQYDK2VwMB0xGzAZBgNVBAMMEmZpeGVkLmV4YW1w
+bGUudGVzdDAgFw0yNjEyMDUxMjQ1NTBaGA8yMTI2MTExMTEyNDU1MFowHTEbMBkG
+A1UEAwwSZml4ZWQuZXhhbXBsZS50ZXN0MCowBQYDK2VwAyEA66B4bqPHxKm07WKC
+YkJOC+iz5u/a4C1+WUDpTi8MjsWjcjBwMB0GA1UdDgQWBBS7z6dMZz6BiSZHIH8e
+HQ4WuTdw1DAfBgNVHSMEGDAWgBS7z6dMZz6BiSZHIH8eHQ4WuTdw1DAPBgNVHRMB
+Af8EBTADAQH/MB0GA1UdEQQWMBSCEmZpeGVkLmV4YW1wbGUudGVzdDAFBgMrZXAD
+QQDJmhMoi9mDFIIPlrAWRk7+oTuTGYk2aYAiMsx3QU0eBMKxncWHAVwOxamdyDbt
+IBW5g1frjt3RoIRa5QkrrxYF
+-----END CERTIFICATE-----
+";
+        let facts = parse(CHAIN.as_bytes(), KEY.as_bytes()).unwrap().facts;
+        assert_eq!(
+            facts.fingerprint_sha256,
+            "7d7f17e13610bb1c711b1ea3f85f99c87883c8037ecff96174617df423fcbad0"
+        );
+        assert_eq!(facts.subject, "CN=fixed.example.test");
+        assert_eq!(facts.dns_names, ["fixed.example.test"]);
+        // notAfter=Nov 11 12:45:50 2126 GMT.
+        assert_eq!(facts.not_after, 4_950_074_750);
+        assert_eq!(facts.serial, "1234");
+    }
+
     #[test]
     fn a_good_pair_parses_with_its_facts_and_a_foreign_key_is_refused() {
         let (chain, key) = issue(&["a.example.test", "*.Wild.Example.Test"]);

@@ -184,26 +184,30 @@ mod tests {
         );
     }
 
+    /// Fixed test vectors, computed apart from this code by
+    /// `proto/testdata/content_vectors.py` (a pure-Python BLAKE3 written from its
+    /// specification and checked against its published vectors, and Python's `hashlib`).
+    /// They pin the construction the module documentation states, so the two planes (and
+    /// any other implementation) agree on it.
     #[test]
-    fn the_element_is_the_keyed_blake3_output_read_as_little_endian_lanes() {
-        // Pins the construction the module documentation states, so the two planes (and
-        // any other implementation) agree on it.
-        let mut bytes = [0u8; LANES * 2];
-        blake3::Hasher::new_derive_key(ELEMENT_CONTEXT)
-            .update(&h(7))
-            .finalize_xof()
-            .fill(&mut bytes);
+    fn the_element_and_the_content_hash_match_fixed_test_vectors() {
+        // The element of the resource hash [7; 32]: the derive-key XOF output read as
+        // little-endian lanes (its first two and its last).
         let e = element(&h(7));
-        assert_eq!(e[0], u16::from_le_bytes([bytes[0], bytes[1]]));
-        assert_eq!(e[LANES - 1], u16::from_le_bytes([bytes[2046], bytes[2047]]));
-        let mut sum_bytes = Vec::new();
-        for lane in e {
-            sum_bytes.extend_from_slice(&lane.to_le_bytes());
-        }
-        assert_eq!(sum_bytes, bytes);
+        assert_eq!((e[0], e[1], e[LANES - 1]), (29958, 6183, 5936));
+        // The empty set: SHA-256 of 2,048 zero bytes.
+        assert_eq!(
+            ContentSum::default().content_hash(),
+            "e5a00aa9991ac8a5ee3109844d84a55583bd20572ad3ffcd42792f3c36b183ad"
+        );
         assert_eq!(
             ContentSum::of([&h(7)]).content_hash(),
-            hex(&Sha256::digest(bytes))
+            "90e11bd9b126b613039415634e2d8742b072c73deb1f8250f18db15149caa85f"
+        );
+        // Lanes add modulo 2^16.
+        assert_eq!(
+            ContentSum::of([&h(1), &h(2)]).content_hash(),
+            "79e6d035493b1b8a7dec0969d502a6ba19d08639c514318cacdc661d8cee628c"
         );
     }
 }

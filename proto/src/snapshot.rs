@@ -431,17 +431,40 @@ mod tests {
         use crate::v1::ResourceKind;
         use prost::Message;
         let s = sample();
-        // Written out by hand from the construction, not through `for_each_resource`.
+        // Fixed test vectors, computed apart from this code by
+        // `proto/testdata/content_vectors.py` (the protobuf encodings written by hand,
+        // SHA-256 from Python's hashlib, the elements from a pure-Python BLAKE3): each
+        // resource's encoding, its hash (SHA-256 of the kind's tag and the encoding), and
+        // the snapshot's content hash.
+        let vh = s.virtual_hosts[0].encode_to_vec();
+        let backend = s.backends[0].encode_to_vec();
+        assert_eq!(
+            crate::content::hex(&vh),
+            "0a0d612e6578616d706c652e636f6d1218080212042f6170691a0e64656661756c742f7765623a3830"
+        );
+        assert_eq!(
+            crate::content::hex(&backend),
+            "0a0e64656661756c742f7765623a3830"
+        );
         let mut hashes = vec![
-            resource_hash(
-                ResourceKind::VirtualHost,
-                &s.virtual_hosts[0].encode_to_vec(),
-            ),
-            resource_hash(ResourceKind::Backend, &s.backends[0].encode_to_vec()),
+            resource_hash(ResourceKind::VirtualHost, &vh),
+            resource_hash(ResourceKind::Backend, &backend),
         ];
-        assert_eq!(content_hash(&s), ContentSum::of(&hashes).content_hash());
+        assert_eq!(
+            crate::content::hex(&hashes[0]),
+            "19ba59a6262ac992acf4d0cc35cc92a35740bab3ce30ff90a278cd76e5c84f41"
+        );
+        assert_eq!(
+            crate::content::hex(&hashes[1]),
+            "24a036b20fb036b1130d74cbb1c53e49e78535570134cbe276f92c33532644e1"
+        );
+        const SAMPLE: &str = "92290b4c13b5dc27a4d65b10b2d8b8cc06ed57ef0c4984d7646d0bed55c9224f";
+        assert_eq!(content_hash(&s), SAMPLE);
+        assert_eq!(s.content_hash, SAMPLE);
+        assert_eq!(s.version, format!("42-{}", &SAMPLE[..16]));
+        // Whatever order the resource hashes are summed in.
         hashes.reverse();
-        assert_eq!(content_hash(&s), ContentSum::of(&hashes).content_hash());
+        assert_eq!(ContentSum::of(&hashes).content_hash(), SAMPLE);
 
         // Listing the resources in another order does not change the hash (the order
         // rule is checked apart from it); a default certificate is a resource of its own.
