@@ -1,6 +1,7 @@
-//! Watch-fed caches (kube-rs reflector stores) of the five kinds translation reads.
+//! Watch-fed caches (kube-rs reflector stores) of the six kinds translation reads.
 //! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
-//! is ever read.
+//! is ever read. ConfigMaps: only the host claims ledger ([`crate::claims`]), by name, in
+//! the control plane's own namespace.
 //!
 //! Snapshots are built only from these stores: no API call happens while building
 //! (docs/design.md, invariant 1). Each kind has its own list-then-watch loop (not kube-runtime's
@@ -22,7 +23,7 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use holdfast_proto::v1::KindProgress;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -36,7 +37,7 @@ use tokio::task::JoinSet;
 use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
-/// Readers of the five caches.
+/// Readers of the six caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
@@ -44,13 +45,14 @@ pub struct Caches {
     services: Store<Service>,
     endpoint_slices: Store<EndpointSlice>,
     secrets: Store<Secret>,
+    host_claims: Store<ConfigMap>,
     /// Each kind's progress, in the order of [`KINDS`].
-    progress: Arc<[AtomicU64; 5]>,
+    progress: Arc<[AtomicU64; KINDS.len()]>,
     /// Per kind (order of [`KINDS`]): a change to its store and to its progress happen
     /// under the write lock, a read of both under the read lock, so what is read is
     /// exactly as far as its progress says (never further: a proxy could otherwise take
     /// another replica's older content at the same progress).
-    guards: Arc<[RwLock<()>; 5]>,
+    guards: Arc<[RwLock<()>; KINDS.len()]>,
 }
 
 impl Caches {
@@ -63,6 +65,7 @@ impl Caches {
             services: reflector::store().0,
             endpoint_slices: reflector::store().0,
             secrets: reflector::store().0,
+            host_claims: reflector::store().0,
             progress: Arc::new(Default::default()),
             guards: Arc::new(Default::default()),
         }
@@ -84,6 +87,7 @@ impl Caches {
             services: self.read_kind(&self.services, &mut progress),
             endpoint_slices: self.read_kind(&self.endpoint_slices, &mut progress),
             secrets: self.read_kind(&self.secrets, &mut progress),
+            host_claims: self.read_kind(&self.host_claims, &mut progress),
         };
         progress.sort_by(|a, b| a.kind.cmp(&b.kind));
         (progress, state)
@@ -131,14 +135,25 @@ pub fn identity<'a, K: ResourceExt + 'a>(
     ids
 }
 
-/// Timeouts for the watches.
-#[derive(Debug, Clone, Copy)]
+/// Timeouts for the watches, and which ConfigMap to watch.
+#[derive(Debug, Clone)]
 pub struct WatchSettings {
     /// Server-side timeout of each watch request, in seconds: an idle watch is renewed
     /// before the client's read timeout would call it dead.
     pub watch_timeout_secs: u32,
     /// Objects per LIST page while (re-)listing.
     pub page_size: u32,
+    /// The host claims ConfigMap, the one ConfigMap watched.
+    pub claims: ClaimsConfigMap,
+}
+
+/// Where the host claims ledger lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimsConfigMap {
+    /// The control plane's own namespace.
+    pub namespace: String,
+    /// `--host-claims-configmap`.
+    pub name: String,
 }
 
 /// Starts one list-then-watch loop per kind. Each notifies `changed` after every change,
@@ -150,8 +165,9 @@ pub fn start(
     settings: WatchSettings,
     tasks: &mut JoinSet<()>,
 ) -> Caches {
-    let progress: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
-    let guards: Arc<[RwLock<()>; 5]> = Arc::new(Default::default());
+    let claims = settings.claims.clone();
+    let progress: Arc<[AtomicU64; KINDS.len()]> = Arc::new(Default::default());
+    let guards: Arc<[RwLock<()>; KINDS.len()]> = Arc::new(Default::default());
     let ctx = WatchCtx {
         shared,
         changed,
@@ -164,7 +180,18 @@ pub fn start(
         ingresses: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
         services: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
         endpoint_slices: spawn_watch(Api::all(client.clone()), None, ctx.clone(), tasks),
-        secrets: spawn_watch(Api::all(client), Some(TLS_SECRETS), ctx, tasks),
+        secrets: spawn_watch(
+            Api::all(client.clone()),
+            Some(TLS_SECRETS.to_owned()),
+            ctx.clone(),
+            tasks,
+        ),
+        host_claims: spawn_watch(
+            Api::namespaced(client, &claims.namespace),
+            Some(format!("metadata.name={}", claims.name)),
+            ctx,
+            tasks,
+        ),
         progress,
         guards,
     }
@@ -174,8 +201,8 @@ pub fn start(
 struct WatchCtx {
     shared: Shared,
     changed: Arc<Notify>,
-    progress: Arc<[AtomicU64; 5]>,
-    guards: Arc<[RwLock<()>; 5]>,
+    progress: Arc<[AtomicU64; KINDS.len()]>,
+    guards: Arc<[RwLock<()>; KINDS.len()]>,
     settings: WatchSettings,
 }
 
@@ -190,7 +217,7 @@ fn revision_of(rv: &str) -> Option<u64> {
 
 fn spawn_watch<K>(
     api: Api<K>,
-    fields: Option<&'static str>,
+    fields: Option<String>,
     ctx: WatchCtx,
     tasks: &mut JoinSet<()>,
 ) -> Store<K>
@@ -205,12 +232,8 @@ where
 
 /// One kind's loop: list, watch from the list's resourceVersion, re-watch from the last
 /// one after a timeout or error, re-list only on 410.
-async fn watch_kind<K>(
-    api: Api<K>,
-    fields: Option<&'static str>,
-    mut writer: Writer<K>,
-    ctx: WatchCtx,
-) where
+async fn watch_kind<K>(api: Api<K>, fields: Option<String>, mut writer: Writer<K>, ctx: WatchCtx)
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
@@ -222,7 +245,7 @@ async fn watch_kind<K>(
         ctx.shared.set_synced(kind, false);
         writer.apply_watcher_event(&Event::Init);
         let mut lp = ListParams::default().limit(ctx.settings.page_size.max(1));
-        if let Some(fields) = fields {
+        if let Some(fields) = &fields {
             lp = lp.fields(fields);
         }
         let mut listed_at: Option<String> = None;
@@ -265,7 +288,7 @@ async fn watch_kind<K>(
             let mut failed = false;
             let mut wp = WatchParams::default().timeout(ctx.settings.watch_timeout_secs);
             wp.bookmarks = true;
-            if let Some(fields) = fields {
+            if let Some(fields) = &fields {
                 wp = wp.fields(fields);
             }
             let stream = match api.watch(&wp, &rv).await {
@@ -477,6 +500,10 @@ mod tests {
             settings: WatchSettings {
                 watch_timeout_secs: 7,
                 page_size: 500,
+                claims: ClaimsConfigMap {
+                    namespace: "holdfast-system".into(),
+                    name: "holdfast-host-claims".into(),
+                },
             },
         };
         let stores = (
@@ -492,6 +519,7 @@ mod tests {
             services: stores.2.0,
             endpoint_slices: stores.3.0,
             secrets: stores.4.0,
+            host_claims: reflector::store().0,
             progress: ctx.progress.clone(),
             guards: ctx.guards.clone(),
         };

@@ -8,7 +8,7 @@ use clap::Parser;
 use holdfast_process::tls;
 pub use holdfast_process::{ConfigError, LogFormat};
 
-use crate::caches::WatchSettings;
+use crate::caches::{self, WatchSettings};
 use crate::{publisher, status, translate};
 
 /// holdfast control plane: watches Ingresses, IngressClasses, Services and EndpointSlices,
@@ -81,9 +81,10 @@ pub struct Args {
     /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.
     #[arg(long, env = "HOLDFAST_ALLOW_EXTERNAL_NAME")]
     pub allow_external_name: bool,
-    /// Who may add rules to a host: `first-namespace` (the namespace of the host's oldest
-    /// Ingress; rules from other namespaces are skipped with a Warning Event) or `shared`
-    /// (any namespace may add paths to any host).
+    /// Who may add rules to a host: `first-namespace` (the namespace that named the host
+    /// first, as the leader records in --host-claims-configmap; rules, `spec.tls` entries
+    /// and annotations from other namespaces are skipped with a Warning Event) or `shared`
+    /// (any namespace may add paths to any host: the explicit opt-out).
     #[arg(
         long,
         env = "HOLDFAST_HOST_OWNERSHIP",
@@ -91,6 +92,19 @@ pub struct Args {
         default_value = "first-namespace"
     )]
     pub host_ownership: crate::translate::HostOwnership,
+    /// The ConfigMap, in the control plane's namespace (--lease-namespace), where the
+    /// leader records which namespace claimed each host first. Every replica watches it.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOST_CLAIMS_CONFIGMAP",
+        default_value = "holdfast-host-claims"
+    )]
+    pub host_claims_configmap: String,
+    /// A namespace's claim on a host is released once the namespace has named the host in
+    /// none of its Ingresses for this long; until then no other namespace can take the
+    /// host (a redeploy that deletes and re-creates an Ingress keeps it).
+    #[arg(long, env = "HOLDFAST_HOST_CLAIM_GRACE", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub host_claim_grace: Duration,
     /// Namespaces whose Ingresses may set the `defaultBackend`, the cluster-wide catch-all
     /// for requests no rule matches (comma-separated; default: all, as the Ingress spec
     /// expects). An Ingress elsewhere gets a Warning Event, and unmatched requests get 404.
@@ -162,14 +176,16 @@ pub struct Args {
     /// `status.loadBalancer` of our Ingresses (leader only).
     #[arg(long, env = "HOLDFAST_PUBLISH_SERVICE")]
     pub publish_service: Option<String>,
-    /// Name of the leader-election Lease (used only when publishing status).
+    /// Name of the leader-election Lease (the leader records host claims and writes
+    /// Ingress status).
     #[arg(
         long,
         env = "HOLDFAST_LEASE_NAME",
         default_value = "holdfast-control-plane"
     )]
     pub lease_name: String,
-    /// Namespace of the Lease (default: this pod's namespace, else "default").
+    /// The control plane's own namespace, of the Lease and the host claims ConfigMap
+    /// (default: this pod's namespace, else "default").
     #[arg(long, env = "HOLDFAST_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
     /// How long a leader's Lease lasts without renewal; a standby takes over after it.
@@ -200,8 +216,8 @@ pub struct Config {
     pub watch: WatchSettings,
     /// The reconcile loop: translation, coalescing, bounded destruction.
     pub publisher: publisher::Settings,
-    /// Leader election and Ingress status; None when no address is published.
-    pub status: Option<status::Settings>,
+    /// Leader election and what the leader writes (host claims, Ingress status).
+    pub status: status::Settings,
     /// This replica's name (Events, the Lease).
     pub instance: String,
     /// `--log-format`.
@@ -351,15 +367,26 @@ impl Args {
             (None, false) => Some(status::Publish::Addresses(self.publish_addresses.clone())),
             (None, true) => None,
         };
-        let status = publish.map(|publish| status::Settings {
+        let claims_configmap = caches::ClaimsConfigMap {
+            namespace: lease_namespace.clone(),
+            name: self.host_claims_configmap.clone(),
+        };
+        let claims = (self.host_ownership == translate::HostOwnership::FirstNamespace).then(|| {
+            status::ClaimsSettings {
+                configmap: claims_configmap.clone(),
+                grace: self.host_claim_grace,
+            }
+        });
+        let status = status::Settings {
             publish,
+            claims,
             lease_name: self.lease_name.clone(),
             lease_namespace,
             lease_duration: self.lease_duration,
             lease_grace: self.lease_grace,
             identity: instance.clone(),
             translate: translate.clone(),
-        });
+        };
         Ok(Config {
             api: ApiSettings {
                 connect_timeout: self.api_connect_timeout,
@@ -379,6 +406,7 @@ impl Args {
             watch: WatchSettings {
                 watch_timeout_secs: self.watch_timeout_secs(),
                 page_size: self.list_page_size,
+                claims: claims_configmap,
             },
             publisher: publisher::Settings {
                 translate,

@@ -5,6 +5,7 @@
 //! - [`translate`]: the pure function `cluster objects → snapshot` (route semantics).
 //! - [`guard`]: bounded destruction: which snapshots are held back (pure).
 //! - [`caches`]: watch-fed reflector caches and their sync state (no API calls at build).
+//! - [`claims`]: which namespace owns each host: the ledger the leader records (pure).
 //! - [`publisher`]: the reconcile loop: coalesce, build from complete caches, validate,
 //!   guard, publish; Events for skipped rules; fresh-read confirmation of holds.
 //! - [`state`]: what the parts share: the published snapshot, status, holds, proxies.
@@ -21,6 +22,7 @@
 pub mod admin;
 pub mod authn;
 pub mod caches;
+pub mod claims;
 pub mod config;
 pub mod discovery;
 #[cfg(test)]

@@ -11,7 +11,8 @@ use prometheus_client::registry::Registry;
 /// Label for per-kind metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// "Ingress", "IngressClass", "Service" or "EndpointSlice".
+    /// One of `state::KINDS`: "IngressClass", "Ingress", "Service", "EndpointSlice",
+    /// "Secret" or "ConfigMap".
     pub kind: String,
 }
 
@@ -82,6 +83,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Times this replica acquired the leader Lease.
     pub leader_acquisitions: Counter,
+    /// Host claims the leader could not record because the ledger is full.
+    pub host_claims_waiting: Gauge,
     /// notAfter of each certificate in the published snapshot.
     pub certificate_expiry: Family<CertificateLabel, Gauge>,
     /// Problems of the last build, by reason.
@@ -120,6 +123,7 @@ impl Metrics {
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
             leader_acquisitions: Counter::default(),
+            host_claims_waiting: Gauge::default(),
             certificate_expiry: Family::default(),
             problems: Family::default(),
             tls_handshake_failures: Counter::default(),
@@ -246,8 +250,13 @@ impl Metrics {
         );
         r.register(
             "leader_acquisitions",
-            "Times this replica acquired the leader Lease (became the one writing Ingress status)",
+            "Times this replica acquired the leader Lease (became the one recording host claims and writing Ingress status)",
             m.leader_acquisitions.clone(),
+        );
+        r.register(
+            "host_claims_waiting",
+            "Host claims the leader could not record because the ledger ConfigMap is full",
+            m.host_claims_waiting.clone(),
         );
         m
     }

@@ -126,6 +126,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
 
+    let page_size = watch.page_size;
     let caches = caches::start(
         client.clone(),
         shared.clone(),
@@ -133,22 +134,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         watch,
         &mut tasks,
     );
-    if let Some(status_settings) = status_settings {
-        tasks.spawn(status::run(
-            client.clone(),
-            caches.clone(),
-            shared.clone(),
-            status_settings,
-            shutdown.clone(),
-        ));
-    }
+    tasks.spawn(status::run(
+        client.clone(),
+        caches.clone(),
+        shared.clone(),
+        status_settings,
+        shutdown.clone(),
+    ));
     tasks.spawn(publisher::run(
         caches,
         shared.clone(),
         changed,
         settings,
         ProblemReporter::new(Some(client.clone()), instance),
-        Some(FreshRead::new(client, watch.page_size)),
+        Some(FreshRead::new(client, page_size)),
         shutdown.clone().cancelled_owned(),
     ));
 

@@ -31,12 +31,13 @@ use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 5] = [
+pub const KINDS: [&str; 6] = [
     "IngressClass",
     "Ingress",
     "Service",
     "EndpointSlice",
     "Secret",
+    "ConfigMap",
 ];
 
 /// A snapshot built, and published if the guard lets it: its content shared with the

@@ -1,21 +1,27 @@
-//! Ingress status: the leader (a `coordination.k8s.io` Lease, via kube-lease-manager)
-//! writes `status.loadBalancer` of our Ingresses from `--publish-address` or from the
-//! proxies' Service (`--publish-service`). Every replica watches and serves proxies; only
-//! this writing is leader-only. Desired status is computed from the caches by pure
-//! functions; the loop only patches what differs.
+//! What the leader writes: the leader (a `coordination.k8s.io` Lease, via
+//! kube-lease-manager) records the host claims ledger ([`crate::claims`]) in its
+//! ConfigMap, and writes `status.loadBalancer` of our Ingresses from `--publish-address`
+//! or from the proxies' Service (`--publish-service`). Every replica watches and serves
+//! proxies; only this writing is leader-only. What to write is computed from the caches
+//! by pure functions; the loop only writes what differs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+use std::time::{Instant, SystemTime};
+
+use holdfast_proto::v1::KindProgress;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
+use kube::api::PostParams;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::caches::Caches;
+use crate::caches::{Caches, ClaimsConfigMap};
+use crate::claims;
 use crate::state::Shared;
 use crate::translate::{self, ClusterState};
 
@@ -33,11 +39,23 @@ pub enum Publish {
     },
 }
 
-/// Leader election and status settings.
+/// The host claims ledger's settings.
+#[derive(Debug, Clone)]
+pub struct ClaimsSettings {
+    /// Where the ledger is recorded.
+    pub configmap: ClaimsConfigMap,
+    /// A claim is released once its namespace has named the host in none of its
+    /// Ingresses for this long (`--host-claim-grace`).
+    pub grace: Duration,
+}
+
+/// Leader election and what the leader writes.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// What to publish.
-    pub publish: Publish,
+    /// What to publish in Ingress status; None: status is not written.
+    pub publish: Option<Publish>,
+    /// The host claims ledger; None with `--host-ownership shared`.
+    pub claims: Option<ClaimsSettings>,
     /// Lease name.
     pub lease_name: String,
     /// Lease namespace (the control plane's own).
@@ -132,7 +150,8 @@ pub fn stale<'a>(
         .collect()
 }
 
-/// Runs leader election, and while leader keeps our Ingresses' status up to date.
+/// Runs leader election, and while leader keeps the host claims ledger and our
+/// Ingresses' status up to date.
 pub async fn run(
     client: Client,
     caches: Caches,
@@ -161,6 +180,7 @@ pub async fn run(
     };
     let (mut leader, task) = manager.watch().await;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut ledger = LedgerWriter::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -170,14 +190,20 @@ pub async fn run(
                 shared.metrics().leader.set(i64::from(is_leader));
                 if is_leader {
                     shared.metrics().leader_acquisitions.inc();
-                    tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "became leader: writing Ingress status");
+                    tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "became leader: recording host claims, writing Ingress status");
                 } else {
                     tracing::info!(identity = %settings.identity, "not the leader");
                 }
             }
             _ = tick.tick() => {
                 if *leader.borrow() && shared.all_synced() {
-                    sync(&client, &caches, &settings).await;
+                    let (progress, state) = caches.read();
+                    if let Some(c) = &settings.claims {
+                        ledger.step(&client, &progress, &state, c, &settings.translate, &shared).await;
+                    }
+                    if let Some(publish) = &settings.publish {
+                        sync_state(&client, &state, publish, &settings.translate).await;
+                    }
                 }
             }
         }
@@ -187,18 +213,114 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
 }
 
-async fn sync(client: &Client, caches: &Caches, settings: &Settings) {
-    sync_state(client, &caches.state(), settings).await;
+/// The leader's recording of the host claims ledger: the last inputs it recorded from,
+/// so that an unchanged cluster costs nothing but a periodic check of the grace periods.
+#[derive(Default)]
+struct LedgerWriter {
+    last: Option<(Vec<KindProgress>, Instant)>,
+}
+
+/// How often an unchanged ledger is checked again (a claim's grace period may end).
+const LEDGER_RECHECK: Duration = Duration::from_secs(5);
+
+impl LedgerWriter {
+    async fn step(
+        &mut self,
+        client: &Client,
+        progress: &[KindProgress],
+        state: &ClusterState,
+        settings: &ClaimsSettings,
+        opts: &translate::Options,
+        shared: &Shared,
+    ) {
+        if let Some((p, at)) = &self.last
+            && p == progress
+            && at.elapsed() < LEDGER_RECHECK
+        {
+            return;
+        }
+        match record_claims(client, state, settings, opts, SystemTime::now()).await {
+            Ok(waiting) => {
+                shared.metrics().host_claims_waiting.set(waiting as i64);
+                self.last = Some((progress.to_vec(), Instant::now()));
+            }
+            // Conflict: the cache is behind a write; the next tick reads it again.
+            Err(error) => tracing::warn!(%error, "could not record host claims; retrying"),
+        }
+    }
+}
+
+/// Brings the ledger ConfigMap up to date with what our Ingresses name at `now`: one
+/// create or replace (with the cached object's resourceVersion, so a write made from a
+/// stale cache fails and is made again), nothing when it is current. Returns how many
+/// claims wait because the ledger is full.
+async fn record_claims(
+    client: &Client,
+    state: &ClusterState,
+    settings: &ClaimsSettings,
+    opts: &translate::Options,
+    now: SystemTime,
+) -> Result<usize, kube::Error> {
+    let current = state.host_claims.first();
+    let (ledger, invalid) = claims::parse(current.map(|c| &**c));
+    for e in &invalid {
+        tracing::warn!(error = %e, "host claims key rewritten");
+    }
+    let named = translate::named_hosts(state, opts);
+    let (next, waiting) = claims::next(
+        &ledger,
+        &named,
+        now,
+        settings.grace,
+        claims::MAX_LEDGER_BYTES,
+    );
+    if waiting > 0 {
+        tracing::warn!(
+            waiting,
+            "host claims ledger is full: these claims wait (hosts not named by any other namespace are still served)"
+        );
+    }
+    let data = claims::render(&next);
+    let current_data = current.and_then(|c| c.data.clone()).unwrap_or_default();
+    if current.is_some() && current_data == data {
+        return Ok(waiting);
+    }
+    let cm = &settings.configmap;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &cm.namespace);
+    let mut object = ConfigMap {
+        data: Some(data),
+        ..Default::default()
+    };
+    object.metadata.name = Some(cm.name.clone());
+    object.metadata.namespace = Some(cm.namespace.clone());
+    match current {
+        Some(c) => {
+            object.metadata.resource_version = c.metadata.resource_version.clone();
+            object.metadata.labels = c.metadata.labels.clone();
+            api.replace(&cm.name, &PostParams::default(), &object)
+                .await?;
+        }
+        None => {
+            api.create(&PostParams::default(), &object).await?;
+        }
+    }
+    tracing::info!(hosts = next.len(), "recorded host claims");
+    Ok(waiting)
 }
 
 /// Patches the status of every Ingress of ours in `state` whose addresses are not the
 /// desired ones: one status PATCH each, nothing for those already right.
-async fn sync_state(client: &Client, state: &ClusterState, settings: &Settings) {
-    let Some(desired) = desired(&settings.publish, &state.services) else {
+async fn sync_state(
+    client: &Client,
+    state: &ClusterState,
+    publish: &Publish,
+    opts: &translate::Options,
+) {
+    let Some(desired) = desired(publish, &state.services) else {
         tracing::debug!("no address to publish yet");
         return;
     };
-    for ing in stale(state, &settings.translate, &desired) {
+    for ing in stale(state, opts, &desired) {
         let (Some(ns), Some(name)) = (
             ing.metadata.namespace.as_deref(),
             ing.metadata.name.as_deref(),
@@ -318,16 +440,10 @@ mod tests {
     #[tokio::test]
     async fn a_sync_patches_the_status_of_each_stale_ingress_once_and_nothing_else() {
         let (client, mut api) = crate::fixtures::client();
-        let settings = Settings {
-            publish: Publish::Addresses(vec!["203.0.113.7".into()]),
-            lease_name: "holdfast".into(),
-            lease_namespace: "holdfast-system".into(),
-            lease_duration: Duration::from_secs(15),
-            lease_grace: Duration::from_secs(5),
-            identity: "cp-0".into(),
-            translate: translate::Options::default(),
-        };
-        let sync = tokio::spawn(async move { sync_state(&client, &state(), &settings).await });
+        let publish = Publish::Addresses(vec!["203.0.113.7".into()]);
+        let sync = tokio::spawn(async move {
+            sync_state(&client, &state(), &publish, &translate::Options::default()).await
+        });
         for name in ["old", "none"] {
             let patch = api
                 .expect(

@@ -61,10 +61,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use holdfast_proto::delta;
+
+use crate::claims;
 use holdfast_proto::v1::{
     Backend, Certificate, DefaultBackend, IngressRef, ResourceKind, Snapshot, VirtualHost,
 };
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use std::collections::HashMap;
@@ -103,6 +105,9 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// All Secrets of type `kubernetes.io/tls`.
     pub secrets: Vec<Arc<Secret>>,
+    /// The host claims ConfigMap ([`crate::claims`]): none, or the one named by
+    /// `--host-claims-configmap`.
+    pub host_claims: Vec<Arc<ConfigMap>>,
 }
 
 /// What makes an Ingress ours.
@@ -136,9 +141,10 @@ pub struct Options {
 /// Who may add rules to a host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum HostOwnership {
-    /// A host belongs to the namespace of its oldest Ingress; rules for it from other
-    /// namespaces are skipped with a problem, so one namespace cannot take paths on
-    /// another's host.
+    /// A host belongs to the namespace that named it first, as the host claims ledger
+    /// records ([`crate::claims`]); rules, `spec.tls` entries and annotations for it from
+    /// other namespaces are skipped with a problem, so one namespace cannot take paths,
+    /// certificates or settings of another's host.
     #[default]
     FirstNamespace,
     /// Every namespace may add paths to any host (the oldest Ingress still wins a
@@ -529,6 +535,9 @@ pub struct Translator {
     built: bool,
     /// The routes of the built virtual hosts.
     routes: RouteCounts,
+    /// The host claims ConfigMap of the last build, and its ledger.
+    claims_source: Option<Arc<ConfigMap>>,
+    ledger: claims::Ledger,
 }
 
 /// Counts of routes, kept one virtual host at a time.
@@ -571,6 +580,30 @@ impl RouteCounts {
 /// the problems found, from scratch.
 pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
     Translator::default().translate(state, opts)
+}
+
+/// The namespaces naming each host in our Ingresses, as a rule's host or a `spec.tls`
+/// host: what the host claims ledger records ([`crate::claims`]). Invalid hosts and rules
+/// without a host name nothing.
+pub fn named_hosts(state: &ClusterState, opts: &Options) -> claims::Named {
+    let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
+    let mut named = claims::Named::new();
+    for ing in &state.ingresses {
+        let d = digest_ingress_within(ing, opts.ingress_limits);
+        if !class_is_ours(d.class.as_deref(), &classes, default_is_ours) {
+            continue;
+        }
+        let hosts = d.routes.iter().map(|r| &r.host);
+        for host in hosts.chain(d.tls.iter().map(|(h, _)| h)) {
+            if !host.is_empty() {
+                named
+                    .entry(host.clone())
+                    .or_default()
+                    .insert(d.source.namespace.clone());
+            }
+        }
+    }
+    named
 }
 
 /// What phase 1 found changed: the Services (`namespace/name`) whose Service or
@@ -724,10 +757,35 @@ impl Translator {
             }
         }
         self.classes = Some(classes);
+        dirty_hosts.extend(self.apply_claims(state));
         ObjectChanges {
             services: dirty_services,
             hosts: dirty_hosts,
         }
+    }
+
+    /// Reads the host claims ConfigMap if it changed; returns the hosts whose claims
+    /// changed.
+    fn apply_claims(&mut self, state: &ClusterState) -> Vec<String> {
+        let source = state.host_claims.first();
+        let same = match (source, &self.claims_source) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return Vec::new();
+        }
+        self.claims_source = source.cloned();
+        // A key that does not decode counts as no claim; the leader writes it again.
+        let (ledger, _invalid) = claims::parse(source.map(|c| &**c));
+        let old = std::mem::replace(&mut self.ledger, ledger);
+        let new = &self.ledger;
+        old.keys()
+            .chain(new.keys())
+            .filter(|h| old.get(*h) != new.get(*h))
+            .cloned()
+            .collect()
     }
 
     /// Phase 2, rebuild hosts: builds again the virtual hosts the changes touch (in
@@ -753,11 +811,12 @@ impl Translator {
                 self.contributors.remove(host);
             }
         }
-        let contributors = &self.contributors;
+        let (contributors, ledger) = (&self.contributors, &self.ledger);
         let built = parallel_map(&dirty_hosts, |host| {
+            let claims = ledger.get(host).map_or(&[][..], Vec::as_slice);
             contributors
                 .get(host)
-                .map(|list| build_host(host, list, opts.host_ownership))
+                .map(|list| build_host(host, list, opts.host_ownership, claims))
         });
         let mut acquired: Vec<Arc<BackendRef>> = Vec::new();
         let mut new_hosts: Vec<(String, HostEntry)> = Vec::with_capacity(dirty_hosts.len());

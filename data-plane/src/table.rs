@@ -669,19 +669,18 @@ impl RouteTable {
     }
 
     /// The certificate to offer a TLS client that sent `sni` (lower case; None when it
-    /// sent no SNI): the exact virtual host's, else the wildcard virtual host's if it
-    /// covers the name, else the default certificate. None fails the handshake.
+    /// sent no SNI): the exact virtual host's; for a name with no exact virtual host, the
+    /// wildcard virtual host's if it covers the name; else the default certificate. An
+    /// exact virtual host without a certificate never gets the wildcard's: the two hosts
+    /// may have different owners (docs/design.md, Tenancy). None fails the handshake.
     pub fn certificate_for(&self, sni: Option<&str>) -> Option<&TlsCertificate> {
         let by_host = sni.and_then(|name| {
-            let exact = self
-                .exact_hosts
-                .get(name)
-                .and_then(|t| t.certificate.as_deref());
-            exact.or_else(|| {
-                let (_, rest) = name.split_once('.')?;
-                let c = self.wildcard_hosts.get(rest)?.certificate.as_deref()?;
-                certificate::covers(&c.facts.dns_names, name).then_some(c)
-            })
+            if let Some(t) = self.exact_hosts.get(name) {
+                return t.certificate.as_deref();
+            }
+            let (_, rest) = name.split_once('.')?;
+            let c = self.wildcard_hosts.get(rest)?.certificate.as_deref()?;
+            certificate::covers(&c.facts.dns_names, name).then_some(c)
         });
         by_host.or(self.default_certificate.as_deref())
     }

@@ -51,6 +51,21 @@ impl ControlPlane {
         .chain(extra.iter().copied())
         .map(String::from)
         .collect();
+        // One Lease and one host claims ledger per test (its log directory is named after
+        // its namespace), shared by the replicas a test starts, not with other tests on
+        // the shared API server; a test that names its own (or their namespace) keeps them.
+        if !extra.contains(&"--lease-name")
+            && !extra.contains(&"--lease-namespace")
+            && let Some(scope) = log_dir.file_name().and_then(|n| n.to_str())
+        {
+            let scope = scope.to_ascii_lowercase().replace('_', "-");
+            args.extend([
+                "--lease-name".to_string(),
+                format!("holdfast-{scope}"),
+                "--host-claims-configmap".to_string(),
+                format!("holdfast-host-claims-{scope}"),
+            ]);
+        }
         let plaintext = extra.contains(&"--insecure-plaintext");
         if !plaintext && !extra.contains(&"--tls-cert") {
             args.extend(crate::tls::Planes::get().control_plane_flags());

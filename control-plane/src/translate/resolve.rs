@@ -14,8 +14,8 @@ use super::*;
 pub(super) struct HostEntry {
     /// Shared with the snapshots published from it (changed only by copy on write).
     pub(super) vhost: Arc<VirtualHost>,
-    /// The namespace of the host's oldest Ingress (who owns it, with
-    /// `HostOwnership::FirstNamespace`).
+    /// The namespace that owns the host ([`crate::claims::owner`]); with
+    /// `HostOwnership::Shared`, the namespace of its oldest Ingress.
     pub(super) owner: String,
     pub(super) problems: Vec<Problem>,
     pub(super) backends: Vec<Arc<BackendRef>>,
@@ -144,20 +144,27 @@ impl Backends {
     }
 }
 
-/// Builds one virtual host from the Ingresses that route it: on the same host, path and
-/// kind twice, the oldest Ingress wins and the others (if other Ingresses) get a problem.
+/// Builds one virtual host from the Ingresses that route it: with
+/// `HostOwnership::FirstNamespace` only the owner's (by `claims`, the host's recorded
+/// claims); on the same host, path and kind twice, the oldest Ingress wins and the others
+/// (if other Ingresses) get a problem.
 pub(super) fn build_host(
     host: &str,
     contributors: &[Arc<IngressDigest>],
     ownership: HostOwnership,
+    claims: &[crate::claims::Claim],
 ) -> HostEntry {
     let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
     ordered.sort_unstable_by(|a, b| by_age(a, b));
     let mut problems = Vec::new();
-    let owner = ordered
-        .first()
-        .map(|d| d.source.namespace.clone())
-        .unwrap_or_default();
+    let owner = match ownership {
+        HostOwnership::FirstNamespace => {
+            crate::claims::owner(claims, ordered.iter().map(|d| d.source.namespace.as_str()))
+        }
+        HostOwnership::Shared => ordered.first().map(|d| d.source.namespace.as_str()),
+    }
+    .unwrap_or_default()
+    .to_owned();
     if ownership == HostOwnership::FirstNamespace && !owner.is_empty() {
         ordered.retain(|d| {
             let own = d.source.namespace == owner;
@@ -167,7 +174,7 @@ pub(super) fn build_host(
                     name: d.source.name.clone(),
                     reason: ProblemReason::HostOwnedByOtherNamespace,
                     message: format!(
-                        "rules for host {host:?} skipped: the host belongs to namespace {owner:?} (its oldest Ingress); see --host-ownership"
+                        "rules for host {host:?} skipped: the host belongs to namespace {owner:?}, which named it first; see --host-ownership"
                     ),
                 });
             }
@@ -438,7 +445,13 @@ impl Translator {
                 users: Vec::new(),
             };
         }
+        // Each host's Secret, from the owner's Ingresses alone: a `spec.tls` entry that
+        // lists the host (the oldest Ingress decides), else (below) one whose certificate
+        // covers it.
         let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
+        // The entries that passed, by namespace (each (Secret, Ingress) once).
+        let mut listed: FastMap<&str, Vec<(&str, &IngressDigest)>> = FastMap::default();
+        let mut seen: FastSet<(&str, *const IngressDigest)> = FastSet::default();
         for d in &tls_ingresses {
             for (host, secret) in &d.tls {
                 if opts.host_ownership == HostOwnership::FirstNamespace
@@ -449,11 +462,17 @@ impl Translator {
                         &d.source,
                         ProblemReason::HostOwnedByOtherNamespace,
                         format!(
-                            "spec.tls host {host:?} ignored: the host belongs to namespace {:?} (its oldest Ingress); see --host-ownership",
+                            "spec.tls host {host:?} ignored: the host belongs to namespace {:?}, which named it first; see --host-ownership",
                             entry.owner
                         ),
                     ));
                     continue;
+                }
+                if seen.insert((secret.as_str(), &***d as *const IngressDigest)) {
+                    listed
+                        .entry(d.source.namespace.as_str())
+                        .or_default()
+                        .push((secret, d));
                 }
                 match wanted.get(host.as_str()) {
                     None => {
@@ -472,6 +491,34 @@ impl Translator {
                     Some(_) => {}
                 }
             }
+        }
+        // A routed host no entry lists: the owner's first entry (oldest Ingress first)
+        // whose certificate covers it, as ingress-nginx does (`hosts: ['*.shop.test']`
+        // serves the rule host `www.shop.test`).
+        let fallback: Vec<(String, &str, &IngressDigest)> = self
+            .hosts
+            .iter()
+            .filter(|(host, _)| !host.is_empty() && !wanted.contains_key(host.as_str()))
+            .filter_map(|(host, entry)| {
+                let entries = listed.get(entry.owner.as_str())?;
+                let (secret, d) = entries.iter().find(|(secret, _)| {
+                    self.secrets_by_key
+                        .get(*secret)
+                        .and_then(|s| s.certificate.as_ref().ok())
+                        .or_else(|| {
+                            self.last_good
+                                .get(*secret)
+                                .and_then(|s| s.certificate.as_ref().ok())
+                        })
+                        .is_some_and(|c| certificate::covers(&c.dns_names, host))
+                })?;
+                Some((host.clone(), *secret, *d))
+            })
+            .collect();
+        let mut by_cover: FastSet<(&str, *const IngressDigest)> = FastSet::default();
+        for (host, secret, d) in &fallback {
+            wanted.insert(host, (secret, d));
+            by_cover.insert((secret, *d as *const IngressDigest));
         }
         // Each Secret in use: its current certificate if good, else its last good one.
         let mut secrets: BTreeMap<&str, (Vec<&str>, Vec<&IngressRef>)> = BTreeMap::new();
@@ -581,6 +628,10 @@ impl Translator {
                 continue;
             }
             if !self.hosts.contains_key(*host) {
+                if by_cover.contains(&(*secret, *d as *const IngressDigest)) {
+                    // The entry serves other hosts by its certificate.
+                    continue;
+                }
                 problems.insert(problem(
                     &d.source,
                     ProblemReason::TlsHostWithoutRules,
@@ -588,11 +639,14 @@ impl Translator {
                 ));
                 continue;
             }
+            // Per-host settings come from the owner's Ingresses alone.
+            let owner = self.hosts.get(*host).map(|e| e.owner.as_str());
             let redirect = d.ssl_redirect
-                && self
-                    .contributors
-                    .get(*host)
-                    .is_none_or(|list| list.iter().all(|c| c.ssl_redirect));
+                && self.contributors.get(*host).is_none_or(|list| {
+                    list.iter()
+                        .filter(|c| Some(c.source.namespace.as_str()) == owner)
+                        .all(|c| c.ssl_redirect)
+                });
             assigned.push(((*host).to_owned(), cert.name.clone(), redirect));
         }
         let served: FastMap<&str, &str> = assigned

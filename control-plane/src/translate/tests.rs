@@ -1735,38 +1735,65 @@ fn wildcards_over_a_public_suffix_are_refused_and_private_ones_allowed() {
     assert_eq!(t.problems[0].reason.as_str(), "PublicSuffixWildcard");
 }
 
+/// The host claims ConfigMap recording `claims`: (host, [(namespace, second)]).
+fn claims_cm(claims: &[(&str, &[(&str, u64)])]) -> Arc<k8s_openapi::api::core::v1::ConfigMap> {
+    use std::time::{Duration, UNIX_EPOCH};
+    let ledger: crate::claims::Ledger = claims
+        .iter()
+        .map(|(host, list)| {
+            let list = list
+                .iter()
+                .map(|(ns, at)| crate::claims::Claim {
+                    namespace: (*ns).to_owned(),
+                    since: UNIX_EPOCH + Duration::from_secs(1_800_000_000 + at),
+                    unnamed_since: None,
+                })
+                .collect();
+            ((*host).to_owned(), list)
+        })
+        .collect();
+    Arc::new(k8s_openapi::api::core::v1::ConfigMap {
+        data: Some(crate::claims::render(&ledger)),
+        ..Default::default()
+    })
+}
+
+/// An Ingress of our class in namespace `ns`.
+fn ingress_in(ns: &str, name: &str, age: u32, host: &str, path: &str) -> Arc<Ingress> {
+    ingress(
+        ns,
+        name,
+        age,
+        json!([rule(host, path, "Prefix", "web", json!({"number": 80}))]),
+    )
+}
+
+/// The takeover: namespace `aaa` has an Ingress older than the victim's and edits it to
+/// name the victim's host. Its claim is recorded after the victim's, so the victim keeps
+/// the host; with the claims swapped (the victim's released), `aaa` gets it, and a
+/// long-lived translator follows the ledger as a fresh one does.
 #[test]
-fn a_host_belongs_to_the_namespace_of_its_oldest_ingress_unless_shared() {
-    let st = state(vec![
-        ingress(
-            "team-a",
-            "site",
-            0,
-            json!([rule(
-                "a.example.com",
-                "/",
-                "Prefix",
-                "web",
-                json!({"number": 80})
-            )]),
-        ),
-        ingress(
-            "team-b",
-            "grab",
-            1,
-            json!([rule(
-                "a.example.com",
-                "/admin",
-                "Prefix",
-                "web",
-                json!({"number": 80})
-            )]),
-        ),
-    ]);
-    let t = run(&st);
+fn a_host_belongs_to_the_namespace_that_named_it_first_not_to_its_oldest_ingress() {
+    let ingresses = vec![
+        ingress_in("aaa", "old", 0, "shop.example.com", "/admin"),
+        ingress_in("victim", "site", 5, "shop.example.com", "/"),
+    ];
+    let mut st = state(ingresses);
+    st.host_claims = vec![claims_cm(&[(
+        "shop.example.com",
+        &[("victim", 0), ("aaa", 60)],
+    )])];
+    let mut long_lived = Translator::default();
+    let t = long_lived.translate(&st, &Options::default());
+    assert_eq!(t.snapshot(), run(&st).snapshot());
     assert_eq!(
         routes(&t),
-        [r("a.example.com", MatchKind::Prefix, "/", "team-a/web:80")]
+        [r(
+            "shop.example.com",
+            MatchKind::Prefix,
+            "/",
+            "victim/web:80"
+        )]
     );
     assert_eq!(t.problems.len(), 1);
     assert_eq!(
@@ -1775,27 +1802,149 @@ fn a_host_belongs_to_the_namespace_of_its_oldest_ingress_unless_shared() {
             t.problems[0].namespace.as_str(),
             t.problems[0].name.as_str()
         ),
-        ("HostOwnedByOtherNamespace", "team-b", "grab")
+        ("HostOwnedByOtherNamespace", "aaa", "old")
     );
 
+    // The victim's claim released (after its grace period): aaa's is the only one.
+    st.host_claims = vec![claims_cm(&[("shop.example.com", &[("aaa", 60)])])];
+    let t = long_lived.translate(&st, &Options::default());
+    assert_eq!(t.snapshot(), run(&st).snapshot());
+    assert_eq!(
+        routes(&t),
+        [r(
+            "shop.example.com",
+            MatchKind::Prefix,
+            "/admin",
+            "aaa/web:80"
+        )]
+    );
+
+    // Shared: every namespace adds paths (the explicit opt-out).
     let shared = Options {
         host_ownership: HostOwnership::Shared,
         ..Options::default()
     };
     let t = run_with(&st, &shared);
+    assert_eq!(routes(&t).len(), 2);
+    assert!(t.problems.is_empty());
+}
+
+/// Before the leader records anything, namers are ordered by namespace name (the order
+/// the leader then records them in); a recorded claim always ranks first.
+#[test]
+fn an_unrecorded_namer_never_displaces_a_recorded_owner() {
+    let mut st = state(vec![
+        ingress_in("aaa", "new", 0, "shop.example.com", "/admin"),
+        ingress_in("zzz", "site", 5, "shop.example.com", "/"),
+    ]);
+    assert_eq!(routes(&run(&st))[0].3, "aaa/web:80", "nothing recorded");
+    st.host_claims = vec![claims_cm(&[("shop.example.com", &[("zzz", 0)])])];
     assert_eq!(
-        routes(&t),
+        routes(&run(&st)),
+        [r("shop.example.com", MatchKind::Prefix, "/", "zzz/web:80")]
+    );
+}
+
+/// Settings of a host come from its owner's Ingresses alone: another namespace's
+/// `ssl-redirect: "false"` and `spec.tls` entry for the host change nothing.
+#[test]
+fn a_hosts_redirect_and_certificate_come_from_its_owner_alone() {
+    let (chain, key) = cert_pem(&["a.example.test"]);
+    let (their_chain, their_key) = cert_pem(&["a.example.test"]);
+    let owner = tls_ingress(
+        "site",
+        5,
+        &["a.example.test"],
+        &["a.example.test"],
+        "mine",
+        json!({}),
+    );
+    let mut other = (*tls_ingress(
+        "grab",
+        0,
+        &["a.example.test"],
+        &["a.example.test"],
+        "theirs",
+        json!({ "holdfast.dev/ssl-redirect": "false" }),
+    ))
+    .clone();
+    other.metadata.namespace = Some("aaa".into());
+    let mut st = with_secrets(
+        vec![owner, Arc::new(other)],
+        vec![
+            tls_secret("default", "mine", &chain, &key),
+            tls_secret("aaa", "theirs", &their_chain, &their_key),
+        ],
+    );
+    st.host_claims = vec![claims_cm(&[(
+        "a.example.test",
+        &[("default", 0), ("aaa", 1)],
+    )])];
+    let t = run(&st);
+    assert_eq!(
+        tls_of(&t),
+        [(
+            "a.example.test".to_string(),
+            "default/mine".to_string(),
+            true
+        )],
+        "the owner's certificate, and the owner's redirect"
+    );
+    let names: Vec<String> = t
+        .snapshot()
+        .certificates
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        ["default/mine"],
+        "no key of another namespace travels"
+    );
+}
+
+/// ingress-nginx serves a rule host from a `spec.tls` entry whose certificate covers it
+/// (`hosts: ['*.shop.test']` serves `www.shop.test`): so does holdfast, from the owner's
+/// entries only. A host another namespace owns never gets that wildcard certificate.
+#[test]
+fn a_tls_entry_whose_certificate_covers_a_rule_host_serves_it_for_its_owner_only() {
+    let (chain, key) = cert_pem(&["*.shop.test"]);
+    let owner = tls_ingress(
+        "shop",
+        0,
+        &["www.shop.test"],
+        &["*.shop.test"],
+        "wild",
+        json!({}),
+    );
+    let mut other = (*ingress_in("other", "api", 1, "api.shop.test", "/")).clone();
+    other.metadata.namespace = Some("other".into());
+    let mut st = with_secrets(
+        vec![owner, Arc::new(other)],
+        vec![tls_secret("default", "wild", &chain, &key)],
+    );
+    st.host_claims = vec![claims_cm(&[
+        ("www.shop.test", &[("default", 0)]),
+        ("*.shop.test", &[("default", 0)]),
+        ("api.shop.test", &[("other", 1)]),
+    ])];
+    let t = run(&st);
+    assert_eq!(
+        tls_of(&t),
         [
-            r(
-                "a.example.com",
-                MatchKind::Prefix,
-                "/admin",
-                "team-b/web:80"
+            ("api.shop.test".to_string(), String::new(), false),
+            (
+                "www.shop.test".to_string(),
+                "default/wild".to_string(),
+                true
             ),
-            r("a.example.com", MatchKind::Prefix, "/", "team-a/web:80")
         ]
     );
-    assert!(t.problems.is_empty());
+    assert!(
+        !reasons(&t).contains(&"TLSHostWithoutRules"),
+        "the wildcard entry serves www: {:?}",
+        reasons(&t)
+    );
 }
 
 #[test]

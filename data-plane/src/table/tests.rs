@@ -309,6 +309,37 @@ fn sni_picks_the_exact_hosts_certificate_over_the_wildcard_and_the_wildcard_cove
     assert_eq!(cert_name(&t, None), None);
 }
 
+/// `z.example.test` has a virtual host of its own (another namespace may own it) and no
+/// certificate: the wildcard host's certificate is never offered for it, even though it
+/// covers the name; the operator's default certificate still is.
+#[test]
+fn an_exact_host_without_a_certificate_never_gets_the_wildcards() {
+    let mut s = tls_snapshot();
+    s.virtual_hosts.push(VirtualHost {
+        host: "z.example.test".into(),
+        routes: vec![holdfast_proto::v1::Route {
+            match_kind: MatchKind::Prefix as i32,
+            path: "/".into(),
+            backend: "ns/p:80".into(),
+            source: None,
+        }],
+        ..Default::default()
+    });
+    s.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
+    let t = RouteTable::compile(&s).unwrap();
+    assert_eq!(cert_name(&t, Some("z.example.test")), None);
+    assert_eq!(
+        cert_name(&t, Some("y.example.test")).as_deref(),
+        Some("ns/wild")
+    );
+    s.default_certificate = "ns/a".into();
+    let t = RouteTable::compile(&s).unwrap();
+    assert_eq!(
+        cert_name(&t, Some("z.example.test")).as_deref(),
+        Some("ns/a")
+    );
+}
+
 #[test]
 fn the_default_certificate_answers_unknown_and_missing_sni() {
     let mut s = tls_snapshot();

@@ -1293,3 +1293,144 @@ async fn a_first_request_with_the_inventory_of_a_large_snapshot_is_accepted() ->
     assert!(response.delta.is_some() || response.clone().into_snapshot().is_some());
     Ok(())
 }
+
+/// The takeover the host claims ledger stops, against the real API server: namespace A
+/// holds a dormant Ingress (another class) created before the victim's, and edits it to
+/// our class and the victim's host. Ownership by Ingress age would hand A the host; the
+/// ledger (recorded by the leader in its ConfigMap) keeps it with the victim, A gets a
+/// Warning Event, and A's claim is recorded after the victim's. Once the victim stops
+/// naming the host, its claim is released only after `--host-claim-grace`.
+#[tokio::test]
+async fn a_tenant_editing_an_older_ingress_cannot_take_another_namespaces_host()
+-> anyhow::Result<()> {
+    let s = setup("tenancy").await?;
+    let attacker = s.cluster.namespace(&s.client, "attacker").await?;
+    let host = s.host("shop");
+    // The dormant Ingress, older than every Ingress of the victim.
+    create(
+        &s.client,
+        Some(&attacker),
+        &objects::ingress(
+            "old",
+            "not-ours",
+            &format!("decoy.{attacker}.test"),
+            "web",
+            80,
+        ),
+    )
+    .await?;
+    s.web_and_ingress("keep-1").await?;
+    s.web_and_ingress("keep-2").await?;
+    create(
+        &s.client,
+        Some(&s.ns),
+        &objects::ingress("site", &s.class, &host, "web", 80),
+    )
+    .await?;
+    let grace = Duration::from_secs(6);
+    let cp = s.control_plane(&["--host-claim-grace", "6s"])?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let victims = format!("{}/web:80", s.ns);
+    let served_by = |snap: &Snapshot| -> Vec<(String, String)> {
+        routes(snap)
+            .into_iter()
+            .filter(|r| r.0 == host)
+            .map(|r| (r.1, r.2))
+            .collect()
+    };
+    sub.wait_for("the victim's host", T, |snap| {
+        served_by(snap) == [("/".to_string(), victims.clone())]
+    })
+    .await?;
+    let ledger: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(s.client.clone(), "default");
+    let ledger_name = format!("holdfast-host-claims-{}", s.ns);
+    let claimants = |ledger: Api<k8s_openapi::api::core::v1::ConfigMap>| {
+        let (name, host) = (ledger_name.clone(), host.clone());
+        async move {
+            let cm = ledger.get_opt(&name).await.map_err(|e| e.to_string())?;
+            let Some(json) = cm.and_then(|c| c.data).and_then(|d| d.get(&host).cloned()) else {
+                return Ok::<_, String>(Vec::new());
+            };
+            let claims: Vec<serde_json::Value> =
+                serde_json::from_str(&json).map_err(|e| e.to_string())?;
+            Ok(claims
+                .iter()
+                .map(|c| c["namespace"].as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<String>>())
+        }
+    };
+    wait::until("the victim's claim recorded", T, || async {
+        Ok((claimants(ledger.clone()).await? == [s.ns.clone()]).then_some(()))
+    })
+    .await?;
+
+    // The attack: the old Ingress, edited to our class and the victim's host.
+    let attack = objects::ingress_paths(
+        "old",
+        &s.class,
+        &host,
+        &[("/", "Prefix", "web", 80), ("/admin", "Prefix", "web", 80)],
+    );
+    let ingresses: Api<Ingress> = Api::namespaced(s.client.clone(), &attacker);
+    ingresses
+        .patch(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": attack.spec })),
+        )
+        .await?;
+    objects::warning_event(&s.client, &attacker, "HostOwnedByOtherNamespace", "old").await?;
+    wait::until(
+        "the attacker's claim recorded after the victim's",
+        T,
+        || async {
+            let c = claimants(ledger.clone()).await?;
+            Ok((c == [s.ns.clone(), attacker.clone()]).then_some(()))
+        },
+    )
+    .await?;
+    // What the control plane publishes now (it built from the edited Ingress: the Event).
+    let published = call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;
+    let vhost = published["virtualHosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["host"] == host.as_str())
+        .cloned()
+        .expect("the victim's host is published");
+    let served: Vec<(String, String)> = vhost["routes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["path"].as_str().unwrap_or_default().to_owned(),
+                r["backend"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        served,
+        [("/".to_string(), victims.clone())],
+        "the attacker's older Ingress took the host"
+    );
+
+    // The victim stops naming the host: its claim holds for the grace period, then the
+    // attacker's (the next oldest) owns the host.
+    let deleted = std::time::Instant::now();
+    delete::<Ingress>(&s.client, &s.ns, "site").await?;
+    let attackers = format!("{attacker}/web:80");
+    sub.wait_for(
+        "the host handed over after the grace period",
+        3 * T,
+        |snap| served_by(snap).iter().any(|(_, b)| *b == attackers),
+    )
+    .await?;
+    assert!(
+        deleted.elapsed() >= grace,
+        "the claim was released after {:?}, within the {grace:?} grace period",
+        deleted.elapsed()
+    );
+    Ok(())
+}

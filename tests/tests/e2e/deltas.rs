@@ -241,6 +241,7 @@ impl Cluster {
             services: self.services.values().cloned().collect(),
             endpoint_slices: self.slices.values().cloned().collect(),
             secrets: vec![self.secret.clone()],
+            host_claims: Vec::new(),
         }
     }
 }

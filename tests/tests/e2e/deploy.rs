@@ -192,22 +192,33 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             .count(),
         1
     );
-    let lease = find(&objects, "Role", "holdfast-control-plane-lease");
-    assert_eq!(lease["metadata"]["namespace"], "holdfast-system");
-    for rule in lease["rules"].as_array().unwrap() {
-        assert_eq!(rule["resources"], serde_json::json!(["leases"]));
-        let verbs: Vec<&str> = rule["verbs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-        if verbs != ["create"] {
-            assert_eq!(
-                rule["resourceNames"],
-                serde_json::json!(["holdfast-control-plane"]),
-                "{rule}"
-            );
+    // The Lease and the host claims ConfigMap: only in our namespace, by name where
+    // Kubernetes allows.
+    for (role, resource, name) in [
+        (
+            "holdfast-control-plane-lease",
+            "leases",
+            "holdfast-control-plane",
+        ),
+        (
+            "holdfast-control-plane-claims",
+            "configmaps",
+            "holdfast-host-claims",
+        ),
+    ] {
+        let role = find(&objects, "Role", role);
+        assert_eq!(role["metadata"]["namespace"], "holdfast-system");
+        for rule in role["rules"].as_array().unwrap() {
+            assert_eq!(rule["resources"], serde_json::json!([resource]));
+            let verbs: Vec<&str> = rule["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            if verbs != ["create"] {
+                assert_eq!(rule["resourceNames"], serde_json::json!([name]), "{rule}");
+            }
         }
     }
 
@@ -659,6 +670,27 @@ async fn control_plane_works_with_the_rbac_applied_by(
         }
     })
     .await?;
+    // The leader recorded the host's claim with the deploy RBAC (create, then update).
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(admin.clone(), "holdfast-system");
+    wait::until("the host claim recorded in the ledger", T, || {
+        let configmaps = configmaps.clone();
+        let (host, ns) = (host.clone(), ns.clone());
+        async move {
+            let cm = configmaps
+                .get_opt("holdfast-host-claims")
+                .await
+                .map_err(|e| e.to_string())?;
+            let claims = cm
+                .and_then(|c| c.data)
+                .and_then(|d| d.get(&host).cloned())
+                .unwrap_or_default();
+            Ok(claims
+                .contains(&format!("\"namespace\":\"{ns}\""))
+                .then_some(()))
+        }
+    })
+    .await?;
     let events: Api<Event> = Api::namespaced(admin, &ns);
     wait::until("the conflict Event", T, || {
         let events = events.clone();
@@ -681,7 +713,7 @@ async fn control_plane_works_with_the_rbac_applied_by(
         .lines()
         .filter(|l| l.starts_with("holdfast_watch_forbidden_total{"))
         .collect();
-    assert_eq!(forbidden.len(), 5, "one series per kind: {forbidden:?}");
+    assert_eq!(forbidden.len(), 6, "one series per kind: {forbidden:?}");
     assert!(
         forbidden.iter().all(|l| l.ends_with(" 0")),
         "a permission was missing: {forbidden:?}"
