@@ -106,8 +106,9 @@ pub struct Args {
     #[arg(long, env = "HOLDFAST_HOST_CLAIM_GRACE", default_value = "10m", value_parser = humantime::parse_duration)]
     pub host_claim_grace: Duration,
     /// Namespaces whose Ingresses may set the `defaultBackend`, the cluster-wide catch-all
-    /// for requests no rule matches (comma-separated; default: all, as the Ingress spec
-    /// expects). An Ingress elsewhere gets a Warning Event, and unmatched requests get 404.
+    /// for requests no rule matches, or add rules without a host, which catch every host
+    /// no rule names (comma-separated; default: all, as the Ingress spec expects). An
+    /// Ingress elsewhere gets a Warning Event for either, and those requests get 404.
     #[arg(
         long,
         env = "HOLDFAST_DEFAULT_BACKEND_NAMESPACES",

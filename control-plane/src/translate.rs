@@ -23,6 +23,8 @@
 //!   the EndpointSlices labelled `kubernetes.io/service-name`, on the slice port named like
 //!   the Service port (falling back to a numeric targetPort), per slice. Only ready
 //!   endpoints (`ready` unset counts as ready), first address, deduplicated and sorted.
+//!   Loopback, link-local, unspecified and multicast addresses are left out with a
+//!   [`Problem`]: they point at the proxy itself or at the node.
 //!   An ExternalName Service resolves to its DNS name only with `allow_external_name`;
 //!   otherwise its backend is unavailable (503) and its Ingresses get a [`Problem`].
 //! - **Unknown is not absent.** A missing Service, a missing port or no ready endpoints
@@ -133,7 +135,8 @@ pub struct Options {
     pub host_ownership: HostOwnership,
     /// How large one Ingress may be.
     pub ingress_limits: IngressLimits,
-    /// The namespaces whose Ingresses may set the cluster-wide `defaultBackend`
+    /// The namespaces whose Ingresses may set the cluster-wide `defaultBackend` or add
+    /// rules without a host, which catch every host no rule names
     /// (`--default-backend-namespaces`); None: all.
     pub default_backend_namespaces: Option<BTreeSet<String>>,
 }
@@ -199,8 +202,12 @@ pub enum ProblemReason {
     ConflictingRoute,
     /// An ExternalName Service while `--allow-external-name` is off.
     ExternalNameDisabled,
+    /// Endpoint addresses that point at the proxy itself or the node (left out).
+    RefusedEndpointAddress,
     /// A `defaultBackend` from a namespace not allowed to set it.
     DefaultBackendNotAllowed,
+    /// Rules without a host from a namespace not allowed to add them.
+    HostlessRuleNotAllowed,
     /// A second `defaultBackend` (the older one wins).
     ConflictingDefaultBackend,
     /// A served certificate has expired.
@@ -233,7 +240,9 @@ impl ProblemReason {
             ProblemReason::HostOwnedByOtherNamespace => "HostOwnedByOtherNamespace",
             ProblemReason::ConflictingRoute => "ConflictingRoute",
             ProblemReason::ExternalNameDisabled => "ExternalNameDisabled",
+            ProblemReason::RefusedEndpointAddress => "RefusedEndpointAddress",
             ProblemReason::DefaultBackendNotAllowed => "DefaultBackendNotAllowed",
+            ProblemReason::HostlessRuleNotAllowed => "HostlessRuleNotAllowed",
             ProblemReason::ConflictingDefaultBackend => "ConflictingDefaultBackend",
             ProblemReason::CertificateExpired => "CertificateExpired",
             ProblemReason::CertificateExpiresSoon => "CertificateExpiresSoon",
@@ -816,7 +825,7 @@ impl Translator {
             let claims = ledger.get(host).map_or(&[][..], Vec::as_slice);
             contributors
                 .get(host)
-                .map(|list| build_host(host, list, opts.host_ownership, claims))
+                .map(|list| build_host(host, list, opts, claims))
         });
         let mut acquired: Vec<Arc<BackendRef>> = Vec::new();
         let mut new_hosts: Vec<(String, HostEntry)> = Vec::with_capacity(dirty_hosts.len());
@@ -934,14 +943,16 @@ impl Translator {
                 if let Some((_, (backend, refused))) = results.next_if(|(key, _)| key.name == *name)
                 {
                     entry.backend = Arc::new(backend);
-                    entry.refused_external = refused;
+                    entry.refused_external = refused.external;
+                    entry.refused_addresses = refused.addresses;
                 }
             }
         } else {
             for (key, (backend, refused)) in to_resolve.iter().zip(resolved) {
                 if let Some(entry) = self.backends.entries.get_mut(&key.name) {
                     entry.backend = Arc::new(backend);
-                    entry.refused_external = refused;
+                    entry.refused_external = refused.external;
+                    entry.refused_addresses = refused.addresses;
                 }
             }
         }
@@ -992,7 +1003,7 @@ impl Translator {
                 problems.extend(entry.problems.iter().cloned());
             }
         }
-        self.refused_external_problems(&mut problems);
+        self.refused_backend_problems(&mut problems);
         for d in self.with_problems.values() {
             problems.extend(d.problems.iter().map(|(reason, message)| Problem {
                 namespace: d.source.namespace.clone(),

@@ -40,6 +40,8 @@ fn forwarder() -> Forwarder {
             max_connections_per_endpoint: 0,
             allow_upgrade: vec!["websocket".into()],
             trust_forwarded_from: vec![],
+            allow_dot_segment_params: false,
+            loop_token: holdfast_data_plane::proxy::new_loop_token(),
         },
         Metrics::new(&mut registry),
     )
@@ -83,7 +85,7 @@ fn forward(
         parts.version,
         &parts.uri,
         &parts.headers,
-        false,
+        &holdfast_data_plane::proxy::Via::Http,
         Some(table),
     ) else {
         panic!("the request is routed");

@@ -102,7 +102,9 @@ pub struct Args {
     /// Most request headers accepted.
     #[arg(long, env = "HOLDFAST_MAX_HEADERS", default_value_t = 100)]
     pub max_headers: usize,
-    /// Largest request head accepted, in bytes.
+    /// Largest request head accepted, in bytes (1024 to 262144: the framing checks read
+    /// heads up to 256 KiB, and a larger limit is refused at start rather than left
+    /// unchecked).
     #[arg(long, env = "HOLDFAST_MAX_HEADER_BYTES", default_value_t = 65536)]
     pub max_header_bytes: usize,
     /// Largest request body forwarded, in bytes (0: unlimited). A larger Content-Length
@@ -177,6 +179,13 @@ pub struct Args {
     /// X-Forwarded-For always gets the peer appended.
     #[arg(long, env = "HOLDFAST_TRUST_FORWARDED_FROM", value_delimiter = ',', value_parser = parse_net)]
     pub trust_forwarded_from: Vec<ipnet::IpNet>,
+    /// Forward request paths with a dot segment that carries parameters (`/..;/`,
+    /// `/.;x/`). Off by default, such requests get 400: Java servlet containers (Tomcat,
+    /// Jetty, Spring) drop the parameters and read the segment as `..` or `.`, so
+    /// `/public/..;/admin` would reach `/admin` behind a route that only allows
+    /// `/public`. Turn it on only if no backend does that.
+    #[arg(long, env = "HOLDFAST_ALLOW_DOT_SEGMENT_PARAMS")]
+    pub allow_dot_segment_params: bool,
     /// Largest snapshot applied, in encoded bytes (default 64 MiB); larger ones are
     /// NACKed and the current one keeps serving. Memory: about three times this while
     /// applying, plus the state file (in a memory-backed volume in deploy/kubernetes).
@@ -319,6 +328,17 @@ impl Args {
                 "must be at least 1024",
             ));
         }
+        if self.max_header_bytes > crate::framing::MAX_HEAD {
+            // The framing tracker reads heads up to that size; a larger head would pass
+            // to hyper without its framing checked.
+            return Err(ConfigError::new(
+                "max-header-bytes",
+                format!(
+                    "must be at most {} (the largest head the framing checks read)",
+                    crate::framing::MAX_HEAD
+                ),
+            ));
+        }
         if self.worker_threads == Some(0) {
             return Err(ConfigError::new("worker-threads", "must be at least 1"));
         }
@@ -375,6 +395,8 @@ impl Args {
                 max_request_body: self.max_request_body,
                 body_read_timeout: self.body_read_timeout,
                 trust_forwarded_from: self.trust_forwarded_from,
+                allow_dot_segment_params: self.allow_dot_segment_params,
+                loop_token: crate::proxy::new_loop_token(),
                 allow_upgrade: self
                     .allow_upgrade
                     .iter()
@@ -507,6 +529,12 @@ mod tests {
             parse(&["--idle-timeout", "0s"])
                 .unwrap_err()
                 .contains("--idle-timeout")
+        );
+        assert!(
+            parse(&["--max-header-bytes", "300000"])
+                .unwrap_err()
+                .contains("--max-header-bytes"),
+            "above the framing checks' window"
         );
         assert!(
             parse(&["--max-header-bytes", "10"])

@@ -18,8 +18,8 @@
 
 use crate::headers::BadRequest;
 
-/// Most bytes of a request head the tracker keeps (hyper refuses larger heads anyway).
-const MAX_HEAD: usize = 256 * 1024;
+/// Most bytes of a request head the tracker keeps (`--max-header-bytes` cannot be larger).
+pub const MAX_HEAD: usize = 256 * 1024;
 
 /// Longest chunk-size line followed: more than hyper accepts (16 KiB of extensions), so
 /// a line past it has been refused by hyper, which closed the connection.

@@ -40,6 +40,59 @@ pub enum BadRequest {
     /// A head line ended by a bare LF instead of CRLF (RFC 9112 §2.2).
     #[error("a line of the request head ends without CR")]
     BareLineFeed,
+    /// A Host (or `:authority`) that is not a host with an optional port (RFC 3986 §3.2.2).
+    #[error("the Host is not a valid host name, IP address or port")]
+    BadHost,
+}
+
+/// Whether `authority` is `host[:port]` as RFC 3986 §3.2.2 allows it in a Host header or
+/// `:authority`: a reg-name (unreserved characters, percent-escapes, sub-delimiters), an
+/// IPv4 address, or a bracketed IPv6 literal, then optionally `:` and at most five
+/// digits. No user info, no path, no whitespace or controls.
+pub fn valid_authority(authority: &str) -> bool {
+    let (host_ok, rest) = if authority.starts_with('[') {
+        let Some(end) = authority.find(']') else {
+            return false;
+        };
+        let literal = &authority[1..end];
+        (
+            literal.parse::<std::net::Ipv6Addr>().is_ok(),
+            &authority[end + 1..],
+        )
+    } else {
+        let (host, rest) = match authority.find(':') {
+            Some(i) => (&authority[..i], &authority[i..]),
+            None => (authority, ""),
+        };
+        (!host.is_empty() && valid_reg_name(host.as_bytes()), rest)
+    };
+    let port_ok = match rest.strip_prefix(':') {
+        None => rest.is_empty(),
+        Some(port) => port.len() <= 5 && port.bytes().all(|c| c.is_ascii_digit()),
+    };
+    host_ok && port_ok
+}
+
+/// reg-name = *( unreserved / pct-encoded / sub-delims ); an IPv4 address is one too.
+fn valid_reg_name(b: &[u8]) -> bool {
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            c if c.is_ascii_alphanumeric() => {}
+            b'-' | b'.' | b'_' | b'~' => {}
+            b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' => {}
+            b'%' => {
+                let hex = |j: usize| b.get(j).is_some_and(u8::is_ascii_hexdigit);
+                if !(hex(i + 1) && hex(i + 2)) {
+                    return false;
+                }
+                i += 2;
+            }
+            _ => return false,
+        }
+        i += 1;
+    }
+    true
 }
 
 /// Refuses the request shapes used for request smuggling.
@@ -309,6 +362,45 @@ mod tests {
             check_framing(&map(&[("host", "a.test"), ("host", "b.test")])),
             Err(BadRequest::DuplicateHost)
         );
+    }
+
+    #[test]
+    fn hosts_are_reg_names_ip_addresses_or_bracketed_ipv6_with_an_optional_port() {
+        for good in [
+            "a.example.test",
+            "A.Example.Test:8080",
+            "10.0.0.1",
+            "10.0.0.1:443",
+            "[::1]",
+            "[2001:db8::1]:8443",
+            "xn--bcher-kva.test",
+            "under_score.test",
+            "%41.test",
+            "host:",
+        ] {
+            assert!(valid_authority(good), "{good}");
+        }
+        for bad in [
+            "",
+            ":80",
+            "a.test:80:80",
+            "a.test:123456",
+            "a.test:8o",
+            "user@a.test",
+            "a.test/path",
+            "a test",
+            "a.test\t",
+            "[::1",
+            "[not-ipv6]",
+            "[::1]x",
+            "a%4.test",
+            "a.test?x",
+            "a.test#x",
+            "h\u{e9}.test",
+            "a\"b",
+        ] {
+            assert!(!valid_authority(bad), "{bad:?}");
+        }
     }
 
     #[test]

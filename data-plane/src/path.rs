@@ -53,6 +53,21 @@ pub enum PathError {
     /// The path does not start with `/`.
     #[error("the path does not start with '/'")]
     NotAbsolute,
+    /// `..;` or `.;x` as a segment (see [`has_dot_segment_params`]).
+    #[error("the path has a dot segment with parameters ('..;' or '.;')")]
+    DotSegmentParams,
+}
+
+/// Whether `path` has a segment that is `.` or `..` followed by path parameters (`..;`,
+/// `.;x`). Java servlet containers drop the parameters and then read the segment as a dot
+/// segment, so `/public/..;/admin` reaches `/admin` there while routing matched
+/// `/public/`: refused with 400 unless `--allow-dot-segment-params`.
+pub fn has_dot_segment_params(path: &str) -> bool {
+    path.contains(';')
+        && path.split('/').any(|seg| {
+            let name = seg.split(';').next().unwrap_or_default();
+            seg.contains(';') && (name == "." || name == "..")
+        })
 }
 
 fn hex(b: u8) -> Option<u8> {

@@ -25,7 +25,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
+use crate::headers::{
+    BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop, valid_authority,
+};
 use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 use crate::upstream::{Key, Pool, Upstream};
@@ -139,6 +141,52 @@ pub struct ForwardSettings {
     pub allow_upgrade: Vec<String>,
     /// Peers whose forwarding headers are kept (balancers in front of the proxies).
     pub trust_forwarded_from: Vec<ipnet::IpNet>,
+    /// Forward paths with a dot segment carrying parameters (`/..;/`, `/.;x/`), which
+    /// Java servlet containers read as `..` and `.` (`--allow-dot-segment-params`).
+    pub allow_dot_segment_params: bool,
+    /// This proxy's token in the loop-detection header [`LOOP_HEADER`]: random, made at
+    /// start.
+    pub loop_token: HeaderValue,
+}
+
+/// The header each proxy adds its [`ForwardSettings::loop_token`] to when forwarding: a
+/// request that arrives with this proxy's own token has passed it already (an endpoint
+/// that is this proxy, or a chain of proxies back to it) and gets 508. It is removed
+/// from responses.
+pub const LOOP_HEADER: &str = "x-holdfast-loop";
+
+/// A random loop token (16 hex digits) from the std hasher's random keys.
+pub fn new_loop_token() -> HeaderValue {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    HeaderValue::from_str(&format!("{:016x}", h.finish())).expect("hex digits are a header value")
+}
+
+/// How the connection a request came on was made: plain HTTP, or HTTPS with the server
+/// name the client sent (SNI, lower case), which chose the certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// Plain HTTP.
+    Http,
+    /// HTTPS.
+    Https {
+        /// The SNI, if the client sent one.
+        sni: Option<Arc<str>>,
+    },
+}
+
+impl Via {
+    /// Came over TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Via::Https { .. })
+    }
 }
 
 /// The forwarding service, shared by all connections.
@@ -184,11 +232,16 @@ pub enum Reason {
     EndpointBusy,
     /// 504: no response head within --upstream-response-timeout.
     UpstreamTimeout,
+    /// 421: the Host names a host served with another certificate than the one the
+    /// connection was made with.
+    Misdirected,
+    /// 508: the request has passed this proxy already (a forwarding loop).
+    LoopDetected,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 12] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -199,6 +252,8 @@ impl Reason {
         Reason::BackendUnavailable,
         Reason::EndpointBusy,
         Reason::UpstreamTimeout,
+        Reason::Misdirected,
+        Reason::LoopDetected,
     ];
 
     /// The status code answered.
@@ -213,6 +268,8 @@ impl Reason {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Reason::Misdirected => StatusCode::MISDIRECTED_REQUEST,
+            Reason::LoopDetected => StatusCode::LOOP_DETECTED,
         }
     }
 
@@ -226,6 +283,8 @@ impl Reason {
             Reason::UpstreamConnectFailed | Reason::UpstreamFailed => "502",
             Reason::NoSnapshot | Reason::BackendUnavailable | Reason::EndpointBusy => "503",
             Reason::UpstreamTimeout => "504",
+            Reason::Misdirected => "421",
+            Reason::LoopDetected => "508",
         }
     }
 
@@ -242,6 +301,8 @@ impl Reason {
             Reason::BackendUnavailable => "backend_unavailable",
             Reason::EndpointBusy => "endpoint_busy",
             Reason::UpstreamTimeout => "upstream_timeout",
+            Reason::Misdirected => "misdirected",
+            Reason::LoopDetected => "loop_detected",
         }
     }
 }
@@ -536,20 +597,20 @@ impl Forwarder {
         &self.metrics
     }
 
-    /// Handles one request from `client` (`tls`: it came over HTTPS; `port`: the local
-    /// port it came in on).
+    /// Handles one request from `client` (`via`: how its connection was made; `port`: the
+    /// local port it came in on).
     pub async fn handle(
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
-        tls: bool,
+        via: &Via,
         port: u16,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let table = self.table.load_full();
         let http1 = req.version() <= Version::HTTP_11;
         let (mut response, route) = self
-            .route_and_forward(req, client, tls, port, table.as_deref())
+            .route_and_forward(req, client, via, port, table.as_deref())
             .await;
         if http1
             && self.draining.load(Ordering::Relaxed)
@@ -571,7 +632,8 @@ impl Forwarder {
     }
 
     /// Decides from a request head alone (no I/O) where the request goes. Err is the
-    /// answer instead (400, 404, 503, a redirect to HTTPS), with the route matched, if any.
+    /// answer instead (400, 404, 421, 503, 508, a redirect to HTTPS), with the route
+    /// matched, if any.
     // The Err is the response itself, made once per request: boxing it would only add an
     // allocation.
     #[allow(clippy::result_large_err)]
@@ -580,7 +642,7 @@ impl Forwarder {
         version: Version,
         uri: &Uri,
         headers: &HeaderMap,
-        tls: bool,
+        via: &Via,
         table: Option<&'t RouteTable>,
     ) -> Result<Routed<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
         if version <= Version::HTTP_11
@@ -588,6 +650,10 @@ impl Forwarder {
         {
             let answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
             return Err((answer, None));
+        }
+        if self.has_passed_here(headers) {
+            let why = "loop: the request has passed this proxy already";
+            return Err((self.fail(Reason::LoopDetected, why), None));
         }
         // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
         // replaces it upstream: the host routed on is the host the backend sees.
@@ -604,11 +670,29 @@ impl Forwarder {
             let why = format!("bad request: {}", BadRequest::NoHost);
             return Err((self.fail(Reason::BadRequest, why), None));
         };
-        let host = normalise_host(raw_host.to_str().unwrap_or_default());
+        let raw = raw_host.to_str().unwrap_or_default();
+        if !valid_authority(raw) {
+            let why = format!("bad request: {}", BadRequest::BadHost);
+            return Err((self.fail(Reason::BadRequest, why), None));
+        }
+        let host = normalise_host(raw);
         let Some(table) = table else {
             let why = "no route table yet: waiting for a snapshot";
             return Err((self.fail(Reason::NoSnapshot, why), None));
         };
+        if let Via::Https { sni } = via {
+            // The connection's certificate is the one its SNI chose; a Host served with
+            // another one (a client reusing a connection for another host) is misdirected
+            // (RFC 9110 §15.5.20): the client retries on a connection of its own.
+            let made_with = table.certificate_for(sni.as_deref()).map(|c| &c.name);
+            let wanted = table.certificate_for(Some(&host)).map(|c| &c.name);
+            if made_with != wanted {
+                let why = format!(
+                    "misdirected: {host} is not served with the certificate this connection uses"
+                );
+                return Err((self.fail(Reason::Misdirected, why), None));
+            }
+        }
         // Route on, and forward, the path the backend will see (see `path`).
         let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
             Ok(std::borrow::Cow::Borrowed(_)) => None,
@@ -635,7 +719,11 @@ impl Forwarder {
             None => None,
         };
         let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        if !tls && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
+        if !self.settings.allow_dot_segment_params && crate::path::has_dot_segment_params(path) {
+            let why = format!("bad request: {}", crate::path::PathError::DotSegmentParams);
+            return Err((self.fail(Reason::BadRequest, why), None));
+        }
+        if !via.is_tls() && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
             let target = forward_path
                 .as_ref()
                 .or(uri.path_and_query())
@@ -691,6 +779,9 @@ impl Forwarder {
         };
         add_forwarded(&mut parts.headers, hop);
         parts.headers.insert(header::HOST, routed.raw_host);
+        parts
+            .headers
+            .append(LOOP_HEADER, self.settings.loop_token.clone());
         routed
             .forward_path
             .or_else(|| parts.uri.path_and_query().cloned())
@@ -698,10 +789,26 @@ impl Forwarder {
     }
 
     /// Maps an upstream response head to the client's: hop-by-hop headers removed
-    /// (Upgrade kept when an allowed upgrade was switched to). No I/O.
+    /// (Upgrade kept when an allowed upgrade was switched to), the loop header removed,
+    /// and a Content-Length beside a Transfer-Encoding dropped (RFC 9112 §6.1: the
+    /// transfer coding decides the length, and a client must not see both). No I/O.
     pub fn downstream_head(parts: &mut http::response::Parts, upgrade: bool) {
+        if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
         let switching = parts.status == StatusCode::SWITCHING_PROTOCOLS;
         strip_hop_by_hop(&mut parts.headers, switching && upgrade);
+        parts.headers.remove(LOOP_HEADER);
+    }
+
+    /// Whether the request carries this proxy's own loop token.
+    fn has_passed_here(&self, headers: &HeaderMap) -> bool {
+        let mine = self.settings.loop_token.as_bytes();
+        headers.get_all(LOOP_HEADER).iter().any(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii() == mine)
+        })
     }
 
     /// Routes and forwards; also returns the route matched, if any.
@@ -709,11 +816,12 @@ impl Forwarder {
         &self,
         req: Request<Incoming>,
         client: SocketAddr,
-        tls: bool,
+        via: &Via,
         port: u16,
         table: Option<&'t RouteTable>,
     ) -> (Response<ProxyBody>, Option<&'t Route>) {
-        let routed = match self.route(req.version(), req.uri(), req.headers(), tls, table) {
+        let tls = via.is_tls();
+        let routed = match self.route(req.version(), req.uri(), req.headers(), via, table) {
             Ok(routed) => routed,
             Err(answer) => return answer,
         };

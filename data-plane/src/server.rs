@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::framing::{FrameScanner, Tracker};
 use crate::headers::{BadRequest, is_upgrade};
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, Via};
 
 /// Client-side limits and timeouts.
 #[derive(Debug, Clone)]
@@ -115,7 +115,7 @@ pub async fn serve(
         };
         match &tls {
             None => {
-                connections.spawn(conn.run(stream, peer, false));
+                connections.spawn(conn.run(stream, peer, Via::Http));
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
@@ -128,7 +128,10 @@ pub async fn serve(
                                 conn.builder = h2_only.clone();
                                 conn.h2_only = true;
                             }
-                            conn.run(stream, peer, true).await
+                            let sni = stream.get_ref().1.server_name().map(|n| {
+                                Arc::<str>::from(n.to_ascii_lowercase())
+                            });
+                            conn.run(stream, peer, Via::Https { sni }).await
                         }
                         Ok(Err(error)) => {
                             conn.forwarder.metrics().tls_handshake_failures.inc();
@@ -174,8 +177,8 @@ struct Connection {
 }
 
 impl Connection {
-    /// Serves one connection (`tls`: it came through the HTTPS listener).
-    async fn run<S>(mut self, stream: S, peer: SocketAddr, tls: bool)
+    /// Serves one connection (`via`: plain HTTP, or HTTPS with the client's SNI).
+    async fn run<S>(mut self, stream: S, peer: SocketAddr, via: Via)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -197,8 +200,10 @@ impl Connection {
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
         let bodies = activity.clone();
+        let via = Arc::new(via);
         let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let forwarder = forwarder.clone();
+            let via = via.clone();
             // Dropped when the handler finishes or is dropped (an HTTP/2 stream reset).
             let guard = InFlight::enter(&counter);
             // An upgraded tunnel outlives this connection's task: it keeps the
@@ -221,7 +226,7 @@ impl Connection {
             async move {
                 let response = match smuggled {
                     Some(bad) => forwarder.reject(&bad),
-                    None => forwarder.handle(req, peer, tls, port).await,
+                    None => forwarder.handle(req, peer, &via, port).await,
                 };
                 if upgrade {
                     let switched = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;

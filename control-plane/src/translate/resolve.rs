@@ -1,7 +1,7 @@
 //! Building virtual hosts from the Ingresses that route each host, resolving backends
 //! (Service port → targetPort → ready endpoints), and choosing each TLS host's certificate.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use holdfast_proto::certificate;
@@ -41,6 +41,8 @@ pub(super) struct BackendEntry {
     pub(super) backend: Arc<Backend>,
     /// An ExternalName Service, refused because `allow_external_name` is off.
     pub(super) refused_external: bool,
+    /// Endpoint addresses refused (see [`refused_address`]).
+    pub(super) refused_addresses: Vec<String>,
 }
 
 impl BackendEntry {
@@ -50,6 +52,7 @@ impl BackendEntry {
             users,
             backend: Arc::default(),
             refused_external: false,
+            refused_addresses: Vec::new(),
         }
     }
 }
@@ -148,15 +151,40 @@ impl Backends {
 /// `HostOwnership::FirstNamespace` only the owner's (by `claims`, the host's recorded
 /// claims); on the same host, path and kind twice, the oldest Ingress wins and the others
 /// (if other Ingresses) get a problem.
+///
+/// Rules without a host (`host` is `""`) catch every host no rule names: only namespaces
+/// allowed by `--default-backend-namespaces` may add them (the others get a problem), and
+/// those namespaces share the catch-all (no claims: it is not a host).
 pub(super) fn build_host(
     host: &str,
     contributors: &[Arc<IngressDigest>],
-    ownership: HostOwnership,
+    opts: &Options,
     claims: &[crate::claims::Claim],
 ) -> HostEntry {
     let mut ordered: Vec<&IngressDigest> = contributors.iter().map(|d| &**d).collect();
     ordered.sort_unstable_by(|a, b| by_age(a, b));
     let mut problems = Vec::new();
+    let mut ownership = opts.host_ownership;
+    if host.is_empty() {
+        ownership = HostOwnership::Shared;
+        if let Some(allowed) = &opts.default_backend_namespaces {
+            ordered.retain(|d| {
+                let ok = allowed.contains(&d.source.namespace);
+                if !ok {
+                    problems.push(Problem {
+                        namespace: d.source.namespace.clone(),
+                        name: d.source.name.clone(),
+                        reason: ProblemReason::HostlessRuleNotAllowed,
+                        message: format!(
+                            "rules without a host skipped: they catch every host no rule names, and namespace {:?} may not add them (--default-backend-namespaces)",
+                            d.source.namespace
+                        ),
+                    });
+                }
+                ok
+            });
+        }
+    }
     let owner = match ownership {
         HostOwnership::FirstNamespace => {
             crate::claims::owner(claims, ordered.iter().map(|d| d.source.namespace.as_str()))
@@ -244,17 +272,58 @@ pub(super) fn build_host(
     }
 }
 
-/// Resolves one backend against its Service and that Service's EndpointSlices; true with
-/// it if it is an ExternalName Service refused because `allow_external` is off.
+/// What resolving a backend refused, besides the backend itself.
+pub(super) struct Refused {
+    /// An ExternalName Service while `allow_external_name` is off.
+    pub(super) external: bool,
+    /// Endpoint addresses that point at the proxy itself ([`refused_address`]).
+    pub(super) addresses: Vec<String>,
+}
+
+/// Whether an endpoint address points at the proxy itself or at no pod: loopback,
+/// link-local (which includes cloud metadata services at 169.254.169.254),
+/// unspecified, multicast or broadcast. Such an endpoint would turn the proxy on itself
+/// or on the node's services; it is left out, with a problem. (The API server refuses
+/// loopback and link-local addresses in EndpointSlices today; this does not rely on it.)
+pub fn refused_address(address: &str) -> bool {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) => {
+            a.is_loopback()
+                || a.is_link_local()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || a.is_broadcast()
+        }
+        Ok(std::net::IpAddr::V6(a)) => {
+            let v4 = a.to_ipv4_mapped();
+            a.is_loopback()
+                || a.is_unicast_link_local()
+                || a.is_unspecified()
+                || a.is_multicast()
+                || v4.is_some_and(|v4| refused_address(&v4.to_string()))
+        }
+        // Not an IP address (an FQDN slice): not ours to judge here.
+        Err(_) => false,
+    }
+}
+
+/// Resolves one backend against its Service and that Service's EndpointSlices, with what
+/// it refused.
 pub(super) fn resolve_backend(
     key: &BackendRef,
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
     allow_external: bool,
-) -> (Backend, bool) {
+) -> (Backend, Refused) {
+    let mut addresses = Vec::new();
+    let backend = resolve_allowed_backend(key, svc, slices, allow_external, &mut addresses);
+    let external = !allow_external && svc.is_some_and(|s| s.external_name.is_some());
     (
-        resolve_allowed_backend(key, svc, slices, allow_external),
-        !allow_external && svc.is_some_and(|s| s.external_name.is_some()),
+        backend,
+        Refused {
+            external,
+            addresses,
+        },
     )
 }
 
@@ -263,6 +332,7 @@ pub(super) fn resolve_allowed_backend(
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
     allow_external: bool,
+    refused: &mut Vec<String>,
 ) -> Backend {
     let (ns, svc_name, port_ref) = (key.namespace(), key.service(), key.port());
     let mut backend = Backend {
@@ -324,7 +394,12 @@ pub(super) fn resolve_allowed_backend(
         };
         for (address, zone) in &slice.endpoints {
             let text = &slice.text;
-            endpoints.push((&text[address.clone()], port as u32, &text[zone.clone()]));
+            let address = &text[address.clone()];
+            if refused_address(address) {
+                refused.push(address.to_owned());
+                continue;
+            }
+            endpoints.push((address, port as u32, &text[zone.clone()]));
         }
     }
     // One entry per address and port (a pod listed in two slices counts once).
@@ -347,31 +422,51 @@ pub(super) fn resolve_allowed_backend(
 
 impl Translator {
     /// An `ExternalNameDisabled` problem for each Ingress routing to a refused
-    /// ExternalName backend. Walks the routes only while there is such a backend.
-    pub(super) fn refused_external_problems(&self, problems: &mut BTreeSet<Problem>) {
-        let refused: HashSet<&str> = self
+    /// ExternalName backend, and a `RefusedEndpointAddress` one for each routing to a
+    /// backend with refused endpoint addresses. Walks the routes only while there is such
+    /// a backend.
+    pub(super) fn refused_backend_problems(&self, problems: &mut BTreeSet<Problem>) {
+        let refused: FastMap<&str, &BackendEntry> = self
             .backends
             .entries
             .iter()
-            .filter(|(_, e)| e.refused_external)
-            .map(|(name, _)| name.as_str())
+            .filter(|(_, e)| e.refused_external || !e.refused_addresses.is_empty())
+            .map(|(name, e)| (name.as_str(), e))
             .collect();
         if refused.is_empty() {
             return;
         }
         for entry in self.hosts.values() {
             for route in &entry.vhost.routes {
-                if let (true, Some(src)) = (refused.contains(route.backend.as_str()), &route.source)
-                {
+                let (Some(e), Some(src)) = (refused.get(route.backend.as_str()), &route.source)
+                else {
+                    continue;
+                };
+                let mut tell = |reason: ProblemReason, message: String| {
                     problems.insert(Problem {
                         namespace: src.namespace.clone(),
                         name: src.name.clone(),
-                        reason: ProblemReason::ExternalNameDisabled,
-                        message: format!(
+                        reason,
+                        message,
+                    })
+                };
+                if e.refused_external {
+                    tell(
+                        ProblemReason::ExternalNameDisabled,
+                        format!(
                             "backend {} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
                             route.backend
                         ),
-                    });
+                    );
+                }
+                if !e.refused_addresses.is_empty() {
+                    tell(
+                        ProblemReason::RefusedEndpointAddress,
+                        format!(
+                            "backend {}: endpoint addresses {:?} left out: loopback, link-local, unspecified or multicast addresses point at the proxy itself or at the node",
+                            route.backend, e.refused_addresses
+                        ),
+                    );
                 }
             }
         }

@@ -863,6 +863,88 @@ fn only_listed_namespaces_may_set_the_default_backend() {
     );
 }
 
+/// Rules without a host catch every host no rule names, as a default backend does: the
+/// same `--default-backend-namespaces` policy decides who may add them.
+#[test]
+fn only_listed_namespaces_may_add_rules_without_a_host() {
+    let hostless = |ns: &str, name: &str, path: &str| {
+        ingress(
+            ns,
+            name,
+            1,
+            json!([{ "http": { "paths": [{ "path": path, "pathType": "Prefix",
+                "backend": { "service": { "name": "web", "port": { "number": 80 } } } }] } }]),
+        )
+    };
+    let st = state(vec![
+        hostless("tenant", "grab-all", "/"),
+        hostless("edge", "fallback", "/edge"),
+    ]);
+    let opts = Options {
+        default_backend_namespaces: Some(["edge".to_owned()].into()),
+        ..Options::default()
+    };
+    let t = run_with(&st, &opts);
+    assert_eq!(
+        routes(&t),
+        [r("", MatchKind::Prefix, "/edge", "edge/web:80")]
+    );
+    assert_eq!(
+        t.problems
+            .iter()
+            .map(|p| (p.reason.as_str(), p.namespace.as_str()))
+            .collect::<Vec<_>>(),
+        [("HostlessRuleNotAllowed", "tenant")]
+    );
+    // Without the policy every namespace may (as the Ingress spec expects).
+    assert_eq!(routes(&run(&st)).len(), 2);
+}
+
+/// Endpoint addresses that point at the proxy itself or at the node (loopback,
+/// link-local such as a metadata service, unspecified, multicast) are left out, with a
+/// problem on the Ingresses that route there; the other endpoints serve.
+#[test]
+fn endpoint_addresses_that_point_at_the_proxy_or_the_node_are_left_out_with_a_problem() {
+    let mut st = state(vec![ingress(
+        "default",
+        "site",
+        0,
+        json!([rule("a.test", "/", "Prefix", "web", json!({"number": 80}))]),
+    )]);
+    st.endpoint_slices = vec![slice(
+        "default",
+        "web-1",
+        "web",
+        json!([{ "name": "http", "port": 8080 }]),
+        json!([
+            ready("127.0.0.1"),
+            ready("169.254.169.254"),
+            ready("0.0.0.0"),
+            ready("224.0.0.1"),
+            ready("10.0.0.5")
+        ]),
+    )];
+    let t = run(&st);
+    let b = backend(&t, "default/web:80");
+    let addresses: Vec<&str> = b.endpoints.iter().map(|e| e.address.as_str()).collect();
+    assert_eq!(addresses, ["10.0.0.5"]);
+    assert_eq!(reasons(&t), ["RefusedEndpointAddress"]);
+    assert_eq!(t.problems[0].name, "site");
+    for refused in [
+        "::1",
+        "fe80::1",
+        "::",
+        "::ffff:127.0.0.1",
+        "ff02::1",
+        "255.255.255.255",
+    ] {
+        assert!(refused_address(refused), "{refused}");
+    }
+    for fine in ["10.0.0.5", "2001:db8::1", "fd00::1", "192.168.1.1"] {
+        assert!(!refused_address(fine), "{fine}");
+    }
+}
+
 #[test]
 fn resource_backends_are_skipped_with_a_problem() {
     let t = run(&state(vec![ingress(

@@ -422,6 +422,21 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
     assert!(raw(p.addr, listed).await?.contains(" 400 "));
     let two_hosts = "GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n";
     assert!(raw(p.addr, two_hosts).await?.contains(" 400 "));
+    // A Host that is not host[:port] (RFC 3986) is refused before routing.
+    for host in [
+        "a.test/admin",
+        "user@a.test",
+        "a.test:80:80",
+        "a.test:http",
+        "[a.test]",
+        "a.test\"x",
+    ] {
+        let req = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let line = raw(p.addr, &req).await?;
+        assert!(line.contains(" 400 "), "{host}: {line}");
+    }
+    let line = raw(p.addr, "GET / HTTP/1.1\r\nHost: A.test:8080\r\n\r\n").await?;
+    assert!(line.contains(" 200 "), "{line}");
     let fine = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nabcd";
     assert!(raw(p.addr, fine).await?.contains(" 200 "));
 
@@ -908,6 +923,10 @@ async fn routing_sees_the_normalised_path_the_backend_sees_and_unsafe_paths_get_
         "/a%00",
         "/../admin",
         "/a%zz",
+        // Dot segments with parameters, which Java servlet containers read as `..`/`.`.
+        "/public/..;/admin",
+        "/public/.;x/admin",
+        "/public/%2e%2e;/admin",
     ] {
         let head = raw_head(p.addr, &get(path)).await?;
         assert!(head.starts_with("http/1.1 400"), "{path}: {head}");
@@ -938,6 +957,119 @@ async fn routing_sees_the_normalised_path_the_backend_sees_and_unsafe_paths_get_
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert_eq!(header(&head, "x-echo-name"), Some("app"));
     assert_eq!(header(&head, "x-echo-path"), Some("/public/..%2fadmin"));
+    drop(p);
+
+    // --allow-dot-segment-params: forwarded as they are, to the route they match.
+    let state = tempfile::tempdir()?;
+    let p = ProxyProc::start(
+        "proxy-paths-dot-params",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--allow-dot-segment-params"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let head = raw_head(p.addr, &get("/public/..;/admin")).await?;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(header(&head, "x-echo-name"), Some("app"));
+    assert_eq!(header(&head, "x-echo-path"), Some("/public/..;/admin"));
+    Ok(())
+}
+
+/// An endpoint that is the proxy itself (or any chain of hops back to it) would forward
+/// each request to itself until something runs out: the proxy adds its own token to the
+/// loop header when forwarding, and a request that arrives with it gets 508.
+#[tokio::test]
+async fn a_request_that_comes_back_to_the_proxy_gets_508() -> anyhow::Result<()> {
+    let (state, logs) = dirs("loop");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-loop", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    // The echo shows what it received: the proxy's token, on one line of the header.
+    let head = raw_head(
+        p.addr,
+        "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let seen = header(&head, "x-echo-headers")
+        .unwrap_or_default()
+        .to_owned();
+    assert!(seen.split(',').any(|h| h == "x-holdfast-loop"), "{seen}");
+
+    // Now loop.test's endpoint is the proxy's own listener.
+    let looped = snapshot(
+        2,
+        &[("a.test", "/", "web"), ("loop.test", "/", "self")],
+        &[("web", &[a]), ("self", &[p.addr])],
+    );
+    cp.push(looped.clone());
+    wait_version(&p, &looped.version).await?;
+    let head = raw_head(
+        p.addr,
+        "GET / HTTP/1.1\r\nHost: loop.test\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    assert!(head.starts_with("http/1.1 508"), "{head}");
+    assert_eq!(
+        p.metric(r#"holdfast_proxy_error_responses_total{reason="loop_detected",status="508"}"#)
+            .await?,
+        Some(1.0),
+        "the second pass was refused, and only it"
+    );
+    // A client that sends the header with another token is served as usual.
+    let head = raw_head(
+        p.addr,
+        "GET / HTTP/1.1\r\nHost: a.test\r\nx-holdfast-loop: 0123456789abcdef\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    Ok(())
+}
+
+/// An upstream response with both Transfer-Encoding and Content-Length reaches the client
+/// without the Content-Length (RFC 9112 §6.1), and its chunked body whole.
+#[tokio::test]
+async fn an_upstream_response_with_both_lengths_loses_its_content_length() -> anyhow::Result<()> {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = upstream.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = c
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    let (state, logs) = dirs("te-and-cl");
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[addr])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-te-and-cl", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut all = Vec::new();
+    tokio::time::timeout(T, c.read_to_end(&mut all)).await??;
+    let text = String::from_utf8_lossy(&all).to_ascii_lowercase();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n");
     Ok(())
 }
 

@@ -314,3 +314,77 @@ async fn a_rotated_certificate_serves_new_handshakes_with_no_failed_request_and_
     assert_eq!(open.send_request(req).await?.status(), 200);
     Ok(())
 }
+
+/// Sends `GET / HTTP/1.1` with `host` over a TLS connection made with `sni`, and returns
+/// the status code.
+async fn status_on_connection_for(
+    s: &Setup,
+    sni: &str,
+    hosts: &[&str],
+) -> anyhow::Result<Vec<u16>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let https = s.p.https.expect("started with --listen-tls");
+    let tcp = tokio::net::TcpStream::connect(https).await?;
+    let name = rustls::pki_types::ServerName::try_from(sni.to_owned())?;
+    let config = client_config(&s.ca.cert_pem, &["http/1.1"]);
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await?;
+    let mut statuses = Vec::new();
+    for host in hosts {
+        let req = format!("GET / HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n");
+        tls.write_all(req.as_bytes()).await?;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = tokio::time::timeout(T, tls.read(&mut byte)).await??;
+            anyhow::ensure!(n == 1, "closed before a whole head: {head:?}");
+            head.push(byte[0]);
+        }
+        let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        let status: u16 = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no status in {text}"))?;
+        let length: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        tokio::time::timeout(T, tls.read_exact(&mut body)).await??;
+        statuses.push(status);
+    }
+    Ok(statuses)
+}
+
+/// A client that reuses a TLS connection for a host served with another certificate than
+/// the one the connection was made with (its SNI chose it) gets 421 Misdirected Request,
+/// so it opens a connection of its own; hosts the same certificate serves pass.
+#[tokio::test]
+async fn a_host_served_with_another_certificate_than_the_connections_gets_421() -> anyhow::Result<()>
+{
+    let s = setup("misdirected").await?;
+    // The wildcard's connection serves every host it covers.
+    assert_eq!(
+        status_on_connection_for(&s, "b.example.test", &["b.example.test", "c.example.test"])
+            .await?,
+        [200, 200]
+    );
+    // a.test's own certificate is not the wildcard's; plain.test has none.
+    assert_eq!(
+        status_on_connection_for(&s, "b.example.test", &["a.test"]).await?,
+        [421]
+    );
+    assert_eq!(
+        status_on_connection_for(&s, "a.test", &["a.test", "plain.test"]).await?,
+        [200, 421]
+    );
+    assert_eq!(
+        s.p.metric(r#"holdfast_proxy_error_responses_total{reason="misdirected",status="421"}"#)
+            .await?,
+        Some(2.0)
+    );
+    Ok(())
+}

@@ -484,7 +484,7 @@ subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
     })
     .await?;
     assert_ne!(secret_cache["synced"], true);
-    // The other four caches complete; still nothing is published.
+    // The other five caches complete; still nothing is published.
     let st = wait::until("the other caches complete", T, || async {
         let st = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
         let synced = st["caches"]
@@ -493,7 +493,7 @@ subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
             .flatten()
             .filter(|c| c["synced"] == true)
             .count();
-        Ok((synced == 4).then_some(st))
+        Ok((synced == holdfast_control_plane::state::KINDS.len() - 1).then_some(st))
     })
     .await?;
     assert_ne!(st["ready"], true);
