@@ -1,9 +1,14 @@
 //! Who is calling: the gRPC listener's mutual TLS, the identities a client certificate
 //! proves, and the two rules built on them.
 //!
-//! - **RouteDiscovery**: a proxy's `node.id` must be one of its certificate's identities
-//!   (a URI SAN such as a SPIFFE ID, or a DNS SAN); otherwise the stream is refused with
-//!   `PERMISSION_DENIED`. The verified identity is what `ListProxies` shows.
+//! - **RouteDiscovery**: only a client whose certificate proves a proxy identity (one
+//!   matching `--proxy-identities`, and none of `--admin-identities`) may open a stream,
+//!   and that is checked before the stream's first message is read or decoded, so a peer
+//!   without such a certificate makes the control plane read nothing. A proxy's `node.id`
+//!   must then be one of those identities (a URI SAN such as a SPIFFE ID, or a DNS SAN);
+//!   otherwise the stream is refused with `PERMISSION_DENIED`. The verified identity is
+//!   what `ListProxies` shows. An operator's certificate never opens a stream, so it never
+//!   receives a snapshot's private keys.
 //! - **Admin**: only callers whose certificate proves one of `--admin-identities` (the
 //!   operators); everyone else, proxies included, gets `PERMISSION_DENIED`.
 //! - Health and reflection stay open: a client without a certificate may use them (one
@@ -35,6 +40,9 @@ pub enum Mode {
     MutualTls {
         /// Identities allowed to call Admin.
         admin_identities: Arc<Vec<String>>,
+        /// Patterns of the identities allowed to stream routes (`*` matches any run of
+        /// characters).
+        proxy_identities: Arc<Vec<String>>,
     },
     /// Plaintext, for local development: nobody is authenticated.
     Plaintext,
@@ -80,14 +88,62 @@ pub struct Proven {
     pub serial: String,
 }
 
+/// Whether `identity` matches `pattern`, where `*` matches any run of characters
+/// (`spiffe://holdfast/proxy/*`, `holdfast-proxy-*`).
+pub fn matches(pattern: &str, identity: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = identity.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
 impl Mode {
+    /// The identities of the peer's certificate that may stream routes: matching a
+    /// `--proxy-identities` pattern and not an operator's. Checked before a stream's
+    /// first message is read: a peer with none gets `PERMISSION_DENIED` at once.
+    pub fn proxy_identities(&self, extensions: &Extensions) -> Result<Vec<String>, Status> {
+        match self {
+            Mode::Plaintext => Ok(Vec::new()),
+            Mode::MutualTls {
+                admin_identities,
+                proxy_identities,
+            } => {
+                let proven: Vec<String> = peer_identities(extensions)
+                    .into_iter()
+                    .filter(|i| {
+                        !admin_identities.contains(i)
+                            && proxy_identities.iter().any(|p| matches(p, i))
+                    })
+                    .collect();
+                if proven.is_empty() {
+                    return Err(Status::permission_denied(
+                        "route discovery is for proxies: the client certificate proves no identity matching --proxy-identities (operator identities never do)",
+                    ));
+                }
+                Ok(proven)
+            }
+        }
+    }
+
     /// What a proxy proves for `node_id`, or `PERMISSION_DENIED` when its certificate
-    /// does not prove that node id.
+    /// does not prove that node id as a proxy identity ([`Mode::proxy_identities`]).
     pub fn check_node(&self, extensions: &Extensions, node_id: &str) -> Result<Proven, Status> {
         match self {
             Mode::Plaintext => Ok(Proven::default()),
             Mode::MutualTls { .. } => {
-                let identities = peer_identities(extensions);
+                let identities = self.proxy_identities(extensions)?;
                 if identities.iter().any(|i| i == node_id) {
                     Ok(Proven {
                         identity: node_id.to_owned(),
@@ -106,7 +162,9 @@ impl Mode {
     pub fn check_admin(&self, extensions: &Extensions) -> Result<(), Status> {
         match self {
             Mode::Plaintext => Ok(()),
-            Mode::MutualTls { admin_identities } => {
+            Mode::MutualTls {
+                admin_identities, ..
+            } => {
                 let identities = peer_identities(extensions);
                 if identities.iter().any(|i| admin_identities.contains(i)) {
                     Ok(())
@@ -164,4 +222,33 @@ pub fn tls_incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    use super::matches;
+
+    #[test]
+    fn a_star_matches_any_run_of_characters_and_nothing_else_is_special() {
+        for (pattern, identity) in [
+            ("spiffe://holdfast/proxy/*", "spiffe://holdfast/proxy/p-1"),
+            ("holdfast-proxy-*", "holdfast-proxy-7c9f-abcde"),
+            ("*", "anything"),
+            ("proxy-1", "proxy-1"),
+            ("a*b*c", "a-x-b-y-c"),
+            ("*.proxies.test", "p1.proxies.test"),
+        ] {
+            assert!(matches(pattern, identity), "{pattern} {identity}");
+        }
+        for (pattern, identity) in [
+            ("spiffe://holdfast/proxy/*", "spiffe://holdfast/operator"),
+            ("holdfast-proxy-*", "holdfast-control-plane"),
+            ("proxy-1", "proxy-10"),
+            ("a*b*c", "a-x-c-y-b"),
+            ("*.proxies.test", "p1.proxies.test.evil"),
+            ("ab*ba", "aba"),
+        ] {
+            assert!(!matches(pattern, identity), "{pattern} {identity}");
+        }
+    }
 }

@@ -34,6 +34,13 @@ pub struct Args {
     /// service; comma-separated or repeated. Proxies' identities must not be listed.
     #[arg(long, env = "HOLDFAST_ADMIN_IDENTITIES", value_delimiter = ',')]
     pub admin_identities: Vec<String>,
+    /// Patterns of the identities (URI or DNS SANs) allowed to stream routes, that is to
+    /// act as proxies and receive snapshots with their private keys; comma-separated or
+    /// repeated, `*` matches any run of characters (`spiffe://holdfast/proxy/*`,
+    /// `holdfast-proxy-*`). Required with mutual TLS. An identity in --admin-identities
+    /// never streams routes, whatever the patterns say.
+    #[arg(long, env = "HOLDFAST_PROXY_IDENTITIES", value_delimiter = ',')]
+    pub proxy_identities: Vec<String>,
     /// How often the TLS files are checked for changes (cert-manager renews in place).
     #[arg(long, env = "HOLDFAST_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
@@ -245,6 +252,8 @@ pub struct GrpcSettings {
     pub tls_reload_interval: Duration,
     /// Identities allowed to call Admin.
     pub admin_identities: Vec<String>,
+    /// Patterns of the identities allowed to stream routes.
+    pub proxy_identities: Vec<String>,
     /// Most concurrent streams per connection.
     pub max_concurrent_streams: u32,
     /// Connections are closed after this long (so proxies spread over new replicas).
@@ -325,6 +334,15 @@ impl Args {
             needed_by: "the gRPC listener",
         }
         .validate()?;
+        if tls.is_some()
+            && (self.proxy_identities.is_empty()
+                || self.proxy_identities.iter().any(|p| p.trim().is_empty()))
+        {
+            return Err(ConfigError::new(
+                "proxy-identities",
+                "is required with mutual TLS: the identities (patterns) that may stream routes, for example holdfast-proxy-* or spiffe://holdfast/proxy/*",
+            ));
+        }
         if self.allow_plaintext_secrets && !self.insecure_plaintext {
             return Err(ConfigError::new(
                 "allow-plaintext-secrets",
@@ -398,6 +416,7 @@ impl Args {
                 tls,
                 tls_reload_interval: self.tls_reload_interval,
                 admin_identities: self.admin_identities.clone(),
+                proxy_identities: self.proxy_identities.clone(),
                 max_concurrent_streams: self.grpc_max_concurrent_streams,
                 max_connection_age: self.grpc_max_connection_age,
                 max_connection_age_grace: self.grpc_max_connection_age_grace,
@@ -461,6 +480,16 @@ mod tests {
                 .contains("go together")
         );
         let tls = ["--tls-cert", "c", "--tls-key", "k", "--client-ca", "ca"];
+        assert!(
+            bare(&tls).unwrap_err().contains("--proxy-identities"),
+            "mutual TLS needs the proxies' identities"
+        );
+        assert!(
+            bare(&[&tls[..], &["--proxy-identities", ""]].concat())
+                .unwrap_err()
+                .contains("--proxy-identities")
+        );
+        let tls = [&tls[..], &["--proxy-identities", "holdfast-proxy-*"]].concat();
         assert_eq!(bare(&tls), Ok(true));
         assert_eq!(bare(&["--insecure-plaintext"]), Ok(false));
         assert!(

@@ -39,6 +39,17 @@ pub const REOFFER_EVERY: std::time::Duration = std::time::Duration::from_secs(2)
 /// request carries the inventory of the proxy's snapshot, about 70 bytes per resource
 /// (1.4 MB at 10,000 Ingresses, 14 MB at 100,000).
 pub const MAX_REQUEST_BYTES: usize = 32 << 20;
+/// Most inventory entries accepted in a first request: room for about 500,000 resources
+/// (a cluster of 100,000 Ingresses states about 200,000). Entries are counted on the wire
+/// before anything is decoded: a message of tiny entries (a few bytes each on the wire,
+/// about 80 in memory once decoded) cannot make a decode allocate gigabytes.
+pub const MAX_INVENTORY_ENTRIES: usize = 500_000;
+/// How long a stream may take to send its first request; then it is ended with
+/// `DEADLINE_EXCEEDED`.
+pub const FIRST_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// `DiscoveryRequest.inventory`'s field number.
+const INVENTORY_FIELD: u64 = 8;
+
 /// Longest node id accepted (a DNS name's length; ids are host or pod names).
 pub const MAX_NODE_ID_BYTES: usize = 253;
 /// Longest zone accepted (a label value's length).
@@ -166,14 +177,27 @@ async fn stream_routes(
         .map(|a| a.to_string())
         .unwrap_or_default();
     let extensions = request.extensions().clone();
-    let decoder =
-        tonic_prost::ProstCodec::<DiscoveryResponse, DiscoveryRequest>::default().decoder();
+    // Identity first: a peer whose certificate proves no proxy identity (none at all, or
+    // an operator's) is refused before one byte of its stream is read.
+    mode.proxy_identities(&extensions).inspect_err(|status| {
+        shared.metrics().streams_refused.inc();
+        tracing::warn!(%peer, error = %status.message(), "refused a route stream before reading it");
+    })?;
+    let decoder = RequestDecoder(
+        tonic_prost::ProstCodec::<DiscoveryResponse, DiscoveryRequest>::default().decoder(),
+    );
     let mut inbound =
         Streaming::new_request(decoder, request.into_body(), None, Some(MAX_REQUEST_BYTES));
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| Status::invalid_argument("stream closed before the first request"))?;
+    let first = match tokio::time::timeout(FIRST_REQUEST_TIMEOUT, inbound.message()).await {
+        Ok(first) => first?
+            .ok_or_else(|| Status::invalid_argument("stream closed before the first request"))?,
+        Err(_) => {
+            shared.metrics().streams_refused.inc();
+            return Err(Status::deadline_exceeded(format!(
+                "no first request within {FIRST_REQUEST_TIMEOUT:?}"
+            )));
+        }
+    };
     let node = first.node.clone().unwrap_or_default();
     if node.id.is_empty() {
         return Err(Status::invalid_argument(
@@ -227,6 +251,73 @@ async fn stream_routes(
     Ok(response)
 }
 
+/// Decodes requests, counting a message's inventory entries on the wire first
+/// ([`MAX_INVENTORY_ENTRIES`]).
+struct RequestDecoder(tonic_prost::ProstDecoder<DiscoveryRequest>);
+
+impl tonic::codec::Decoder for RequestDecoder {
+    type Item = DiscoveryRequest;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<DiscoveryRequest>, Status> {
+        use bytes::Buf;
+        // The buffer holds exactly one whole message, contiguous.
+        let entries = count_field(src.chunk(), INVENTORY_FIELD)
+            .ok_or_else(|| Status::invalid_argument("malformed DiscoveryRequest"))?;
+        if entries > MAX_INVENTORY_ENTRIES {
+            return Err(Status::resource_exhausted(format!(
+                "an inventory of at most {MAX_INVENTORY_ENTRIES} entries is accepted"
+            )));
+        }
+        self.0.decode(src)
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.0.buffer_settings()
+    }
+}
+
+/// How many top-level fields numbered `field` (length-delimited) a protobuf message has,
+/// walking its wire format without decoding anything; None if it is malformed.
+fn count_field(mut b: &[u8], field: u64) -> Option<usize> {
+    fn varint(b: &mut &[u8]) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b.split_first()?;
+            *b = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    let mut count = 0;
+    while !b.is_empty() {
+        let key = varint(&mut b)?;
+        let skip = match key & 7 {
+            0 => {
+                varint(&mut b)?;
+                0
+            }
+            1 => 8,
+            2 => {
+                if key >> 3 == field {
+                    count += 1;
+                }
+                usize::try_from(varint(&mut b)?).ok()?
+            }
+            5 => 4,
+            _ => return None,
+        };
+        b = b.get(skip..)?;
+    }
+    Some(count)
+}
+
 /// The response a stream awaits an answer to.
 #[derive(Clone)]
 struct InFlight {
@@ -262,12 +353,15 @@ impl Base {
 
 async fn serve_stream(
     shared: Shared,
-    first: DiscoveryRequest,
+    mut first: DiscoveryRequest,
     mut inbound: Streaming<DiscoveryRequest>,
     tx: &FrameSender,
     peer: String,
     proven: authn::Proven,
 ) -> Status {
+    // What the stream keeps of the first request is small: the inventory (megabytes at
+    // scale) is taken out, turned into the delta base below, and dropped.
+    let stated = std::mem::take(&mut first.inventory);
     let node = first.node.clone().unwrap_or_default();
     let id = shared.add_proxy(ProxyStatus {
         id: node.id.clone(),
@@ -299,13 +393,14 @@ async fn serve_stream(
     // in its first request, then each snapshot it ACKs), when it accepts deltas. `shared`:
     // the inventory is this control plane's own, so the delta can be shared.
     let mut base: Option<Base> = (first.accepts_deltas && !first.version_info.is_empty())
-        .then(|| holdfast_proto::delta::from_wire(&first.inventory).ok())
+        .then(|| holdfast_proto::delta::from_wire(&stated).ok())
         .flatten()
         .filter(|inventory| !inventory.is_empty())
         .map(|inventory| Base::Stated {
             version: first.version_info.clone(),
             inventory,
         });
+    drop(stated);
     // The nonce last answered: a proxy repeats that answer when its persist state changes.
     let mut answered = String::new();
     let mut nonce: u64 = 0;
@@ -485,4 +580,33 @@ async fn serve_stream(
     shared.remove_proxy(id);
     tracing::info!(proxy.id = %node.id, %peer, "proxy disconnected");
     end
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    #[test]
+    fn inventory_entries_are_counted_on_the_wire_before_decoding() {
+        let request = DiscoveryRequest {
+            version_info: "v".into(),
+            inventory: vec![Default::default(); 7],
+            max_snapshot_bytes: 9,
+            node: Some(holdfast_proto::v1::Node {
+                id: "p".into(),
+                zone: "z".into(),
+            }),
+            ..Default::default()
+        };
+        let bytes = request.encode_to_vec();
+        assert_eq!(count_field(&bytes, INVENTORY_FIELD), Some(7));
+        assert_eq!(count_field(&bytes, 1), Some(1), "the node");
+        assert_eq!(
+            count_field(&bytes[..bytes.len() - 1], INVENTORY_FIELD),
+            None
+        );
+        assert_eq!(count_field(&[0x0f], INVENTORY_FIELD), None, "wire type 7");
+    }
 }

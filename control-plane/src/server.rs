@@ -102,6 +102,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mode = match &tls {
         Some(_) => Mode::MutualTls {
             admin_identities: Arc::new(grpc.admin_identities.clone()),
+            proxy_identities: Arc::new(grpc.proxy_identities.clone()),
         },
         None => Mode::Plaintext,
     };

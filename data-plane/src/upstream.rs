@@ -60,6 +60,10 @@ pub enum ConnectError {
     Timeout,
     /// The name did not resolve, or resolved to nothing.
     Resolve(Option<std::io::Error>),
+    /// The name resolved only to addresses that point at this host (loopback,
+    /// link-local, unspecified): an ExternalName must not turn the proxy on itself or on
+    /// the node's services.
+    Refused,
     /// connect(2) failed.
     Io(std::io::Error),
 }
@@ -69,6 +73,9 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Timeout => f.write_str("connect timed out"),
             ConnectError::Resolve(_) => f.write_str("name did not resolve"),
+            ConnectError::Refused => {
+                f.write_str("name resolved only to loopback or link-local addresses")
+            }
             ConnectError::Io(_) => f.write_str("connect failed"),
         }
     }
@@ -195,13 +202,34 @@ async fn open(key: &Key) -> Result<TcpStream, ConnectError> {
                 .await
                 .map_err(|e| ConnectError::Resolve(Some(e)))?;
             let mut last = None;
+            let mut refused = false;
             for addr in addrs {
+                if points_at_this_host(addr.ip()) {
+                    refused = true;
+                    continue;
+                }
                 match TcpStream::connect(addr).await {
                     Ok(stream) => return Ok(stream),
                     Err(e) => last = Some(e),
                 }
             }
-            Err(last.map_or(ConnectError::Resolve(None), ConnectError::Io))
+            Err(match last {
+                Some(e) => ConnectError::Io(e),
+                None if refused => ConnectError::Refused,
+                None => ConnectError::Resolve(None),
+            })
+        }
+    }
+}
+
+/// Loopback, link-local (metadata services), unspecified: where a resolved ExternalName
+/// must not send the proxy.
+fn points_at_this_host(ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    match ip {
+        std::net::IpAddr::V4(a) => a.is_loopback() || a.is_link_local() || a.is_unspecified(),
+        std::net::IpAddr::V6(a) => {
+            a.is_loopback() || a.is_unicast_link_local() || a.is_unspecified()
         }
     }
 }
@@ -521,14 +549,20 @@ mod tests {
             matches!(e, ConnectError::Io(ref io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
             "{e:?}"
         );
-        // A name (an ExternalName backend) is resolved first; an IP literal needs no DNS.
-        let name = Key::Name(closed.to_string().parse().unwrap());
-        let Err(e) = Up::connect(name, Duration::from_secs(5)).await else {
-            panic!("connected to a closed port by name");
-        };
-        assert!(
-            matches!(e, ConnectError::Io(ref io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
-            "{e:?}"
-        );
+        // A name (an ExternalName backend) is resolved first; one that resolves only to
+        // this host (loopback, link-local) is refused without connecting.
+        let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = open.local_addr().unwrap().port();
+        for name in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("169.254.169.254:{port}"),
+        ] {
+            let key = Key::Name(name.parse().unwrap());
+            let Err(e) = Up::connect(key, Duration::from_secs(5)).await else {
+                panic!("connected to {name}");
+            };
+            assert!(matches!(e, ConnectError::Refused), "{name}: {e:?}");
+        }
     }
 }

@@ -88,7 +88,7 @@ start_control-plane() {
   RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
     --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
     --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
-    --admin-identities "$OPERATOR" \
+    --admin-identities "$OPERATOR" --proxy-identities 'proxy-*' \
     >>"$DIR/control-plane.log" 2>&1 &
   pid_of[control-plane]=$!
 }

@@ -469,6 +469,10 @@ impl Planes {
             p(&self.ca_file),
             "--admin-identities".into(),
             OPERATOR.into(),
+            // Every test proxy's certificate names its node id; the operator's never
+            // streams routes whatever the pattern.
+            "--proxy-identities".into(),
+            "*".into(),
             "--tls-reload-interval".into(),
             "200ms".into(),
         ]

@@ -442,6 +442,23 @@ async fn mutual_tls_between_the_planes_is_wired_consistently() -> anyhow::Result
         [arg(cp, "admin-identities")],
         "--admin-identities is exactly the operator's identity"
     );
+    // Only the proxies' pod names may stream routes: the pattern matches the proxy
+    // Deployment's pods and neither the operator's nor the control plane's identity.
+    let proxies = arg(cp, "proxy-identities");
+    assert_eq!(proxies, "holdfast-proxy-*");
+    for not_a_proxy in strings(&operator["spec"]["uris"])
+        .into_iter()
+        .chain(strings(&serving["spec"]["dnsNames"]))
+    {
+        assert!(
+            !holdfast_control_plane::authn::matches(proxies, not_a_proxy),
+            "{not_a_proxy} may stream routes"
+        );
+    }
+    assert!(holdfast_control_plane::authn::matches(
+        proxies,
+        "holdfast-proxy-7c9f8d6b5-x2x4q"
+    ));
 
     // Proxies dial an https URL whose host the serving certificate names.
     let dp_dep = find(&objects, "Deployment", "holdfast-proxy");

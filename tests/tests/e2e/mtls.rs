@@ -266,6 +266,8 @@ async fn a_proxy_refuses_a_control_plane_it_cannot_verify() -> anyhow::Result<()
         &ca,
         "--admin-identities",
         OPERATOR,
+        "--proxy-identities",
+        "*",
     ])?;
     let state = tempfile::tempdir()?;
     let proxy = ProxyProc::start("proxy-i", &[fake.grpc_url()], state.path(), &s.logs, &[])?;
@@ -396,6 +398,8 @@ async fn the_serving_certificate_is_rotated_on_disk_while_proxies_stay_connected
         &ca_s,
         "--admin-identities",
         OPERATOR,
+        "--proxy-identities",
+        "*",
         "--tls-reload-interval",
         "200ms",
     ])?;
@@ -550,6 +554,8 @@ async fn a_renewed_proxy_certificate_and_a_renewed_client_ca_are_picked_up_from_
         &path(&client_ca),
         "--admin-identities",
         OPERATOR,
+        "--proxy-identities",
+        "*",
         "--tls-reload-interval",
         "200ms",
     ])?;
@@ -633,5 +639,219 @@ async fn a_renewed_proxy_certificate_and_a_renewed_client_ca_are_picked_up_from_
         },
     )
     .await?;
+    Ok(())
+}
+
+/// Only proxy identities stream routes: an identity outside `--proxy-identities` is
+/// refused even when it proves its node id, and the operator's certificate, claiming its
+/// own identity as the node id, gets PERMISSION_DENIED and never a snapshot (which would
+/// carry certificates' private keys).
+#[tokio::test]
+async fn only_identities_matching_proxy_identities_stream_routes_and_never_an_operator()
+-> anyhow::Result<()> {
+    let s = setup("mtlsproxyids").await?;
+    let planes = Planes::get();
+    let p = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let (crt, key) = planes.server.clone();
+    let cp = s.control_plane(&[
+        "--tls-cert",
+        &p(&crt),
+        "--tls-key",
+        &p(&key),
+        "--client-ca",
+        &p(&planes.ca_file),
+        "--admin-identities",
+        OPERATOR,
+        "--proxy-identities",
+        "edge-*",
+    ])?;
+    let url = cp.grpc_url();
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+    let tls_of = |id: &str| {
+        let (c, k) = planes.proxy(id);
+        client_tls(&planes.ca.cert_pem, Some((read(&c), read(&k))))
+    };
+    first_response(&url, tls_of("edge-1"), "edge-1").await?;
+    let outside = first_response(&url, tls_of("other-1"), "other-1")
+        .await
+        .unwrap_err();
+    assert_eq!(outside.code(), tonic::Code::PermissionDenied, "{outside}");
+    let operator = client_tls(
+        &planes.ca.cert_pem,
+        Some((read(&planes.operator.0), read(&planes.operator.1))),
+    );
+    let denied = first_response(&url, operator, OPERATOR).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied}");
+    // Even with a pattern that matches everything, the operator's identity never streams.
+    drop(cp);
+    let cp = s.control_plane(&[])?;
+    let operator = client_tls(
+        &planes.ca.cert_pem,
+        Some((read(&planes.operator.0), read(&planes.operator.1))),
+    );
+    let denied = first_response(&cp.grpc_url(), operator, OPERATOR)
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied}");
+    Ok(())
+}
+
+/// Peak resident memory of a process (`VmHWM` of /proc/<pid>/status), in bytes.
+fn peak_rss(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}
+
+/// A first request, already encoded: node `proxy-a`, stating version `1-x`, with
+/// `entries` tiny inventory entries (2 bytes each on the wire: about 80 in memory once
+/// decoded). Built as bytes, so the test itself never holds the decoded form.
+fn tiny_inventory(entries: usize) -> bytes::Bytes {
+    use prost::Message;
+    let head = DiscoveryRequest {
+        node: Some(Node {
+            id: "proxy-a".into(),
+            zone: String::new(),
+        }),
+        accepts_deltas: true,
+        version_info: "1-x".into(),
+        ..Default::default()
+    };
+    let mut out = head.encode_to_vec();
+    // Field 8 (inventory), wire type 2, length 0: an empty ResourceHash.
+    out.extend(std::iter::repeat_n([0x42u8, 0x00], entries).flatten());
+    out.into()
+}
+
+/// A message whose encoding is given as bytes.
+#[derive(Debug, Default, Clone)]
+struct Raw(bytes::Bytes);
+
+impl prost::Message for Raw {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0 = bytes::Bytes::new();
+    }
+}
+
+/// Sends `request` (encoded) as the first message of a stream over `tls` and returns the
+/// status the stream ends with (or its first response, as Ok).
+async fn send_first(
+    url: &str,
+    tls: tonic::transport::ClientTlsConfig,
+    request: bytes::Bytes,
+) -> Result<(), tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .tls_config(tls)
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<Raw, holdfast_proto::wire::DiscoveryResponse>::default();
+    let path = http::uri::PathAndQuery::from_static("/holdfast.v1.RouteDiscovery/StreamRoutes");
+    let stream = tokio_stream::once(Raw(request));
+    let mut inbound =
+        tokio::time::timeout(T, grpc.streaming(tonic::Request::new(stream), path, codec))
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no response head"))??
+            .into_inner();
+    tokio::time::timeout(T, inbound.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no response"))??
+        .map(|_| ())
+        .ok_or_else(|| tonic::Status::cancelled("stream closed"))
+}
+
+/// Whatever an unauthenticated peer sends is refused before it is read: a 30 MiB
+/// inventory of tiny entries (millions of them, gigabytes once decoded) from a client
+/// without a certificate leaves the control plane's peak memory within 20 MiB. From a
+/// real proxy identity, an inventory over the entry cap is refused before decoding too,
+/// and a stream that never sends its first request is ended after the deadline.
+#[tokio::test]
+async fn an_unauthenticated_inventory_is_never_read_and_inventories_are_capped_by_entries()
+-> anyhow::Result<()> {
+    let s = setup("mtlsinventory").await?;
+    let cp = s.control_plane(&[])?;
+    let url = cp.grpc_url();
+    let planes = Planes::get();
+    // Ready, with a first snapshot built: what follows is the stream's cost alone.
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+    let (a_cert, a_key) = planes.proxy("proxy-a");
+    let proxy_tls = client_tls(&planes.ca.cert_pem, Some((read(&a_cert), read(&a_key))));
+    first_response(&url, proxy_tls.clone(), "proxy-a").await?;
+    let pid = cp.proc.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let before = peak_rss(pid)?;
+
+    let request = tiny_inventory(15 << 20);
+    let refused = send_first(&url, client_tls(&planes.ca.cert_pem, None), request)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused}");
+    let grown = peak_rss(pid)?.saturating_sub(before);
+    assert!(
+        grown < 20 << 20,
+        "peak RSS grew by {} MiB for an unauthenticated inventory",
+        grown >> 20
+    );
+
+    // An authenticated proxy over the entry cap: refused, counted on the wire first.
+    let over = holdfast_control_plane::discovery::MAX_INVENTORY_ENTRIES + 1;
+    let refused = send_first(&url, proxy_tls.clone(), tiny_inventory(over))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+
+    // A stream whose first request never comes ends after the deadline (and no sooner).
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())?
+        .tls_config(proxy_tls)?
+        .connect()
+        .await?;
+    let mut client = holdfast_proto::client::route_discovery(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel::<DiscoveryRequest>(1);
+    let started = std::time::Instant::now();
+    let deadline = holdfast_control_plane::discovery::FIRST_REQUEST_TIMEOUT;
+    let ended = tokio::time::timeout(deadline + T, async {
+        let mut inbound = client
+            .stream_routes(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        inbound.message().await.map(|_| ())
+    })
+    .await
+    .expect("the stream ended within the deadline and a margin");
+    drop(tx);
+    let status = ended.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
+    assert!(
+        started.elapsed() >= deadline,
+        "ended after {:?}",
+        started.elapsed()
+    );
     Ok(())
 }
