@@ -1,14 +1,20 @@
 //! The admin listeners of both planes (`/healthz`, `/readyz`, `/metrics`, debug pages):
-//! small HTTP servers that a hostile or broken client must not exhaust. Each connection
-//! must send its first byte, and each request head, within the header read timeout, and
-//! has a lifetime; the listener has a connection cap; and a failed accept for lack of
-//! file descriptors backs off instead of spinning. The pages both planes answer alike
-//! (plain text, `/healthz`, `/metrics`) are here too.
+//! small HTTP servers that a hostile or broken client must not exhaust, since the
+//! kubelet's probes come here and a failed probe restarts a healthy pod. Each connection
+//! must send its first byte within the sniff timeout (1 s) and each request head within
+//! the header read timeout; an HTTP/1 connection lives at most `max_connection_age`, an
+//! HTTP/2 one at most the header read timeout (nothing here needs a long one); the
+//! listener has a connection cap, and each peer address a much smaller one of its own, so
+//! that silent or slow connections from one address (or a few) never hold the slots the
+//! kubelet's probes need; a failed accept for lack of file descriptors backs off instead
+//! of spinning. The pages both planes answer alike (plain text, `/healthz`, `/metrics`)
+//! are here too.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -66,6 +72,10 @@ pub struct Limits {
     pub max_connection_age: Duration,
     /// Most connections open at once; past it new ones are closed at once.
     pub max_connections: usize,
+    /// Most connections open at once from one peer address.
+    pub max_connections_per_peer: usize,
+    /// A connection's first byte must arrive within this time.
+    pub sniff_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -73,7 +83,57 @@ impl Default for Limits {
         Limits {
             header_read_timeout: Duration::from_secs(5),
             max_connection_age: Duration::from_secs(60),
-            max_connections: 64,
+            max_connections: 256,
+            max_connections_per_peer: 8,
+            sniff_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Open connections, in all and per peer address, taken and given back together.
+#[derive(Default)]
+struct Open {
+    /// Why a mutex: the count in all and the peer's count change together.
+    counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+impl Open {
+    /// A slot for `peer`, or None past either cap.
+    fn enter(self: &Arc<Self>, peer: IpAddr, limits: &Limits) -> Option<Slot> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let (all, by_peer) = &mut *counts;
+        let mine = by_peer.entry(peer).or_insert(0);
+        if *all >= limits.max_connections || *mine >= limits.max_connections_per_peer {
+            if *mine == 0 {
+                by_peer.remove(&peer);
+            }
+            return None;
+        }
+        *mine += 1;
+        *all += 1;
+        Some(Slot {
+            open: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// One open connection's slot, given back when dropped.
+struct Slot {
+    open: Arc<Open>,
+    peer: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.open.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let (all, by_peer) = &mut *counts;
+        *all -= 1;
+        if let Some(n) = by_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                by_peer.remove(&self.peer);
+            }
         }
     }
 }
@@ -100,38 +160,48 @@ pub async fn serve<H>(
     H: Fn(&Request<Incoming>) -> Page + Clone + Send + Sync + 'static,
 {
     let mut shutdown = std::pin::pin!(shutdown);
-    let open = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(Open::default());
     loop {
         let accepted = tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 accept_backoff(&error).await;
                 continue;
             }
         };
-        if open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
-            open.fetch_sub(1, Ordering::AcqRel);
+        let Some(slot) = open.enter(peer.ip(), &limits) else {
             tracing::debug!(
+                %peer,
                 max = limits.max_connections,
+                per_peer = limits.max_connections_per_peer,
                 "admin connection limit reached; closing"
             );
             continue;
-        }
+        };
         let handler = handler.clone();
-        let open = open.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             // A connection that sends nothing must not hold a slot either (hyper's header
             // timer starts only once it has chosen HTTP/1 or HTTP/2 from the first bytes).
-            let mut first = [0u8; 1];
-            let spoke = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first));
-            if !matches!(spoke.await, Ok(Ok(n)) if n > 0) {
-                open.fetch_sub(1, Ordering::AcqRel);
+            let mut first = [0u8; 3];
+            let spoke = tokio::time::timeout(limits.sniff_timeout, stream.peek(&mut first));
+            let Ok(Ok(n)) = spoke.await else {
+                return;
+            };
+            if n == 0 {
                 return;
             }
+            // HTTP/2 (its preface starts "PRI"): hyper has no header timer for it, and no
+            // admin client needs a long-lived one.
+            let age = if first[..n] == b"PRI"[..n] {
+                limits.header_read_timeout
+            } else {
+                limits.max_connection_age
+            };
             let svc = hyper::service::service_fn(move |req| {
                 let response = handler(&req);
                 async move { Ok::<_, Infallible>(response) }
@@ -143,8 +213,37 @@ pub async fn serve<H>(
                 .header_read_timeout(limits.header_read_timeout);
             builder.http2().timer(TokioTimer::new());
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            let _ = tokio::time::timeout(limits.max_connection_age, conn).await;
-            open.fetch_sub(1, Ordering::AcqRel);
+            let _ = tokio::time::timeout(age, conn).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_peer_has_a_cap_of_its_own_under_the_listeners() {
+        let limits = Limits {
+            max_connections: 5,
+            max_connections_per_peer: 2,
+            ..Limits::default()
+        };
+        let open = Arc::new(Open::default());
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            [10, 0, 0, 1].into(),
+            [10, 0, 0, 2].into(),
+            [10, 0, 0, 3].into(),
+        );
+        let a1 = open.enter(a, &limits).expect("a's first");
+        let _a2 = open.enter(a, &limits).expect("a's second");
+        assert!(open.enter(a, &limits).is_none(), "a's third");
+        let _b1 = open.enter(b, &limits).expect("b is not held up by a");
+        let _b2 = open.enter(b, &limits).expect("b's second");
+        let _c1 = open.enter(c, &limits).expect("the fifth in all");
+        assert!(open.enter(c, &limits).is_none(), "past the listener's cap");
+        drop(a1);
+        let _c2 = open.enter(c, &limits).expect("a slot given back");
+        assert!(open.enter(a, &limits).is_none(), "full again");
     }
 }

@@ -17,6 +17,7 @@
 //!   that records every status code.
 //! - [`subscriber`]: a route-discovery client that ACKs and NACKs like a proxy.
 //! - [`faultproxy`]: a TCP fault proxy (refuse, reset, blackhole, latency, cut mid-response).
+//! - [`flood`]: silent connections held and re-opened from another loopback address.
 //! - [`objects`]: the Kubernetes objects tests create; [`grpcurl`]: the real grpcurl.
 //! - [`load`]: the open-loop load driver's schedule and summary (binary `holdfast-load`).
 //! - [`http`]: a small HTTP client for admin endpoints and traffic; [`tls`]: a test CA
@@ -34,6 +35,7 @@ pub mod control_plane;
 pub mod echo;
 pub mod fake_control_plane;
 pub mod faultproxy;
+pub mod flood;
 pub mod grpcurl;
 pub mod h2raw;
 pub mod http;

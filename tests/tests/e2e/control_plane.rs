@@ -1434,3 +1434,78 @@ async fn a_tenant_editing_an_older_ingress_cannot_take_another_namespaces_host()
     );
     Ok(())
 }
+
+/// The kubelet's probes cannot be starved: 100 silent connections to each plane's admin
+/// port, from another address, held and re-opened as soon as they are closed for 20 s,
+/// while `/readyz` of the control plane and of a proxy is asked every 250 ms; every probe
+/// answers 200 within 1 s.
+#[tokio::test]
+async fn silent_connections_never_starve_the_probes_of_either_plane() -> anyhow::Result<()> {
+    let s = setup("probes").await?;
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let state = tempfile::tempdir()?;
+    let proxy = holdfast_tests::proxy::ProxyProc::start(
+        "proxy-probes",
+        &[cp.grpc_url()],
+        state.path(),
+        &s.logs,
+        &[],
+    )?;
+    for (name, admin) in [("control plane", cp.admin), ("proxy", proxy.admin)] {
+        wait::until(&format!("the {name} ready"), T, || async {
+            let (code, _) = holdfast_tests::http::get(admin, "localhost", "/readyz")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((code == 200).then_some(()))
+        })
+        .await?;
+    }
+    let flood_for = Duration::from_secs(20);
+    let from: std::net::IpAddr = [127, 0, 0, 2].into();
+    let floods: Vec<_> = [cp.admin, proxy.admin]
+        .into_iter()
+        .map(|admin| {
+            tokio::spawn(holdfast_tests::flood::silent_connections(
+                admin, from, 100, flood_for,
+            ))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let mut probes = 0;
+    let mut slowest = Duration::ZERO;
+    while started.elapsed() < flood_for {
+        for (name, admin) in [("control plane", cp.admin), ("proxy", proxy.admin)] {
+            let asked = std::time::Instant::now();
+            let answer = tokio::time::timeout(
+                Duration::from_secs(1),
+                holdfast_tests::http::get(admin, "localhost", "/readyz"),
+            )
+            .await;
+            let took = asked.elapsed();
+            match answer {
+                Ok(Ok((200, _))) => {}
+                other => anyhow::bail!(
+                    "the {name}'s /readyz failed after {:?} of flooding: {other:?}",
+                    started.elapsed()
+                ),
+            }
+            slowest = slowest.max(took);
+            probes += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut opened = 0;
+    for f in floods {
+        opened += f.await?;
+    }
+    // The flood was real: far more connections than the 100 held at once, since the
+    // listeners close silent ones and they come back.
+    assert!(opened > 200, "only {opened} silent connections were opened");
+    assert!(probes >= 100, "{probes} probes");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest probe {slowest:?}"
+    );
+    Ok(())
+}

@@ -1351,22 +1351,32 @@ async fn the_admin_listener_cuts_slow_heads_and_caps_connections() -> anyhow::Re
     let mut slow = tokio::net::TcpStream::connect(p.admin).await?;
     slow.write_all(b"GET /metrics HTTP/1.1\r\nHo").await?;
     closed_within(&mut slow, Duration::from_secs(15)).await?;
-    // So is one that sends nothing at all.
+    // So is one that sends nothing at all, after the sniff timeout (1 s), well before
+    // the header read timeout.
     let mut silent = tokio::net::TcpStream::connect(p.admin).await?;
     let took = closed_within(&mut silent, Duration::from_secs(15)).await?;
-    assert!(took >= Duration::from_secs(4), "closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "closed after {took:?}"
+    );
 
-    // 64 connections that send nothing hold every slot; the 65th is closed at once.
+    // Eight connections from one address that have begun a head hold that address's
+    // slots: its ninth is closed at once, while another address is still served.
+    let from = |last: u8| async move {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(([127, 0, 0, last], 0).into())?;
+        let mut s = socket.connect(p.admin).await?;
+        s.write_all(b"G").await?;
+        anyhow::Ok(s)
+    };
     let mut idle = Vec::new();
-    for _ in 0..64 {
-        idle.push(tokio::net::TcpStream::connect(p.admin).await?);
+    for _ in 0..8 {
+        idle.push(from(3).await?);
     }
-    let mut extra = tokio::net::TcpStream::connect(p.admin).await?;
-    let _ = extra
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await;
-    let took = closed_within(&mut extra, Duration::from_secs(15)).await?;
-    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    let mut ninth = from(3).await?;
+    let took = closed_within(&mut ninth, Duration::from_secs(15)).await?;
+    assert!(took < Duration::from_secs(1), "closed after {took:?}");
+    assert_eq!(p.admin_get("/healthz").await?.0, 200, "from 127.0.0.1");
     drop(idle);
     wait::until("/healthz again", T, || async {
         Ok((p.admin_get("/healthz").await.map_err(|e| e.to_string())?.0 == 200).then_some(()))
