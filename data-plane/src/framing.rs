@@ -15,6 +15,16 @@
 //! is pending from its first byte until END_HEADERS, and only frames that carry requests
 //! (HEADERS, CONTINUATION, DATA) count as activity, not PING, SETTINGS or WINDOW_UPDATE.
 //! It stops only after a flag or at what hyper itself refuses (and closes).
+//!
+//! **One verdict per request, before it is handled.** hyper parses each head too, and two
+//! readers of one byte stream can be put out of step (a request pipelined behind an
+//! upgrade request that is then refused, a chunked body's trailers ended by a bare LF,
+//! bytes that are not ASCII in `Connection`). So the handler of HTTP/1.1 request N asks
+//! [`Tracker::verdict`] first: it is served only if the tracker has read request N's head
+//! whole and flagged no request up to N; otherwise it gets 400 and the connection closes.
+//! Where the two readers could disagree, the tracker refuses (bare LF anywhere in the
+//! framing, a `Connection` that is not ASCII), so a disagreement ends the connection
+//! rather than moving a flag onto another request.
 
 use crate::headers::BadRequest;
 
@@ -116,7 +126,17 @@ fn parse_head(head: &[u8]) -> Result<HeadInfo, Option<BadRequest>> {
             return Err(None);
         };
         let value = value.trim();
-        match name.trim().to_ascii_lowercase().as_str() {
+        let name = name.trim().to_ascii_lowercase();
+        // hyper reads a header value that is not visible ASCII as no token at all, this
+        // parser would read the ASCII in it: they could disagree on an upgrade.
+        if matches!(name.as_str(), "connection" | "upgrade")
+            && !value
+                .bytes()
+                .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+        {
+            return Err(Some(BadRequest::BadConnection));
+        }
+        match name.as_str() {
             "content-length" => lengths.push(value),
             "transfer-encoding" => te.push(value),
             "upgrade" => upgrade_header = true,
@@ -161,6 +181,29 @@ impl Tracker {
     /// The first offending request (index) and why, if any.
     pub fn flagged(&self) -> Option<&(u64, BadRequest)> {
         self.flagged.as_ref()
+    }
+
+    /// Whether HTTP/1.1 request `index` (0-based, in the order hyper hands them over) may
+    /// be handled: the tracker has read its head whole and flagged no request up to it.
+    /// `upgrade_answer` is the last upgrade answer (`(index + 1) << 1 | switched`, 0 for
+    /// none): a request pipelined behind a refused upgrade arrived with it, and is read
+    /// from what the tracker kept, here, before the verdict.
+    pub fn verdict(&mut self, index: u64, upgrade_answer: u64) -> Result<(), BadRequest> {
+        if let Some(waiting) = self.awaiting_upgrade()
+            && upgrade_answer >> 1 == waiting + 1
+        {
+            self.upgrade_answered(upgrade_answer & 1 == 1);
+        }
+        if let Some((flagged, bad)) = &self.flagged
+            && *flagged <= index
+        {
+            return Err(bad.clone());
+        }
+        if self.request > index {
+            Ok(())
+        } else {
+            Err(BadRequest::Unframed)
+        }
     }
 
     /// True while part of a request head has arrived but not all of it: the time a client
@@ -211,6 +254,12 @@ impl Tracker {
                 self.feed(&pending);
             }
         }
+    }
+
+    /// Flags the request whose body is being read (the last head read) and stops.
+    fn flag_body(&mut self, bad: BadRequest) {
+        self.flagged = Some((self.request.saturating_sub(1), bad));
+        self.state = State::Off;
     }
 
     /// Where a request goes once its body (possibly empty) has been read: the next head,
@@ -323,6 +372,10 @@ impl Tracker {
                     };
                     line.extend_from_slice(&data[..=i]);
                     data = &data[i + 1..];
+                    if !line.ends_with(b"\r\n") {
+                        self.flag_body(BadRequest::BareLineFeed);
+                        break;
+                    }
                     let text = String::from_utf8_lossy(line);
                     let size = text
                         .trim_end()
@@ -360,7 +413,11 @@ impl Tracker {
                     };
                     line.extend_from_slice(&data[..=i]);
                     data = &data[i + 1..];
-                    let empty = line.as_slice() == b"\r\n" || line.as_slice() == b"\n";
+                    if !line.ends_with(b"\r\n") {
+                        self.flag_body(BadRequest::BareLineFeed);
+                        break;
+                    }
+                    let empty = line.as_slice() == b"\r\n";
                     line.clear();
                     if empty {
                         self.state = self.after_body();
@@ -590,6 +647,68 @@ mod tests {
         assert!(!t.head_pending());
         t.feed(BAD.as_bytes());
         assert_eq!(t.flagged(), Some(&(3, BadRequest::DuplicateLength)));
+    }
+
+    /// Request 2 arrived in the same read as the upgrade request 1, before its answer:
+    /// when it is to be handled, the verdict applies the (refused) answer and reads it from
+    /// what was kept, so it is served; a request whose head the tracker has not read whole
+    /// is refused, never served on a guess.
+    #[test]
+    fn a_request_pipelined_behind_a_refused_upgrade_gets_its_verdict_from_what_was_kept() {
+        let mut t = Tracker::default();
+        t.feed(format!("{GET}{UPGRADE}{GET}").as_bytes());
+        assert_eq!(t.verdict(0, 0), Ok(()));
+        assert_eq!(t.verdict(1, 0), Ok(()));
+        assert_eq!(
+            t.verdict(2, 0),
+            Err(BadRequest::Unframed),
+            "not before the upgrade is answered"
+        );
+        let refused = (1 + 1) << 1;
+        assert_eq!(t.verdict(2, refused), Ok(()));
+        assert_eq!(t.verdict(3, refused), Err(BadRequest::Unframed));
+    }
+
+    /// A flag is never moved onto another request: every request from the flagged one on
+    /// is refused, whichever of them is handled first.
+    #[test]
+    fn every_request_from_a_flagged_one_on_is_refused() {
+        let mut t = Tracker::default();
+        t.feed(format!("{GET}{BAD}{GET}").as_bytes());
+        assert_eq!(t.verdict(0, 0), Ok(()));
+        assert_eq!(t.verdict(1, 0), Err(BadRequest::DuplicateLength));
+        assert_eq!(t.verdict(2, 0), Err(BadRequest::DuplicateLength));
+    }
+
+    /// Where hyper and this parser could read the bytes differently, the tracker refuses:
+    /// chunk-size lines and trailers ended by a bare LF, and a Connection or Upgrade value
+    /// that is not ASCII.
+    #[test]
+    fn bare_line_feeds_in_chunked_framing_and_non_ascii_connection_values_are_flagged() {
+        let chunked = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for body in ["1\nx\r\n0\r\n\r\n", "0\r\nx-trailer: 1\n\r\n", "0\r\n\n"] {
+            let mut t = Tracker::default();
+            t.feed(format!("{chunked}{body}{GET}").as_bytes());
+            assert_eq!(
+                t.flagged(),
+                Some(&(0, BadRequest::BareLineFeed)),
+                "{body:?}"
+            );
+            assert_eq!(t.verdict(1, 0), Err(BadRequest::BareLineFeed));
+        }
+        for value in [&b"Upgrade\xc3\xa9"[..], b"keep-alive, up\x80grade"] {
+            let mut head =
+                b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: ".to_vec();
+            head.extend_from_slice(value);
+            head.extend_from_slice(b"\r\n\r\n");
+            let mut t = Tracker::default();
+            t.feed(&head);
+            assert_eq!(t.flagged(), Some(&(0, BadRequest::BadConnection)));
+        }
+        let mut t = Tracker::default();
+        t.feed(format!("{chunked}0\r\nx-trailer: 1\r\n\r\n{GET}").as_bytes());
+        assert_eq!(t.flagged(), None, "CRLF trailers are fine");
+        assert_eq!(t.verdict(1, 0), Ok(()));
     }
 
     /// An upgrade request with a body (curl --http2 sends `Upgrade: h2c` on a POST): the

@@ -43,6 +43,13 @@ pub enum BadRequest {
     /// A Host (or `:authority`) that is not a host with an optional port (RFC 3986 §3.2.2).
     #[error("the Host is not a valid host name, IP address or port")]
     BadHost,
+    /// A `Connection` or `Upgrade` header with bytes that are not visible ASCII.
+    #[error("Connection or Upgrade holds bytes that are not ASCII")]
+    BadConnection,
+    /// The request's head was not read whole by the framing checks when it was to be
+    /// handled: the two readers of the connection disagree, so it is refused.
+    #[error("the request's framing could not be followed")]
+    Unframed,
 }
 
 /// Whether `authority` is `host[:port]` as RFC 3986 §3.2.2 allows it in a Host header or

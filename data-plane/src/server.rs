@@ -186,10 +186,18 @@ impl Connection {
         let in_flight = Arc::new(AtomicUsize::new(0));
         let smuggling = Arc::new(OnceLock::new());
         let upgrades = Arc::new(AtomicU64::new(0));
+        // Shared by the connection's reader (IdleIo) and its request handler, which asks
+        // for the verdict on each HTTP/1.1 request before handling it. A std mutex: both
+        // run on this connection's task, never across an await, so it is never contended.
+        let tracker = Arc::new(Mutex::new(Tracker::default()));
+        // The first flagged request's index, as soon as the tracker flags it: a request in
+        // flight whose own body is flagged stops waiting for its answer.
+        let (flag_tx, flag_rx) = watch::channel(None::<u64>);
         let io = TokioIo::new(IdleIo {
             inner: stream,
             activity: activity.clone(),
-            tracker: Tracker::default(),
+            tracker: tracker.clone(),
+            flag_tx,
             out: FrameScanner::default(),
             flagged: smuggling.clone(),
             upgrades: upgrades.clone(),
@@ -212,21 +220,60 @@ impl Connection {
             req.extensions_mut()
                 .insert(crate::proxy::ConnectionSlot(open_slot.clone()));
             // HTTP/1.1 requests on a connection are handled in order: this is the index
-            // the framing tracker counts in.
+            // the framing tracker counts in. Its verdict comes before anything else.
             let index = requests.fetch_add(1, Ordering::AcqRel);
-            let smuggled = smuggling
-                .get()
-                .filter(|(i, _)| *i == index)
-                .map(|(_, bad)| bad.clone());
+            let refused = (req.version() < http::Version::HTTP_2)
+                .then(|| {
+                    tracker
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .verdict(index, upgrades.load(Ordering::Acquire))
+                        .err()
+                })
+                .flatten();
             // As the tracker sees it: any HTTP/1.x head asking for an upgrade waits for
             // its answer (HTTP/1.0 ones are always refused).
             let upgrade = req.version() < http::Version::HTTP_2 && is_upgrade(req.headers());
             let upgrades = upgrades.clone();
+            let tracker = tracker.clone();
+            let mut flag_rx = flag_rx.clone();
             let stalled = bodies.register_body();
             async move {
-                let response = match smuggled {
+                let http1 = req.version() < http::Version::HTTP_2;
+                let response = match refused {
                     Some(bad) => forwarder.reject(&bad),
-                    None => forwarder.handle(req, peer, &via, port).await,
+                    None => {
+                        // A flag on this request's own body (its chunked framing) that
+                        // arrives while it is forwarded: it is answered 400 all the same,
+                        // at once (the body may never end as hyper reads it).
+                        let flagged_here = async {
+                            if http1 {
+                                let _ = flag_rx.wait_for(|f| f.is_some_and(|i| i <= index)).await;
+                            } else {
+                                std::future::pending::<()>().await;
+                            }
+                        };
+                        let late = |tracker: &Mutex<Tracker>| {
+                            tracker
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .flagged()
+                                .filter(|(i, _)| *i <= index)
+                                .map(|(_, bad)| bad.clone())
+                        };
+                        tokio::select! {
+                            answer = forwarder.handle(req, peer, &via, port) => {
+                                match late(&tracker).filter(|_| http1) {
+                                    Some(bad) => forwarder.reject(&bad),
+                                    None => answer,
+                                }
+                            }
+                            () = flagged_here => match late(&tracker) {
+                                Some(bad) => forwarder.reject(&bad),
+                                None => forwarder.reject(&BadRequest::Unframed),
+                            },
+                        }
+                    }
                 };
                 if upgrade {
                     let switched = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
@@ -520,7 +567,9 @@ impl Activity {
 struct IdleIo<S> {
     inner: S,
     activity: Arc<Activity>,
-    tracker: Tracker,
+    tracker: Arc<Mutex<Tracker>>,
+    /// Told the first flagged request's index.
+    flag_tx: watch::Sender<Option<u64>>,
     /// Over HTTP/2, the frames written (only those carrying responses are activity).
     out: FrameScanner,
     flagged: Arc<OnceLock<(u64, BadRequest)>>,
@@ -530,23 +579,25 @@ struct IdleIo<S> {
 
 impl<S> IdleIo<S> {
     fn read(&mut self, data: &[u8]) {
-        if let Some(index) = self.tracker.awaiting_upgrade() {
+        let mut tracker = self.tracker.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(index) = tracker.awaiting_upgrade() {
             let answer = self.upgrades.load(Ordering::Acquire);
             if answer >> 1 == index + 1 {
-                self.tracker.upgrade_answered(answer & 1 == 1);
+                tracker.upgrade_answered(answer & 1 == 1);
             }
         }
-        let active = self.tracker.feed(data);
+        let active = tracker.feed(data);
         if active {
             self.activity.touch();
         }
         if self.flagged.get().is_none()
-            && let Some(flag) = self.tracker.flagged()
+            && let Some(flag) = tracker.flagged()
         {
             let _ = self.flagged.set(flag.clone());
+            self.flag_tx.send_replace(Some(flag.0));
         }
         // After a flag the handler answers 400 and closes the connection.
-        let pending = self.flagged.get().is_none() && self.tracker.head_pending();
+        let pending = self.flagged.get().is_none() && tracker.head_pending();
         self.activity.head_pending(pending);
     }
 
@@ -554,7 +605,12 @@ impl<S> IdleIo<S> {
         if data.is_empty() {
             return;
         }
-        if !self.tracker.is_h2() || self.out.feed(data) {
+        let h2 = self
+            .tracker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_h2();
+        if !h2 || self.out.feed(data) {
             self.activity.touch();
         }
     }

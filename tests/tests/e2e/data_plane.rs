@@ -2173,3 +2173,178 @@ async fn sigkilled_while_writing_deltas_every_restart_serves_a_verified_snapshot
     p.wait_version(&current.version, T).await?;
     Ok(())
 }
+
+/// The request shapes a pipelined sequence is made of: valid ones (a GET, a body by
+/// length, a chunked body with trailers, an upgrade the proxy does not pass, so it goes
+/// on as HTTP/1.1) and each framing shape the proxy refuses (both lengths, a bare-LF head,
+/// chunked trailers ended by a bare LF, a Connection that is not ASCII).
+const SHAPES: [&[u8]; 8] = [
+    b"GET /g HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    b"POST /p HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello",
+    b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+    b"GET /u HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: foo\r\n\r\n",
+    b"POST /b HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"GET /lf HTTP/1.1\nHost: a.test\n\n",
+    b"POST /t HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nx-t: 1\n\r\n",
+    b"GET /n HTTP/1.1\r\nHost: a.test\r\nUpgrade: foo\r\nConnection: up\xc3grade\r\n\r\n",
+];
+
+/// Reads one HTTP/1.1 response from `s` (`buf` keeps what was read past it): its status
+/// and whether it says `Connection: close`; None at EOF.
+async fn next_response(
+    s: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<Option<(u16, bool)>> {
+    async fn fill(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<bool> {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(T, s.read(&mut chunk)).await??;
+        buf.extend_from_slice(&chunk[..n]);
+        Ok(n > 0)
+    }
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if !fill(s, buf).await? {
+            anyhow::ensure!(buf.is_empty(), "EOF inside a response head: {buf:?}");
+            return Ok(None);
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head}"))?;
+    let close = head.lines().any(|l| l == "connection: close");
+    let length: usize = header(&head, "content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    anyhow::ensure!(
+        header(&head, "transfer-encoding").is_none(),
+        "a chunked response: {head}"
+    );
+    while buf.len() < end + length {
+        anyhow::ensure!(fill(s, buf).await?, "EOF inside a response body");
+    }
+    buf.drain(..end + length);
+    Ok(Some((status, close)))
+}
+
+/// The statuses answered to `requests` sent one at a time, each after the previous
+/// answer, until the proxy closes the connection.
+async fn answers_one_by_one(addr: SocketAddr, requests: &[&[u8]]) -> anyhow::Result<Vec<u16>> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    for r in requests {
+        if s.write_all(r).await.is_err() {
+            break;
+        }
+        match next_response(&mut s, &mut buf).await? {
+            Some((status, close)) => {
+                out.push(status);
+                if close {
+                    break;
+                }
+            }
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// The statuses answered to `requests` pipelined: all their bytes written at once, cut
+/// into writes at `cuts` (offsets into the whole), then every answer read.
+async fn answers_pipelined(
+    addr: SocketAddr,
+    requests: &[&[u8]],
+    cuts: &[usize],
+) -> anyhow::Result<Vec<u16>> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let all: Vec<u8> = requests.concat();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (all.len() + 1)).collect();
+    cuts.push(0);
+    cuts.push(all.len());
+    cuts.sort_unstable();
+    cuts.dedup();
+    for pair in cuts.windows(2) {
+        // The proxy may close after a 400 before the rest is written.
+        if s.write_all(&all[pair[0]..pair[1]]).await.is_err() {
+            break;
+        }
+        s.flush().await?;
+    }
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < requests.len() {
+        match next_response(&mut s, &mut buf).await {
+            Ok(Some((status, close))) => {
+                out.push(status);
+                if close {
+                    break;
+                }
+            }
+            // EOF, or a reset after the proxy closed with our bytes unread.
+            Ok(None) | Err(_) => break,
+        }
+    }
+    Ok(out)
+}
+
+/// One reading decides framing: for random sequences of valid and refused requests, sent
+/// pipelined in random writes, the proxy answers exactly what it answers when each is sent
+/// after the previous answer (a refused one gets 400 and closes the connection, and no
+/// request after it is served; none is answered for another).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_in_any_split_get_the_answers_they_get_one_by_one() -> anyhow::Result<()>
+{
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+    let w = one_route("pipelining", &[]).await?;
+    let addr = w.p.addr;
+    // Every shape alone, one by one, as a baseline: valid ones 200, refused ones 400.
+    for (i, shape) in SHAPES.iter().enumerate() {
+        let got = answers_one_by_one(addr, &[shape]).await?;
+        let want = if i < 4 { 200 } else { 400 };
+        assert_eq!(got, [want], "shape {i}");
+    }
+    let handle = tokio::runtime::Handle::current();
+    let strategy = (
+        proptest::collection::vec(0..SHAPES.len(), 1..6),
+        proptest::collection::vec(any::<usize>(), 0..8),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let refused_seen = std::sync::atomic::AtomicUsize::new(0);
+    let result = tokio::task::block_in_place(|| {
+        runner.run(&strategy, |(sequence, cuts)| {
+            let requests: Vec<&[u8]> = sequence.iter().map(|i| SHAPES[*i]).collect();
+            let (one, piped) = handle
+                .block_on(async {
+                    anyhow::Ok((
+                        answers_one_by_one(addr, &requests).await?,
+                        answers_pipelined(addr, &requests, &cuts).await?,
+                    ))
+                })
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if one.contains(&400) {
+                refused_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            prop_assert_eq!(&piped, &one, "sequence {:?} cut at {:?}", sequence, cuts);
+            Ok(())
+        })
+    });
+    result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let refused_seen = refused_seen.into_inner();
+    assert!(
+        refused_seen >= 16,
+        "only {refused_seen} sequences had a refused request"
+    );
+    Ok(())
+}
