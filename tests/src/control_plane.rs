@@ -117,6 +117,12 @@ impl ControlPlane {
         Ok(crate::http::metric(&body, name))
     }
 
+    /// The value of a metric that must be there: a missing series is an error.
+    pub async fn metric_value(&self, name: &str) -> Result<f64> {
+        let (_, body) = self.admin_get("/metrics").await?;
+        crate::http::metric_value(&body, name)
+    }
+
     /// Restarts the process (same ports) and waits until it listens again.
     pub fn restart(&mut self) -> Result<()> {
         let skip = self.proc.log().len();

@@ -40,7 +40,7 @@ pub async fn get_full(
 }
 
 /// The value of the first sample of metric `name` in Prometheus text `body` (a line
-/// starting with `name` followed by a space or `{`).
+/// starting with `name` followed by a space or `{`), if there is one.
 pub fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .filter(|l| !l.starts_with('#'))
@@ -50,4 +50,10 @@ pub fn metric(body: &str, name: &str) -> Option<f64> {
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// Like [`metric`], for a series that must be there: a missing series is an error, never
+/// read as zero (a test comparing counts must not pass because the metric is gone).
+pub fn metric_value(body: &str, name: &str) -> Result<f64> {
+    metric(body, name).with_context(|| format!("no series {name} in /metrics"))
 }

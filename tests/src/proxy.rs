@@ -129,6 +129,12 @@ impl ProxyProc {
         Ok(crate::http::metric(&body, name))
     }
 
+    /// The value of a metric that must be there: a missing series is an error.
+    pub async fn metric_value(&self, name: &str) -> Result<f64> {
+        let (_, body) = self.admin_get("/metrics").await?;
+        crate::http::metric_value(&body, name)
+    }
+
     /// Waits until `/debug/snapshot` shows the proxy serving `version`.
     pub async fn wait_version(&self, version: &str, timeout: Duration) -> Result<()> {
         crate::wait::until(&format!("proxy serving {version}"), timeout, || async {

@@ -223,13 +223,12 @@ impl Scenario {
             .to_owned())
     }
 
-    /// `holdfast_snapshots_published_total` of the control plane.
+    /// `holdfast_snapshots_published_total` of the control plane (a missing series is an
+    /// error: "nothing published" must not pass because the metric is gone).
     pub async fn published_total(&self) -> Result<f64> {
-        Ok(self
-            .cp
-            .metric("holdfast_snapshots_published_total")
-            .await?
-            .unwrap_or(0.0))
+        self.cp
+            .metric_value("holdfast_snapshots_published_total")
+            .await
     }
 
     /// The version each proxy serves.

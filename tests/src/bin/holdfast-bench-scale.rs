@@ -288,7 +288,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_default();
 
     // Each round adds one path to the marker Ingress and waits for every subscriber.
-    let sent_before = cp.metric("holdfast_sent_bytes_total").await?.unwrap_or(0.0);
+    let sent_before = cp.metric_value("holdfast_sent_bytes_total").await?;
     let mut times = Vec::new();
     for round in 0..args.rounds {
         let paths: Vec<serde_json::Value> = (0..=round + 1)
@@ -310,7 +310,7 @@ async fn main() -> anyhow::Result<()> {
         times.push(done.saturating_duration_since(t0));
     }
     times.sort();
-    let sent = cp.metric("holdfast_sent_bytes_total").await?.unwrap_or(0.0) - sent_before;
+    let sent = cp.metric_value("holdfast_sent_bytes_total").await? - sent_before;
     let churn = if args.churn_per_second > 0 {
         Some(churn(&args, &slices, pid, &seen).await?)
     } else {

@@ -509,9 +509,8 @@ async fn a_burst_of_1000_changes_yields_a_handful_of_snapshots() -> anyhow::Resu
     sub.wait_for("1,000 routes", T, |snap| routes(snap).len() == 1000)
         .await?;
     let published_before = cp
-        .metric("holdfast_snapshots_published_total")
-        .await?
-        .unwrap_or(0.0);
+        .metric_value("holdfast_snapshots_published_total")
+        .await?;
 
     // 1,000 changes: every Service appears, each one changing its backend.
     let services: Api<Service> = Api::namespaced(s.client.clone(), &s.ns);
@@ -539,9 +538,8 @@ async fn a_burst_of_1000_changes_yields_a_handful_of_snapshots() -> anyhow::Resu
     })
     .await?;
     let published = cp
-        .metric("holdfast_snapshots_published_total")
+        .metric_value("holdfast_snapshots_published_total")
         .await?
-        .unwrap_or(0.0)
         - published_before;
     eprintln!("1,000 changes produced {published} snapshots");
     assert!(

@@ -370,7 +370,7 @@ async fn upstream_connections_are_reused_across_requests_and_client_connections(
     // connections over them.
     let two = one_route("reuse-two-workers", &["--worker-threads", "2"]).await?;
     twenty_requests(&two.p).await?;
-    let n = two.p.metric(opened).await?.unwrap_or(0.0);
+    let n = two.p.metric_value(opened).await?;
     assert!(
         (1.0..=2.0).contains(&n),
         "at most one upstream connection per worker, opened {n}"
@@ -1320,9 +1320,8 @@ async fn connections_past_the_limit_are_closed_and_counted() -> anyhow::Result<(
     let _ = third.write_all(request).await;
     closed_within(&mut third, Duration::from_secs(5)).await?;
     assert!(
-        p.metric("holdfast_proxy_connections_refused_total")
+        p.metric_value("holdfast_proxy_connections_refused_total")
             .await?
-            .unwrap_or(0.0)
             >= 1.0
     );
     for c in &mut open {
@@ -1466,9 +1465,8 @@ async fn a_full_disk_is_reported_in_the_ack_while_the_new_snapshot_serves_and_re
         Some(0.0)
     );
     assert!(
-        p.metric("holdfast_proxy_persist_failures_total")
+        p.metric_value("holdfast_proxy_persist_failures_total")
             .await?
-            .unwrap_or(0.0)
             >= 1.0
     );
     let ack = wait::until("an ACK of version 2 with the write error", T, || async {
@@ -1818,9 +1816,8 @@ async fn out_of_file_descriptors_the_accept_loops_back_off_and_recover() -> anyh
     })
     .await?;
     assert!(
-        w.p.metric("holdfast_proxy_accept_errors_total")
+        w.p.metric_value("holdfast_proxy_accept_errors_total")
             .await?
-            .unwrap_or(0.0)
             >= 1.0
     );
     Ok(())
@@ -1889,9 +1886,8 @@ async fn a_local_connect_error_does_not_eject_a_healthy_endpoint() -> anyhow::Re
     cp.push(both.clone());
     wait_version(&p, &both.version).await?;
     let errors_before = p
-        .metric("holdfast_proxy_upstream_connect_errors_total")
-        .await?
-        .unwrap_or(0.0);
+        .metric_value("holdfast_proxy_upstream_connect_errors_total")
+        .await?;
 
     // No descriptor left: every new socket fails with EMFILE.
     // The limit is on descriptor numbers and the proxy fills the lowest free one, so
@@ -1924,9 +1920,8 @@ async fn a_local_connect_error_does_not_eject_a_healthy_endpoint() -> anyhow::Re
         assert_eq!(answer?, (200, "echo-b".to_owned()));
     }
     let errors = p
-        .metric("holdfast_proxy_upstream_connect_errors_total")
-        .await?
-        .unwrap_or(0.0);
+        .metric_value("holdfast_proxy_upstream_connect_errors_total")
+        .await?;
     assert!(
         errors > errors_before,
         "no connect failed under the limit ({errors_before} -> {errors})"
@@ -2160,10 +2155,9 @@ async fn sigkilled_while_writing_deltas_every_restart_serves_a_verified_snapshot
     }
     wait::until("a compaction", T, || async {
         let n = p
-            .metric("holdfast_proxy_state_compactions_total")
+            .metric_value("holdfast_proxy_state_compactions_total")
             .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0.0);
+            .map_err(|e| e.to_string())?;
         Ok((n >= 1.0).then_some(()))
     })
     .await?;

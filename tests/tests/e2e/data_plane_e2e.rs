@@ -192,7 +192,7 @@ async fn changes_reach_proxies_as_deltas_even_after_a_restart_from_the_state_fil
     until_ok(&p, &w.host("web")).await?;
     let metric = |name: &'static str| {
         let p = &p;
-        async move { Ok::<f64, anyhow::Error>(p.metric(name).await?.unwrap_or(0.0)) }
+        async move { p.metric_value(name).await }
     };
     let full = metric("holdfast_proxy_received_bytes_total").await?;
     assert!(full > 0.0);
@@ -212,9 +212,8 @@ async fn changes_reach_proxies_as_deltas_even_after_a_restart_from_the_state_fil
     w.cp.restart()?;
     until_ok(&p, &w.host("third")).await?;
     let received = p
-        .metric("holdfast_proxy_received_bytes_total")
-        .await?
-        .unwrap_or(0.0);
+        .metric_value("holdfast_proxy_received_bytes_total")
+        .await?;
     assert_eq!(
         p.metric("holdfast_proxy_deltas_received_total").await?,
         Some(1.0),

@@ -151,9 +151,8 @@ async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certific
         "a certificate from another CA was accepted"
     );
     assert!(
-        cp.metric("holdfast_grpc_tls_handshake_failures_total")
+        cp.metric_value("holdfast_grpc_tls_handshake_failures_total")
             .await?
-            .unwrap_or(0.0)
             >= 1.0
     );
 
@@ -174,10 +173,9 @@ async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certific
     )?;
     wait::until("the control plane to refuse proxy-x", T, || async {
         let refused = cp
-            .metric("holdfast_proxy_streams_refused_total")
+            .metric_value("holdfast_proxy_streams_refused_total")
             .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0.0);
+            .map_err(|e| e.to_string())?;
         Ok((refused >= 3.0).then_some(()))
     })
     .await?;
@@ -230,10 +228,9 @@ async fn a_proxy_without_a_certificate_from_the_ca_or_whose_node_id_its_certific
 async fn refused_by(p: &ProxyProc, cp: &ControlPlane, at_least: f64) -> anyhow::Result<()> {
     wait::until("the proxy to abort its handshakes", T, || async {
         let failed = cp
-            .metric("holdfast_grpc_tls_handshake_failures_total")
+            .metric_value("holdfast_grpc_tls_handshake_failures_total")
             .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0.0);
+            .map_err(|e| e.to_string())?;
         Ok((failed >= at_least).then_some(()))
     })
     .await?;
@@ -443,12 +440,7 @@ async fn the_serving_certificate_is_rotated_on_disk_while_proxies_stay_connected
         },
     )
     .await?;
-    assert!(
-        cp.metric("holdfast_grpc_tls_reloads_total")
-            .await?
-            .unwrap_or(0.0)
-            >= 1.0
-    );
+    assert!(cp.metric_value("holdfast_grpc_tls_reloads_total").await? >= 1.0);
 
     // The proxy's stream was not dropped, and it ACKs the next snapshot on it.
     s.ingress("after").await?;
@@ -579,10 +571,9 @@ async fn a_renewed_proxy_certificate_and_a_renewed_client_ca_are_picked_up_from_
     let p = ProxyProc::start("proxy-c", &[cp.grpc_url()], state.path(), &s.logs, &flags)?;
     wait::until("the untrusted proxy to be refused", T, || async {
         let failed = cp
-            .metric("holdfast_grpc_tls_handshake_failures_total")
+            .metric_value("holdfast_grpc_tls_handshake_failures_total")
             .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0.0);
+            .map_err(|e| e.to_string())?;
         Ok((failed >= 1.0).then_some(()))
     })
     .await?;
@@ -620,10 +611,9 @@ async fn a_renewed_proxy_certificate_and_a_renewed_client_ca_are_picked_up_from_
     renewed.write(dir.path(), "proxy-c")?;
     wait::until("the proxy to reload its files", T, || async {
         let n = p
-            .metric("holdfast_proxy_tls_reloads_total")
+            .metric_value("holdfast_proxy_tls_reloads_total")
             .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0.0);
+            .map_err(|e| e.to_string())?;
         Ok((n >= 1.0).then_some(()))
     })
     .await?;

@@ -20,13 +20,14 @@ use super::*;
 async fn s06_control_plane_sigkilled_for_60s() -> anyhow::Result<()> {
     let mut s = Scenario::start("s06", Options::default()).await?;
     let versions = s.applied_versions().await?;
-    let applied: Vec<Option<f64>> = futures::future::join_all(s.proxies.iter().map(|p| async {
-        p.metric("holdfast_proxy_snapshots_applied_total")
-            .await
-            .ok()
-            .flatten()
-    }))
-    .await;
+    // A proxy without the series fails the test (two missing series are not "equal").
+    let applied = futures::future::try_join_all(
+        s.proxies
+            .iter()
+            .map(|p| p.metric_value("holdfast_proxy_snapshots_applied_total")),
+    )
+    .await?;
+    assert!(applied.iter().all(|n| *n >= 1.0), "applied {applied:?}");
     let traffic = s.traffic(RATE);
 
     s.cp.proc.kill();
@@ -60,7 +61,8 @@ async fn s06_control_plane_sigkilled_for_60s() -> anyhow::Result<()> {
     );
     for (p, before) in s.proxies.iter().zip(applied) {
         assert_eq!(
-            p.metric("holdfast_proxy_snapshots_applied_total").await?,
+            p.metric_value("holdfast_proxy_snapshots_applied_total")
+                .await?,
             before,
             "a proxy re-applied"
         );
@@ -457,9 +459,8 @@ async fn s18_replicas_lagging_on_different_kinds_never_move_a_proxy_back_and_it_
     );
     assert!(
         s.proxies[0]
-            .metric("holdfast_proxy_snapshots_waited_total")
+            .metric_value("holdfast_proxy_snapshots_waited_total")
             .await?
-            .unwrap_or(0.0)
             >= 1.0
     );
     let waiting = served_progress(&s.proxies[0]).await?;
