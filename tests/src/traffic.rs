@@ -1,6 +1,7 @@
 //! A bounded traffic driver: steady requests through each proxy across a set of hosts,
 //! recording every status code, with a report of anything unexpected. It stops when
-//! stopped, or by itself after its maximum duration.
+//! stopped, or by itself after its maximum duration; then stopping it is an error, since
+//! the scenario outlived it and part of it went without traffic.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -37,6 +38,8 @@ pub struct Report {
     pub unexpected: Vec<Unexpected>,
     /// Requests sent.
     pub total: u64,
+    /// The driver stopped by itself at its maximum duration (nothing was sent after).
+    pub ran_out: bool,
 }
 
 impl Report {
@@ -97,14 +100,26 @@ pub struct Traffic {
     tasks: JoinSet<()>,
     report: Arc<Mutex<Report>>,
     hosts: Arc<Mutex<Vec<String>>>,
+    max_run: Duration,
 }
 
 /// Longest a driver runs if nobody stops it.
-const MAX_RUN: Duration = Duration::from_secs(300);
+pub const MAX_RUN: Duration = Duration::from_secs(300);
 
 impl Traffic {
-    /// Sends `rate` requests per second through each of `proxies`, cycling over `hosts`.
+    /// Sends `rate` requests per second through each of `proxies`, cycling over `hosts`,
+    /// for at most [`MAX_RUN`].
     pub fn start(proxies: &[SocketAddr], hosts: Vec<String>, rate: u32) -> Self {
+        Self::start_for(proxies, hosts, rate, MAX_RUN)
+    }
+
+    /// Like [`Traffic::start`], for at most `max_run`.
+    pub fn start_for(
+        proxies: &[SocketAddr],
+        hosts: Vec<String>,
+        rate: u32,
+        max_run: Duration,
+    ) -> Self {
         let (stop, rx) = watch::channel(false);
         let report = Arc::new(Mutex::new(Report::default()));
         let hosts = Arc::new(Mutex::new(hosts));
@@ -117,7 +132,11 @@ impl Traffic {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut conn: Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> = None;
                 let mut i = 0usize;
-                while started.elapsed() < MAX_RUN {
+                loop {
+                    if started.elapsed() >= max_run {
+                        report.lock().expect("report lock").ran_out = true;
+                        break;
+                    }
                     tokio::select! {
                         _ = stop.wait_for(|s| *s) => break,
                         _ = tick.tick() => {}
@@ -157,6 +176,7 @@ impl Traffic {
             tasks,
             report,
             hosts,
+            max_run,
         }
     }
 
@@ -170,11 +190,20 @@ impl Traffic {
         self.report.lock().expect("report lock").clone()
     }
 
-    /// Stops and returns the full report.
-    pub async fn stop(mut self) -> Report {
+    /// Stops and returns the full report; an error if the driver had stopped by itself
+    /// (the scenario outlived it: its end went without traffic).
+    pub async fn stop(mut self) -> anyhow::Result<Report> {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
-        self.report.lock().expect("report lock").clone()
+        let report = self.report.lock().expect("report lock").clone();
+        anyhow::ensure!(
+            !report.ran_out,
+            "the traffic driver stopped by itself before the scenario ended (it runs at most \
+             {:?}): {}",
+            self.max_run,
+            report.summary()
+        );
+        Ok(report)
     }
 }
 
@@ -219,5 +248,41 @@ async fn one(
     match tokio::time::timeout(Duration::from_secs(5), fut).await {
         Ok(r) => r,
         Err(_) => Err("timed out after 5s".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver that outlives its maximum duration says so: stopping it fails. (Requests
+    /// to a closed port fail at once; they are recorded as connection failures.)
+    #[tokio::test]
+    async fn a_driver_that_ran_out_fails_when_stopped() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let limit = Duration::from_millis(300);
+        let traffic = Traffic::start_for(&[closed], vec!["a.test".into()], 100, limit);
+        crate::wait::until("the driver to run out", crate::wait::T, || async {
+            Ok(traffic.snapshot().ran_out.then_some(()))
+        })
+        .await
+        .expect("it runs out");
+        let error = traffic
+            .stop()
+            .await
+            .expect_err("stopping a driver that ran out fails");
+        assert!(error.to_string().contains("stopped by itself"), "{error}");
+
+        let running = Traffic::start_for(&[closed], vec!["a.test".into()], 100, crate::wait::T);
+        crate::wait::until("some requests", crate::wait::T, || async {
+            Ok((running.snapshot().total > 3).then_some(()))
+        })
+        .await
+        .expect("requests");
+        let report = running.stop().await.expect("stopped in time");
+        assert!(!report.ran_out);
+        assert_eq!(report.count("a.test", 0), report.total);
     }
 }

@@ -1553,7 +1553,7 @@ async fn a_rolling_restart_behind_a_balancer_loses_no_request() -> anyhow::Resul
         })
         .await?;
     }
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     eprintln!("{}", report.summary());
     assert!(
         report.total >= 200,

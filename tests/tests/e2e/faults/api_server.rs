@@ -45,7 +45,7 @@ async fn s01_incident_replay_api_server_refuses_connections_for_30s() -> anyhow:
         Ok((st["ready"] == true).then_some(()))
     })
     .await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(
         s.published_hash()?,
@@ -106,7 +106,7 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
     })
     .await?;
 
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(
         s.published_hash()?,
@@ -152,7 +152,7 @@ async fn s03_kube_apiserver_and_etcd_sigkilled_and_restarted() -> anyhow::Result
     .await?;
     s.wait_cp_synced().await?;
 
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(s.published_hash()?, hash, "routes changed");
     assert_eq!(s.applied_versions().await?, versions);
@@ -177,7 +177,7 @@ async fn s04_blackholed_api_server_is_noticed_and_nothing_wrong_is_published() -
 
     s.api_fault.set(Mode::Pass);
     s.wait_cp_synced().await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(s.published_hash()?, hash);
     assert_eq!(s.published_total().await?, published);
@@ -233,7 +233,7 @@ async fn s05_control_plane_cold_start_while_the_api_server_is_unreachable() -> a
         Some(10),
         "incomplete first snapshot"
     );
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     Ok(())
 }
@@ -336,7 +336,7 @@ async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready(
         "it published without Services"
     );
     assert_eq!(s.applied_versions().await?, versions);
-    assert_clean(&traffic.stop().await);
+    assert_clean(&traffic.stop().await?);
     Ok(())
 }
 
@@ -389,7 +389,7 @@ async fn s15_watch_expiry_410_after_etcd_compaction_relists_without_route_flaps(
             .is_some_and(|e| e.contains("too old resource version") && e.ends_with("Expired (410)"))
     });
     assert!(expired, "no 410 Gone in GetStatus: {status}");
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(s.published_hash()?, hash, "routes flapped");
     assert_eq!(
@@ -458,7 +458,7 @@ async fn s16_a_silent_partition_from_the_api_server_is_noticed_and_a_later_chang
         per_minute <= 60.0,
         "{per_minute:.1} watch requests a minute"
     );
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     Ok(())
 }

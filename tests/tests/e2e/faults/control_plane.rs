@@ -52,7 +52,7 @@ async fn s06_control_plane_sigkilled_for_60s() -> anyhow::Result<()> {
         },
     )
     .await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert_eq!(
         s.applied_versions().await?,
@@ -95,7 +95,7 @@ async fn s10_mass_deletion_is_held_until_approved_with_grpcurl() -> anyhow::Resu
         Ok((traffic.snapshot().total > 1000).then_some(()))
     })
     .await?;
-    assert_clean(&traffic.stop().await);
+    assert_clean(&traffic.stop().await?);
     assert_eq!(
         s.applied_versions().await?,
         versions,
@@ -187,7 +187,7 @@ async fn s14_a_proxy_reconnecting_to_a_lagging_replica_does_not_move_backwards()
         Ok((traffic.snapshot().total > 600).then_some(()))
     })
     .await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     assert!(report.count(&new_host, 200) > 0);
     Ok(())
@@ -292,7 +292,7 @@ async fn s17_a_held_removal_holds_only_its_routes_while_other_namespaces_change(
     assert_eq!(st["held"]["version"], name);
     assert_eq!(st["held"]["heldSince"], since);
     // A's routes kept serving, with B's, throughout.
-    assert_clean(&traffic.stop().await);
+    assert_clean(&traffic.stop().await?);
 
     // Approval removes exactly A's routes.
     call(
@@ -510,7 +510,7 @@ async fn s18_replicas_lagging_on_different_kinds_never_move_a_proxy_back_and_it_
             );
         }
     }
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert_clean(&report);
     Ok(())
 }

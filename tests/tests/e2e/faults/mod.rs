@@ -35,6 +35,11 @@ pub(super) const RATE: u32 = 200;
 
 pub(super) fn assert_clean(report: &Report) {
     assert!(
+        !report.ran_out,
+        "the traffic driver stopped by itself: the scenario outlived it; {}",
+        report.summary()
+    );
+    assert!(
         report.unexpected.is_empty(),
         "non-2xx answers: {}",
         report.summary()

@@ -34,8 +34,8 @@ async fn s07_proxy_restarted_while_the_control_plane_is_down_serves_its_persiste
         Ok((restarted.snapshot().total >= 500).then_some(()))
     })
     .await?;
-    assert_clean(&restarted.stop().await);
-    assert_clean(&other.stop().await);
+    assert_clean(&restarted.stop().await?);
+    assert_clean(&other.stop().await?);
     Ok(())
 }
 
@@ -139,7 +139,7 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
         Ok((traffic.snapshot().total > 400).then_some(()))
     })
     .await?;
-    assert_clean(&traffic.stop().await);
+    assert_clean(&traffic.stop().await?);
 
     // A real control plane sees a NACK too: this proxy holds a newer revision than the
     // control plane offers, so it refuses it, and ListProxies says so.

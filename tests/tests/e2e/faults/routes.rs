@@ -34,7 +34,7 @@ async fn s11_deleting_one_of_ten_ingresses_flows_within_2s_and_others_never_fail
         Ok((traffic.snapshot().total > 800).then_some(()))
     })
     .await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     let others = report.unexpected_except(&[&gone]);
     assert!(
         others.is_empty(),
@@ -65,7 +65,7 @@ async fn s12_service_deleted_while_its_ingress_stays_answers_503_not_404() -> an
         Ok((traffic.snapshot().total > 800).then_some(()))
     })
     .await?;
-    let report = traffic.stop().await;
+    let report = traffic.stop().await?;
     assert!(
         report.unexpected_except(&[&host]).is_empty(),
         "{}",
