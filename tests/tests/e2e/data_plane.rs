@@ -701,6 +701,9 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
         &[("web", &[upstream]), ("ws", &[echo])],
     );
     cp.push(s.clone());
+    // Accepting stops after the drain delay; the grace period runs from then.
+    const DRAIN: Duration = Duration::from_secs(1);
+    const GRACE: Duration = Duration::from_secs(3);
     let mut p = ProxyProc::start(
         "proxy-drain",
         &[cp.url()],
@@ -723,6 +726,7 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
     tokio::time::timeout(T, arrived).await??;
 
     // SIGTERM: not ready at once, but still serving new connections for the drain delay.
+    let signalled = std::time::Instant::now();
     p.proc.signal("TERM")?;
     // At once: well within the 1 s drain delay, during which it keeps accepting.
     wait::until("/readyz to fail", Duration::from_millis(700), || async {
@@ -756,8 +760,25 @@ async fn sigterm_stops_accepting_and_finishes_in_flight_requests() -> anyhow::Re
         (200, "slow\n"),
         "the in-flight request finished"
     );
-    // The tunnel is closed at the end of the grace period, and the proxy exits.
-    closed_within(&mut ws, T).await?;
+    // The tunnel is closed at the end of the grace period (not before, and not long
+    // after), and the proxy exits.
+    let end = DRAIN + GRACE;
+    closed_within(
+        &mut ws,
+        (end + Duration::from_secs(2)).saturating_sub(signalled.elapsed()),
+    )
+    .await
+    .map_err(|e| {
+        e.context(format!(
+            "the tunnel outlived the grace (it ends {end:?} after SIGTERM, plus 2 s)"
+        ))
+    })?;
+    let took = signalled.elapsed();
+    eprintln!("the tunnel closed {took:?} after SIGTERM (the grace ends after {end:?})");
+    assert!(
+        took >= end - Duration::from_millis(100),
+        "the tunnel closed {took:?} after SIGTERM, before the grace ended"
+    );
     let status = p.proc.wait_exit(T)?;
     assert!(status.success(), "{status}");
     Ok(())
@@ -1254,14 +1275,37 @@ async fn request_bodies_over_the_limit_get_413_and_stalled_ones_408() -> anyhow:
 /// A client that stops reading its response loses the connection after --send-timeout.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::Result<()> {
-    let w = one_route("send-timeout", &["--send-timeout", "1s"]).await?;
+    // A short header timeout makes the proxy check its connections every 250 ms, so a cut
+    // comes within a quarter second of when it is due: early is told from on time.
+    let w = one_route(
+        "send-timeout",
+        &["--send-timeout", "1s", "--header-read-timeout", "1s"],
+    )
+    .await?;
     let p = &w.p;
     const SIZE: usize = 64 << 20;
     let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    let client = c.local_addr()?;
     c.write_all(format!("GET /?bytes={SIZE} HTTP/1.1\r\nHost: a.test\r\n\r\n").as_bytes())
         .await?;
-    // The behaviour under test: the client reads nothing for 3 s (not synchronisation).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = std::time::Instant::now();
+    // The client reads nothing: the socket buffers fill within milliseconds and the
+    // proxy's writes block. Its side of the connection leaves ESTABLISHED when it closes
+    // (the kernel holds the unsent bytes and the FIN behind them), seen in /proc/net/tcp.
+    let took = wait::until(
+        "the proxy to close the connection of a client that reads nothing",
+        Duration::from_secs(15),
+        || async {
+            let open = established(p.addr, client).map_err(|e| e.to_string())?;
+            Ok((!open).then(|| asked.elapsed()))
+        },
+    )
+    .await?;
+    eprintln!("the proxy closed the connection {took:?} after the request");
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the send timeout"
+    );
     let mut total = 0usize;
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -1293,6 +1337,26 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() -> anyhow::
         "closed after {took:?}, before the send timeout"
     );
     Ok(())
+}
+
+/// Whether the TCP connection from `local` to `remote` is ESTABLISHED on `local`'s side
+/// (its line in /proc/net/tcp; a connection that is gone is not).
+fn established(local: SocketAddr, remote: SocketAddr) -> anyhow::Result<bool> {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => Ok(format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        )),
+        SocketAddr::V6(_) => anyhow::bail!("IPv4 only: {a}"),
+    };
+    let (local, remote) = (hex(local)?, hex(remote)?);
+    let tcp = std::fs::read_to_string("/proc/net/tcp")?;
+    Ok(tcp.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // local address, remote address, state (01: ESTABLISHED)
+        f.len() > 3 && f[1] == local && f[2] == remote && f[3] == "01"
+    }))
 }
 
 /// Past --max-connections, new connections are closed at once and counted; the open
