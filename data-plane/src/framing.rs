@@ -40,8 +40,8 @@ const PREFACE_TAIL: usize = b"SM\r\n\r\n".len();
 
 #[derive(Debug)]
 enum State {
-    /// Collecting a request head.
-    Head(Vec<u8>),
+    /// Reading a request head.
+    Head(HeadScan),
     /// Skipping a fixed-length body.
     Fixed(u64),
     /// Reading a chunk-size line.
@@ -79,7 +79,7 @@ pub struct Tracker {
 impl Default for Tracker {
     fn default() -> Self {
         Tracker {
-            state: State::Head(Vec::new()),
+            state: State::Head(HeadScan::default()),
             request: 0,
             flagged: None,
             upgrade_after_body: None,
@@ -88,6 +88,7 @@ impl Default for Tracker {
 }
 
 /// What a head says about its framing.
+#[derive(Debug, PartialEq, Eq)]
 struct HeadInfo {
     length: Option<u64>,
     chunked: bool,
@@ -95,86 +96,220 @@ struct HeadInfo {
     h2_preface: bool,
 }
 
-fn parse_head(head: &[u8]) -> Result<HeadInfo, Option<BadRequest>> {
-    // A line ended by a bare LF: hyper accepts it, but another parser in front of or
-    // behind holdfast may split the head elsewhere (RFC 9112 §2.2 allows refusing it).
-    if head
-        .iter()
-        .enumerate()
-        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
-    {
-        return Err(Some(BadRequest::BareLineFeed));
-    }
-    // Header values may carry obs-text; only ASCII names and values matter here.
-    let text = String::from_utf8_lossy(head);
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    if request_line.starts_with("PRI * HTTP/2.0") {
-        return Ok(HeadInfo {
-            length: None,
-            chunked: false,
-            upgrade: false,
-            h2_preface: true,
-        });
-    }
-    let mut lengths: Vec<&str> = Vec::new();
-    let mut te: Vec<&str> = Vec::new();
-    let mut upgrade_header = false;
-    let mut connection_upgrade = false;
-    for line in lines.filter(|l| !l.is_empty()) {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(None);
-        };
-        let value = value.trim();
-        let name = name.trim().to_ascii_lowercase();
-        // hyper reads a header value that is not visible ASCII as no token at all, this
-        // parser would read the ASCII in it: they could disagree on an upgrade.
-        if matches!(name.as_str(), "connection" | "upgrade")
-            && !value
-                .bytes()
-                .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-        {
-            return Err(Some(BadRequest::BadConnection));
-        }
-        match name.as_str() {
-            "content-length" => lengths.push(value),
-            "transfer-encoding" => te.push(value),
-            "upgrade" => upgrade_header = true,
-            "connection" => {
-                connection_upgrade |= value
-                    .split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+/// Longest value of a framing header (Content-Length, Transfer-Encoding, Connection,
+/// Upgrade) the tracker reads; a longer one is refused.
+const MAX_FRAMING_VALUE: usize = 8 * 1024;
+
+/// Which header a head line is, as far as framing goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Field {
+    /// Still reading the name.
+    #[default]
+    Name,
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    Upgrade,
+    /// Any other header: its value is skipped.
+    Other,
+}
+
+/// A request head read as it arrives, keeping only what framing needs: the start of the
+/// request line (an HTTP/2 preface) and the values of Content-Length, Transfer-Encoding,
+/// Connection and Upgrade. The head itself stays in one place, hyper's read buffer: a slow
+/// client's partial head is held once, not twice.
+#[derive(Debug, Default)]
+struct HeadScan {
+    /// Bytes of this head so far.
+    seen: usize,
+    /// Lines ended so far (0 while reading the request line).
+    lines: usize,
+    /// Bytes of the current line so far.
+    line_len: usize,
+    /// A CR was read and its LF (or not) is next.
+    cr: bool,
+    field: Field,
+    /// The current header's name, lower case, while it is short enough to matter.
+    name: Vec<u8>,
+    /// The current framing header's value.
+    value: Vec<u8>,
+    /// The first bytes of the request line.
+    request_line: Vec<u8>,
+    lengths: Vec<Vec<u8>>,
+    te: Vec<Vec<u8>>,
+    connection: Vec<Vec<u8>>,
+    upgrade: bool,
+    /// A line ended by a bare LF (refused before anything else).
+    bare_lf: bool,
+    /// The first other line that makes the head refused: with why, or None for a header
+    /// line without a colon (which hyper refuses too).
+    problem: Option<Option<BadRequest>>,
+}
+
+/// What reading one more byte of a head gave.
+enum Scanned {
+    More,
+    /// The head ended with this byte.
+    Done,
+}
+
+impl HeadScan {
+    fn feed_byte(&mut self, b: u8) -> Scanned {
+        self.seen += 1;
+        if self.cr {
+            self.cr = false;
+            if b == b'\n' {
+                return self.end_line();
             }
-            _ => {}
+            // A lone CR inside a line is part of it.
+            self.content(b'\r');
+        }
+        match b {
+            b'\r' => self.cr = true,
+            b'\n' => {
+                // A line ended by a bare LF (RFC 9112 §2.2): hyper accepts it, another
+                // parser in front of or behind holdfast may split the head elsewhere.
+                self.bare_lf = true;
+                return self.end_line();
+            }
+            _ => self.content(b),
+        }
+        Scanned::More
+    }
+
+    fn content(&mut self, b: u8) {
+        self.line_len += 1;
+        if self.lines == 0 {
+            if self.request_line.len() < 16 {
+                self.request_line.push(b);
+            }
+            return;
+        }
+        match self.field {
+            Field::Name if b == b':' => {
+                self.field = match self.name.trim_ascii() {
+                    b"content-length" => Field::ContentLength,
+                    b"transfer-encoding" => Field::TransferEncoding,
+                    b"connection" => Field::Connection,
+                    b"upgrade" => Field::Upgrade,
+                    _ => Field::Other,
+                };
+            }
+            Field::Name => {
+                // Longer than any name that matters: keep counting, stop keeping.
+                if self.name.len() <= 32 {
+                    self.name.push(b.to_ascii_lowercase());
+                }
+            }
+            Field::Other => {}
+            _ => {
+                if self.value.len() < MAX_FRAMING_VALUE {
+                    self.value.push(b);
+                } else {
+                    let bad = match self.field {
+                        Field::ContentLength => BadRequest::BadLength,
+                        Field::TransferEncoding => BadRequest::BadTransferEncoding,
+                        _ => BadRequest::BadConnection,
+                    };
+                    self.problem.get_or_insert(Some(bad));
+                }
+            }
         }
     }
-    if !lengths.is_empty() && !te.is_empty() {
-        return Err(Some(BadRequest::LengthAndChunked));
-    }
-    if lengths.len() > 1 || lengths.iter().any(|l| l.contains(',')) {
-        return Err(Some(BadRequest::DuplicateLength));
-    }
-    let length = match lengths.first() {
-        Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => {
-            Some(l.parse().map_err(|_| Some(BadRequest::BadLength))?)
+
+    fn end_line(&mut self) -> Scanned {
+        let empty = self.line_len == 0;
+        if empty && self.lines > 0 {
+            return Scanned::Done;
         }
-        Some(_) => return Err(Some(BadRequest::BadLength)),
-        None => None,
-    };
-    let chunked = te
-        .iter()
-        .flat_map(|v| v.split(','))
-        .last()
-        .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
-    if !te.is_empty() && !chunked {
-        return Err(Some(BadRequest::BadTransferEncoding));
+        if self.lines > 0 {
+            let value = std::mem::take(&mut self.value);
+            let value = value.trim_ascii().to_vec();
+            match self.field {
+                Field::Name => {
+                    self.problem.get_or_insert(None);
+                }
+                Field::ContentLength => self.lengths.push(value),
+                Field::TransferEncoding => self.te.push(value),
+                field @ (Field::Connection | Field::Upgrade) => {
+                    // hyper reads a value that is not visible ASCII as no token at all,
+                    // this parser would read the ASCII in it: they could disagree on an
+                    // upgrade.
+                    if !value
+                        .iter()
+                        .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))
+                    {
+                        self.problem.get_or_insert(Some(BadRequest::BadConnection));
+                    }
+                    if field == Field::Upgrade {
+                        self.upgrade = true;
+                    } else {
+                        self.connection.push(value);
+                    }
+                }
+                Field::Other => {}
+            }
+        }
+        self.lines += 1;
+        self.line_len = 0;
+        self.field = Field::Name;
+        self.name.clear();
+        Scanned::More
     }
-    Ok(HeadInfo {
-        length,
-        chunked,
-        upgrade: upgrade_header && connection_upgrade,
-        h2_preface: false,
-    })
+
+    /// What the whole head says about its framing.
+    fn decide(self) -> Result<HeadInfo, Option<BadRequest>> {
+        if self.bare_lf {
+            return Err(Some(BadRequest::BareLineFeed));
+        }
+        if self.request_line.starts_with(b"PRI * HTTP/2.0") {
+            return Ok(HeadInfo {
+                length: None,
+                chunked: false,
+                upgrade: false,
+                h2_preface: true,
+            });
+        }
+        if let Some(problem) = self.problem {
+            return Err(problem);
+        }
+        let (lengths, te) = (self.lengths, self.te);
+        if !lengths.is_empty() && !te.is_empty() {
+            return Err(Some(BadRequest::LengthAndChunked));
+        }
+        if lengths.len() > 1 || lengths.iter().any(|l| l.contains(&b',')) {
+            return Err(Some(BadRequest::DuplicateLength));
+        }
+        let length = match lengths.first() {
+            Some(l) if !l.is_empty() && l.iter().all(u8::is_ascii_digit) => Some(
+                std::str::from_utf8(l)
+                    .ok()
+                    .and_then(|l| l.parse().ok())
+                    .ok_or(Some(BadRequest::BadLength))?,
+            ),
+            Some(_) => return Err(Some(BadRequest::BadLength)),
+            None => None,
+        };
+        let chunked = te
+            .iter()
+            .flat_map(|v| v.split(|b| *b == b','))
+            .last()
+            .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        if !te.is_empty() && !chunked {
+            return Err(Some(BadRequest::BadTransferEncoding));
+        }
+        let connection_upgrade = self
+            .connection
+            .iter()
+            .flat_map(|v| v.split(|b| *b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
+        Ok(HeadInfo {
+            length,
+            chunked,
+            upgrade: self.upgrade && connection_upgrade,
+            h2_preface: false,
+        })
+    }
 }
 
 impl Tracker {
@@ -212,7 +347,7 @@ impl Tracker {
     /// stream's header block is arriving.
     pub fn head_pending(&self) -> bool {
         match &self.state {
-            State::Head(buf) => !buf.is_empty(),
+            State::Head(scan) => scan.seen > 0,
             State::H2(_, frames) => frames.headers_pending(),
             // Bytes sent before the upgrade's answer: if it is refused they are the next
             // head, so they are timed from now on (a tunnel is not timed at all).
@@ -250,7 +385,7 @@ impl Tracker {
             if switched {
                 self.state = State::Off;
             } else {
-                self.state = State::Head(Vec::new());
+                self.state = State::Head(HeadScan::default());
                 self.feed(&pending);
             }
         }
@@ -267,7 +402,7 @@ impl Tracker {
     fn after_body(&mut self) -> State {
         match self.upgrade_after_body.take() {
             Some(index) => State::UpgradeWait(index, Vec::new()),
-            None => State::Head(Vec::new()),
+            None => State::Head(HeadScan::default()),
         }
     }
 
@@ -298,9 +433,9 @@ impl Tracker {
                     active |= frames.feed(data);
                     break;
                 }
-                State::Head(buf) => {
+                State::Head(scan) => {
                     // Leading empty lines between requests are allowed (RFC 9112 §2.2).
-                    if buf.is_empty() {
+                    if scan.seen == 0 {
                         let skip = data
                             .iter()
                             .take_while(|b| **b == b'\r' || **b == b'\n')
@@ -310,18 +445,25 @@ impl Tracker {
                             break;
                         }
                     }
-                    let before = buf.len();
-                    buf.extend_from_slice(data);
-                    let Some(end) = head_end(buf, before.saturating_sub(2)) else {
-                        if buf.len() > MAX_HEAD {
+                    let mut ended = None;
+                    for (i, b) in data.iter().enumerate() {
+                        if let Scanned::Done = scan.feed_byte(*b) {
+                            ended = Some(i + 1);
+                            break;
+                        }
+                        if scan.seen > MAX_HEAD {
+                            break;
+                        }
+                    }
+                    let Some(consumed) = ended else {
+                        if scan.seen > MAX_HEAD {
                             self.state = State::Off;
                         }
                         break;
                     };
-                    let consumed_now = end - before;
-                    let head = std::mem::take(buf);
-                    data = &data[consumed_now..];
-                    match parse_head(&head[..end]) {
+                    data = &data[consumed..];
+                    let scan = std::mem::take(scan);
+                    match scan.decide() {
                         Err(Some(bad)) => {
                             self.flagged = Some((self.request, bad));
                             self.state = State::Off;
@@ -429,21 +571,6 @@ impl Tracker {
     }
 }
 
-/// The end (exclusive) of the first head in `buf`, searching from `from`: an empty line,
-/// whether lines end in CRLF or (refused later) a bare LF.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    (from..buf.len()).find_map(|i| {
-        if buf[i] != b'\n' {
-            return None;
-        }
-        match buf.get(i + 1..) {
-            Some([b'\n', ..]) => Some(i + 2),
-            Some([b'\r', b'\n', ..]) => Some(i + 3),
-            _ => None,
-        }
-    })
-}
-
 /// Follows HTTP/2 frames (RFC 9113 §4.1) in one direction, by their 9-byte headers.
 #[derive(Debug, Default)]
 pub struct FrameScanner {
@@ -507,6 +634,177 @@ impl FrameScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The head parser the tracker had before it read heads as they arrive (kept whole,
+    /// then parsed): the reference the streaming one must agree with.
+    mod reference {
+        use super::super::{BadRequest, HeadInfo};
+
+        pub(super) fn parse_head(head: &[u8]) -> Result<HeadInfo, Option<BadRequest>> {
+            // A line ended by a bare LF: hyper accepts it, but another parser in front of or
+            // behind holdfast may split the head elsewhere (RFC 9112 §2.2 allows refusing it).
+            if head
+                .iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+            {
+                return Err(Some(BadRequest::BareLineFeed));
+            }
+            // Header values may carry obs-text; only ASCII names and values matter here.
+            let text = String::from_utf8_lossy(head);
+            let mut lines = text.split("\r\n");
+            let request_line = lines.next().unwrap_or("");
+            if request_line.starts_with("PRI * HTTP/2.0") {
+                return Ok(HeadInfo {
+                    length: None,
+                    chunked: false,
+                    upgrade: false,
+                    h2_preface: true,
+                });
+            }
+            let mut lengths: Vec<&str> = Vec::new();
+            let mut te: Vec<&str> = Vec::new();
+            let mut upgrade_header = false;
+            let mut connection_upgrade = false;
+            for line in lines.filter(|l| !l.is_empty()) {
+                let Some((name, value)) = line.split_once(':') else {
+                    return Err(None);
+                };
+                let value = value.trim();
+                let name = name.trim().to_ascii_lowercase();
+                // hyper reads a header value that is not visible ASCII as no token at all, this
+                // parser would read the ASCII in it: they could disagree on an upgrade.
+                if matches!(name.as_str(), "connection" | "upgrade")
+                    && !value
+                        .bytes()
+                        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+                {
+                    return Err(Some(BadRequest::BadConnection));
+                }
+                match name.as_str() {
+                    "content-length" => lengths.push(value),
+                    "transfer-encoding" => te.push(value),
+                    "upgrade" => upgrade_header = true,
+                    "connection" => {
+                        connection_upgrade |= value
+                            .split(',')
+                            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+                    }
+                    _ => {}
+                }
+            }
+            if !lengths.is_empty() && !te.is_empty() {
+                return Err(Some(BadRequest::LengthAndChunked));
+            }
+            if lengths.len() > 1 || lengths.iter().any(|l| l.contains(',')) {
+                return Err(Some(BadRequest::DuplicateLength));
+            }
+            let length = match lengths.first() {
+                Some(l) if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => {
+                    Some(l.parse().map_err(|_| Some(BadRequest::BadLength))?)
+                }
+                Some(_) => return Err(Some(BadRequest::BadLength)),
+                None => None,
+            };
+            let chunked = te
+                .iter()
+                .flat_map(|v| v.split(','))
+                .last()
+                .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+            if !te.is_empty() && !chunked {
+                return Err(Some(BadRequest::BadTransferEncoding));
+            }
+            Ok(HeadInfo {
+                length,
+                chunked,
+                upgrade: upgrade_header && connection_upgrade,
+                h2_preface: false,
+            })
+        }
+
+        /// The end (exclusive) of the first head in `buf`, searching from `from`: an empty line,
+        /// whether lines end in CRLF or (refused later) a bare LF.
+        pub(super) fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+            (from..buf.len()).find_map(|i| {
+                if buf[i] != b'\n' {
+                    return None;
+                }
+                match buf.get(i + 1..) {
+                    Some([b'\n', ..]) => Some(i + 2),
+                    Some([b'\r', b'\n', ..]) => Some(i + 3),
+                    _ => None,
+                }
+            })
+        }
+    }
+
+    /// The streaming head reader agrees with the whole-head reference on where a head
+    /// ends and what it says, for heads made of framing headers, odd lines and both line
+    /// endings.
+    #[test]
+    fn reading_a_head_as_it_arrives_agrees_with_reading_it_whole() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let request_lines = ["GET / HTTP/1.1", "POST /x HTTP/1.1", "PRI * HTTP/2.0"];
+        let lines: [&[u8]; 16] = [
+            b"Host: a",
+            b"Content-Length: 5",
+            b"content-length:  12 ",
+            b"Content-Length: 1, 1",
+            b"Content-Length: x",
+            b"Transfer-Encoding: chunked",
+            b"Transfer-Encoding: gzip, chunked",
+            b"Transfer-Encoding: gzip",
+            b"Connection: keep-alive, Upgrade",
+            b"Connection: up\xc3grade",
+            b"Upgrade: websocket",
+            b"X-Colon: a:b",
+            b"NoColon",
+            b"Content-Length : 5",
+            b" folded",
+            b"X-Bin: \xff\xfe",
+        ];
+        let strategy = (
+            0..request_lines.len(),
+            proptest::collection::vec((0..lines.len(), any::<bool>()), 0..8),
+            any::<bool>(),
+        );
+        let mut runner = TestRunner::new(Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&strategy, |(first, picked, bare_end)| {
+                let mut head = request_lines[first].as_bytes().to_vec();
+                head.extend_from_slice(b"\r\n");
+                for (i, bare) in &picked {
+                    head.extend_from_slice(lines[*i]);
+                    head.extend_from_slice(if *bare { b"\n" } else { b"\r\n" });
+                }
+                head.extend_from_slice(if bare_end { b"\n" } else { b"\r\n" });
+                let end = reference::head_end(&head, 0);
+                let mut scan = HeadScan::default();
+                let mut ended = None;
+                for (i, b) in head.iter().enumerate() {
+                    if let Scanned::Done = scan.feed_byte(*b) {
+                        ended = Some(i + 1);
+                        break;
+                    }
+                }
+                prop_assert_eq!(ended, end, "{:?}", String::from_utf8_lossy(&head));
+                if let Some(end) = end {
+                    prop_assert_eq!(
+                        scan.decide(),
+                        reference::parse_head(&head[..end]),
+                        "{:?}",
+                        String::from_utf8_lossy(&head)
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 
     #[test]
     fn a_head_is_pending_from_its_first_byte_until_it_is_complete_and_not_between_requests() {
