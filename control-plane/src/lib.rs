@@ -10,6 +10,7 @@
 //!   guard, publish; Events for skipped rules; fresh-read confirmation of holds.
 //! - [`state`]: what the parts share: the published snapshot, status, holds, proxies.
 //! - [`authn`]: mutual TLS on the gRPC listener, and who may stream routes or call Admin.
+//! - [`connection_age`]: a gRPC connection ends after its age (GOAWAY) and grace.
 //! - [`discovery`]: the `RouteDiscovery` gRPC stream (ACK/NACK, nonces, shared bytes).
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
 //! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
@@ -24,6 +25,7 @@ pub mod authn;
 pub mod caches;
 pub mod claims;
 pub mod config;
+pub mod connection_age;
 pub mod discovery;
 #[cfg(test)]
 mod fixtures;

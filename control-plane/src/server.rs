@@ -17,6 +17,7 @@ use crate::admin::{AdminService, serve_http};
 use crate::authn::{self, Mode};
 use crate::caches;
 use crate::config::Config;
+use crate::connection_age;
 use crate::discovery::Discovery;
 use crate::metrics::Metrics;
 use crate::publisher::{self, FreshRead, ProblemReporter};
@@ -195,8 +196,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .http2_max_pending_accept_reset_streams(Some(20))
         .http2_max_local_error_reset_streams(Some(256))
         .http2_max_header_list_size(16 * 1024)
+        // GOAWAY at the age; the grace is [`connection_age::aged`]'s (tonic's own would
+        // replace the GOAWAY with a plain close).
         .max_connection_age(grpc.max_connection_age)
-        .max_connection_age_grace(grpc.max_connection_age_grace)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -213,6 +215,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             },
         ));
     let stop = shutdown.clone().cancelled_owned();
+    let lifetime = grpc.max_connection_age + grpc.max_connection_age_grace;
     let result = match tls {
         Some(tls) => {
             let watcher = holdfast_process::tls::watch_reloads(
@@ -225,14 +228,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             let incoming = authn::tls_incoming(grpc_listener, tls, move || {
                 handshakes.inc();
             });
+            let incoming = connection_age::aged(incoming, lifetime);
             let served = router.serve_with_incoming_shutdown(incoming, stop).await;
             watcher.abort();
             served
         }
         None => {
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stop)
-                .await
+            let incoming = connection_age::aged(TcpListenerStream::new(grpc_listener), lifetime);
+            router.serve_with_incoming_shutdown(incoming, stop).await
         }
     };
     let result = result.context("gRPC server");

@@ -82,6 +82,75 @@ pub async fn start<S: AsyncWrite + Unpin>(s: &mut S) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One frame the server sent.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// When it arrived, since the reading started (see [`frames_until_closed`]).
+    pub at: Duration,
+    /// Frame type.
+    pub kind: u8,
+    /// Flags.
+    pub flags: u8,
+    /// Stream identifier.
+    pub stream: u32,
+    /// Payload.
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// The error code of a GOAWAY frame.
+    pub fn goaway_code(&self) -> Option<u32> {
+        let p = &self.payload;
+        (self.kind == GOAWAY && p.len() >= 8).then(|| u32::from_be_bytes([p[4], p[5], p[6], p[7]]))
+    }
+}
+
+/// Reads one frame, or None once the connection ends (or fails).
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Option<Frame> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await.ok()?;
+    Some(Frame {
+        at: Duration::ZERO,
+        kind: head[3],
+        flags: head[4],
+        stream: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+        payload,
+    })
+}
+
+/// Every frame the server sends on `stream` until it closes the connection, each with
+/// the time since `since` it arrived, and when the connection closed; an error if it is
+/// still open at `since + limit`.
+pub async fn frames_until_closed<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    since: std::time::Instant,
+    limit: Duration,
+) -> anyhow::Result<(Vec<Frame>, Duration)> {
+    let mut frames = Vec::new();
+    loop {
+        let left = limit.saturating_sub(since.elapsed());
+        match tokio::time::timeout(left, read_frame(stream)).await {
+            Err(_) => anyhow::bail!("the connection was still open after {limit:?}: {frames:?}"),
+            Ok(None) => return Ok((frames, since.elapsed())),
+            Ok(Some(mut f)) => {
+                f.at = since.elapsed();
+                frames.push(f);
+            }
+        }
+    }
+}
+
+/// A gRPC message: the 5-byte prefix (not compressed, length) and `message`.
+pub fn grpc_message(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
 /// What the server sent while a flood ran.
 #[derive(Debug, Default)]
 pub struct Flooded {
@@ -105,21 +174,13 @@ where
         let seen = seen.clone();
         async move {
             let mut first_settings = true;
-            loop {
-                let mut head = [0u8; 9];
-                if r.read_exact(&mut head).await.is_err() {
-                    break;
-                }
-                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-                let mut payload = vec![0u8; len];
-                if r.read_exact(&mut payload).await.is_err() {
-                    break;
-                }
+            while let Some(f) = read_frame(&mut r).await {
                 let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                match head[3] {
-                    SETTINGS if head[4] & 0x1 == 0 && first_settings => {
+                match f.kind {
+                    SETTINGS if f.flags & 0x1 == 0 && first_settings => {
                         first_settings = false;
-                        seen.settings = payload
+                        seen.settings = f
+                            .payload
                             .chunks_exact(6)
                             .map(|s| {
                                 (
@@ -129,11 +190,7 @@ where
                             })
                             .collect();
                     }
-                    GOAWAY if payload.len() >= 8 => {
-                        seen.goaway = Some(u32::from_be_bytes([
-                            payload[4], payload[5], payload[6], payload[7],
-                        ]));
-                    }
+                    GOAWAY => seen.goaway = f.goaway_code().or(seen.goaway),
                     _ => {}
                 }
             }

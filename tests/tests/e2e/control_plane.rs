@@ -916,30 +916,80 @@ async fn route_streams_are_capped_per_identity_and_node_ids_are_bounded() -> any
     );
     drop(cp);
 
-    // --grpc-max-connection-age: a connection is closed after its age and grace, so
-    // proxies reconnect (and spread over replicas after a rollout).
+    // --grpc-max-connection-age: at its age a connection gets GOAWAY (NO_ERROR), its open
+    // streams run on for the grace, then it is closed; proxies reconnect (and spread over
+    // replicas after a rollout). Watched frame by frame, with a route stream open: neither
+    // the GOAWAY nor the close may come early, and the stream ends by nothing else.
+    const AGE: Duration = Duration::from_secs(1);
+    const GRACE: Duration = Duration::from_secs(1);
     let cp = s.control_plane(&[
         "--grpc-max-connection-age",
         "1s",
         "--grpc-max-connection-age-grace",
         "1s",
     ])?;
-    let mut sub = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
-    let started = std::time::Instant::now();
-    let ended = loop {
-        match sub.next(Duration::from_secs(1)).await {
-            Err(e) => break e,
-            Ok(Some(r)) => {
-                sub.ack(r).await?;
-            }
-            Ok(None) => {}
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(15),
-            "the stream outlived its connection age"
-        );
+    use holdfast_tests::h2raw::{self, DATA, GOAWAY, HEADERS, RST_STREAM};
+    use tokio::io::AsyncWriteExt;
+    let connecting = std::time::Instant::now();
+    let mut conn = holdfast_tests::tls::Planes::get()
+        .raw_h2(cp.grpc, "proxy-1")
+        .await?;
+    h2raw::start(&mut conn).await?;
+    let request = holdfast_proto::v1::DiscoveryRequest {
+        node: Some(holdfast_proto::v1::Node {
+            id: "proxy-1".into(),
+            zone: String::new(),
+        }),
+        ..Default::default()
     };
-    eprintln!("stream ended after {:?}: {ended}", started.elapsed());
+    let call = h2raw::grpc_block("localhost", "/holdfast.v1.RouteDiscovery/StreamRoutes");
+    conn.write_all(&h2raw::frame(HEADERS, 0x4, 1, &call))
+        .await?;
+    let message = h2raw::grpc_message(&prost::Message::encode_to_vec(&request));
+    conn.write_all(&h2raw::frame(DATA, 0, 1, &message)).await?;
+    let (frames, closed) =
+        h2raw::frames_until_closed(&mut conn, connecting, AGE + GRACE + Duration::from_secs(5))
+            .await?;
+    let summary: Vec<(Duration, u8, u32, Option<u32>)> = frames
+        .iter()
+        .map(|f| (f.at, f.kind, f.stream, f.goaway_code()))
+        .collect();
+    eprintln!("closed after {closed:?}; frames (at, type, stream, GOAWAY code): {summary:?}");
+    let goaway = frames
+        .iter()
+        .find(|f| f.kind == GOAWAY)
+        .ok_or_else(|| anyhow::anyhow!("closed without a GOAWAY: {summary:?}"))?;
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.kind == DATA && f.stream == 1 && f.at < goaway.at),
+        "the route stream was not served before the GOAWAY: {summary:?}"
+    );
+    assert!(
+        goaway.at >= AGE,
+        "GOAWAY after {:?}, before the connection's age",
+        goaway.at
+    );
+    assert!(
+        goaway.at < AGE + Duration::from_secs(2),
+        "GOAWAY only after {:?}",
+        goaway.at
+    );
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.goaway_code().is_none_or(|c| c == 0)),
+        "a GOAWAY with an error: {summary:?}"
+    );
+    assert!(
+        !frames.iter().any(|f| f.stream == 1
+            && (f.kind == RST_STREAM || (f.kind == HEADERS && f.flags & 0x1 != 0))),
+        "the route stream ended by itself, not with the connection: {summary:?}"
+    );
+    assert!(
+        closed >= AGE + GRACE,
+        "closed after {closed:?}, before the age and the grace"
+    );
     Ok(())
 }
 
