@@ -183,6 +183,37 @@ impl LocalCluster {
         Ok(name)
     }
 
+    /// Restarts kube-apiserver so that it logs every request it receives (audit level
+    /// Metadata, at the RequestReceived stage: one line a request, watches included, as
+    /// it arrives) to the returned file. Later restarts keep the log.
+    pub fn enable_audit_log(&self) -> Result<AuditLog> {
+        let policy = self.dir().join("audit-policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
+             omitStages: [ResponseStarted, ResponseComplete, Panic]\n\
+             rules:\n- level: Metadata\n",
+        )?;
+        let log = self.dir().join("audit.log");
+        // `start` restarts a component with the flags in its args file, one a line.
+        let args = self.dir().join("kube-apiserver.args");
+        let mut flags = std::fs::read_to_string(&args)?;
+        if !flags.contains("--audit-log-path") {
+            if !flags.ends_with('\n') {
+                flags.push('\n');
+            }
+            flags.push_str(&format!(
+                "--audit-policy-file={}\n--audit-log-path={}\n--audit-log-mode=blocking\n",
+                policy.display(),
+                log.display()
+            ));
+            std::fs::write(&args, flags)?;
+        }
+        self.stop(Component::KubeApiserver, false)?;
+        self.restart(Component::KubeApiserver)?;
+        Ok(AuditLog { path: log })
+    }
+
     /// Writes a kubeconfig for ServiceAccount `sa` in `namespace` (a TokenRequest token)
     /// and returns its path.
     pub fn service_account_kubeconfig(&self, namespace: &str, sa: &str) -> Result<PathBuf> {
@@ -198,6 +229,53 @@ impl Drop for LocalCluster {
         if let Err(e) = run_script(&["down", self.dir_str()]) {
             eprintln!("tearing down {}: {e:#}", self.dir().display());
         }
+    }
+}
+
+/// kube-apiserver's audit log (see [`LocalCluster::enable_audit_log`]).
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    path: PathBuf,
+}
+
+/// One request kube-apiserver received, as its audit log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditedRequest {
+    /// Who asked (`system:serviceaccount:<namespace>:<name>` for a ServiceAccount).
+    pub user: String,
+    /// `get`, `list`, `watch`, `create`, `patch`, …
+    pub verb: String,
+    /// The resource (`services`, `ingresses`, …); empty for a non-resource URL.
+    pub resource: String,
+    /// The object's namespace and name, when the request names them.
+    pub object: String,
+}
+
+impl AuditLog {
+    /// Where the log is up to: pass it to [`AuditLog::since`] for what comes after.
+    pub fn position(&self) -> Result<u64> {
+        Ok(std::fs::metadata(&self.path).map_or(0, |m| m.len()))
+    }
+
+    /// The requests logged after `position`.
+    pub fn since(&self, position: u64) -> Result<Vec<AuditedRequest>> {
+        let bytes = std::fs::read(&self.path)?;
+        let text = String::from_utf8_lossy(bytes.get(position as usize..).unwrap_or_default());
+        let mut out = Vec::new();
+        // A line being written as this reads is left for the next read.
+        for line in text.lines().filter(|l| l.ends_with('}')) {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("an audit line that is not JSON: {line}"))?;
+            let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            let o = &v["objectRef"];
+            out.push(AuditedRequest {
+                user: field(&v["user"]["username"]),
+                verb: field(&v["verb"]),
+                resource: field(&o["resource"]),
+                object: format!("{}/{}", field(&o["namespace"]), field(&o["name"])),
+            });
+        }
+        Ok(out)
     }
 }
 

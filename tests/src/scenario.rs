@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use holdfast_proto::v1::Snapshot;
 
-use crate::cluster::LocalCluster;
+use crate::cluster::{AuditLog, LocalCluster};
 use crate::control_plane::{ControlPlane, kubeconfig_via};
 use crate::faultproxy::FaultProxy;
 use crate::netns::TestNet;
@@ -32,6 +32,8 @@ pub struct Options {
     pub cp_args: Vec<String>,
     /// The control plane keeps its default API timeouts (the suite shortens them).
     pub default_api_timeouts: bool,
+    /// kube-apiserver logs every request it receives ([`Scenario::audit`]).
+    pub audit: bool,
 }
 
 impl Default for Options {
@@ -41,6 +43,7 @@ impl Default for Options {
             proxies: 2,
             cp_args: Vec::new(),
             default_api_timeouts: false,
+            audit: false,
         }
     }
 }
@@ -73,6 +76,8 @@ pub struct Scenario {
     pub state_dirs: Vec<tempfile::TempDir>,
     /// Number of Ingresses created.
     pub ingresses: usize,
+    /// kube-apiserver's log of every request, with [`Options::audit`].
+    pub audit: Option<AuditLog>,
 }
 
 /// Control-plane flags every scenario uses: quick builds, short API timeouts.
@@ -98,6 +103,7 @@ impl Scenario {
     /// Starts everything and waits until every proxy serves every host.
     pub async fn start(name: &str, opts: Options) -> Result<Self> {
         let cluster = LocalCluster::start()?;
+        let audit = opts.audit.then(|| cluster.enable_audit_log()).transpose()?;
         let client = cluster.client().await?;
         let ns = cluster.namespace(&client, name).await?;
         let class = format!("hf-{ns}");
@@ -143,6 +149,7 @@ impl Scenario {
             logs,
             state_dirs: Vec::new(),
             ingresses: opts.ingresses,
+            audit,
         };
         for i in 0..opts.proxies {
             s.add_proxy(&format!("proxy-{i}"), &[s.cp.grpc_url()])?;

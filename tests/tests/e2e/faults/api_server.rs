@@ -6,10 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use holdfast_tests::cluster::Component;
-use holdfast_tests::control_plane::{ControlPlane, kubeconfig_via};
 use holdfast_tests::faultproxy::Mode;
 use holdfast_tests::grpcurl::call;
-use holdfast_tests::scenario::{Options, Scenario, T, base_cp_args, route_count};
+use holdfast_tests::scenario::{Options, Scenario, T, route_count};
 use holdfast_tests::subscriber::Subscriber;
 use holdfast_tests::wait;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -245,15 +244,9 @@ async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready(
     let hash = s.published_hash()?;
     let versions = s.applied_versions().await?;
     apply_split_rbac(&s, &["cp"])?;
-    let sa = s.cluster.service_account_kubeconfig(&s.ns, "holdfast-cp")?;
-    let sa = kubeconfig_via(&sa, s.api_fault.addr(), s.logs.join("cp-sa.kubeconfig"))?;
-    let args = base_cp_args(&s.class);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (grpc, admin) = (s.cp.grpc, s.cp.admin);
 
     // With the full ServiceAccount permissions it works.
-    s.cp.proc.kill();
-    s.cp = ControlPlane::start_at("control-plane-sa", &sa, &s.logs, &args, grpc, admin)?;
+    restart_cp_as_service_account(&mut s, "control-plane-sa")?;
     wait::until("the ServiceAccount control plane publishing", T, || async {
         Ok(s.published_hash().ok())
     })
@@ -266,15 +259,7 @@ async fn s13_lost_permission_to_list_services_keeps_the_control_plane_not_ready(
         "clusterrolebinding",
         &format!("{}-services-cp", s.ns),
     ])?;
-    s.cp.proc.kill();
-    s.cp = ControlPlane::start_at(
-        "control-plane-sa-restarted",
-        &sa,
-        &s.logs,
-        &args,
-        grpc,
-        admin,
-    )?;
+    restart_cp_as_service_account(&mut s, "control-plane-sa-restarted")?;
     let status = wait::until("a 403 on Services in GetStatus", T, || async {
         let st = call(s.cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
         let service = st["caches"]

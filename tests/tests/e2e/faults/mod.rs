@@ -22,10 +22,10 @@ mod routes;
 
 use std::time::{Duration, Instant};
 
-use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::control_plane::{ControlPlane, kubeconfig_via};
 use holdfast_tests::objects::{self, create};
 use holdfast_tests::proxy::ProxyProc;
-use holdfast_tests::scenario::{Scenario, T, create_app};
+use holdfast_tests::scenario::{Scenario, T, base_cp_args, create_app};
 use holdfast_tests::traffic::Report;
 use holdfast_tests::wait;
 use kube::Api;
@@ -208,6 +208,19 @@ rules:
     std::fs::write(&path, yaml)?;
     s.cluster
         .kubectl_run(&["apply", "-f", &path.to_string_lossy()])?;
+    Ok(())
+}
+
+/// Restarts the control plane, on the same ports and through the fault proxy, as
+/// ServiceAccount `holdfast-cp` (see [`apply_split_rbac`]); its log is `<name>.log`.
+pub(super) fn restart_cp_as_service_account(s: &mut Scenario, name: &str) -> anyhow::Result<()> {
+    let sa = s.cluster.service_account_kubeconfig(&s.ns, "holdfast-cp")?;
+    let sa = kubeconfig_via(&sa, s.api_fault.addr(), s.logs.join("cp-sa.kubeconfig"))?;
+    let args = base_cp_args(&s.class);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (grpc, admin) = (s.cp.grpc, s.cp.admin);
+    s.cp.proc.kill();
+    s.cp = ControlPlane::start_at(name, &sa, &s.logs, &args, grpc, admin)?;
     Ok(())
 }
 
