@@ -8,7 +8,7 @@ use futures::StreamExt;
 use holdfast_tests::cluster::Component;
 use holdfast_tests::faultproxy::Mode;
 use holdfast_tests::grpcurl::call;
-use holdfast_tests::scenario::{Options, Scenario, T, route_count};
+use holdfast_tests::scenario::{Options, Scenario, T};
 use holdfast_tests::subscriber::Subscriber;
 use holdfast_tests::wait;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -56,6 +56,11 @@ async fn s01_incident_replay_api_server_refuses_connections_for_30s() -> anyhow:
     Ok(())
 }
 
+/// A re-list whose LIST responses are cut mid-way never publishes a partial snapshot. A
+/// route count cannot tell (a partial list of Services keeps every route, answering 503),
+/// so every snapshot published meanwhile is checked kind by kind against what the
+/// cluster holds: every app's route (Ingress), its Service and its endpoints
+/// (EndpointSlice).
 #[tokio::test]
 async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snapshot()
 -> anyhow::Result<()> {
@@ -67,23 +72,26 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
     };
     let s = Scenario::start("s02", opts).await?;
     let hash = s.published_hash()?;
-    // Observe everything the control plane publishes from now on.
+    // Observe everything the control plane publishes from now on: the snapshot it holds,
+    // then every later one, each sent down a channel as it arrives.
     let mut observer = Subscriber::connect(&s.cp.grpc_url(), "observer", None).await?;
-    let first = observer.next(T).await?.expect("current snapshot");
-    let first = observer.ack(first).await?;
-    let full = route_count(&first);
-    assert_eq!(full, 10);
-    let observed = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        // Listens for the whole scenario (longer than any one wait in it).
-        while let Ok(Some(r)) = observer.next(2 * T).await {
-            match observer.ack(r).await {
-                Ok(snap) => seen.push(route_count(&snap)),
-                Err(_) => break,
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let observing = tokio::spawn(async move {
+        loop {
+            let snapshot = match observer.next(T).await {
+                Ok(Some(r)) => observer.ack(r).await,
+                Ok(None) => continue,
+                Err(e) => Err(e),
+            };
+            let failed = snapshot.is_err();
+            if seen_tx.send(snapshot).is_err() || failed {
+                break;
             }
         }
-        seen
     });
+    let first = seen.recv().await.expect("the observer's first snapshot")?;
+    let missing = incomplete(&s, &first, s.ingresses);
+    assert!(missing.is_empty(), "the first snapshot lacks {missing:?}");
     let lists_before = ingress_lists(&s.cp).await?;
     let traffic = s.traffic(RATE);
 
@@ -104,21 +112,91 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
         Ok((lists > lists_before).then_some(()))
     })
     .await?;
+    let hash_after = s.published_hash()?;
 
+    // One more app, so that the observer must have been listening all along: its
+    // snapshot is the last it sees.
+    let new = s.ingresses;
+    s.create_app(new).await?;
+    let new_host = s.host(new);
+    wait::until("the new app served", T, || async {
+        Ok(matches!(s.proxies[0].get(&new_host, "/").await, Ok((200, _))).then_some(()))
+    })
+    .await?;
     let report = traffic.stop().await?;
-    assert_clean(&report);
-    assert_eq!(
-        s.published_hash()?,
-        hash,
-        "routes changed across the cut re-list"
-    );
-    observed.abort();
-    let seen = observed.await.unwrap_or_default();
+    let mut published = vec![first];
+    let last = loop {
+        let snapshot = tokio::time::timeout(T, seen.recv())
+            .await?
+            .expect("the observer is running")?;
+        published.push(snapshot);
+        let last = published.last().expect("just pushed");
+        if last.virtual_hosts.iter().any(|v| v.host == new_host) {
+            break last.clone();
+        }
+    };
+    observing.abort();
+    // Complete, kind by kind, every time: the ten apps in everything published, and the
+    // new one at the end. (A partial snapshot still has every route: its count shows it.)
+    let partial: Vec<String> = published
+        .iter()
+        .enumerate()
+        .filter_map(|(n, snapshot)| {
+            let missing = incomplete(&s, snapshot, s.ingresses);
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "snapshot {n} ({}, {} routes) lacks {missing:?}",
+                    snapshot.version,
+                    holdfast_proto::snapshot::route_count(snapshot)
+                )
+            })
+        })
+        .collect();
     assert!(
-        seen.iter().all(|n| *n == full),
-        "a partial snapshot was published: route counts {seen:?}"
+        partial.is_empty(),
+        "{} of {} published snapshots were partial ({}); {partial:#?}",
+        partial.len(),
+        published.len(),
+        report.summary()
     );
+    let missing = incomplete(&s, &last, s.ingresses + 1);
+    assert!(missing.is_empty(), "the last snapshot lacks {missing:?}");
+    eprintln!("{} snapshots observed, every one complete", published.len());
+    assert_clean(&report);
+    assert_eq!(hash_after, hash, "routes changed across the cut re-list");
     Ok(())
+}
+
+/// What `snapshot` lacks of apps `0..apps` as the scenario made them, kind by kind:
+/// each app's host routed to its backend (Ingress, IngressClass), the backend resolved
+/// (Service) with the echo backends as its endpoints (EndpointSlice). Empty: complete.
+fn incomplete(s: &Scenario, snapshot: &holdfast_proto::v1::Snapshot, apps: usize) -> Vec<String> {
+    let want: std::collections::BTreeSet<&str> = s.backends.iter().map(String::as_str).collect();
+    let mut out = Vec::new();
+    for i in 0..apps {
+        let (host, backend) = (s.host(i), format!("{}/app{i}:80", s.ns));
+        let routed = snapshot
+            .virtual_hosts
+            .iter()
+            .any(|v| v.host == host && v.routes.iter().any(|r| r.backend == backend));
+        if !routed {
+            out.push(format!("Ingress app{i}: no route from {host} to {backend}"));
+        }
+        match snapshot.backends.iter().find(|b| b.name == backend) {
+            None => out.push(format!("backend {backend}")),
+            Some(b) if !b.unavailable_reason.is_empty() => {
+                out.push(format!("Service app{i}: {}", b.unavailable_reason));
+            }
+            Some(b) => {
+                let got: std::collections::BTreeSet<&str> =
+                    b.endpoints.iter().map(|e| e.address.as_str()).collect();
+                if got != want {
+                    out.push(format!("EndpointSlice app{i}-1: endpoints {got:?}"));
+                }
+            }
+        }
+    }
+    out
 }
 
 #[tokio::test]
