@@ -13,7 +13,8 @@
 //! - [`faults`]: zero failed requests through API-server, etcd, control-plane and proxy
 //!   faults;
 //! - [`deploy`], [`demo`]: the manifests, the chart, the alerts and the demo, as an operator
-//!   uses them.
+//!   uses them;
+//! - [`docs`]: every test the README and docs/design.md cite exists.
 //!
 //! Every wait has the one deadline [`holdfast_tests::wait::T`].
 
@@ -23,6 +24,7 @@ mod data_plane_e2e;
 mod deltas;
 mod demo;
 mod deploy;
+mod docs;
 mod faults;
 mod h2spec;
 mod ha;
