@@ -118,11 +118,19 @@ pub struct Args {
     /// reading) closes the connection.
     #[arg(long, env = "HOLDFAST_SEND_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub send_timeout: Duration,
-    /// Most client connections open at once, per listening address, all workers together
-    /// (default: 8192 per worker thread). Past it new connections are closed at once and counted in
-    /// holdfast_proxy_connections_refused_total; open connections are unaffected.
+    /// Most client connections open at once, per listening address, all workers together.
+    /// Default: as many as --connection-memory holds at their worst (each holding a
+    /// partial head of --max-header-bytes; see `connection_bytes`), shared by the
+    /// listening addresses. Past it new connections are closed at once and counted in
+    /// holdfast_proxy_connections_refused_total; open connections are unaffected. A value
+    /// that --connection-memory cannot hold is refused at start.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Memory the client connections may take at their worst, in bytes (default 512 MiB):
+    /// what the default --max-connections is derived from, and what an explicit one must
+    /// fit. The manifests' memory limit counts it (deploy/kubernetes/data-plane.yaml).
+    #[arg(long, env = "HOLDFAST_CONNECTION_MEMORY", default_value_t = 512 << 20)]
+    pub connection_memory: usize,
     /// On SIGTERM, /readyz fails at once and the listeners keep accepting for this long,
     /// so that load balancers take the proxy out first; then it stops accepting and
     /// drains. The manifests' preStop hook waits as long.
@@ -339,6 +347,30 @@ impl Args {
                 ),
             ));
         }
+        let per_connection = connection_bytes(self.max_header_bytes);
+        let listeners = 1 + usize::from(self.listen_tls.is_some());
+        let fits = self.connection_memory / per_connection / listeners;
+        if fits == 0 {
+            return Err(ConfigError::new(
+                "connection-memory",
+                format!(
+                    "holds no connection: each may take {per_connection} bytes with --max-header-bytes {}",
+                    self.max_header_bytes
+                ),
+            ));
+        }
+        if let Some(max) = self.max_connections
+            && max > fits
+        {
+            return Err(ConfigError::new(
+                "max-connections",
+                format!(
+                    "{max} per listening address ({listeners}) at up to {per_connection} bytes each need {} MiB, more than --connection-memory ({} MiB); raise --connection-memory (and the memory limit) or lower --max-header-bytes",
+                    (max * listeners * per_connection) >> 20,
+                    self.connection_memory >> 20
+                ),
+            ));
+        }
         if self.worker_threads == Some(0) {
             return Err(ConfigError::new("worker-threads", "must be at least 1"));
         }
@@ -377,7 +409,7 @@ impl Args {
                 max_header_bytes: self.max_header_bytes,
                 shutdown_grace: self.shutdown_grace,
                 send_timeout: self.send_timeout,
-                max_connections: self.max_connections.unwrap_or(8192 * workers),
+                max_connections: self.max_connections.unwrap_or(fits),
             },
             forward: ForwardSettings {
                 connect_timeout: self.upstream_connect_timeout,
@@ -419,6 +451,16 @@ impl Args {
             log_format: self.log_format,
         })
     }
+}
+
+/// What one client connection may take at its worst, in bytes: a partial head of
+/// `max_header_bytes` in hyper's read buffer (the framing tracker keeps none of it), plus
+/// 48 KiB for the rest (the connection's task and state, hyper's write buffer, rustls'
+/// buffers over TLS). Measured with slow heads on one worker: 88 KiB a connection over
+/// plain HTTP and 103 KiB over TLS for 60,000-byte heads, 39 and 54 KiB for 1,000-byte
+/// ones; this bound is 112 KiB at the default 64 KiB.
+pub fn connection_bytes(max_header_bytes: usize) -> usize {
+    max_header_bytes.max(8192) + (48 << 10)
 }
 
 #[cfg(test)]
@@ -516,6 +558,41 @@ mod tests {
             c.subscribe.control_planes,
             ["http://127.0.0.1:18000", "http://b:1", "http://c:2"]
         );
+    }
+
+    /// The default connection cap is what --connection-memory holds at the worst, shared
+    /// by the listening addresses; an explicit cap it cannot hold is refused at start.
+    #[test]
+    fn the_connection_cap_is_derived_from_the_connection_memory() {
+        let per = connection_bytes(65536);
+        assert_eq!(per, 112 << 10);
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.listen.max_connections, (512 << 20) / per);
+        let c = parse(&["--listen-tls", "127.0.0.1:8443"]).unwrap();
+        assert_eq!(
+            c.listen.max_connections,
+            (512 << 20) / per / 2,
+            "two listeners"
+        );
+        let c = parse(&[
+            "--connection-memory",
+            "33554432",
+            "--max-header-bytes",
+            "16384",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.listen.max_connections,
+            (32 << 20) / connection_bytes(16384)
+        );
+        let e = parse(&["--max-connections", "100000"]).unwrap_err();
+        assert!(
+            e.contains("--max-connections") && e.contains("--connection-memory"),
+            "{e}"
+        );
+        assert!(parse(&["--max-connections", "4000"]).is_ok());
+        let e = parse(&["--connection-memory", "1000"]).unwrap_err();
+        assert!(e.contains("--connection-memory"), "{e}");
     }
 
     #[test]

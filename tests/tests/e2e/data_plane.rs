@@ -2406,3 +2406,91 @@ async fn pipelined_requests_in_any_split_get_the_answers_they_get_one_by_one() -
     );
     Ok(())
 }
+
+/// Resident and peak memory of a process (`VmRSS`, `VmHWM`), in bytes.
+fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .ok_or_else(|| anyhow::anyhow!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Bytes the kernel holds unread for `port`'s accepted connections (their receive
+/// queues in /proc/net/tcp), and how many such connections there are.
+fn unread_on(port: u16) -> anyhow::Result<(u64, usize)> {
+    let tcp = std::fs::read_to_string("/proc/net/tcp")?;
+    let suffix = format!(":{port:04X}");
+    let (mut unread, mut count) = (0, 0);
+    for l in tcp.lines().skip(1) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // local address, remote address, state (01: ESTABLISHED), tx_queue:rx_queue
+        if f.len() > 4 && f[1].ends_with(&suffix) && f[3] == "01" {
+            let rx = f[4].split(':').nth(1).unwrap_or("0");
+            unread += u64::from_str_radix(rx, 16)?;
+            count += 1;
+        }
+    }
+    Ok((unread, count))
+}
+
+/// Connection memory is bounded by --connection-memory: with 32 MiB, the default
+/// --max-connections lets in as many connections as it holds at their worst, each
+/// holding a partial head of nearly --max-header-bytes; once the proxy has read every
+/// byte of them its memory has grown by less than 32 MiB, and one connection more is
+/// closed at once.
+#[tokio::test]
+async fn slow_heads_on_every_connection_allowed_stay_within_the_connection_memory()
+-> anyhow::Result<()> {
+    let budget: usize = 32 << 20;
+    let budget_flag = budget.to_string();
+    let w = one_route(
+        "connection-memory",
+        &["--connection-memory", &budget_flag, "--worker-threads", "1"],
+    )
+    .await?;
+    let p = &w.p;
+    let pid = p.proc.pid().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+    let allowed = budget / holdfast_data_plane::config::connection_bytes(65536);
+    let (before, _) = memory_of(pid)?;
+    let mut partial = b"GET / HTTP/1.1\r\nHost: a.test\r\nX-Pad: ".to_vec();
+    partial.resize(65536 - 1024, b'a');
+    let mut held = Vec::with_capacity(allowed);
+    for _ in 0..allowed {
+        let mut s = tokio::net::TcpStream::connect(p.addr).await?;
+        s.write_all(&partial).await?;
+        held.push(s);
+    }
+    // Every byte of every head is in the proxy, not in a kernel queue.
+    wait::until("the proxy to read every partial head", T, || async {
+        let (unread, count) = unread_on(p.addr.port()).map_err(|e| e.to_string())?;
+        Ok((unread == 0 && count >= allowed).then_some(()))
+    })
+    .await?;
+    let (_, peak) = memory_of(pid)?;
+    let grown = peak.saturating_sub(before);
+    assert!(
+        grown < budget as u64,
+        "{allowed} slow heads grew the proxy by {} MiB, over the {} MiB budget",
+        grown >> 20,
+        budget >> 20
+    );
+    let refused_before = p
+        .metric_value("holdfast_proxy_connections_refused_total")
+        .await?;
+    let mut extra = tokio::net::TcpStream::connect(p.addr).await?;
+    let took = closed_within(&mut extra, Duration::from_secs(15)).await?;
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    assert_eq!(
+        p.metric_value("holdfast_proxy_connections_refused_total")
+            .await?,
+        refused_before + 1.0
+    );
+    drop(held);
+    Ok(())
+}

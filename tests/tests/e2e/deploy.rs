@@ -300,9 +300,10 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         "the state volume holds the state file, a replacement being written, and the delta log (up to about twice the state file before it is compacted)"
     );
     let memory = mib(&proxy["resources"]["limits"]["memory"]);
+    let connections: u64 = arg(proxy, "connection-memory").parse()?;
     assert!(
-        memory >= 3 * max + size_limit,
-        "the proxy's memory limit is below 3 x --max-snapshot-bytes + the state volume"
+        memory >= 3 * max + size_limit + connections,
+        "the proxy's memory limit is below 3 x --max-snapshot-bytes + the state volume + --connection-memory"
     );
     let cp_container = &cp["spec"]["template"]["spec"]["containers"][0];
     let cp_max: u64 = arg(cp_container, "max-snapshot-bytes").parse()?;
