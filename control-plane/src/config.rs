@@ -380,6 +380,12 @@ impl Args {
                 .default_backend_namespaces
                 .as_ref()
                 .map(|list| list.iter().map(|n| n.trim().to_owned()).collect()),
+            proxy_service: match &publish_service {
+                Some(status::Publish::Service { namespace, name }) => {
+                    Some(format!("{namespace}/{name}"))
+                }
+                _ => None,
+            },
         };
         let publish = match (publish_service, self.publish_addresses.is_empty()) {
             (Some(service), _) => Some(service),

@@ -135,6 +135,10 @@ pub struct Options {
     pub host_ownership: HostOwnership,
     /// How large one Ingress may be.
     pub ingress_limits: IngressLimits,
+    /// `namespace/name` of the proxies' own Service (`--publish-service`): an endpoint
+    /// address of any of its pods is refused as a backend endpoint (it would send the
+    /// proxies to themselves).
+    pub proxy_service: Option<String>,
     /// The namespaces whose Ingresses may set the cluster-wide `defaultBackend` or add
     /// rules without a host, which catch every host no rule names
     /// (`--default-backend-namespaces`); None: all.
@@ -166,6 +170,7 @@ impl Default for Options {
             host_ownership: HostOwnership::FirstNamespace,
             ingress_limits: IngressLimits::default(),
             default_backend_namespaces: None,
+            proxy_service: None,
         }
     }
 }
@@ -547,6 +552,8 @@ pub struct Translator {
     /// The host claims ConfigMap of the last build, and its ledger.
     claims_source: Option<Arc<ConfigMap>>,
     ledger: claims::Ledger,
+    /// The proxies' own pod addresses (`Options::proxy_service`), as of the last build.
+    proxy_addresses: FastSet<String>,
 }
 
 /// Counts of routes, kept one virtual host at a time.
@@ -620,6 +627,8 @@ pub fn named_hosts(state: &ClusterState, opts: &Options) -> claims::Named {
 struct ObjectChanges {
     services: FastSet<String>,
     hosts: Vec<String>,
+    /// The proxies' own addresses changed: every backend is resolved again.
+    proxies: bool,
 }
 
 impl Translator {
@@ -630,7 +639,8 @@ impl Translator {
         let mut new_backends = self.rebuild_hosts(changes.hosts, opts);
         let mut problems: BTreeSet<Problem> = BTreeSet::new();
         let winner = self.choose_default_backend(opts, &mut problems, &mut new_backends);
-        let resolved = self.resolve_dirty_backends(new_backends, &changes.services, opts);
+        let resolved =
+            self.resolve_dirty_backends(new_backends, &changes.services, changes.proxies, opts);
         self.emit(winner.as_deref(), &resolved, opts, problems)
     }
 
@@ -767,9 +777,29 @@ impl Translator {
         }
         self.classes = Some(classes);
         dirty_hosts.extend(self.apply_claims(state));
+        let proxies = match &opts.proxy_service {
+            Some(key) if dirty_services.contains(key) || self.generation == 1 => {
+                let addresses: FastSet<String> = self
+                    .slices_by_key
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|d| {
+                        d.endpoints
+                            .iter()
+                            .map(|(a, _)| d.text[a.clone()].to_owned())
+                    })
+                    .collect();
+                let changed = addresses != self.proxy_addresses;
+                self.proxy_addresses = addresses;
+                changed
+            }
+            _ => false,
+        };
         ObjectChanges {
             services: dirty_services,
             hosts: dirty_hosts,
+            proxies,
         }
     }
 
@@ -910,20 +940,26 @@ impl Translator {
         &mut self,
         new_backends: Vec<Arc<BackendRef>>,
         dirty_services: &FastSet<String>,
+        all: bool,
         opts: &Options,
     ) -> Vec<Arc<BackendRef>> {
         let mut to_resolve: Vec<Arc<BackendRef>> = new_backends
             .into_iter()
             .filter(|b| self.backends.entries.contains_key(&b.name))
             .collect();
-        for key in dirty_services {
-            if let Some(list) = self.backends.by_service.get(key) {
-                to_resolve.extend(list.iter().cloned());
+        if all {
+            to_resolve.extend(self.backends.by_service.values().flatten().cloned());
+        } else {
+            for key in dirty_services {
+                if let Some(list) = self.backends.by_service.get(key) {
+                    to_resolve.extend(list.iter().cloned());
+                }
             }
         }
         to_resolve.sort_unstable_by(|a, b| by_name(a, b));
         to_resolve.dedup_by(|a, b| a.name == b.name);
         let (by_key, slices_by_key) = (&self.services_by_key, &self.slices_by_key);
+        let proxies = &self.proxy_addresses;
         let resolved = parallel_map(&to_resolve, |key| {
             let slices = slices_by_key
                 .get(key.service_key())
@@ -933,6 +969,7 @@ impl Translator {
                 by_key.get(key.service_key()).map(|s| &**s),
                 slices,
                 opts.allow_external_name,
+                proxies,
             )
         });
         if to_resolve.len() > self.backends.entries.len() / 8 {

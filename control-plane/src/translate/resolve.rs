@@ -276,7 +276,8 @@ pub(super) fn build_host(
 pub(super) struct Refused {
     /// An ExternalName Service while `allow_external_name` is off.
     pub(super) external: bool,
-    /// Endpoint addresses that point at the proxy itself ([`refused_address`]).
+    /// Endpoint addresses that point at the proxy itself ([`refused_address`], or one
+    /// of the proxies' own pods).
     pub(super) addresses: Vec<String>,
 }
 
@@ -314,9 +315,11 @@ pub(super) fn resolve_backend(
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
     allow_external: bool,
+    proxies: &FastSet<String>,
 ) -> (Backend, Refused) {
     let mut addresses = Vec::new();
-    let backend = resolve_allowed_backend(key, svc, slices, allow_external, &mut addresses);
+    let backend =
+        resolve_allowed_backend(key, svc, slices, allow_external, proxies, &mut addresses);
     let external = !allow_external && svc.is_some_and(|s| s.external_name.is_some());
     (
         backend,
@@ -332,6 +335,7 @@ pub(super) fn resolve_allowed_backend(
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
     allow_external: bool,
+    proxies: &FastSet<String>,
     refused: &mut Vec<String>,
 ) -> Backend {
     let (ns, svc_name, port_ref) = (key.namespace(), key.service(), key.port());
@@ -395,7 +399,7 @@ pub(super) fn resolve_allowed_backend(
         for (address, zone) in &slice.endpoints {
             let text = &slice.text;
             let address = &text[address.clone()];
-            if refused_address(address) {
+            if refused_address(address) || proxies.contains(address) {
                 refused.push(address.to_owned());
                 continue;
             }
@@ -463,7 +467,7 @@ impl Translator {
                     tell(
                         ProblemReason::RefusedEndpointAddress,
                         format!(
-                            "backend {}: endpoint addresses {:?} left out: loopback, link-local, unspecified or multicast addresses point at the proxy itself or at the node",
+                            "backend {}: endpoint addresses {:?} left out: loopback, link-local, unspecified or multicast addresses, and the proxies' own pods, point at the proxy itself or at the node",
                             route.backend, e.refused_addresses
                         ),
                     );

@@ -945,6 +945,54 @@ fn endpoint_addresses_that_point_at_the_proxy_or_the_node_are_left_out_with_a_pr
     }
 }
 
+/// An endpoint that is one of the proxies' own pods (the `--publish-service` Service's
+/// endpoints) would send the proxies to themselves: it is left out, with the problem,
+/// and a long-lived translator follows the proxies' pods as they change.
+#[test]
+fn an_endpoint_that_is_one_of_the_proxies_own_pods_is_left_out() {
+    let mut st = state(vec![ingress(
+        "default",
+        "site",
+        0,
+        json!([rule("a.test", "/", "Prefix", "web", json!({"number": 80}))]),
+    )]);
+    let proxies = |addresses: &[&str]| {
+        slice(
+            "edge",
+            "proxy-1",
+            "proxy",
+            json!([{ "name": "http", "port": 8080 }]),
+            Value::Array(addresses.iter().map(|a| ready(a)).collect()),
+        )
+    };
+    st.endpoint_slices.push(proxies(&["10.0.0.2"]));
+    let opts = Options {
+        proxy_service: Some("edge/proxy".into()),
+        ..Options::default()
+    };
+    let mut long_lived = Translator::default();
+    let t = long_lived.translate(&st, &opts);
+    assert_eq!(t.snapshot(), run_with(&st, &opts).snapshot());
+    let addresses = |t: &Translation| -> Vec<String> {
+        backend(t, "default/web:80")
+            .endpoints
+            .iter()
+            .map(|e| e.address.clone())
+            .collect()
+    };
+    assert_eq!(addresses(&t), ["10.0.0.1"], "10.0.0.2 is a proxy");
+    assert_eq!(reasons(&t), ["RefusedEndpointAddress"]);
+    // The proxy pod moves: the web pod at 10.0.0.2 serves again.
+    st.endpoint_slices.pop();
+    st.endpoint_slices.push(proxies(&["10.0.0.9"]));
+    let t = long_lived.translate(&st, &opts);
+    assert_eq!(t.snapshot(), run_with(&st, &opts).snapshot());
+    assert_eq!(addresses(&t), ["10.0.0.1", "10.0.0.2"]);
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
+    // Without --publish-service nothing is known of the proxies' pods.
+    assert_eq!(addresses(&run(&st)).len(), 2);
+}
+
 #[test]
 fn resource_backends_are_skipped_with_a_problem() {
     let t = run(&state(vec![ingress(
