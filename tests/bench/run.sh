@@ -33,12 +33,14 @@ if $smoke; then
   FANOUT=(--sizes-mb 0.1 --streams "1,20" --rounds 2)
   SCALE=(--ingresses 30 --subscribers 20 --streams-per-connection 10 --rounds 2)
   CHURN=(--churn-per-second 20 --churn-seconds 2)
+  INVENTORY_STREAMS=5
 else
   CRITERION=()
   PROXY=()
   FANOUT=(--sizes-mb "1,10" --streams "1,100,1000" --rounds 5)
   SCALE=(--ingresses 10000 --subscribers 1000 --rounds 20)
   CHURN=(--churn-per-second 100 --churn-seconds 60)
+  INVENTORY_STREAMS=100
 fi
 step() { echo "tests/bench/run.sh: $* ($(date -u +%T))" >&2; }
 
@@ -119,7 +121,7 @@ echo
 step control plane at scale
 echo "## Control plane at scale (\`target/$PROFILE/holdfast-bench-scale ${SCALE[*]}\`)"
 echo
-"$BINS/holdfast-bench-scale" "${SCALE[@]}"
+"$BINS/holdfast-bench-scale" "${SCALE[@]}" --inventory-streams "$INVENTORY_STREAMS"
 echo
 echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo

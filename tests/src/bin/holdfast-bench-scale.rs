@@ -12,6 +12,12 @@
 //! that cluster revision or newer, how far the last subscriber trails the first on each
 //! version, and the control plane's CPU over the churn.
 //!
+//! With `--inventory-streams N`, it then opens N more streams, each stating a real inventory
+//! (every resource of the published snapshot, as a proxy that held an older snapshot
+//! states it when it reconnects) and never ACKing, so the control plane keeps each stated
+//! inventory as that stream's delta base; it reports the control plane's memory per such
+//! stream.
+//!
 //! Subscriber 0 decodes every snapshot and finds the version that carries the change. The
 //! others are lightweight: they receive every response in full over their own stream but
 //! parse only the version and nonce (decoding a 1.4 MB snapshot is each proxy's own cost on
@@ -65,6 +71,9 @@ struct Args {
     /// How long the churn lasts, in seconds.
     #[arg(long, default_value_t = 60)]
     churn_seconds: u64,
+    /// Streams opened at the end stating a real inventory (0: none).
+    #[arg(long, default_value_t = 0)]
+    inventory_streams: usize,
 }
 
 /// What the subscribers ACKed.
@@ -318,6 +327,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let per_change = sent / (args.rounds.max(1) * args.subscribers) as f64;
     let (rss, hwm) = (rss_kib(pid, "VmRSS:"), rss_kib(pid, "VmHWM:"));
+    let inventories = if args.inventory_streams > 0 {
+        Some(inventory_streams(&cp.grpc_url(), args.inventory_streams, pid).await?)
+    } else {
+        None
+    };
     println!("| metric | value |");
     println!("| --- | --- |");
     println!(
@@ -380,10 +394,68 @@ async fn main() -> anyhow::Result<()> {
         println!("| churn: control-plane CPU | {:.2} cores |", c.cpu_cores);
         println!("| churn: versions published | {} |", c.versions);
     }
+    if let Some((entries, per_stream)) = inventories {
+        println!(
+            "| control-plane memory per stream stating a real inventory ({} streams, {entries} entries each) | {per_stream:.0} KiB |",
+            args.inventory_streams
+        );
+    }
     stopping.store(true, Ordering::Relaxed);
     drop(cp);
     drop(cluster);
     Ok(())
+}
+
+/// Opens `n` streams that state the inventory of the published snapshot (as proxies that
+/// held an older snapshot do when they reconnect) and never ACK: the control plane keeps
+/// each stated inventory as the stream's delta base. Returns the entries stated and the
+/// control plane's resident memory per stream (KiB), measured once every stream has had
+/// its answer.
+async fn inventory_streams(url: &str, n: usize, pid: u32) -> anyhow::Result<(usize, f64)> {
+    let channel = client::endpoint(tonic::transport::Endpoint::from_shared(url.to_owned())?)
+        .connect()
+        .await?;
+    // The published snapshot, whole, once.
+    let (node, tx, rx) = open(usize::MAX, false).await;
+    let mut source = client::route_discovery(channel.clone())
+        .stream_routes(rx)
+        .await?
+        .into_inner();
+    let response = source.message().await?.context("the published snapshot")?;
+    let snapshot = response
+        .into_snapshot()
+        .context("a complete snapshot, not a delta")?;
+    drop((node, tx, source));
+    let inventory =
+        holdfast_proto::delta::to_wire(&holdfast_proto::delta::inventory(&snapshot));
+    let entries = inventory.len();
+    let before = rss_kib(pid, "VmRSS:");
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(DiscoveryRequest {
+            node: Some(Node {
+                id: format!("inventory-{i}"),
+                zone: String::new(),
+            }),
+            accepts_deltas: true,
+            // An older snapshot than the published one: its inventory is kept as the base.
+            version_info: "1-0000000000000000".into(),
+            content_hash: "0".repeat(64),
+            inventory: inventory.clone(),
+            ..Default::default()
+        })
+        .expect("room for the first request");
+        let mut stream = client::route_discovery(channel.clone())
+            .stream_routes(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        stream.message().await?.context("an answer to the stated inventory")?;
+        held.push((tx, stream));
+    }
+    let after = rss_kib(pid, "VmRSS:");
+    drop(held);
+    Ok((entries, after.saturating_sub(before) as f64 / n as f64))
 }
 
 /// Opens a stream as node `bench-<sub>` and sends the first request.
