@@ -11,11 +11,18 @@
 //!   namespace), one key per host. Every replica watches that ConfigMap like any other
 //!   kind, so every replica computes the same owner from the same ledger, whichever
 //!   replica leads and whatever its clock says.
-//! - The **owner** of a host is the namespace with the earliest recorded claim (ties: the
-//!   namespace's name). A namespace that names the host but whose claim is not recorded
-//!   yet ranks after every recorded claim, so it never displaces a recorded owner; two
-//!   namespaces that name a brand-new host before the leader records either are ordered by
-//!   name, the same order the leader then records (both claims get the same second).
+//! - The **owner** of a host is the namespace of its first recorded claim. Claims are kept
+//!   in the order they were recorded (a new one is appended), so no clock decides it: a
+//!   leader whose clock runs behind cannot date a later claim before an earlier one. A
+//!   namespace that names the host but whose claim is not recorded yet ranks after every
+//!   recorded claim, so it never displaces a recorded owner. Namespaces that name a host
+//!   nobody has claimed yet, in the same step, are recorded oldest Ingress first (then
+//!   namespace/name), and the translator orders unrecorded namers the same way: on an
+//!   upgrade from ownership by Ingress age, and for a brand-new host named by two
+//!   namespaces before the leader records either (a window of about a second), the
+//!   Ingress age decides, as it did before; afterwards it never does.
+//! - A namespace may hold at most `--max-host-claims-per-namespace` claims (1,000): one
+//!   tenant cannot fill the ledger for everyone.
 //! - A claim is **released** only when its namespace has named the host in none of its
 //!   Ingresses for the grace period (`--host-claim-grace`): during a redeploy (delete, then
 //!   create) nobody else can take the host. While the released claim is in its grace
@@ -50,12 +57,13 @@ pub struct Claim {
     pub unnamed_since: Option<SystemTime>,
 }
 
-/// Every recorded claim, by host; each host's claims sorted oldest first (then by
-/// namespace).
+/// Every recorded claim, by host; each host's claims in the order they were recorded (the
+/// first is the owner).
 pub type Ledger = BTreeMap<String, Vec<Claim>>;
 
-/// The namespaces naming each host in our Ingresses now.
-pub type Named = BTreeMap<String, BTreeSet<String>>;
+/// The namespaces naming each host in our Ingresses now, each once, oldest Ingress first
+/// (then namespace/name): the order new claims are recorded in.
+pub type Named = BTreeMap<String, Vec<String>>;
 
 /// A ConfigMap holds at most 1 MiB; the leader records no new claim past this many bytes
 /// of data (about 8,000 hosts with one claim each), so the ledger itself can always be
@@ -96,8 +104,7 @@ pub fn parse(cm: Option<&ConfigMap>) -> (Ledger, Vec<InvalidClaims>) {
     let mut errors = Vec::new();
     for (key, value) in cm.and_then(|c| c.data.as_ref()).into_iter().flatten() {
         match serde_json::from_str::<Vec<Claim>>(value) {
-            Ok(mut claims) if !claims.is_empty() => {
-                sort(&mut claims);
+            Ok(claims) if !claims.is_empty() => {
                 ledger.insert(host_of(key), claims);
             }
             Ok(_) => {}
@@ -127,10 +134,6 @@ pub fn data_bytes(data: &BTreeMap<String, String>) -> usize {
     data.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
-fn sort(claims: &mut [Claim]) {
-    claims.sort_by(|a, b| (a.since, &a.namespace).cmp(&(b.since, &b.namespace)));
-}
-
 /// Truncated to whole seconds, as recorded.
 fn seconds(t: SystemTime) -> SystemTime {
     let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
@@ -139,20 +142,22 @@ fn seconds(t: SystemTime) -> SystemTime {
 
 /// The leader's step: the ledger after `now`, given what the Ingresses name.
 ///
-/// - A namespace that names a host keeps its claim (its date unchanged), or gets one
-///   dated `now`.
+/// - A namespace that names a host keeps its claim (its place and date unchanged), or
+///   gets one appended after the recorded ones, dated `now` (several new ones in the order
+///   of `named`), unless it holds `max_per_namespace` claims already.
 /// - A claim whose namespace names the host no longer is marked unnamed from `now` (or
 ///   keeps its earlier mark), and is released once `grace` has passed since the mark.
 /// - A namespace that names the host again before that keeps its original date.
 ///
 /// New claims stop being added (existing ones still change) when the rendered ledger
-/// would exceed `max_bytes`; the second value counts the hosts left waiting.
+/// would exceed `max_bytes`; the second value counts the claims left waiting (for either
+/// limit).
 pub fn next(
     current: &Ledger,
     named: &Named,
     now: SystemTime,
     grace: Duration,
-    max_bytes: usize,
+    limits: Limits,
 ) -> (Ledger, usize) {
     let now = seconds(now);
     let mut out = Ledger::new();
@@ -160,7 +165,7 @@ pub fn next(
     let mut wanting: Vec<(&String, &String)> = Vec::new();
     for host in hosts {
         let namers = named.get(host);
-        let names = |ns: &str| namers.is_some_and(|n| n.contains(ns));
+        let names = |ns: &str| namers.is_some_and(|n| n.iter().any(|x| x == ns));
         let mut claims: Vec<Claim> = Vec::new();
         for c in current.get(host).into_iter().flatten() {
             if names(&c.namespace) {
@@ -184,13 +189,23 @@ pub fn next(
             }
         }
         if !claims.is_empty() {
-            sort(&mut claims);
             out.insert(host.clone(), claims);
+        }
+    }
+    let mut held: BTreeMap<String, usize> = BTreeMap::new();
+    for claims in out.values() {
+        for c in claims {
+            *held.entry(c.namespace.clone()).or_default() += 1;
         }
     }
     let mut size = data_bytes(&render(&out));
     let mut waiting = 0;
     for (host, ns) in wanting {
+        let count = held.entry(ns.clone()).or_default();
+        if *count >= limits.max_per_namespace {
+            waiting += 1;
+            continue;
+        }
         let claim = Claim {
             namespace: ns.clone(),
             since: now,
@@ -203,33 +218,37 @@ pub fn next(
             } else {
                 key_of(host).len() + 1
             };
-        if size + cost > max_bytes {
+        if size + cost > limits.max_bytes {
             waiting += 1;
             continue;
         }
         size += cost;
-        let claims = out.entry(host.clone()).or_default();
-        claims.push(claim);
-        sort(claims);
+        *count += 1;
+        out.entry(host.clone()).or_default().push(claim);
     }
     (out, waiting)
 }
 
-/// The owner of a host: the namespace of its earliest recorded claim (`claims`, in
-/// ledger order), where a namespace in `namers` without a recorded claim ranks after
-/// every recorded one (ties by name). None when nobody claims or names the host.
+/// How large the ledger may grow.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of ConfigMap data ([`MAX_LEDGER_BYTES`]).
+    pub max_bytes: usize,
+    /// Claims one namespace may hold (`--max-host-claims-per-namespace`).
+    pub max_per_namespace: usize,
+}
+
+/// The owner of a host: the namespace of its first recorded claim (`claims`, in ledger
+/// order); without one, the first of `namers` (given oldest Ingress first, the order the
+/// leader records new claims in). None when nobody claims or names the host.
 pub fn owner<'a>(
     claims: &'a [Claim],
     namers: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
-    let recorded = claims
-        .iter()
-        .map(|c| (Some(c.since), c.namespace.as_str()))
-        .min_by(|a, b| a.cmp(b));
-    if let Some((_, ns)) = recorded {
-        return Some(ns);
+    match claims.first() {
+        Some(c) => Some(c.namespace.as_str()),
+        None => namers.into_iter().next(),
     }
-    namers.into_iter().min()
 }
 
 mod rfc3339 {
@@ -279,20 +298,26 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
     }
 
+    /// What the Ingresses name, each host's namers oldest Ingress first (as given).
     fn named(pairs: &[(&str, &str)]) -> Named {
         let mut n = Named::new();
         for (host, ns) in pairs {
             n.entry((*host).to_owned())
                 .or_default()
-                .insert((*ns).to_owned());
+                .push((*ns).to_owned());
         }
         n
     }
 
     const GRACE: Duration = Duration::from_secs(600);
 
+    const LIMITS: Limits = Limits {
+        max_bytes: MAX_LEDGER_BYTES,
+        max_per_namespace: 1000,
+    };
+
     fn step(ledger: &Ledger, n: &Named, secs: u64) -> Ledger {
-        next(ledger, n, at(secs), GRACE, MAX_LEDGER_BYTES).0
+        next(ledger, n, at(secs), GRACE, LIMITS).0
     }
 
     fn owner_of<'a>(ledger: &'a Ledger, n: &'a Named, host: &str) -> Option<&'a str> {
@@ -357,13 +382,61 @@ mod tests {
         assert!(ledger.is_empty());
     }
 
+    /// Namespaces that name a host nobody has claimed, in one step, are recorded in the
+    /// order given (oldest Ingress first), whatever their names; the translator orders
+    /// unrecorded namers the same way.
     #[test]
-    fn unrecorded_namers_are_ordered_by_name_as_the_leader_records_them() {
+    fn unrecorded_namers_are_ordered_by_their_oldest_ingress_as_the_leader_records_them() {
         let n = named(&[("new.test", "zeta"), ("new.test", "alpha")]);
-        assert_eq!(owner_of(&Ledger::new(), &n, "new.test"), Some("alpha"));
+        assert_eq!(owner_of(&Ledger::new(), &n, "new.test"), Some("zeta"));
         let ledger = step(&Ledger::new(), &n, 5);
-        assert_eq!(owner_of(&ledger, &n, "new.test"), Some("alpha"));
+        assert_eq!(owner_of(&ledger, &n, "new.test"), Some("zeta"));
+        assert_eq!(ledger["new.test"][1].namespace, "alpha");
         assert_eq!(owner_of(&ledger, &Named::new(), "other.test"), None);
+    }
+
+    /// A leader whose clock runs behind records a later claim with an earlier date: the
+    /// recorded order still decides, never the dates.
+    #[test]
+    fn the_order_claims_were_recorded_in_decides_not_their_dates() {
+        let ledger = step(&Ledger::new(), &named(&[("shop.test", "victim")]), 1000);
+        let n = named(&[("shop.test", "aaa"), ("shop.test", "victim")]);
+        // A new leader, its clock 900 s behind.
+        let ledger = step(&ledger, &n, 100);
+        assert_eq!(ledger["shop.test"][1].namespace, "aaa");
+        assert!(ledger["shop.test"][1].since < ledger["shop.test"][0].since);
+        assert_eq!(owner_of(&ledger, &n, "shop.test"), Some("victim"));
+        // And it survives the ConfigMap.
+        let cm = ConfigMap {
+            data: Some(render(&ledger)),
+            ..Default::default()
+        };
+        assert_eq!(parse(Some(&cm)).0, ledger);
+    }
+
+    /// One tenant cannot fill the ledger for everyone: past its quota its new claims wait
+    /// (counted), and other namespaces' claims are still recorded.
+    #[test]
+    fn a_namespace_holds_at_most_its_quota_of_claims() {
+        let limits = Limits {
+            max_per_namespace: 2,
+            ..LIMITS
+        };
+        let n = named(&[
+            ("a.test", "greedy"),
+            ("b.test", "greedy"),
+            ("c.test", "greedy"),
+            ("d.test", "other"),
+        ]);
+        let (ledger, waiting) = next(&Ledger::new(), &n, at(0), GRACE, limits);
+        assert_eq!(waiting, 1);
+        let greedy = ledger
+            .values()
+            .flatten()
+            .filter(|c| c.namespace == "greedy")
+            .count();
+        assert_eq!(greedy, 2);
+        assert!(ledger.contains_key("d.test"));
     }
 
     #[test]
@@ -417,12 +490,15 @@ mod tests {
     fn new_claims_wait_when_the_ledger_is_full_and_existing_ones_keep_changing() {
         let n = named(&[("a.test", "a")]);
         let ledger = step(&Ledger::new(), &n, 0);
-        let full = data_bytes(&render(&ledger));
+        let full = Limits {
+            max_bytes: data_bytes(&render(&ledger)),
+            ..LIMITS
+        };
         let more = named(&[("a.test", "a"), ("b.test", "b")]);
         let (out, waiting) = next(&ledger, &more, at(1), GRACE, full);
         assert_eq!(waiting, 1);
         assert_eq!(out, ledger);
-        let (out, waiting) = next(&ledger, &more, at(1), GRACE, MAX_LEDGER_BYTES);
+        let (out, waiting) = next(&ledger, &more, at(1), GRACE, LIMITS);
         assert_eq!(waiting, 0);
         assert_eq!(out.len(), 2);
         assert!(data_bytes(&render(&out)) <= MAX_LEDGER_BYTES);

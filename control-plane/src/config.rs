@@ -112,6 +112,14 @@ pub struct Args {
     /// host (a redeploy that deletes and re-creates an Ingress keeps it).
     #[arg(long, env = "HOLDFAST_HOST_CLAIM_GRACE", default_value = "10m", value_parser = humantime::parse_duration)]
     pub host_claim_grace: Duration,
+    /// Most host claims one namespace may hold in the ledger, so that no tenant can fill
+    /// it (it holds about 8,000 claims); past it the namespace's new claims wait.
+    #[arg(
+        long,
+        env = "HOLDFAST_MAX_HOST_CLAIMS_PER_NAMESPACE",
+        default_value_t = 1000
+    )]
+    pub max_host_claims_per_namespace: usize,
     /// Namespaces whose Ingresses may set the `defaultBackend`, the cluster-wide catch-all
     /// for requests no rule matches, or add rules without a host, which catch every host
     /// no rule names (comma-separated; default: all, as the Ingress spec expects). An
@@ -400,6 +408,7 @@ impl Args {
             status::ClaimsSettings {
                 configmap: claims_configmap.clone(),
                 grace: self.host_claim_grace,
+                max_per_namespace: self.max_host_claims_per_namespace,
             }
         });
         let status = status::Settings {

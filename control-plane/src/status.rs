@@ -47,6 +47,8 @@ pub struct ClaimsSettings {
     /// A claim is released once its namespace has named the host in none of its
     /// Ingresses for this long (`--host-claim-grace`).
     pub grace: Duration,
+    /// Claims one namespace may hold (`--max-host-claims-per-namespace`).
+    pub max_per_namespace: usize,
 }
 
 /// Leader election and what the leader writes.
@@ -267,17 +269,15 @@ async fn record_claims(
         tracing::warn!(error = %e, "host claims key rewritten");
     }
     let named = translate::named_hosts(state, opts);
-    let (next, waiting) = claims::next(
-        &ledger,
-        &named,
-        now,
-        settings.grace,
-        claims::MAX_LEDGER_BYTES,
-    );
+    let limits = claims::Limits {
+        max_bytes: claims::MAX_LEDGER_BYTES,
+        max_per_namespace: settings.max_per_namespace,
+    };
+    let (next, waiting) = claims::next(&ledger, &named, now, settings.grace, limits);
     if waiting > 0 {
         tracing::warn!(
             waiting,
-            "host claims ledger is full: these claims wait (hosts not named by any other namespace are still served)"
+            "host claims wait: the ledger is full or their namespace holds --max-host-claims-per-namespace (a host no other namespace names is still served)"
         );
     }
     let data = claims::render(&next);

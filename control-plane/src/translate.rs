@@ -599,23 +599,28 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
 }
 
 /// The namespaces naming each host in our Ingresses, as a rule's host or a `spec.tls`
-/// host: what the host claims ledger records ([`crate::claims`]). Invalid hosts and rules
-/// without a host name nothing.
+/// host, each once and oldest Ingress first (then namespace/name): what the host claims
+/// ledger records, in the order it records new claims ([`crate::claims`]). Invalid hosts
+/// and rules without a host name nothing.
 pub fn named_hosts(state: &ClusterState, opts: &Options) -> claims::Named {
     let (classes, default_is_ours) = our_classes(&state.ingress_classes, opts);
+    let mut digests: Vec<IngressDigest> = state
+        .ingresses
+        .iter()
+        .map(|ing| digest_ingress_within(ing, opts.ingress_limits))
+        .filter(|d| class_is_ours(d.class.as_deref(), &classes, default_is_ours))
+        .collect();
+    digests.sort_unstable_by(by_age);
     let mut named = claims::Named::new();
-    for ing in &state.ingresses {
-        let d = digest_ingress_within(ing, opts.ingress_limits);
-        if !class_is_ours(d.class.as_deref(), &classes, default_is_ours) {
-            continue;
-        }
+    for d in &digests {
         let hosts = d.routes.iter().map(|r| &r.host);
         for host in hosts.chain(d.tls.iter().map(|(h, _)| h)) {
-            if !host.is_empty() {
-                named
-                    .entry(host.clone())
-                    .or_default()
-                    .insert(d.source.namespace.clone());
+            if host.is_empty() {
+                continue;
+            }
+            let namers = named.entry(host.clone()).or_default();
+            if !namers.contains(&d.source.namespace) {
+                namers.push(d.source.namespace.clone());
             }
         }
     }

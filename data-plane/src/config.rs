@@ -453,14 +453,16 @@ impl Args {
     }
 }
 
-/// What one client connection may take at its worst, in bytes: a partial head of
-/// `max_header_bytes` in hyper's read buffer (the framing tracker keeps none of it), plus
-/// 48 KiB for the rest (the connection's task and state, hyper's write buffer, rustls'
-/// buffers over TLS). Measured with slow heads on one worker: 88 KiB a connection over
-/// plain HTTP and 103 KiB over TLS for 60,000-byte heads, 39 and 54 KiB for 1,000-byte
-/// ones; this bound is 112 KiB at the default 64 KiB.
+/// What one HTTP/1.1 client connection may take at its worst, in bytes: a partial head of
+/// `max_header_bytes` in hyper's read buffer, what the framing tracker keeps beside it (at
+/// most 16 KiB: 8 KiB of framing header values, 16 KiB waiting for an upgrade's answer,
+/// or an 8 KiB trailer line), plus 48 KiB for the rest (the connection's task and state,
+/// hyper's write buffer, rustls' buffers over TLS). Measured with slow heads on one
+/// worker: 88 KiB a connection over plain HTTP and 103 KiB over TLS for 60,000-byte
+/// heads, 39 and 54 KiB for 1,000-byte ones; this bound is 128 KiB at the default 64 KiB.
+/// HTTP/2 connections can take more (their windows and streams): not counted here.
 pub fn connection_bytes(max_header_bytes: usize) -> usize {
-    max_header_bytes.max(8192) + (48 << 10)
+    max_header_bytes.max(8192) + (64 << 10)
 }
 
 #[cfg(test)]
@@ -565,7 +567,7 @@ mod tests {
     #[test]
     fn the_connection_cap_is_derived_from_the_connection_memory() {
         let per = connection_bytes(65536);
-        assert_eq!(per, 112 << 10);
+        assert_eq!(per, 128 << 10);
         let c = parse(&[]).unwrap();
         assert_eq!(c.listen.max_connections, (512 << 20) / per);
         let c = parse(&["--listen-tls", "127.0.0.1:8443"]).unwrap();

@@ -96,9 +96,17 @@ struct HeadInfo {
     h2_preface: bool,
 }
 
-/// Longest value of a framing header (Content-Length, Transfer-Encoding, Connection,
-/// Upgrade) the tracker reads; a longer one is refused.
+/// Most bytes of framing header values (Content-Length, Transfer-Encoding, Connection,
+/// Upgrade, all of them together) the tracker keeps of one head; a head with more is
+/// refused. It bounds the tracker's own copy of a head.
 const MAX_FRAMING_VALUE: usize = 8 * 1024;
+
+/// Most bytes kept while an upgrade request waits for its answer; past it the stream
+/// cannot be followed (see [`State::Lost`]).
+const MAX_UPGRADE_WAIT: usize = 16 * 1024;
+
+/// Longest trailer line followed; past it tracking stops (hyper refuses such trailers).
+const MAX_TRAILER_LINE: usize = 8 * 1024;
 
 /// Which header a head line is, as far as framing goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -133,6 +141,8 @@ struct HeadScan {
     name: Vec<u8>,
     /// The current framing header's value.
     value: Vec<u8>,
+    /// Bytes of framing header values kept so far in this head.
+    kept: usize,
     /// The first bytes of the request line.
     request_line: Vec<u8>,
     lengths: Vec<Vec<u8>>,
@@ -203,8 +213,9 @@ impl HeadScan {
             }
             Field::Other => {}
             _ => {
-                if self.value.len() < MAX_FRAMING_VALUE {
+                if self.kept < MAX_FRAMING_VALUE {
                     self.value.push(b);
+                    self.kept += 1;
                 } else {
                     let bad = match self.field {
                         Field::ContentLength => BadRequest::BadLength,
@@ -419,7 +430,7 @@ impl Tracker {
             match &mut self.state {
                 State::Off | State::Lost => break,
                 State::UpgradeWait(_, pending) => {
-                    if pending.len() + data.len() > MAX_HEAD {
+                    if pending.len() + data.len() > MAX_UPGRADE_WAIT {
                         self.state = State::Lost;
                     } else {
                         pending.extend_from_slice(data);
@@ -548,7 +559,7 @@ impl Tracker {
                 State::Trailers(line) => {
                     let Some(i) = data.iter().position(|b| *b == b'\n') else {
                         line.extend_from_slice(data);
-                        if line.len() > MAX_HEAD {
+                        if line.len() > MAX_TRAILER_LINE {
                             self.state = State::Off;
                         }
                         break;

@@ -648,7 +648,11 @@ impl Forwarder {
         if version <= Version::HTTP_11
             && let Err(e) = check_framing(headers)
         {
-            let answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
+            // A framing 400 always closes the connection: what follows cannot be trusted.
+            let mut answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
+            answer
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return Err((answer, None));
         }
         if self.has_passed_here(headers) {

@@ -98,12 +98,19 @@ struct Open {
 }
 
 impl Open {
-    /// A slot for `peer`, or None past either cap.
+    /// A slot for `peer`, or None past either cap. A peer with no connection open gets
+    /// one past the listener's cap, up to four times it: a kubelet probing from its own
+    /// address gets in while other addresses hold every ordinary slot.
     fn enter(self: &Arc<Self>, peer: IpAddr, limits: &Limits) -> Option<Slot> {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let (all, by_peer) = &mut *counts;
         let mine = by_peer.entry(peer).or_insert(0);
-        if *all >= limits.max_connections || *mine >= limits.max_connections_per_peer {
+        let cap = if *mine == 0 {
+            limits.max_connections * 4
+        } else {
+            limits.max_connections
+        };
+        if *all >= cap || *mine >= limits.max_connections_per_peer {
             if *mine == 0 {
                 by_peer.remove(&peer);
             }
@@ -242,6 +249,11 @@ mod tests {
         let _b2 = open.enter(b, &limits).expect("b's second");
         let _c1 = open.enter(c, &limits).expect("the fifth in all");
         assert!(open.enter(c, &limits).is_none(), "past the listener's cap");
+        // A peer with nothing open still gets one (a kubelet's probe), up to 4 x the cap.
+        let d: IpAddr = [10, 0, 0, 4].into();
+        let d1 = open.enter(d, &limits).expect("a new peer's first");
+        assert!(open.enter(d, &limits).is_none(), "but not a second");
+        drop(d1);
         drop(a1);
         let _c2 = open.enter(c, &limits).expect("a slot given back");
         assert!(open.enter(a, &limits).is_none(), "full again");

@@ -1959,8 +1959,27 @@ fn a_host_belongs_to_the_namespace_that_named_it_first_not_to_its_oldest_ingress
     assert!(t.problems.is_empty());
 }
 
-/// Before the leader records anything, namers are ordered by namespace name (the order
-/// the leader then records them in); a recorded claim always ranks first.
+/// What the leader records: each host's namers once, oldest Ingress first whatever the
+/// namespaces' names, `spec.tls` hosts included, and nothing of other classes.
+#[test]
+fn named_hosts_lists_each_hosts_namespaces_oldest_ingress_first() {
+    let mut theirs = (*ingress_in("aaa", "other-class", 0, "shop.example.com", "/")).clone();
+    theirs.spec.as_mut().unwrap().ingress_class_name = Some("nginx".into());
+    let st = state(vec![
+        ingress_in("zzz", "site", 1, "shop.example.com", "/"),
+        ingress_in("mmm", "late", 7, "shop.example.com", "/x"),
+        ingress_in("zzz", "again", 9, "shop.example.com", "/y"),
+        tls_ingress("tls-only", 3, &[], &["secure.example.com"], "s", json!({})),
+        Arc::new(theirs),
+    ]);
+    let named = named_hosts(&st, &Options::default());
+    assert_eq!(named["shop.example.com"], ["zzz", "mmm"]);
+    assert_eq!(named["secure.example.com"], ["default"]);
+    assert_eq!(named.len(), 2);
+}
+
+/// Before the leader records anything, namers are ordered by their oldest Ingress (the
+/// order the leader then records them in); a recorded claim always ranks first.
 #[test]
 fn an_unrecorded_namer_never_displaces_a_recorded_owner() {
     let mut st = state(vec![

@@ -426,8 +426,7 @@ async fn inventory_streams(url: &str, n: usize, pid: u32) -> anyhow::Result<(usi
         .into_snapshot()
         .context("a complete snapshot, not a delta")?;
     drop((node, tx, source));
-    let inventory =
-        holdfast_proto::delta::to_wire(&holdfast_proto::delta::inventory(&snapshot));
+    let inventory = holdfast_proto::delta::to_wire(&holdfast_proto::delta::inventory(&snapshot));
     let entries = inventory.len();
     let before = rss_kib(pid, "VmRSS:");
     let mut held = Vec::with_capacity(n);
@@ -450,7 +449,10 @@ async fn inventory_streams(url: &str, n: usize, pid: u32) -> anyhow::Result<(usi
             .stream_routes(ReceiverStream::new(rx))
             .await?
             .into_inner();
-        stream.message().await?.context("an answer to the stated inventory")?;
+        stream
+            .message()
+            .await?
+            .context("an answer to the stated inventory")?;
         held.push((tx, stream));
     }
     let after = rss_kib(pid, "VmRSS:");

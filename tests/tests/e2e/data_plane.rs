@@ -2247,12 +2247,15 @@ const SHAPES: [&[u8]; 8] = [
     b"GET /n HTTP/1.1\r\nHost: a.test\r\nUpgrade: foo\r\nConnection: up\xc3grade\r\n\r\n",
 ];
 
-/// Reads one HTTP/1.1 response from `s` (`buf` keeps what was read past it): its status
+/// One answer: its status and the path the echo backend saw ("" for the proxy's own).
+type Answer = (u16, String);
+
+/// Reads one HTTP/1.1 response from `s` (`buf` keeps what was read past it): the answer
 /// and whether it says `Connection: close`; None at EOF.
 async fn next_response(
     s: &mut tokio::net::TcpStream,
     buf: &mut Vec<u8>,
-) -> anyhow::Result<Option<(u16, bool)>> {
+) -> anyhow::Result<Option<(Answer, bool)>> {
     async fn fill(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> anyhow::Result<bool> {
         let mut chunk = [0u8; 4096];
         let n = tokio::time::timeout(T, s.read(&mut chunk)).await??;
@@ -2286,12 +2289,13 @@ async fn next_response(
         anyhow::ensure!(fill(s, buf).await?, "EOF inside a response body");
     }
     buf.drain(..end + length);
-    Ok(Some((status, close)))
+    let path = header(&head, "x-echo-path").unwrap_or_default().to_owned();
+    Ok(Some(((status, path), close)))
 }
 
-/// The statuses answered to `requests` sent one at a time, each after the previous
-/// answer, until the proxy closes the connection.
-async fn answers_one_by_one(addr: SocketAddr, requests: &[&[u8]]) -> anyhow::Result<Vec<u16>> {
+/// The answers to `requests` sent one at a time, each after the previous answer, until
+/// the proxy closes the connection.
+async fn answers_one_by_one(addr: SocketAddr, requests: &[&[u8]]) -> anyhow::Result<Vec<Answer>> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut buf = Vec::new();
     let mut out = Vec::new();
@@ -2300,8 +2304,8 @@ async fn answers_one_by_one(addr: SocketAddr, requests: &[&[u8]]) -> anyhow::Res
             break;
         }
         match next_response(&mut s, &mut buf).await? {
-            Some((status, close)) => {
-                out.push(status);
+            Some((answer, close)) => {
+                out.push(answer);
                 if close {
                     break;
                 }
@@ -2312,13 +2316,13 @@ async fn answers_one_by_one(addr: SocketAddr, requests: &[&[u8]]) -> anyhow::Res
     Ok(out)
 }
 
-/// The statuses answered to `requests` pipelined: all their bytes written at once, cut
+/// The answers to `requests` pipelined: all their bytes written at once, cut
 /// into writes at `cuts` (offsets into the whole), then every answer read.
 async fn answers_pipelined(
     addr: SocketAddr,
     requests: &[&[u8]],
     cuts: &[usize],
-) -> anyhow::Result<Vec<u16>> {
+) -> anyhow::Result<Vec<Answer>> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let all: Vec<u8> = requests.concat();
@@ -2338,8 +2342,8 @@ async fn answers_pipelined(
     let mut out = Vec::new();
     while out.len() < requests.len() {
         match next_response(&mut s, &mut buf).await {
-            Ok(Some((status, close))) => {
-                out.push(status);
+            Ok(Some((answer, close))) => {
+                out.push(answer);
                 if close {
                     break;
                 }
@@ -2363,10 +2367,15 @@ async fn pipelined_requests_in_any_split_get_the_answers_they_get_one_by_one() -
 
     let w = one_route("pipelining", &[]).await?;
     let addr = w.p.addr;
-    // Every shape alone, one by one, as a baseline: valid ones 200, refused ones 400.
+    // Every shape alone, one by one, as a baseline: valid ones 200 from the backend with
+    // their own path, refused ones the proxy's 400.
+    let paths = ["/g", "/p", "/c", "/u"];
     for (i, shape) in SHAPES.iter().enumerate() {
         let got = answers_one_by_one(addr, &[shape]).await?;
-        let want = if i < 4 { 200 } else { 400 };
+        let want = match paths.get(i) {
+            Some(path) => (200, (*path).to_owned()),
+            None => (400, String::new()),
+        };
         assert_eq!(got, [want], "shape {i}");
     }
     let handle = tokio::runtime::Handle::current();
@@ -2375,7 +2384,7 @@ async fn pipelined_requests_in_any_split_get_the_answers_they_get_one_by_one() -
         proptest::collection::vec(any::<usize>(), 0..8),
     );
     let mut runner = TestRunner::new(Config {
-        cases: 64,
+        cases: 128,
         failure_persistence: None,
         ..Config::default()
     });
@@ -2391,7 +2400,7 @@ async fn pipelined_requests_in_any_split_get_the_answers_they_get_one_by_one() -
                     ))
                 })
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if one.contains(&400) {
+            if one.iter().any(|(status, _)| *status == 400) {
                 refused_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             prop_assert_eq!(&piped, &one, "sequence {:?} cut at {:?}", sequence, cuts);
