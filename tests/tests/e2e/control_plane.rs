@@ -1029,7 +1029,12 @@ async fn the_grpc_server_caps_streams_per_connection_and_cuts_a_rapid_reset_floo
         "SETTINGS_MAX_CONCURRENT_STREAMS: {:?}",
         flooded.settings
     );
-    assert!(flooded.goaway.is_some(), "no GOAWAY: {flooded:?}");
+    // ENHANCE_YOUR_CALM (RFC 9113 §7): the flood is what ended it, not another error.
+    assert_eq!(
+        flooded.goaway,
+        Some(0xb),
+        "no GOAWAY ENHANCE_YOUR_CALM: {flooded:?}"
+    );
     assert!(
         flooded.written < CALLS as usize * per_call,
         "the rapid reset ran to the end: {} bytes",

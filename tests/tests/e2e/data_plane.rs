@@ -1069,7 +1069,7 @@ async fn an_upstream_response_with_both_lengths_loses_its_content_length() -> an
                     }
                 }
                 let _ = c
-                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nx-holdfast-loop: 0123456789abcdef\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
                     .await;
             });
         }
@@ -1090,6 +1090,10 @@ async fn an_upstream_response_with_both_lengths_loses_its_content_length() -> an
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(!head.contains("content-length"), "{head}");
     assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(
+        !head.contains("x-holdfast-loop"),
+        "the loop header is removed from responses: {head}"
+    );
     assert_eq!(body, "5\r\nhello\r\n0\r\n\r\n");
     Ok(())
 }
