@@ -12,7 +12,9 @@
 //! - **Admin**: only callers whose certificate proves one of `--admin-identities` (the
 //!   operators); everyone else, proxies included, gets `PERMISSION_DENIED`.
 //! - Health and reflection stay open: a client without a certificate may use them (one
-//!   with a certificate from another CA fails the handshake).
+//!   with a certificate from another CA fails the handshake). Such clients hold at most
+//!   [`UNAUTHENTICATED_PER_PEER`] connections per address and [`UNAUTHENTICATED_TOTAL`] in
+//!   all; more are closed at once, so they cannot exhaust the port.
 //!
 //! In plaintext mode (`--insecure-plaintext`, development only) nobody is authenticated:
 //! both rules are off.
@@ -32,6 +34,73 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 /// How long a client may take to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most gRPC connections without a client certificate from one address.
+pub const UNAUTHENTICATED_PER_PEER: usize = 8;
+/// Most gRPC connections without a client certificate in all.
+pub const UNAUTHENTICATED_TOTAL: usize = 256;
+
+/// A gRPC connection, with the slot it holds if it came without a client certificate.
+#[derive(Debug)]
+pub struct Accepted {
+    inner: TlsStream<TcpStream>,
+    _slot: Option<holdfast_process::admin::Slot>,
+}
+
+impl tokio::io::AsyncRead for Accepted {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Accepted {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The identity and address are the TLS connection's.
+impl tonic::transport::server::Connected for Accepted {
+    type ConnectInfo = <TlsStream<TcpStream> as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
 
 /// The authentication mode of the gRPC listener.
 #[derive(Debug, Clone)]
@@ -181,13 +250,16 @@ impl Mode {
 /// Accepts TCP connections on `listener` and yields those that complete a TLS handshake
 /// (with no client certificate, or one the current configuration accepts) within
 /// [`HANDSHAKE_TIMEOUT`]. Each handshake uses the configuration current at accept time.
+/// A connection without a client certificate needs a slot (per address and in all);
+/// without one it is closed at once.
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<Reloading<ServerConfig>>,
     on_failure: impl Fn() + Send + Sync + 'static,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+) -> ReceiverStream<Result<Accepted, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let on_failure = Arc::new(on_failure);
+    let unauthenticated = Arc::new(holdfast_process::admin::Open::default());
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -201,10 +273,29 @@ pub fn tls_incoming(
             };
             let acceptor = tokio_rustls::TlsAcceptor::from(config.current());
             let (out, on_failure) = (tx.clone(), on_failure.clone());
+            let unauthenticated = unauthenticated.clone();
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
-                        let _ = out.send(Ok(tls)).await;
+                        let slot = if tls.get_ref().1.peer_certificates().is_none() {
+                            let caps = holdfast_process::admin::Caps {
+                                total: UNAUTHENTICATED_TOTAL,
+                                per_peer: UNAUTHENTICATED_PER_PEER,
+                                new_peer_total: UNAUTHENTICATED_TOTAL,
+                            };
+                            let Some(slot) = unauthenticated.enter(peer.ip(), caps) else {
+                                tracing::debug!(%peer, "gRPC connection without a certificate past its cap; closing");
+                                return;
+                            };
+                            Some(slot)
+                        } else {
+                            None
+                        };
+                        let accepted = Accepted {
+                            inner: tls,
+                            _slot: slot,
+                        };
+                        let _ = out.send(Ok(accepted)).await;
                     }
                     Ok(Err(error)) => {
                         on_failure();

@@ -90,27 +90,50 @@ impl Default for Limits {
     }
 }
 
-/// Open connections, in all and per peer address, taken and given back together.
-#[derive(Default)]
-struct Open {
+/// Open connections, in all and per peer address, taken and given back together: the
+/// admin listeners' caps, and the gRPC port's for peers without a certificate.
+#[derive(Debug, Default)]
+pub struct Open {
     /// Why a mutex: the count in all and the peer's count change together.
     counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
+/// The caps of an [`Open`].
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// Most connections in all.
+    pub total: usize,
+    /// Most connections from one peer address.
+    pub per_peer: usize,
+    /// Most connections in all, counting one from a peer with none open (at least
+    /// `total`): so that a peer that holds nothing gets in while others hold every slot.
+    pub new_peer_total: usize,
+}
+
+impl Limits {
+    fn caps(&self) -> Caps {
+        Caps {
+            total: self.max_connections,
+            per_peer: self.max_connections_per_peer,
+            // A kubelet probing from its own address gets in while other addresses hold
+            // every ordinary slot.
+            new_peer_total: self.max_connections * 4,
+        }
+    }
+}
+
 impl Open {
-    /// A slot for `peer`, or None past either cap. A peer with no connection open gets
-    /// one past the listener's cap, up to four times it: a kubelet probing from its own
-    /// address gets in while other addresses hold every ordinary slot.
-    fn enter(self: &Arc<Self>, peer: IpAddr, limits: &Limits) -> Option<Slot> {
+    /// A slot for `peer`, or None past the caps.
+    pub fn enter(self: &Arc<Self>, peer: IpAddr, caps: Caps) -> Option<Slot> {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let (all, by_peer) = &mut *counts;
         let mine = by_peer.entry(peer).or_insert(0);
         let cap = if *mine == 0 {
-            limits.max_connections * 4
+            caps.new_peer_total.max(caps.total)
         } else {
-            limits.max_connections
+            caps.total
         };
-        if *all >= cap || *mine >= limits.max_connections_per_peer {
+        if *all >= cap || *mine >= caps.per_peer {
             if *mine == 0 {
                 by_peer.remove(&peer);
             }
@@ -126,7 +149,8 @@ impl Open {
 }
 
 /// One open connection's slot, given back when dropped.
-struct Slot {
+#[derive(Debug)]
+pub struct Slot {
     open: Arc<Open>,
     peer: IpAddr,
 }
@@ -180,7 +204,7 @@ pub async fn serve<H>(
                 continue;
             }
         };
-        let Some(slot) = open.enter(peer.ip(), &limits) else {
+        let Some(slot) = open.enter(peer.ip(), limits.caps()) else {
             tracing::debug!(
                 %peer,
                 max = limits.max_connections,
@@ -242,20 +266,23 @@ mod tests {
             [10, 0, 0, 2].into(),
             [10, 0, 0, 3].into(),
         );
-        let a1 = open.enter(a, &limits).expect("a's first");
-        let _a2 = open.enter(a, &limits).expect("a's second");
-        assert!(open.enter(a, &limits).is_none(), "a's third");
-        let _b1 = open.enter(b, &limits).expect("b is not held up by a");
-        let _b2 = open.enter(b, &limits).expect("b's second");
-        let _c1 = open.enter(c, &limits).expect("the fifth in all");
-        assert!(open.enter(c, &limits).is_none(), "past the listener's cap");
+        let a1 = open.enter(a, limits.caps()).expect("a's first");
+        let _a2 = open.enter(a, limits.caps()).expect("a's second");
+        assert!(open.enter(a, limits.caps()).is_none(), "a's third");
+        let _b1 = open.enter(b, limits.caps()).expect("b is not held up by a");
+        let _b2 = open.enter(b, limits.caps()).expect("b's second");
+        let _c1 = open.enter(c, limits.caps()).expect("the fifth in all");
+        assert!(
+            open.enter(c, limits.caps()).is_none(),
+            "past the listener's cap"
+        );
         // A peer with nothing open still gets one (a kubelet's probe), up to 4 x the cap.
         let d: IpAddr = [10, 0, 0, 4].into();
-        let d1 = open.enter(d, &limits).expect("a new peer's first");
-        assert!(open.enter(d, &limits).is_none(), "but not a second");
+        let d1 = open.enter(d, limits.caps()).expect("a new peer's first");
+        assert!(open.enter(d, limits.caps()).is_none(), "but not a second");
         drop(d1);
         drop(a1);
-        let _c2 = open.enter(c, &limits).expect("a slot given back");
-        assert!(open.enter(a, &limits).is_none(), "full again");
+        let _c2 = open.enter(c, limits.caps()).expect("a slot given back");
+        assert!(open.enter(a, limits.caps()).is_none(), "full again");
     }
 }

@@ -845,3 +845,76 @@ async fn an_unauthenticated_inventory_is_never_read_and_inventories_are_capped_b
     );
     Ok(())
 }
+
+/// Peers without a client certificate (health and reflection answer them) hold at most
+/// `UNAUTHENTICATED_PER_PEER` connections per address: of 12 from one address exactly 4
+/// are closed at once, while another address still gets in and a proxy still streams.
+#[tokio::test]
+async fn connections_without_a_certificate_are_capped_per_address() -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let s = setup("mtlsunauth").await?;
+    let cp = s.control_plane(&[])?;
+    let url = cp.grpc_url();
+    let planes = Planes::get();
+    let mut roots = rustls::RootCertStore::empty();
+    {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        for c in CertificateDer::pem_slice_iter(planes.ca.cert_pem.as_bytes()) {
+            roots.add(c?)?;
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let per_peer = holdfast_control_plane::authn::UNAUTHENTICATED_PER_PEER;
+    let mut conns = Vec::new();
+    for _ in 0..per_peer + 4 {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(([127, 0, 0, 5], 0).into())?;
+        let tcp = socket.connect(cp.grpc).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        conns.push(connector.connect(name, tcp).await?);
+    }
+    // Each connection: closed by the server within 2 s (EOF or an error), or still open.
+    let closed = futures::future::join_all(conns.iter_mut().map(|c| async move {
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(2), c.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0) | Err(_)) => return true,
+                // The server's SETTINGS and the like: still open.
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }))
+    .await;
+    let closed = closed.iter().filter(|c| **c).count();
+    assert_eq!(
+        closed,
+        4,
+        "of {} connections without a certificate",
+        per_peer + 4
+    );
+    // Another address (127.0.0.1) still gets in without a certificate: its route stream is
+    // refused by the server, with a gRPC status (so it got a connection).
+    let refused = first_response(&url, client_tls(&planes.ca.cert_pem, None), "proxy-a")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused}");
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+    let (cert, key) = planes.proxy("proxy-a");
+    first_response(
+        &url,
+        client_tls(&planes.ca.cert_pem, Some((read(&cert), read(&key)))),
+        "proxy-a",
+    )
+    .await?;
+    drop(conns);
+    Ok(())
+}
