@@ -69,6 +69,20 @@ impl Setup {
     }
 }
 
+/// A gRPC channel to `url` over `tls`; a failure is a status, as the calls' are.
+async fn tls_channel(
+    url: &str,
+    tls: tonic::transport::ClientTlsConfig,
+) -> Result<tonic::transport::Channel, tonic::Status> {
+    tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .tls_config(tls)
+        .map_err(|e| tonic::Status::internal(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))
+}
+
 /// Opens a RouteDiscovery stream to `url` with `tls` as node `node_id` and waits for the
 /// first response: Ok(()) if one arrives, else the gRPC status.
 async fn first_response(
@@ -76,13 +90,7 @@ async fn first_response(
     tls: tonic::transport::ClientTlsConfig,
     node_id: &str,
 ) -> Result<(), tonic::Status> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| tonic::Status::internal(e.to_string()))?
-        .tls_config(tls)
-        .map_err(|e| tonic::Status::internal(e.to_string()))?
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let channel = tls_channel(url, tls).await?;
     let mut client = holdfast_proto::client::route_discovery(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(DiscoveryRequest {
@@ -752,13 +760,7 @@ async fn send_first(
     tls: tonic::transport::ClientTlsConfig,
     request: bytes::Bytes,
 ) -> Result<(), tonic::Status> {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map_err(|e| tonic::Status::internal(e.to_string()))?
-        .tls_config(tls)
-        .map_err(|e| tonic::Status::internal(e.to_string()))?
-        .connect()
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let channel = tls_channel(url, tls).await?;
     let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
     grpc.ready()
         .await
