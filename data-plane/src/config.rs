@@ -126,6 +126,15 @@ pub struct Args {
     /// that --connection-memory cannot hold is refused at start.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most HTTP/2 streams a client may have open at once on one connection (the
+    /// SETTINGS_MAX_CONCURRENT_STREAMS the proxy announces). Each one in flight also takes
+    /// a slot of --max-connections (see `connection_bytes`).
+    #[arg(
+        long,
+        env = "HOLDFAST_H2_MAX_CONCURRENT_STREAMS",
+        default_value_t = 100
+    )]
+    pub h2_max_concurrent_streams: u32,
     /// Memory the client connections may take at their worst, in bytes (default 512 MiB):
     /// what the default --max-connections is derived from, and what an explicit one must
     /// fit. The manifests' memory limit counts it (deploy/kubernetes/data-plane.yaml).
@@ -371,6 +380,12 @@ impl Args {
                 ),
             ));
         }
+        if self.h2_max_concurrent_streams == 0 {
+            return Err(ConfigError::new(
+                "h2-max-concurrent-streams",
+                "must be at least 1",
+            ));
+        }
         if self.worker_threads == Some(0) {
             return Err(ConfigError::new("worker-threads", "must be at least 1"));
         }
@@ -410,6 +425,7 @@ impl Args {
                 shutdown_grace: self.shutdown_grace,
                 send_timeout: self.send_timeout,
                 max_connections: self.max_connections.unwrap_or(fits),
+                h2_max_concurrent_streams: self.h2_max_concurrent_streams,
             },
             forward: ForwardSettings {
                 connect_timeout: self.upstream_connect_timeout,
@@ -453,16 +469,41 @@ impl Args {
     }
 }
 
-/// What one HTTP/1.1 client connection may take at its worst, in bytes: a partial head of
-/// `max_header_bytes` in hyper's read buffer, what the framing tracker keeps beside it (at
-/// most 16 KiB: 8 KiB of framing header values, 16 KiB waiting for an upgrade's answer,
-/// or an 8 KiB trailer line), plus 48 KiB for the rest (the connection's task and state,
-/// hyper's write buffer, rustls' buffers over TLS). Measured with slow heads on one
-/// worker: 88 KiB a connection over plain HTTP and 103 KiB over TLS for 60,000-byte
-/// heads, 39 and 54 KiB for 1,000-byte ones; this bound is 128 KiB at the default 64 KiB.
-/// HTTP/2 connections can take more (their windows and streams): not counted here.
+/// What one slot of --max-connections stands for, in bytes: what one HTTP/1.1 client
+/// connection may take at its worst, and what one HTTP/2 stream in flight may. An
+/// HTTP/1.1 connection: a partial head of `max_header_bytes` in hyper's read buffer, what
+/// the framing tracker keeps beside it (at most 16 KiB: 8 KiB of framing header values,
+/// 16 KiB waiting for an upgrade's answer, or an 8 KiB trailer line), plus 48 KiB for the
+/// rest (the connection's task and state, hyper's write buffer, rustls' buffers over
+/// TLS). Measured with slow heads on one worker: 88 KiB a connection over plain HTTP and
+/// 103 KiB over TLS for 60,000-byte heads, 39 and 54 KiB for 1,000-byte ones; this bound
+/// is 128 KiB at the default 64 KiB.
+///
+/// An HTTP/2 connection takes one slot for itself (its partial header block of at most
+/// `max_header_bytes`, its frame buffers and HPACK tables), [`h2_window_slots`] more for
+/// its receive window once it has a stream (body bytes received and not yet forwarded:
+/// at most [`H2_CONNECTION_WINDOW`] for all its streams together), and one per stream in
+/// flight (the stream's head of at most `max_header_bytes`, its send buffer of
+/// [`H2_SEND_BUFFER`] and its task). A stream that finds no slot is answered 503
+/// (`overloaded`) as soon as its head is decoded, and its head freed with the answer.
 pub fn connection_bytes(max_header_bytes: usize) -> usize {
     max_header_bytes.max(8192) + (64 << 10)
+}
+
+/// The receive window of an HTTP/2 connection, all its streams together, in bytes.
+pub const H2_CONNECTION_WINDOW: u32 = 256 << 10;
+
+/// The receive window of one HTTP/2 stream, in bytes (the connection's window bounds them
+/// together).
+pub const H2_STREAM_WINDOW: u32 = 128 << 10;
+
+/// The most response bytes one HTTP/2 stream buffers for a client that has not made room.
+pub const H2_SEND_BUFFER: usize = 16 << 10;
+
+/// The slots an HTTP/2 connection takes for its receive window, beyond its own: the window
+/// over the slot's size, rounded up (2 at the default --max-header-bytes).
+pub fn h2_window_slots(max_header_bytes: usize) -> usize {
+    (H2_CONNECTION_WINDOW as usize).div_ceil(connection_bytes(max_header_bytes))
 }
 
 #[cfg(test)]
@@ -560,6 +601,18 @@ mod tests {
             c.subscribe.control_planes,
             ["http://127.0.0.1:18000", "http://b:1", "http://c:2"]
         );
+    }
+
+    /// HTTP/2's stream cap must allow a stream; its receive window takes two slots at the
+    /// default head size, and one where a slot is larger than the window.
+    #[test]
+    fn http2_settings_are_checked_and_their_window_is_counted_in_slots() {
+        let e = parse(&["--h2-max-concurrent-streams", "0"]).unwrap_err();
+        assert!(e.contains("--h2-max-concurrent-streams"), "{e}");
+        assert!(parse(&["--h2-max-concurrent-streams", "1"]).is_ok());
+        assert_eq!(h2_window_slots(65536), 2);
+        assert_eq!(h2_window_slots(262144), 1);
+        assert_eq!(h2_window_slots(1024), 4);
     }
 
     /// The default connection cap is what --connection-memory holds at the worst, shared

@@ -237,11 +237,14 @@ pub enum Reason {
     Misdirected,
     /// 508: the request has passed this proxy already (a forwarding loop).
     LoopDetected,
+    /// 503: an HTTP/2 stream found no slot left under --max-connections (the listener's
+    /// connection memory is taken).
+    Overloaded,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -254,6 +257,7 @@ impl Reason {
         Reason::UpstreamTimeout,
         Reason::Misdirected,
         Reason::LoopDetected,
+        Reason::Overloaded,
     ];
 
     /// The status code answered.
@@ -264,9 +268,10 @@ impl Reason {
             Reason::BodyStalled => StatusCode::REQUEST_TIMEOUT,
             Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::UpstreamConnectFailed | Reason::UpstreamFailed => StatusCode::BAD_GATEWAY,
-            Reason::NoSnapshot | Reason::BackendUnavailable | Reason::EndpointBusy => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Reason::NoSnapshot
+            | Reason::BackendUnavailable
+            | Reason::EndpointBusy
+            | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Reason::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Reason::LoopDetected => StatusCode::LOOP_DETECTED,
@@ -281,7 +286,10 @@ impl Reason {
             Reason::BodyStalled => "408",
             Reason::BodyTooLarge => "413",
             Reason::UpstreamConnectFailed | Reason::UpstreamFailed => "502",
-            Reason::NoSnapshot | Reason::BackendUnavailable | Reason::EndpointBusy => "503",
+            Reason::NoSnapshot
+            | Reason::BackendUnavailable
+            | Reason::EndpointBusy
+            | Reason::Overloaded => "503",
             Reason::UpstreamTimeout => "504",
             Reason::Misdirected => "421",
             Reason::LoopDetected => "508",
@@ -303,6 +311,7 @@ impl Reason {
             Reason::UpstreamTimeout => "upstream_timeout",
             Reason::Misdirected => "misdirected",
             Reason::LoopDetected => "loop_detected",
+            Reason::Overloaded => "overloaded",
         }
     }
 }
@@ -460,6 +469,15 @@ impl Forwarder {
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         self.metrics.count("(none)", 400);
         response
+    }
+
+    /// The answer to an HTTP/2 stream that found no slot under --max-connections.
+    pub fn overloaded(&self) -> Response<ProxyBody> {
+        self.metrics.count("(none)", 503);
+        self.fail(
+            Reason::Overloaded,
+            "no connection slot left for this HTTP/2 stream",
+        )
     }
 
     /// An error answer. What went wrong (`detail`) can name backends, pod addresses and
@@ -661,13 +679,10 @@ impl Forwarder {
         }
         // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
         // replaces it upstream: the host routed on is the host the backend sees.
-        // Host's value is shared, not copied.
+        // Host's value is shared, not copied. The authority is checked whole: user info
+        // or a port that is not one is refused, never dropped.
         let raw_host = match uri.authority() {
-            Some(a) => HeaderValue::from_str(&match a.port() {
-                Some(port) => format!("{}:{port}", a.host()),
-                None => a.host().to_owned(),
-            })
-            .ok(),
+            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             None => headers.get(header::HOST).cloned(),
         };
         let Some(raw_host) = raw_host.filter(|h| h.to_str().is_ok_and(|h| !h.is_empty())) else {

@@ -39,8 +39,11 @@ pub struct ListenSettings {
     /// A response write that makes no progress for this long closes the connection.
     pub send_timeout: Duration,
     /// Most client connections open at once on one listening address (all workers
-    /// together); past it new ones are closed at once.
+    /// together); past it new ones are closed at once. HTTP/2 streams in flight and
+    /// HTTP/2 receive windows take slots too (see `config::connection_bytes`).
     pub max_connections: usize,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS announced to HTTP/2 clients.
+    pub h2_max_concurrent_streams: u32,
 }
 
 /// A connection's timeouts are checked four times per the shorter of the idle and header
@@ -74,7 +77,13 @@ pub async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(settings.max_header_bytes as u32);
+        .max_header_list_size(settings.max_header_bytes as u32)
+        // What an HTTP/2 connection and its streams may hold, counted in slots of
+        // --max-connections (config::connection_bytes).
+        .max_concurrent_streams(settings.h2_max_concurrent_streams)
+        .initial_connection_window_size(crate::config::H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(crate::config::H2_STREAM_WINDOW)
+        .max_send_buf_size(crate::config::H2_SEND_BUFFER);
     // Over TLS, ALPN has already said "h2": such a connection is HTTP/2 only, so bytes
     // that are not the connection preface get a GOAWAY, not an HTTP/1.1 answer.
     let h2_only = Arc::new(builder.clone().http2_only());
@@ -106,6 +115,9 @@ pub async fn serve(
             port: stream.local_addr().map_or(0, |a| a.port()),
             h2_only: false,
             open_slot: Arc::new(open_guard),
+            open: open.clone(),
+            max_connections: settings.max_connections,
+            h2_window_slots: crate::config::h2_window_slots(settings.max_header_bytes),
             send_timeout: settings.send_timeout,
             builder: builder.clone(),
             forwarder: forwarder.clone(),
@@ -168,6 +180,12 @@ struct Connection {
     h2_only: bool,
     /// Counts this connection against `--max-connections` until it is dropped.
     open_slot: Arc<InFlight>,
+    /// The listener's slots (`open_slot` is one of them), which HTTP/2 streams and
+    /// receive windows take too, up to `max_connections`.
+    open: Arc<AtomicUsize>,
+    max_connections: usize,
+    /// The slots an HTTP/2 connection's receive window takes, from its first stream on.
+    h2_window_slots: usize,
     send_timeout: Duration,
     builder: Arc<auto::Builder<TokioExecutor>>,
     forwarder: Arc<Forwarder>,
@@ -205,6 +223,14 @@ impl Connection {
         let forwarder = self.forwarder.clone();
         let port = self.port;
         let open_slot = self.open_slot.clone();
+        let (open, max_slots, window_slots) = (
+            self.open.clone(),
+            self.max_connections,
+            self.h2_window_slots,
+        );
+        // The slots of this HTTP/2 connection's receive window, taken with its first
+        // stream that finds them free, and held until the connection ends.
+        let h2_window = Arc::new(Mutex::new(None::<InFlight>));
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
         let bodies = activity.clone();
@@ -234,14 +260,34 @@ impl Connection {
             // As the tracker sees it: any HTTP/1.x head asking for an upgrade waits for
             // its answer (HTTP/1.0 ones are always refused).
             let upgrade = req.version() < http::Version::HTTP_2 && is_upgrade(req.headers());
+            // An HTTP/2 stream takes a slot of its own (and, with the connection's first
+            // one, the receive window's) or is answered 503 at once, its head freed.
+            let stream_slot = (req.version() == http::Version::HTTP_2).then(|| {
+                let mut window = h2_window.lock().unwrap_or_else(|e| e.into_inner());
+                if window.is_none() {
+                    *window = InFlight::enter_n_below(&open, window_slots, max_slots);
+                }
+                window
+                    .as_ref()
+                    .and_then(|_| InFlight::enter_below(&open, max_slots))
+            });
             let upgrades = upgrades.clone();
             let tracker = tracker.clone();
             let mut flag_rx = flag_rx.clone();
             let stalled = bodies.register_body();
             async move {
                 let http1 = req.version() < http::Version::HTTP_2;
+                let (overloaded, stream_slot) = match stream_slot {
+                    Some(None) => (true, None),
+                    Some(slot) => (false, slot),
+                    None => (false, None),
+                };
                 let response = match refused {
                     Some(bad) => forwarder.reject(&bad),
+                    None if overloaded => {
+                        drop(req);
+                        forwarder.overloaded()
+                    }
                     None => {
                         // A flag on this request's own body (its chunked framing) that
                         // arrives while it is forwarded: it is answered 400 all the same,
@@ -287,6 +333,7 @@ impl Connection {
                 Ok::<_, std::convert::Infallible>(response.map(|inner| Guarded {
                     inner,
                     _guard: guard,
+                    _slot: stream_slot,
                     stalled,
                 }))
             }
@@ -396,6 +443,8 @@ where
 struct Guarded<B> {
     inner: B,
     _guard: InFlight,
+    /// An HTTP/2 stream's slot of --max-connections, held until its answer is sent.
+    _slot: Option<InFlight>,
     stalled: BodyStall,
 }
 
@@ -427,28 +476,33 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
 
 /// One request in flight on a connection (or one open connection), counted until it is
 /// dropped.
-pub struct InFlight(Arc<AtomicUsize>);
+pub struct InFlight(Arc<AtomicUsize>, usize);
 
 impl InFlight {
     fn enter(counter: &Arc<AtomicUsize>) -> Self {
         counter.fetch_add(1, Ordering::AcqRel);
-        InFlight(counter.clone())
+        InFlight(counter.clone(), 1)
     }
 
     /// Counts one more unless `max` are counted already.
     fn enter_below(counter: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        Self::enter_n_below(counter, 1, max)
+    }
+
+    /// Counts `n` more, all or none, unless that would pass `max`.
+    fn enter_n_below(counter: &Arc<AtomicUsize>, n: usize, max: usize) -> Option<Self> {
         counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                c.checked_add(n).filter(|after| *after <= max)
             })
             .ok()
-            .map(|_| InFlight(counter.clone()))
+            .map(|_| InFlight(counter.clone(), n))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
     }
 }
 
@@ -707,5 +761,23 @@ mod tests {
             "a closed connection frees its slot"
         );
         assert!(InFlight::enter_below(&open, max).is_some());
+    }
+
+    /// An HTTP/2 receive window takes its slots all or none, and gives them all back.
+    #[test]
+    fn several_slots_are_taken_all_or_none() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let one = InFlight::enter_below(&open, 4).expect("a slot");
+        let three = InFlight::enter_n_below(&open, 3, 4).expect("three slots");
+        assert_eq!(open.load(Ordering::SeqCst), 4);
+        drop(three);
+        let _two = InFlight::enter_n_below(&open, 2, 4).expect("two slots");
+        assert!(
+            InFlight::enter_n_below(&open, 2, 4).is_none(),
+            "two more than the one left"
+        );
+        assert_eq!(open.load(Ordering::SeqCst), 3, "a refusal takes nothing");
+        drop(one);
+        assert_eq!(open.load(Ordering::SeqCst), 2);
     }
 }

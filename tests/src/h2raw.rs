@@ -143,6 +143,78 @@ pub async fn frames_until_closed<S: AsyncRead + Unpin>(
     }
 }
 
+/// How the server answered one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A response head whose `:status` is a static-table entry (200, 204, 206, 304, 400,
+    /// 404 or 500: what a client can read without decoding HPACK strings).
+    Status(u16),
+    /// A response head whose `:status` is encoded otherwise (its header block).
+    OtherHead(Vec<u8>),
+    /// RST_STREAM with this error code.
+    Reset(u32),
+    /// GOAWAY with this error code.
+    GoAway(u32),
+}
+
+/// The server's answer to `stream` on `s`: its response head, a reset, or a GOAWAY; an
+/// error if none comes within `limit` or the connection ends first. Other frames (SETTINGS,
+/// WINDOW_UPDATE, other streams) are skipped; SETTINGS are acknowledged.
+pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    stream: u32,
+    limit: Duration,
+) -> anyhow::Result<Answer> {
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        let Ok(next) = tokio::time::timeout_at(until, read_frame(s)).await else {
+            anyhow::bail!("no answer on stream {stream} within {limit:?}");
+        };
+        let Some(f) = next else {
+            anyhow::bail!("the connection ended before stream {stream} was answered");
+        };
+        match f.kind {
+            SETTINGS if f.flags & 0x1 == 0 => s.write_all(&frame(SETTINGS, 0x1, 0, &[])).await?,
+            GOAWAY => return Ok(Answer::GoAway(f.goaway_code().unwrap_or(u32::MAX))),
+            RST_STREAM if f.stream == stream && f.payload.len() == 4 => {
+                let p = &f.payload;
+                return Ok(Answer::Reset(u32::from_be_bytes([p[0], p[1], p[2], p[3]])));
+            }
+            HEADERS if f.stream == stream => return Ok(status_of(&f.payload, f.flags)),
+            _ => {}
+        }
+    }
+}
+
+/// `:status` of a response header block: the first field after any table size update.
+fn status_of(payload: &[u8], flags: u8) -> Answer {
+    // PADDED (0x8) and PRIORITY (0x20) come before the block.
+    let mut block = payload;
+    if flags & 0x8 != 0 {
+        let pad = usize::from(block.first().copied().unwrap_or(0));
+        block = block.get(1..block.len().saturating_sub(pad)).unwrap_or(&[]);
+    }
+    if flags & 0x20 != 0 {
+        block = block.get(5..).unwrap_or(&[]);
+    }
+    let mut i = 0;
+    // Dynamic table size updates: 001xxxxx, a 5-bit prefix integer.
+    while block.get(i).is_some_and(|b| b & 0xe0 == 0x20) {
+        if block[i] & 0x1f == 0x1f {
+            i += 1;
+            while block.get(i).is_some_and(|b| b & 0x80 != 0) {
+                i += 1;
+            }
+        }
+        i += 1;
+    }
+    let statuses = [200, 204, 206, 304, 400, 404, 500];
+    match block.get(i) {
+        Some(b) if (0x88..=0x8e).contains(b) => Answer::Status(statuses[usize::from(b - 0x88)]),
+        _ => Answer::OtherHead(block.to_vec()),
+    }
+}
+
 /// A gRPC message: the 5-byte prefix (not compressed, length) and `message`.
 pub fn grpc_message(message: &[u8]) -> Vec<u8> {
     let mut out = vec![0];

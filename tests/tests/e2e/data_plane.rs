@@ -435,6 +435,38 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
         let line = raw(p.addr, &req).await?;
         assert!(line.contains(" 400 "), "{host}: {line}");
     }
+    // So is the authority of an absolute-form target, whole (not only its host and port).
+    for authority in ["user@a.test", "a.test:8o", "a.test:123456"] {
+        let req = format!("GET http://{authority}/ HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        let line = raw(p.addr, &req).await?;
+        assert!(line.contains(" 400 "), "{authority}: {line}");
+    }
+    // And an HTTP/2 :authority: 400 from the proxy, or a stream reset (PROTOCOL_ERROR)
+    // where the HTTP/2 layer finds it malformed first. User info passes that layer: only
+    // the proxy's check refuses it.
+    let mut h2 = h2_connect(p.addr).await?;
+    let authorities = [
+        "a.test",
+        "user@a.test",
+        "a.test:8o",
+        "a.test:123456",
+        "a.test:80:80",
+        "a.test/x",
+    ];
+    for (i, authority) in authorities.iter().enumerate() {
+        let id = 1 + 2 * i as u32;
+        let headers = h2_frame(h2raw::HEADERS, 0x5, id, &h2_get(authority, "/"));
+        h2.write_all(&headers).await?;
+        let got = h2raw::answer(&mut h2, id, T).await?;
+        match *authority {
+            "a.test" => assert_eq!(got, h2raw::Answer::Status(200)),
+            "user@a.test" => assert_eq!(got, h2raw::Answer::Status(400)),
+            _ => assert!(
+                matches!(got, h2raw::Answer::Status(400) | h2raw::Answer::Reset(1)),
+                "{authority}: {got:?}"
+            ),
+        }
+    }
     let line = raw(p.addr, "GET / HTTP/1.1\r\nHost: A.test:8080\r\n\r\n").await?;
     assert!(line.contains(" 200 "), "{line}");
     let fine = "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nabcd";
@@ -2357,6 +2389,75 @@ async fn answers_pipelined(
         }
     }
     Ok(out)
+}
+
+/// HTTP/2 is counted in --max-connections too: a connection takes a slot, its receive
+/// window two more (at the default --max-header-bytes) with its first stream, and each
+/// stream in flight one. With 8 slots, five slow streams fill them: a sixth stream is
+/// answered 503 (`overloaded`) at once, and a new connection is closed at once. Once the
+/// slow streams end, both are served again.
+#[tokio::test]
+async fn http2_streams_and_receive_windows_take_connection_slots() -> anyhow::Result<()> {
+    let w = one_route("h2-slots", &["--max-connections", "8"]).await?;
+    let p = &w.p;
+    let stream = tokio::net::TcpStream::connect(p.addr).await?;
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    let get =
+        |uri: &str| http::Request::get(uri).body(http_body_util::Empty::<bytes::Bytes>::new());
+    let slow: Vec<_> = (0..5)
+        .map(|_| {
+            let mut sender = sender.clone();
+            let req = get("http://a.test/slow?delay_ms=6000");
+            tokio::spawn(async move { anyhow::Ok(sender.send_request(req?).await?.status()) })
+        })
+        .collect();
+    let overloaded = || async {
+        p.metric(r#"holdfast_proxy_error_responses_total{reason="overloaded",status="503"}"#)
+            .await
+    };
+    assert_eq!(overloaded().await?, None, "no stream was refused yet");
+    // Once the five hold their slots, a sixth stream is refused (before that it may pass).
+    wait::until("a sixth stream to be answered 503", T, || async {
+        let mut sender = sender.clone();
+        let req = get("http://a.test/fast").map_err(|e| e.to_string())?;
+        let status = sender
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?
+            .status();
+        Ok((status == 503).then_some(()))
+    })
+    .await?;
+    assert!(
+        overloaded().await?.is_some_and(|n| n >= 1.0),
+        "the 503 is counted as overloaded"
+    );
+    assert!(
+        slow.iter().all(|t| !t.is_finished()),
+        "the slow streams were still in flight"
+    );
+    let mut extra = tokio::net::TcpStream::connect(p.addr).await?;
+    let took = closed_within(&mut extra, Duration::from_secs(15)).await?;
+    assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    for t in slow {
+        assert_eq!(t.await??, 200);
+    }
+    let mut sender = sender.clone();
+    assert_eq!(
+        sender
+            .send_request(get("http://a.test/after")?)
+            .await?
+            .status(),
+        200
+    );
+    let (code, _) = holdfast_tests::http::get(p.addr, "a.test", "/after").await?;
+    assert_eq!(code, 200, "a new connection is served again");
+    Ok(())
 }
 
 /// One reading decides framing: for random sequences of valid and refused requests, sent

@@ -35,6 +35,9 @@ struct World {
     wild: Issued,
     /// An expired certificate (Ingress `old`).
     old: Issued,
+    /// The certificate of `*.shop.<ns>.test`, listed as that in Ingress `shop`'s
+    /// `spec.tls`, whose rule host is `www.shop.<ns>.test`.
+    shop: Issued,
 }
 
 impl World {
@@ -45,8 +48,9 @@ impl World {
 
 /// Service `web` with an echo backend; Ingresses `secure` (HTTPS, Secret `site`), `open`
 /// (HTTPS with the redirect turned off, Secret `open`), `broken` (Secret `broken`, which
-/// holds garbage), `wild` (`*.wild.<ns>.test`, a wildcard certificate) and `old` (an
-/// expired certificate); a control plane and a proxy with an HTTPS listener.
+/// holds garbage), `wild` (`*.wild.<ns>.test`, a wildcard certificate), `old` (an
+/// expired certificate) and `shop` (rule host `www.shop.<ns>.test`, `spec.tls` host
+/// `*.shop.<ns>.test`); a control plane and a proxy with an HTTPS listener.
 async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     let cluster = LocalCluster::shared();
     let client = cluster.client().await?;
@@ -69,7 +73,9 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     let open = ca.server(&[&host("open")]);
     let wild = ca.server(&[&host("*.wild")]);
     let old = ca.expired_server(&[&host("old")]);
+    let shop = ca.server(&[&host("*.shop")]);
     for (name, cert, key) in [
+        ("shop", shop.cert_pem.as_str(), shop.key_pem.as_str()),
         ("site", site.cert_pem.as_str(), site.key_pem.as_str()),
         ("open", open.cert_pem.as_str(), open.key_pem.as_str()),
         ("broken", "not a certificate", "not a key"),
@@ -108,6 +114,22 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
         )
         .await?;
     }
+    // As ingress-nginx reads it: the tls entry lists the wildcard, the rule names a host
+    // under it, and the entry's certificate covers that host.
+    let mut ingress = serde_json::to_value(objects::ingress(
+        "shop",
+        &class,
+        &host("www.shop"),
+        "web",
+        80,
+    ))?;
+    ingress["spec"]["tls"] = json!([{ "hosts": [host("*.shop")], "secretName": "shop" }]);
+    create(
+        &client,
+        nsr,
+        &serde_json::from_value::<k8s_openapi::api::networking::v1::Ingress>(ingress)?,
+    )
+    .await?;
     let logs = holdfast_tests::repo_root()
         .join("target/e2e-logs")
         .join(&ns);
@@ -139,6 +161,7 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
             _logs: logs,
             wild,
             old,
+            shop,
         },
         site,
     ))
@@ -247,6 +270,16 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
         https_get(https, h2.clone(), &w.host("nosuch"), "/")
             .await
             .is_err()
+    );
+
+    // A rule host under a tls entry's wildcard is served with that entry's certificate,
+    // over HTTPS and with the redirect to it.
+    let www = w.host("www.shop");
+    let seen = https_get(https, h2.clone(), &www, "/").await?;
+    assert_eq!((seen.status, seen.serial), (200, w.shop.serial()));
+    assert_eq!(
+        holdfast_tests::http::get_full(w.p.addr, &www, "/").await?.0,
+        308
     );
 
     // An expired certificate is still served (a client checking it as of 2020 accepts
