@@ -14,7 +14,12 @@
 //! - Health and reflection stay open: a client without a certificate may use them (one
 //!   with a certificate from another CA fails the handshake). Such clients hold at most
 //!   [`UNAUTHENTICATED_PER_PEER`] connections per address and [`UNAUTHENTICATED_TOTAL`] in
-//!   all; more are closed at once, so they cannot exhaust the port.
+//!   all; more are closed at once, so they cannot exhaust the port. Their messages are at
+//!   most [`UNAUTHENTICATED_MESSAGE_BYTES`] (health and reflection requests are a name),
+//!   so what such a connection holds is bounded by its receive window.
+//! - Before anyone is known, handshakes in progress are capped too:
+//!   [`HANDSHAKES_PER_PEER`] per address, [`HANDSHAKES_TOTAL`] in all (a peer with none in
+//!   progress may go past that up to four times), each at most [`HANDSHAKE_TIMEOUT`].
 //!
 //! In plaintext mode (`--insecure-plaintext`, development only) nobody is authenticated:
 //! both rules are off.
@@ -37,8 +42,16 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most gRPC connections without a client certificate from one address.
 pub const UNAUTHENTICATED_PER_PEER: usize = 8;
-/// Most gRPC connections without a client certificate in all.
-pub const UNAUTHENTICATED_TOTAL: usize = 256;
+/// Most gRPC connections without a client certificate in all: with tonic's 1 MiB
+/// receive window each, at most 64 MiB of what they send is held.
+pub const UNAUTHENTICATED_TOTAL: usize = 64;
+/// Largest message health and reflection decode (the services anyone may call).
+pub const UNAUTHENTICATED_MESSAGE_BYTES: usize = 16 * 1024;
+/// Most TLS handshakes in progress from one address.
+pub const HANDSHAKES_PER_PEER: usize = 8;
+/// Most TLS handshakes in progress in all (a peer with none in progress may go up to
+/// four times this, so that a proxy or an operator gets in while others hold every slot).
+pub const HANDSHAKES_TOTAL: usize = 256;
 
 /// A gRPC connection, with the slot it holds if it came without a client certificate.
 #[derive(Debug)]
@@ -179,9 +192,10 @@ pub fn matches(pattern: &str, identity: &str) -> bool {
 }
 
 impl Mode {
-    /// The identities of the peer's certificate that may stream routes: matching a
-    /// `--proxy-identities` pattern and not an operator's. Checked before a stream's
-    /// first message is read: a peer with none gets `PERMISSION_DENIED` at once.
+    /// The identities of the peer's certificate that may stream routes: those matching a
+    /// `--proxy-identities` pattern, on a certificate that proves no operator identity
+    /// (an operator's certificate never streams, whatever else it names). Checked before
+    /// a stream's first message is read: a peer with none gets `PERMISSION_DENIED` at once.
     pub fn proxy_identities(&self, extensions: &Extensions) -> Result<Vec<String>, Status> {
         match self {
             Mode::Plaintext => Ok(Vec::new()),
@@ -189,12 +203,15 @@ impl Mode {
                 admin_identities,
                 proxy_identities,
             } => {
-                let proven: Vec<String> = peer_identities(extensions)
+                let identities = peer_identities(extensions);
+                if identities.iter().any(|i| admin_identities.contains(i)) {
+                    return Err(Status::permission_denied(
+                        "route discovery is for proxies: this client certificate proves an operator identity",
+                    ));
+                }
+                let proven: Vec<String> = identities
                     .into_iter()
-                    .filter(|i| {
-                        !admin_identities.contains(i)
-                            && proxy_identities.iter().any(|p| matches(p, i))
-                    })
+                    .filter(|i| proxy_identities.iter().any(|p| matches(p, i)))
                     .collect();
                 if proven.is_empty() {
                     return Err(Status::permission_denied(
@@ -260,6 +277,7 @@ pub fn tls_incoming(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let on_failure = Arc::new(on_failure);
     let unauthenticated = Arc::new(holdfast_process::admin::Open::default());
+    let handshaking = Arc::new(holdfast_process::admin::Open::default());
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -271,11 +289,25 @@ pub fn tls_incoming(
                     continue;
                 }
             };
+            let caps = holdfast_process::admin::Caps {
+                total: HANDSHAKES_TOTAL,
+                per_peer: HANDSHAKES_PER_PEER,
+                new_peer_total: HANDSHAKES_TOTAL * 4,
+            };
+            let Some(handshake_slot) = handshaking.enter(peer.ip(), caps) else {
+                on_failure();
+                tracing::debug!(%peer, "too many gRPC TLS handshakes in progress; closing");
+                drop(stream);
+                continue;
+            };
             let acceptor = tokio_rustls::TlsAcceptor::from(config.current());
             let (out, on_failure) = (tx.clone(), on_failure.clone());
             let unauthenticated = unauthenticated.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                let handshake =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+                drop(handshake_slot);
+                match handshake {
                     Ok(Ok(tls)) => {
                         let slot = if tls.get_ref().1.peer_certificates().is_none() {
                             let caps = holdfast_process::admin::Caps {

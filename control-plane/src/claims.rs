@@ -66,8 +66,9 @@ pub type Ledger = BTreeMap<String, Vec<Claim>>;
 pub type Named = BTreeMap<String, Vec<String>>;
 
 /// A ConfigMap holds at most 1 MiB; the leader records no new claim past this many bytes
-/// of data (about 8,000 hosts with one claim each), so the ledger itself can always be
-/// written. Hosts it cannot record keep waiting (and are counted).
+/// of data, counted as if every claim were marked unnamed (about 7,000 hosts with one
+/// claim each), so the ledger itself can always be written, whatever namespaces stop
+/// naming. Hosts it cannot record keep waiting (and are counted).
 pub const MAX_LEDGER_BYTES: usize = 900 * 1024;
 
 /// The ConfigMap key of a host: the host, with a wildcard's `*` written `_` (keys allow
@@ -198,7 +199,18 @@ pub fn next(
             *held.entry(c.namespace.clone()).or_default() += 1;
         }
     }
-    let mut size = data_bytes(&render(&out));
+    // Sizes are counted as if every claim were marked unnamed: marks are added without a
+    // check (a namespace stops naming its hosts), so they must already fit, or a ledger
+    // near the cap could outgrow a ConfigMap and never be written again.
+    let marked = |c: &Claim| Claim {
+        unnamed_since: Some(c.unnamed_since.unwrap_or(now)),
+        ..c.clone()
+    };
+    let all_marked: Ledger = out
+        .iter()
+        .map(|(host, claims)| (host.clone(), claims.iter().map(marked).collect()))
+        .collect();
+    let mut size = data_bytes(&render(&all_marked));
     let mut waiting = 0;
     for (host, ns) in wanting {
         let count = held.entry(ns.clone()).or_default();
@@ -212,7 +224,7 @@ pub fn next(
             unnamed_since: None,
         };
         // What adding it costs: its JSON, a separator, and the key if the host is new.
-        let cost = serde_json::to_string(&claim).map_or(0, |j| j.len() + 1)
+        let cost = serde_json::to_string(&marked(&claim)).map_or(0, |j| j.len() + 1)
             + if out.contains_key(host) {
                 0
             } else {
@@ -502,5 +514,46 @@ mod tests {
         assert_eq!(waiting, 0);
         assert_eq!(out.len(), 2);
         assert!(data_bytes(&render(&out)) <= MAX_LEDGER_BYTES);
+    }
+
+    /// A ledger filled to its cap still fits when every namespace stops naming its hosts
+    /// at once (each claim gains an `unnamedSince`), so it can be written and its claims
+    /// released after the grace period.
+    #[test]
+    fn a_full_ledger_still_fits_when_every_claim_is_marked_unnamed() {
+        let hosts: Vec<(String, String)> = (0..400)
+            .map(|i| {
+                (
+                    format!("host-{i:04}.{}.test", "x".repeat(40)),
+                    format!("ns-{i}"),
+                )
+            })
+            .collect();
+        let pairs: Vec<(&str, &str)> = hosts
+            .iter()
+            .map(|(h, n)| (h.as_str(), n.as_str()))
+            .collect();
+        let limits = Limits {
+            max_bytes: 40 * 1024,
+            ..LIMITS
+        };
+        let (ledger, waiting) = next(&Ledger::new(), &named(&pairs), at(0), GRACE, limits);
+        assert!(waiting > 0, "the cap was reached");
+        assert!(data_bytes(&render(&ledger)) <= limits.max_bytes);
+        let (marked, _) = next(&ledger, &Named::new(), at(1), GRACE, limits);
+        assert_eq!(
+            marked.len(),
+            ledger.len(),
+            "nothing released before the grace"
+        );
+        assert!(marked.values().flatten().all(|c| c.unnamed_since.is_some()));
+        assert!(
+            data_bytes(&render(&marked)) <= limits.max_bytes,
+            "{} bytes once marked, over {}",
+            data_bytes(&render(&marked)),
+            limits.max_bytes
+        );
+        let released = next(&marked, &Named::new(), at(1) + GRACE, GRACE, limits).0;
+        assert!(released.is_empty(), "released after the grace");
     }
 }

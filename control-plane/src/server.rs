@@ -199,9 +199,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // GOAWAY at the age; the grace is [`connection_age::aged`]'s (tonic's own would
         // replace the GOAWAY with a plain close).
         .max_connection_age(grpc.max_connection_age)
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        // Anyone may call these: their requests are a name, never megabytes.
+        .add_service(health.max_decoding_message_size(authn::UNAUTHENTICATED_MESSAGE_BYTES))
+        .add_service(reflection_v1.max_decoding_message_size(authn::UNAUTHENTICATED_MESSAGE_BYTES))
+        .add_service(
+            reflection_v1alpha.max_decoding_message_size(authn::UNAUTHENTICATED_MESSAGE_BYTES),
+        )
         .add_service(Discovery::new(
             shared.clone(),
             mode,

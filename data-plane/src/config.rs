@@ -484,8 +484,9 @@ impl Args {
 /// its receive window once it has a stream (body bytes received and not yet forwarded:
 /// at most [`H2_CONNECTION_WINDOW`] for all its streams together), and one per stream in
 /// flight (the stream's head of at most `max_header_bytes`, its send buffer of
-/// [`H2_SEND_BUFFER`] and its task). A stream that finds no slot is answered 503
-/// (`overloaded`) as soon as its head is decoded, and its head freed with the answer.
+/// [`H2_SEND_BUFFER`] and its task). A connection holding four stream slots takes more
+/// only while an eighth of the slots stay free. A stream that finds no slot is answered
+/// 503 (`overloaded`) as soon as its head is decoded, and its head freed with the answer.
 pub fn connection_bytes(max_header_bytes: usize) -> usize {
     max_header_bytes.max(8192) + (64 << 10)
 }

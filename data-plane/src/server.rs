@@ -46,6 +46,13 @@ pub struct ListenSettings {
     pub h2_max_concurrent_streams: u32,
 }
 
+/// An HTTP/2 connection holding this many stream slots takes more only while an eighth
+/// ([`H2_RESERVE_FRACTION`]) of the listener's slots stay free: a few connections with
+/// many slow streams cannot take the slots that new connections and other clients' first
+/// streams need. Past it, its new streams get 503 (`overloaded`).
+const H2_STREAMS_BEFORE_RESERVE: usize = 4;
+const H2_RESERVE_FRACTION: usize = 8;
+
 /// A connection's timeouts are checked four times per the shorter of the idle and header
 /// read timeouts (so one fires at most a quarter late), but no more often than this.
 const CHECK_AT_MOST_EVERY: Duration = Duration::from_millis(50);
@@ -231,6 +238,9 @@ impl Connection {
         // The slots of this HTTP/2 connection's receive window, taken with its first
         // stream that finds them free, and held until the connection ends.
         let h2_window = Arc::new(Mutex::new(None::<InFlight>));
+        // The stream slots this connection holds: past [`H2_STREAMS_BEFORE_RESERVE`] it
+        // leaves the listener's reserve to other connections.
+        let h2_streams = Arc::new(AtomicUsize::new(0));
         let counter = in_flight.clone();
         let requests = Arc::new(AtomicU64::new(0));
         let bodies = activity.clone();
@@ -267,9 +277,15 @@ impl Connection {
                 if window.is_none() {
                     *window = InFlight::enter_n_below(&open, window_slots, max_slots);
                 }
+                let share = if h2_streams.load(Ordering::Acquire) < H2_STREAMS_BEFORE_RESERVE {
+                    max_slots
+                } else {
+                    max_slots - max_slots / H2_RESERVE_FRACTION
+                };
                 window
                     .as_ref()
-                    .and_then(|_| InFlight::enter_below(&open, max_slots))
+                    .and_then(|_| InFlight::enter_below(&open, share))
+                    .map(|slot| (slot, InFlight::enter(&h2_streams)))
             });
             let upgrades = upgrades.clone();
             let tracker = tracker.clone();
@@ -443,8 +459,9 @@ where
 struct Guarded<B> {
     inner: B,
     _guard: InFlight,
-    /// An HTTP/2 stream's slot of --max-connections, held until its answer is sent.
-    _slot: Option<InFlight>,
+    /// An HTTP/2 stream's slot of --max-connections and its place in its connection's
+    /// count, held until its answer is sent.
+    _slot: Option<(InFlight, InFlight)>,
     stalled: BodyStall,
 }
 

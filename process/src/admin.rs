@@ -219,16 +219,25 @@ pub async fn serve<H>(
             // A connection that sends nothing must not hold a slot either (hyper's header
             // timer starts only once it has chosen HTTP/1 or HTTP/2 from the first bytes).
             let mut first = [0u8; 3];
-            let spoke = tokio::time::timeout(limits.sniff_timeout, stream.peek(&mut first));
-            let Ok(Ok(n)) = spoke.await else {
-                return;
+            let sniffed_by = tokio::time::Instant::now() + limits.sniff_timeout;
+            let http2 = loop {
+                let spoke = tokio::time::timeout_at(sniffed_by, stream.peek(&mut first));
+                let Ok(Ok(n)) = spoke.await else {
+                    return;
+                };
+                if n == 0 {
+                    return;
+                }
+                match is_http2(&first[..n]) {
+                    Some(http2) => break http2,
+                    // "P" or "PR": wait for the third byte (peek returns at once while
+                    // bytes are there), within the same deadline.
+                    None => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
             };
-            if n == 0 {
-                return;
-            }
             // HTTP/2 (its preface starts "PRI"): hyper has no header timer for it, and no
             // admin client needs a long-lived one.
-            let age = if first[..n] == b"PRI"[..n] {
+            let age = if http2 {
                 limits.header_read_timeout
             } else {
                 limits.max_connection_age
@@ -249,9 +258,34 @@ pub async fn serve<H>(
     }
 }
 
+/// Whether a connection's first bytes are HTTP/2's preface ("PRI"), HTTP/1 (anything
+/// else, "POST" and "PUT" included), or too few to tell (a prefix of "PRI").
+fn is_http2(first: &[u8]) -> Option<bool> {
+    let preface = b"PRI";
+    let n = first.len().min(preface.len());
+    if first[..n] != preface[..n] {
+        Some(false)
+    } else if n < preface.len() {
+        None
+    } else {
+        Some(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_whole_preface_start_is_http2() {
+        assert_eq!(is_http2(b"PRI"), Some(true));
+        assert_eq!(is_http2(b"GET"), Some(false));
+        assert_eq!(is_http2(b"POS"), Some(false));
+        assert_eq!(is_http2(b"PUT"), Some(false));
+        assert_eq!(is_http2(b"PO"), Some(false));
+        assert_eq!(is_http2(b"P"), None);
+        assert_eq!(is_http2(b"PR"), None);
+    }
 
     #[test]
     fn each_peer_has_a_cap_of_its_own_under_the_listeners() {

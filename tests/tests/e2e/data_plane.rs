@@ -2393,9 +2393,11 @@ async fn answers_pipelined(
 
 /// HTTP/2 is counted in --max-connections too: a connection takes a slot, its receive
 /// window two more (at the default --max-header-bytes) with its first stream, and each
-/// stream in flight one. With 8 slots, five slow streams fill them: a sixth stream is
-/// answered 503 (`overloaded`) at once, and a new connection is closed at once. Once the
-/// slow streams end, both are served again.
+/// stream in flight one; past four streams a connection leaves an eighth of the slots to
+/// others. With 8 slots, four slow streams take the connection's share: a fifth stream is
+/// answered 503 (`overloaded`) at once, while a new connection still gets the reserved
+/// slot and is served, and the one after it is closed at once. Once the slow streams end,
+/// the connection's streams are served again.
 #[tokio::test]
 async fn http2_streams_and_receive_windows_take_connection_slots() -> anyhow::Result<()> {
     let w = one_route("h2-slots", &["--max-connections", "8"]).await?;
@@ -2409,7 +2411,7 @@ async fn http2_streams_and_receive_windows_take_connection_slots() -> anyhow::Re
     tokio::spawn(conn);
     let get =
         |uri: &str| http::Request::get(uri).body(http_body_util::Empty::<bytes::Bytes>::new());
-    let slow: Vec<_> = (0..5)
+    let slow: Vec<_> = (0..4)
         .map(|_| {
             let mut sender = sender.clone();
             let req = get("http://a.test/slow?delay_ms=6000");
@@ -2421,8 +2423,8 @@ async fn http2_streams_and_receive_windows_take_connection_slots() -> anyhow::Re
             .await
     };
     assert_eq!(overloaded().await?, None, "no stream was refused yet");
-    // Once the five hold their slots, a sixth stream is refused (before that it may pass).
-    wait::until("a sixth stream to be answered 503", T, || async {
+    // Once the four hold their slots, a fifth stream is refused (before that it may pass).
+    wait::until("a fifth stream to be answered 503", T, || async {
         let mut sender = sender.clone();
         let req = get("http://a.test/fast").map_err(|e| e.to_string())?;
         let status = sender
@@ -2441,9 +2443,20 @@ async fn http2_streams_and_receive_windows_take_connection_slots() -> anyhow::Re
         slow.iter().all(|t| !t.is_finished()),
         "the slow streams were still in flight"
     );
+    // The reserve: another client's connection gets in and is served...
+    let mut other = tokio::net::TcpStream::connect(p.addr).await?;
+    other
+        .write_all(b"GET /other HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, other.read(&mut buf)).await??;
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // ...and, with every slot taken, the next one is closed at once.
     let mut extra = tokio::net::TcpStream::connect(p.addr).await?;
     let took = closed_within(&mut extra, Duration::from_secs(15)).await?;
     assert!(took < Duration::from_secs(2), "closed after {took:?}");
+    drop(other);
     for t in slow {
         assert_eq!(t.await??, 200);
     }

@@ -866,6 +866,7 @@ fn the_alerts_pass_promtool_check_and_their_unit_tests() -> anyhow::Result<()> {
         "HoldfastCacheNotSynced",
         "HoldfastCertificateExpiresSoon",
         "HoldfastProxyHigh5xxRate",
+        "HoldfastHostClaimsWaiting",
     ] {
         assert!(
             rules.contains(&format!("alert: {alert}\n")),

@@ -680,6 +680,15 @@ async fn only_identities_matching_proxy_identities_stream_routes_and_never_an_op
     );
     let denied = first_response(&url, operator, OPERATOR).await.unwrap_err();
     assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied}");
+    // A certificate that proves an operator identity never streams, even under a node id
+    // it also proves that matches the pattern.
+    let both = planes.ca.client(&["edge-9"], &[OPERATOR]);
+    let both = client_tls(
+        &planes.ca.cert_pem,
+        Some((both.cert_pem.clone(), both.key_pem.clone())),
+    );
+    let denied = first_response(&url, both, "edge-9").await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied}");
     // Even with a pattern that matches everything, the operator's identity never streams.
     drop(cp);
     let cp = s.control_plane(&[])?;
@@ -851,6 +860,8 @@ async fn an_unauthenticated_inventory_is_never_read_and_inventories_are_capped_b
 /// Peers without a client certificate (health and reflection answer them) hold at most
 /// `UNAUTHENTICATED_PER_PEER` connections per address: of 12 from one address exactly 4
 /// are closed at once, while another address still gets in and a proxy still streams.
+/// Handshakes in progress are capped per address the same way, and health and reflection
+/// refuse a large message by its size.
 #[tokio::test]
 async fn connections_without_a_certificate_are_capped_per_address() -> anyhow::Result<()> {
     use tokio::io::AsyncReadExt;
@@ -903,6 +914,53 @@ async fn connections_without_a_certificate_are_capped_per_address() -> anyhow::R
         "of {} connections without a certificate",
         per_peer + 4
     );
+    // Handshakes in progress are capped per address too: of 12 connections from another
+    // address that never start theirs, exactly 4 are closed at once.
+    let handshakes = holdfast_control_plane::authn::HANDSHAKES_PER_PEER;
+    let mut silent = Vec::new();
+    for _ in 0..handshakes + 4 {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(([127, 0, 0, 6], 0).into())?;
+        silent.push(socket.connect(cp.grpc).await?);
+    }
+    let closed = futures::future::join_all(silent.iter_mut().map(|c| async move {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(std::time::Duration::from_secs(2), c.read(&mut buf)).await {
+            Err(_) => false,
+            Ok(Ok(0) | Err(_)) => true,
+            Ok(Ok(_)) => false,
+        }
+    }))
+    .await;
+    assert_eq!(
+        closed.iter().filter(|c| **c).count(),
+        4,
+        "of {} silent connections from one address",
+        handshakes + 4
+    );
+    // What anyone may call decodes small messages only: a health check naming a 1 MiB
+    // service is refused by its size, not read (without the limit: NOT_FOUND).
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())?
+        .tls_config(client_tls(&planes.ca.cert_pem, None))?
+        .connect()
+        .await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let big = tonic_health::pb::HealthCheckRequest {
+        service: "x".repeat(1 << 20),
+    };
+    let refused = health.check(big).await.unwrap_err();
+    assert!(
+        matches!(
+            refused.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{refused}"
+    );
+    let small = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    health.check(small).await?;
+    drop(silent);
     // Another address (127.0.0.1) still gets in without a certificate: its route stream is
     // refused by the server, with a gRPC status (so it got a connection).
     let refused = first_response(&url, client_tls(&planes.ca.cert_pem, None), "proxy-a")
