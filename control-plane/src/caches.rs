@@ -278,6 +278,10 @@ where
             continue 'list;
         };
         ctx.apply(index, &mut writer, Some(&Event::InitDone), &rv);
+        // The API server answered a whole list: later failures start from the shortest
+        // delay again.
+        let listed = std::time::Instant::now();
+        backoff.reset();
         tracing::info!(kind, "cache complete");
         ctx.shared.count_list(kind);
         ctx.shared.set_synced(kind, true);
@@ -296,7 +300,7 @@ where
                 Err(kube::Error::Api(status)) if status.code == 410 => {
                     // Expired (compacted): only a new list can resume.
                     ctx.failed(kind, describe_status(&status));
-                    backoff.wait().await;
+                    relist_after_expiry(listed, &mut backoff).await;
                     continue 'list;
                 }
                 Err(error) => {
@@ -321,7 +325,7 @@ where
                     }
                     Ok(WatchEvent::Error(status)) if status.code == 410 => {
                         ctx.failed(kind, describe_status(&status));
-                        backoff.wait().await;
+                        relist_after_expiry(listed, &mut backoff).await;
                         continue 'list;
                     }
                     Ok(WatchEvent::Error(status)) => {
@@ -360,6 +364,16 @@ where
                 backoff.wait().await;
             }
         }
+    }
+}
+
+/// After a watch's resourceVersion expired (410 Gone): the API server is answering and
+/// only a new list can resume, so the list starts at once, without the delay earlier
+/// failures built up (a cache stays stale no longer than it must). Only a kind whose last
+/// list completed less than a second ago waits, so expiry can never loop without pause.
+async fn relist_after_expiry(listed: std::time::Instant, backoff: &mut Backoff) {
+    if listed.elapsed() < std::time::Duration::from_secs(1) {
+        backoff.wait().await;
     }
 }
 
