@@ -4,10 +4,16 @@
 #
 #   k8s.sh ensure                      build missing tools into the cache (locked)
 #   k8s.sh can-ensure                  fail at once if tools are missing and Go is not
-#   k8s.sh up [DIR]                    start etcd + kube-apiserver, wait for /readyz
+#   k8s.sh up [DIR] [--workloads]      start etcd + kube-apiserver, wait for /readyz; with
+#                                      --workloads also kube-controller-manager,
+#                                      kube-scheduler and kwok with one fake Node (pods
+#                                      are scheduled, get IPs and run; readiness is not
+#                                      kwok's to give)
 #   k8s.sh down [DIR]                  stop everything `up` started in DIR
 #   k8s.sh env [DIR]                   print `export KUBECONFIG=...` and PATH
-#   k8s.sh start COMPONENT [DIR]       (re)start etcd or kube-apiserver with its old flags
+#   k8s.sh start COMPONENT [DIR]       (re)start a component (etcd, kube-apiserver,
+#                                      kube-controller-manager, kube-scheduler, kwok) with
+#                                      its old flags
 #   k8s.sh stop COMPONENT [DIR] [SIG]  stop one component (SIG: TERM default, or KILL)
 #   k8s.sh sa-kubeconfig NAMESPACE SA OUT [DIR]
 #                                      mint a kubeconfig for a ServiceAccount (TokenRequest)
@@ -43,7 +49,9 @@ die() { log "error: $*"; exit 1; }
 have_all_tools() {
   [[ -x $BIN/etcd && -x $BIN/kube-apiserver && -x $BIN/kubectl && -x $BIN/grpcurl ]] &&
     have_stamped h2spec "$H2SPEC_VERSION" && have_stamped promtool "$PROMETHEUS_VERSION" &&
-    have_stamped helm "$HELM_VERSION"
+    have_stamped helm "$HELM_VERSION" &&
+    have_stamped kube-controller-manager "$KUBERNETES_VERSION" &&
+    have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION"
 }
 
 # Tools outside PIN (a new h2spec, promtool or helm must not rebuild Kubernetes) have their
@@ -98,8 +106,10 @@ EOF
   mv "$BIN/.etcd.tmp" "$BIN/etcd"
 }
 
+# build_kubernetes CMD...: builds commands of k8s.io/kubernetes (cmd/CMD) at
+# KUBERNETES_VERSION into $BIN.
 build_kubernetes() {
-  local work=$TOOLS_DIR/src/kubernetes gomod staging minor ldflags now pkg
+  local work=$TOOLS_DIR/src/kubernetes gomod staging minor ldflags now pkg cmd
   rm -rf "$work" && mkdir -p "$work"
   # k8s.io/kubernetes replaces its staging modules with ./staging paths, so `go install`
   # refuses it. A wrapper module requires it and points each staging module at its
@@ -128,15 +138,15 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$now"
   done
-  (cd "$work" &&
-    go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
-      "k8s.io/kubernetes/cmd/kubectl@$KUBERNETES_VERSION" &&
-    CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BIN/.kube-apiserver.tmp" \
-      k8s.io/kubernetes/cmd/kube-apiserver &&
-    CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$BIN/.kubectl.tmp" \
-      k8s.io/kubernetes/cmd/kubectl)
-  mv "$BIN/.kube-apiserver.tmp" "$BIN/kube-apiserver"
-  mv "$BIN/.kubectl.tmp" "$BIN/kubectl"
+  local -a pkgs=()
+  for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd@$KUBERNETES_VERSION"); done
+  (cd "$work" && go get "${pkgs[@]}")
+  for cmd in "$@"; do
+    (cd "$work" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+      -o "$BIN/.$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+    mv "$BIN/.$cmd.tmp" "$BIN/$cmd"
+    printf '%s\n' "$KUBERNETES_VERSION" >"$BIN/$cmd.version"
+  done
 }
 
 build_grpcurl() {
@@ -174,8 +184,17 @@ cmd_ensure() {
   }
   if [[ ! -x $BIN/kube-apiserver || ! -x $BIN/kubectl ]]; then
     log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first time: many minutes)"
-    build_kubernetes
+    build_kubernetes kube-apiserver kubectl
   fi
+  if ! have_stamped kube-controller-manager "$KUBERNETES_VERSION" ||
+    ! have_stamped kube-scheduler "$KUBERNETES_VERSION"; then
+    log "building kube-controller-manager and kube-scheduler $KUBERNETES_VERSION"
+    build_kubernetes kube-controller-manager kube-scheduler
+  fi
+  have_stamped kwok "$KWOK_VERSION" || {
+    log "building kwok $KWOK_VERSION"
+    go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  }
   rm -rf "$TOOLS_DIR/src"
   log "tools ready in $BIN ($((SECONDS - start)) s)"
   flock -u 9
@@ -337,7 +356,10 @@ pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 cmd_start() {
   local component=$1 dir=$2
-  [[ $component == etcd || $component == kube-apiserver ]] || die "unknown component $component"
+  case $component in
+    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kwok) ;;
+    *) die "unknown component $component" ;;
+  esac
   [[ -f $dir/$component.args ]] || die "$dir has no $component.args; run 'up' first"
   pid_alive "$dir/$component.pid" && die "$component is already running"
   local -a argv
@@ -395,7 +417,7 @@ start_watchdog() {
 }
 
 cmd_up() {
-  local dir=$1 attempt
+  local dir=$1 workloads=${2:-} attempt
   cmd_ensure
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
@@ -413,6 +435,10 @@ cmd_up() {
     cmd_start kube-apiserver "$dir"
     if wait_ready "$dir"; then
       [[ -n ${HOLDFAST_OWNER_PID:-} ]] && start_watchdog "$dir" "$HOLDFAST_OWNER_PID"
+      if [[ $workloads == --workloads ]]; then
+        write_workload_args "$dir"
+        cmd_workloads "$dir"
+      fi
       echo "kubeconfig: $dir/kubeconfig"
       echo "etcd: pid $(cat "$dir/etcd.pid") port $(cat "$dir/etcd.port")"
       echo "kube-apiserver: pid $(cat "$dir/kube-apiserver.pid") port $(cat "$dir/kube-apiserver.port")"
@@ -425,9 +451,102 @@ cmd_up() {
   die "kube-apiserver did not become ready (logs in $dir)"
 }
 
+# The workloads' components: the controllers and the scheduler a Deployment needs, and
+# kwok for the nodes and the pod lifecycle. All talk to kube-apiserver as the admin.
+WORKLOADS=(kube-controller-manager kube-scheduler kwok)
+# Pod IPs kwok hands out (the pod agent gives each pod a network namespace with its IP).
+POD_CIDR=10.244.0.0/16
+# The one fake Node.
+NODE_NAME=kwok-node-0
+
+write_workload_args() {
+  local dir=$1 kwok_port
+  kwok_port=$(free_port)
+  # Flags both take: the admin kubeconfig, no serving port, no leader election.
+  local common
+  common=$(printf '%s\n' "--kubeconfig=$dir/kubeconfig" \
+    "--authentication-kubeconfig=$dir/kubeconfig" "--authorization-kubeconfig=$dir/kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=0 --leader-elect=false --profiling=false --v=0)
+  cat >"$dir/kube-controller-manager.args" <<EOF
+$BIN/kube-controller-manager
+$common
+--controllers=deployment-controller,replicaset-controller,endpointslice-controller,endpointslice-mirroring-controller,serviceaccount-controller,serviceaccount-token-controller,garbage-collector-controller,namespace-controller
+--service-account-private-key-file=$dir/pki/sa.key
+--root-ca-file=$dir/pki/ca.crt
+--use-service-account-credentials=false
+--concurrent-deployment-syncs=2
+--concurrent-replicaset-syncs=2
+EOF
+  cat >"$dir/kube-scheduler.args" <<EOF
+$BIN/kube-scheduler
+$common
+EOF
+  cat >"$dir/kwok.args" <<EOF
+$BIN/kwok
+--kubeconfig=$dir/kubeconfig
+--config=$HERE/kwok/stages.yaml
+--manage-all-nodes=false
+--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake
+--cidr=$POD_CIDR
+--node-ip=127.0.0.1
+--node-name=$NODE_NAME
+--node-port=$kwok_port
+--server-address=127.0.0.1:$kwok_port
+EOF
+}
+
+# workloads DIR: starts the workloads' components against the cluster in DIR and waits
+# until the fake Node is Ready (kwok runs) and the default ServiceAccount exists (the
+# controllers run).
+cmd_workloads() {
+  local dir=$1 c deadline
+  for c in "${WORKLOADS[@]}"; do
+    : >"$dir/$c.log"
+    cmd_start "$c" "$dir"
+  done
+  "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $NODE_NAME
+  annotations:
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: $NODE_NAME
+    type: kwok
+spec:
+  podCIDR: $POD_CIDR
+EOF
+  deadline=$((SECONDS + READY_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    for c in "${WORKLOADS[@]}"; do
+      pid_alive "$dir/$c.pid" || {
+        tail -n 20 "$dir/$c.log" >&2
+        die "$c exited (log: $dir/$c.log)"
+      }
+    done
+    if [[ $("$BIN/kubectl" --kubeconfig "$dir/kubeconfig" get node "$NODE_NAME" \
+      -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]] &&
+      "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" -n default get serviceaccount default \
+        >/dev/null 2>&1; then
+      # kube-apiserver taints a new Node not-ready; the node lifecycle controller would
+      # lift it, but it also evicts pods from nodes without kubelet heartbeats, so it
+      # is not run: the taint is lifted here, once kwok has made the Node Ready.
+      "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" taint node "$NODE_NAME" \
+        node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
+      echo "workloads: node $NODE_NAME Ready, controllers and scheduler running"
+      return 0
+    fi
+    sleep 0.2
+  done
+  die "the workloads did not come up within ${READY_TIMEOUT}s (logs in $dir)"
+}
+
 cmd_down() {
-  local dir=$1
+  local dir=$1 c
   [[ -d $dir ]] || return 0
+  for c in "${WORKLOADS[@]}"; do cmd_stop "$c" "$dir"; done
+  rm -f "$dir/kube-controller-manager.args" "$dir/kube-scheduler.args" "$dir/kwok.args"
   cmd_stop kube-apiserver "$dir"
   cmd_stop etcd "$dir"
   rm -f "$dir/etcd.args" "$dir/kube-apiserver.args"
@@ -535,7 +654,13 @@ main() {
   can-ensure) have_all_tools || need_go ;;
   tools-dir) echo "$BIN" ;;
   cert-manager-crds) cmd_cert_manager_crds ;;
-  up) cmd_up "${1:-$DEFAULT_DIR}" ;;
+  up)
+    if [[ ${1:-} == --workloads ]]; then
+      cmd_up "$DEFAULT_DIR" --workloads
+    else
+      cmd_up "${1:-$DEFAULT_DIR}" "${2:-}"
+    fi
+    ;;
   down) cmd_down "${1:-$DEFAULT_DIR}" ;;
   env) cmd_env "${1:-$DEFAULT_DIR}" ;;
   start) cmd_start "${1:?component}" "${2:-$DEFAULT_DIR}"; wait_ready_if_api "${1}" "${2:-$DEFAULT_DIR}" ;;
@@ -550,7 +675,7 @@ main() {
     esac
     ;;
   *)
-    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [[ -z $cmd ]] && exit 2
     die "unknown command '$cmd'"
     ;;

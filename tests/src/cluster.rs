@@ -74,6 +74,12 @@ pub fn tools_bin() -> Result<PathBuf> {
     Ok(BIN.get_or_init(|| bin).clone())
 }
 
+/// The fake Node of a cluster started with [`LocalCluster::start_with_workloads`].
+pub const WORKLOAD_NODE: &str = "kwok-node-0";
+
+/// The addresses kwok gives pods (`k8s.sh`'s POD_CIDR).
+pub const POD_CIDR: &str = "10.244.0.0/16";
+
 /// A running local cluster. Dropping it stops both processes and removes its directory.
 #[derive(Debug)]
 pub struct LocalCluster {
@@ -83,6 +89,11 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts a private etcd + kube-apiserver in a fresh directory and waits for `/readyz`.
     pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// `k8s.sh up DIR EXTRA…` in a fresh directory.
+    fn start_with(extra: &[&str]) -> Result<Self> {
         tools_bin()?;
         let root = std::env::temp_dir().join("holdfast-tests");
         std::fs::create_dir_all(&root)?;
@@ -91,8 +102,19 @@ impl LocalCluster {
             .prefix(&format!("k8s-{}-", std::process::id()))
             .tempdir_in(root)?;
         let cluster = LocalCluster { dir };
-        run_script(&["up", cluster.dir_str()])?;
+        let mut args = vec!["up", cluster.dir_str()];
+        args.extend_from_slice(extra);
+        run_script(&args)?;
         Ok(cluster)
+    }
+
+    /// Starts a private cluster that runs workloads (`k8s.sh up --workloads`): etcd and
+    /// kube-apiserver, kube-controller-manager (Deployments, ReplicaSets, EndpointSlices,
+    /// ServiceAccounts, garbage collection, namespaces), kube-scheduler and kwok with one
+    /// fake Node, [`WORKLOAD_NODE`]. Pods are scheduled to it and given an IP from
+    /// [`POD_CIDR`] and phase Running; kwok never makes them Ready.
+    pub fn start_with_workloads() -> Result<Self> {
+        Self::start_with(&["--workloads"])
     }
 
     /// One cluster shared by every test in this test binary; give each test its own

@@ -14,6 +14,7 @@
 //!   faults;
 //! - [`deploy`], [`demo`]: the manifests, the chart, the alerts and the demo, as an operator
 //!   uses them;
+//! - [`workloads`]: the local cluster that runs workloads (controllers, scheduler, kwok);
 //! - [`docs`]: every test the README and docs/design.md cite exists.
 //!
 //! Every wait has the one deadline [`holdfast_tests::wait::T`].
@@ -33,3 +34,4 @@ mod https_e2e;
 mod local_k8s;
 mod local_k8s_lifecycle;
 mod mtls;
+mod workloads;
