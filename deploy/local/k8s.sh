@@ -23,6 +23,7 @@
 #   k8s.sh tools-dir                   print the cache's bin directory
 #   k8s.sh cert-manager-crds           fetch cert-manager's CRDs at the pinned version (Go
 #                                      module proxy, cached) and print their directory
+#   k8s.sh gateway-api-crds            the same for Gateway API's standard-channel CRDs
 #
 # Environment: HOLDFAST_TOOLS_DIR (cache root for this pin set), HOLDFAST_K8S_DIR (default
 # DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies).
@@ -51,7 +52,9 @@ have_all_tools() {
     have_stamped h2spec "$H2SPEC_VERSION" && have_stamped promtool "$PROMETHEUS_VERSION" &&
     have_stamped helm "$HELM_VERSION" &&
     have_stamped kube-controller-manager "$KUBERNETES_VERSION" &&
-    have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION"
+    have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION" &&
+    have_stamped echo-basic "$GATEWAY_API_VERSION" &&
+    have_stamped gateway-conformance "$GATEWAY_API_VERSION"
 }
 
 # Tools outside PIN (a new h2spec, promtool or helm must not rebuild Kubernetes) have their
@@ -77,6 +80,24 @@ build_h2spec() {
     -o "$BIN/.h2spec.tmp" github.com/summerwind/h2spec/cmd/h2spec)
   mv "$BIN/.h2spec.tmp" "$BIN/h2spec"
   printf '%s\n' "$H2SPEC_VERSION" >"$BIN/h2spec.version"
+}
+
+# The Gateway API conformance suite's test binary (`go test -c` of the suite's package,
+# its code unmodified) and echo-basic, from the wrapper module that pins both modules.
+build_gateway_api() {
+  local mod=$HERE/gateway-api/go.mod m
+  for m in sigs.k8s.io/gateway-api sigs.k8s.io/gateway-api/conformance; do
+    grep -q "^	$m $GATEWAY_API_VERSION\$" "$mod" ||
+      die "deploy/local/gateway-api/go.mod does not pin $m $GATEWAY_API_VERSION"
+  done
+  (cd "$HERE/gateway-api" &&
+    CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/.echo-basic.tmp" \
+      sigs.k8s.io/gateway-api/conformance/echo-basic &&
+    CGO_ENABLED=0 go test -c -mod=readonly -trimpath -o "$BIN/.gateway-conformance.tmp" \
+      sigs.k8s.io/gateway-api/conformance)
+  mv "$BIN/.echo-basic.tmp" "$BIN/echo-basic"
+  mv "$BIN/.gateway-conformance.tmp" "$BIN/gateway-conformance"
+  printf '%s\n' "$GATEWAY_API_VERSION" | tee "$BIN/echo-basic.version" >"$BIN/gateway-conformance.version"
 }
 
 build_etcd() {
@@ -191,6 +212,11 @@ cmd_ensure() {
     log "building kube-controller-manager and kube-scheduler $KUBERNETES_VERSION"
     build_kubernetes kube-controller-manager kube-scheduler
   fi
+  if ! have_stamped echo-basic "$GATEWAY_API_VERSION" ||
+    ! have_stamped gateway-conformance "$GATEWAY_API_VERSION"; then
+    log "building the Gateway API conformance suite and echo-basic $GATEWAY_API_VERSION"
+    build_gateway_api
+  fi
   have_stamped kwok "$KWOK_VERSION" || {
     log "building kwok $KWOK_VERSION"
     go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
@@ -249,6 +275,41 @@ cmd_cert_manager_crds() {
     fetch_cert_manager_crds
   fi
   echo "$CERT_MANAGER_CRDS"
+}
+
+# gateway-api-crds: Gateway API's standard-channel CustomResourceDefinitions at
+# GATEWAY_API_VERSION, from the Go module's config/crd/standard (the same YAML as the
+# release's standard-install.yaml, without its ValidatingAdmissionPolicy).
+
+GATEWAY_API_CRDS=$TOOLS_DIR/gateway-api-$GATEWAY_API_VERSION/crds
+
+fetch_gateway_api_crds() {
+  local parent work json mod f crd
+  parent=$(dirname "$GATEWAY_API_CRDS")
+  mkdir -p "$parent"
+  work=$(mktemp -d "$parent/.crds.XXXXXX")
+  fail() { rm -rf "$work"; die "$*"; }
+  json=$(cd "$work" && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") ||
+    fail "go mod download sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION failed"
+  mod=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  for f in "$mod"/config/crd/standard/*.yaml; do
+    grep -q '^kind: CustomResourceDefinition$' "$f" && cp "$f" "$work/"
+  done
+  for crd in gatewayclasses gateways httproutes referencegrants; do
+    [[ -f $work/gateway.networking.k8s.io_$crd.yaml ]] ||
+      fail "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/standard"
+  done
+  chmod 0755 "$work" "$work"/*.yaml
+  mv -T "$work" "$GATEWAY_API_CRDS" 2>/dev/null || rm -rf "$work"
+  log "Gateway API $GATEWAY_API_VERSION standard CRDs in $GATEWAY_API_CRDS"
+}
+
+cmd_gateway_api_crds() {
+  if [[ ! -d $GATEWAY_API_CRDS ]]; then
+    need_go
+    fetch_gateway_api_crds
+  fi
+  echo "$GATEWAY_API_CRDS"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -654,6 +715,7 @@ main() {
   can-ensure) have_all_tools || need_go ;;
   tools-dir) echo "$BIN" ;;
   cert-manager-crds) cmd_cert_manager_crds ;;
+  gateway-api-crds) cmd_gateway_api_crds ;;
   up)
     if [[ ${1:-} == --workloads ]]; then
       cmd_up "$DEFAULT_DIR" --workloads
@@ -675,7 +737,7 @@ main() {
     esac
     ;;
   *)
-    sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [[ -z $cmd ]] && exit 2
     die "unknown command '$cmd'"
     ;;

@@ -129,10 +129,21 @@ impl TestNet {
 
     /// Runs `program args…` inside the namespace; it is killed when this net is dropped.
     pub fn spawn(&mut self, program: &std::path::Path, args: &[&str]) -> Result<u32> {
+        self.spawn_env(program, args, &[])
+    }
+
+    /// [`TestNet::spawn`], with `env` added to the program's environment.
+    pub fn spawn_env(
+        &mut self,
+        program: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<u32> {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.name])
             .arg(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawning {} in {}", program.display(), self.name))?;

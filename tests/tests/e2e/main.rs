@@ -14,6 +14,7 @@
 //!   faults;
 //! - [`deploy`], [`demo`]: the manifests, the chart, the alerts and the demo, as an operator
 //!   uses them;
+//! - [`gateway_api`]: the pinned Gateway API CRDs, echo-basic and conformance suite;
 //! - [`workloads`]: the local cluster that runs workloads (controllers, scheduler, kwok);
 //! - [`docs`]: every test the README and docs/design.md cite exists.
 //!
@@ -27,6 +28,7 @@ mod demo;
 mod deploy;
 mod docs;
 mod faults;
+mod gateway_api;
 mod h2spec;
 mod ha;
 mod https;
