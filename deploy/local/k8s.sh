@@ -238,17 +238,28 @@ cmd_ensure() {
 CERT_MANAGER_MODULE=github.com/cert-manager/cert-manager
 CERT_MANAGER_CRDS=$TOOLS_DIR/cert-manager-$CERT_MANAGER_VERSION/crds
 
+# module_dir MODULE@VERSION: downloads a module through the Go module proxy (cached) and
+# prints its directory.
+module_dir() {
+  local json
+  json=$(cd "$TOOLS_DIR" && go mod download -json "$1") ||
+    die "go mod download $1 failed:" \
+      "$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")"
+  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json"
+}
+
+# crds_workdir DEST: a new directory beside DEST to fill and then move to DEST at once.
+crds_workdir() {
+  mkdir -p "$(dirname "$1")"
+  mktemp -d "$(dirname "$1")/.crds.XXXXXX"
+}
+
 fetch_cert_manager_crds() {
-  local parent work json mod f crd
-  parent=$(dirname "$CERT_MANAGER_CRDS")
-  mkdir -p "$parent"
-  work=$(mktemp -d "$parent/.crds.XXXXXX")
+  local work mod f crd
+  work=$(crds_workdir "$CERT_MANAGER_CRDS")
   # Every failure below removes the half-made directory first.
   fail() { rm -rf "$work"; die "$*"; }
-  json=$(cd "$work" && go mod download -json "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION") ||
-    fail "go mod download $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION failed:" \
-      "$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")"
-  mod=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  mod=$(module_dir "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION") || fail "no module directory"
   [[ -d $mod/deploy/crds ]] || fail "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION has no deploy/crds"
   for f in "$mod"/deploy/crds/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" || continue
@@ -284,14 +295,10 @@ cmd_cert_manager_crds() {
 GATEWAY_API_CRDS=$TOOLS_DIR/gateway-api-$GATEWAY_API_VERSION/crds
 
 fetch_gateway_api_crds() {
-  local parent work json mod f crd
-  parent=$(dirname "$GATEWAY_API_CRDS")
-  mkdir -p "$parent"
-  work=$(mktemp -d "$parent/.crds.XXXXXX")
+  local work mod f crd
+  work=$(crds_workdir "$GATEWAY_API_CRDS")
   fail() { rm -rf "$work"; die "$*"; }
-  json=$(cd "$work" && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") ||
-    fail "go mod download sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION failed"
-  mod=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$json")
+  mod=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "no module directory"
   for f in "$mod"/config/crd/standard/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" && cp "$f" "$work/"
   done
