@@ -522,8 +522,17 @@ cmd_up() {
 # The workloads' components: the controllers and the scheduler a Deployment needs, and
 # kwok for the nodes and the pod lifecycle. All talk to kube-apiserver as the admin.
 WORKLOADS=(kube-controller-manager kube-scheduler kwok)
-# Pod IPs kwok hands out (the pod agent gives each pod a network namespace with its IP).
-POD_CIDR=10.244.0.0/16
+# Pod IPs kwok hands out (the pod agent gives each pod a network namespace with its IP):
+# HOLDFAST_POD_SUBNET=a.b.c makes them a.b.c.0/24 (the tests lease one per cluster, so
+# that clusters side by side never route the same addresses; the agent's bridge to the
+# host takes a.b.c.254), else 10.244.0.0/16.
+if [[ -n ${HOLDFAST_POD_SUBNET:-} ]]; then
+  [[ $HOLDFAST_POD_SUBNET =~ ^10\.[0-9]+\.[0-9]+$ ]] ||
+    die "HOLDFAST_POD_SUBNET must be 10.X.Y (a /24 in 10.0.0.0/8)"
+  POD_CIDR=$HOLDFAST_POD_SUBNET.0/24
+else
+  POD_CIDR=10.244.0.0/16
+fi
 # The one fake Node.
 NODE_NAME=kwok-node-0
 
@@ -705,7 +714,12 @@ cmd_netns_down() {
 }
 
 cmd_netns_gc() {
-  local name owner
+  local name owner bridge
+  # The pod agent's bridges (hfb<agent pid>) of agents that are gone.
+  for bridge in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' |
+    grep -E '^hfb[0-9]+$' || true); do
+    kill -0 "${bridge#hfb}" 2>/dev/null || ip link del "$bridge" 2>/dev/null || true
+  done
   for name in $(ip netns list | awk '{print $1}' | grep -E '^hf-[0-9]+-' || true); do
     owner=$(echo "$name" | cut -d- -f2)
     kill -0 "$owner" 2>/dev/null || cmd_netns_down "$name"

@@ -39,9 +39,15 @@ pub fn script() -> PathBuf {
 
 /// Runs `k8s.sh ARGS…` and returns its stdout, or an error with its stderr.
 pub fn run_script(args: &[&str]) -> Result<String> {
+    run_script_env(args, &[])
+}
+
+/// [`run_script`] with `env` added to the script's environment.
+pub fn run_script_env(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
     let out = Command::new("bash")
         .arg(script())
         .args(args)
+        .envs(env.iter().copied())
         // Owner of everything `up` / `netns up` start: if this test binary dies without
         // unwinding, a watchdog tears its cluster down.
         .env("HOLDFAST_OWNER_PID", std::process::id().to_string())
@@ -77,23 +83,53 @@ pub fn tools_bin() -> Result<PathBuf> {
 /// The fake Node of a cluster started with [`LocalCluster::start_with_workloads`].
 pub const WORKLOAD_NODE: &str = "kwok-node-0";
 
-/// The addresses kwok gives pods (`k8s.sh`'s POD_CIDR).
-pub const POD_CIDR: &str = "10.244.0.0/16";
+/// A running `holdfast-pod-agent` (see [`LocalCluster::start_pod_agent`]).
+#[derive(Debug)]
+pub struct PodAgent {
+    child: std::process::Child,
+}
+
+impl PodAgent {
+    /// The agent's pid: its network namespaces are `hf-<pid>-pod<n>`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for PodAgent {
+    fn drop(&mut self) {
+        // SIGTERM: the agent stops its pods and removes their namespaces and its bridge.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// A running local cluster. Dropping it stops both processes and removes its directory.
 #[derive(Debug)]
 pub struct LocalCluster {
     dir: TempDir,
+    /// With workloads: the pods' /24 (`a.b.c`), leased for this cluster, and its lease.
+    pod_subnet: Option<([u8; 3], PathBuf)>,
 }
 
 impl LocalCluster {
     /// Starts a private etcd + kube-apiserver in a fresh directory and waits for `/readyz`.
     pub fn start() -> Result<Self> {
-        Self::start_with(&[])
+        Self::start_with(&[], None)
     }
 
-    /// `k8s.sh up DIR EXTRA…` in a fresh directory.
-    fn start_with(extra: &[&str]) -> Result<Self> {
+    /// `k8s.sh up DIR EXTRA…` in a fresh directory (with the pods' subnet, if any).
+    fn start_with(extra: &[&str], pod_subnet: Option<([u8; 3], PathBuf)>) -> Result<Self> {
         tools_bin()?;
         let root = std::env::temp_dir().join("holdfast-tests");
         std::fs::create_dir_all(&root)?;
@@ -101,20 +137,59 @@ impl LocalCluster {
         let dir = tempfile::Builder::new()
             .prefix(&format!("k8s-{}-", std::process::id()))
             .tempdir_in(root)?;
-        let cluster = LocalCluster { dir };
+        let subnet = pod_subnet
+            .as_ref()
+            .map(|([a, b, c], _)| format!("{a}.{b}.{c}"));
+        let cluster = LocalCluster { dir, pod_subnet };
         let mut args = vec!["up", cluster.dir_str()];
         args.extend_from_slice(extra);
-        run_script(&args)?;
+        match &subnet {
+            Some(s) => run_script_env(&args, &[("HOLDFAST_POD_SUBNET", s)])?,
+            None => run_script(&args)?,
+        };
         Ok(cluster)
     }
 
     /// Starts a private cluster that runs workloads (`k8s.sh up --workloads`): etcd and
     /// kube-apiserver, kube-controller-manager (Deployments, ReplicaSets, EndpointSlices,
     /// ServiceAccounts, garbage collection, namespaces), kube-scheduler and kwok with one
-    /// fake Node, [`WORKLOAD_NODE`]. Pods are scheduled to it and given an IP from
-    /// [`POD_CIDR`] and phase Running; kwok never makes them Ready.
+    /// fake Node, [`WORKLOAD_NODE`]. Pods are scheduled to it and given an address from
+    /// a /24 leased for this cluster ([`LocalCluster::pod_subnet`]) and phase Running; kwok
+    /// never makes them Ready ([`LocalCluster::start_pod_agent`] does, once they serve).
     pub fn start_with_workloads() -> Result<Self> {
-        Self::start_with(&["--workloads"])
+        let lease = crate::netns::lease_subnet()?;
+        Self::start_with(&["--workloads"], Some(lease))
+    }
+
+    /// The pods' /24 (`[a, b, c]` of `a.b.c.0/24`) of a cluster with workloads.
+    pub fn pod_subnet(&self) -> Option<[u8; 3]> {
+        self.pod_subnet.as_ref().map(|(s, _)| *s)
+    }
+
+    /// Starts `holdfast-pod-agent` for this cluster's kwok Node: it runs the pods kwok
+    /// schedules there as real processes, each in a network namespace holding the pod's
+    /// address, and marks them Ready once they listen. Stopped (and its namespaces and
+    /// bridge removed) when the returned handle is dropped.
+    pub fn start_pod_agent(&self) -> Result<PodAgent> {
+        let [a, b, c] = self
+            .pod_subnet()
+            .context("the pod agent needs a cluster started with workloads")?;
+        let log = std::fs::File::create(self.dir().join("pod-agent.log"))?;
+        let child = Command::new(crate::workspace_bin("holdfast-pod-agent"))
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["--node", WORKLOAD_NODE, "--subnet", &format!("{a}.{b}.{c}")])
+            .arg("--tools-bin")
+            .arg(tools_bin()?)
+            .arg("--log-dir")
+            .arg(self.dir().join("pods"))
+            .args(["--owner-pid", &std::process::id().to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting holdfast-pod-agent")?;
+        Ok(PodAgent { child })
     }
 
     /// One cluster shared by every test in this test binary; give each test its own
@@ -250,6 +325,9 @@ impl Drop for LocalCluster {
     fn drop(&mut self) {
         if let Err(e) = run_script(&["down", self.dir_str()]) {
             eprintln!("tearing down {}: {e:#}", self.dir().display());
+        }
+        if let Some((_, lease)) = &self.pod_subnet {
+            let _ = std::fs::remove_file(lease);
         }
     }
 }

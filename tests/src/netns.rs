@@ -37,7 +37,7 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 /// Leases a free 10.X.Y.0/24 for this process (stale leases of dead owners are reclaimed).
-fn lease_subnet() -> Result<([u8; 3], PathBuf)> {
+pub(crate) fn lease_subnet() -> Result<([u8; 3], PathBuf)> {
     let dir = lease_dir();
     std::fs::create_dir_all(&dir)?;
     let me = std::process::id();

@@ -1,0 +1,412 @@
+//! holdfast-pod-agent: runs the pods that kwok schedules to its fake Node as real processes,
+//! with no container runtime. For each pod that kwok has given an address, it makes a
+//! network namespace holding that address on a bridge to the host, starts each container's
+//! program (known images only: echo-basic) with the container's environment, writes the
+//! output as CRI log lines, and marks the pod Ready once every declared TCP port listens.
+//! A pod whose image it does not know, or whose environment it cannot make, is reported in
+//! the pod's Ready condition and never marked Ready. A deleted pod's process and namespace
+//! are removed. The decisions are in `holdfast_tests::pod_agent`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use futures::StreamExt;
+use holdfast_tests::pod_agent::{
+    cri_line, environment, ports, program_for, readiness_patch, unsupported_mounts,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Admin kubeconfig of the cluster.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// The Node whose pods this agent runs.
+    #[arg(long)]
+    node: String,
+    /// The pods' /24 (`a.b.c`, the Node's podCIDR): the bridge takes `a.b.c.254`.
+    #[arg(long)]
+    subnet: String,
+    /// Where the programs are (`k8s.sh tools-dir`).
+    #[arg(long)]
+    tools_bin: PathBuf,
+    /// Pod logs: `<dir>/<namespace>_<pod>_<uid>/<container>/0.log`.
+    #[arg(long)]
+    log_dir: PathBuf,
+    /// Exits (cleaning up) once this process is gone.
+    #[arg(long)]
+    owner_pid: Option<u32>,
+}
+
+/// A pod the agent runs.
+struct Running {
+    netns: String,
+    host_if: String,
+    children: Vec<tokio::process::Child>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_nanos(SystemTime::now()).to_string()
+}
+
+struct Agent {
+    args: Args,
+    client: Client,
+    reporter: Reporter,
+    bridge: String,
+    next: u32,
+    running: HashMap<String, Running>,
+}
+
+impl Agent {
+    fn key(pod: &Pod) -> String {
+        pod.metadata.uid.clone().unwrap_or_default()
+    }
+
+    /// Starts `pod` if it has an address and is not running yet.
+    async fn start(&mut self, pod: &Pod) {
+        let key = Self::key(pod);
+        if key.is_empty() || self.running.contains_key(&key) {
+            return;
+        }
+        let Some(addr) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|s| s.parse::<IpAddr>().ok())
+        else {
+            return;
+        };
+        let containers = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.clone())
+            .unwrap_or_default();
+        let mut programs = Vec::new();
+        for c in &containers {
+            let image = c.image.clone().unwrap_or_default();
+            let Some(program) = program_for(&image, &self.args.tools_bin) else {
+                let why = format!("the pod agent runs no program for image {image:?}");
+                eprintln!("pod-agent: {why}");
+                self.reporter.report(pod, false, "UnknownImage", &why).await;
+                // Remembered, so it is reported once and never started.
+                self.running.insert(key, Running::none());
+                return;
+            };
+            if let Some(why) = unsupported_mounts(c) {
+                self.reporter.report(pod, false, "Unsupported", &why).await;
+                self.running.insert(key, Running::none());
+                return;
+            }
+            match environment(pod, c) {
+                Ok(env) => programs.push((c.clone(), program, env)),
+                Err(e) => {
+                    self.reporter
+                        .report(pod, false, "UnsupportedEnvironment", &e.0)
+                        .await;
+                    self.running.insert(key, Running::none());
+                    return;
+                }
+            }
+        }
+        self.next += 1;
+        let pid = std::process::id();
+        let netns = format!("hf-{pid}-pod{}", self.next);
+        let host_if = format!("hp{pid:x}x{}", self.next);
+        let ns_if = format!("hn{pid:x}x{}", self.next);
+        let mut running = Running {
+            netns: netns.clone(),
+            host_if: host_if.clone(),
+            children: Vec::new(),
+            tasks: Vec::new(),
+        };
+        let gateway = format!("{}.254", self.args.subnet);
+        let setup = (|| -> Result<()> {
+            ip(&["netns", "add", &netns])?;
+            ip(&[
+                "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+            ])?;
+            ip(&["link", "set", &ns_if, "netns", &netns])?;
+            ip(&["link", "set", &host_if, "master", &self.bridge])?;
+            ip(&["link", "set", &host_if, "up"])?;
+            ip(&[
+                "-n",
+                &netns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &ns_if,
+            ])?;
+            ip(&["-n", &netns, "link", "set", &ns_if, "up"])?;
+            ip(&["-n", &netns, "link", "set", "lo", "up"])?;
+            ip(&["-n", &netns, "route", "add", "default", "via", &gateway])?;
+            Ok(())
+        })();
+        if let Err(e) = setup {
+            eprintln!("pod-agent: network for {key}: {e:#}");
+            running.stop().await;
+            self.reporter
+                .report(pod, false, "NetworkSetupFailed", &e.to_string())
+                .await;
+            self.running.insert(key, Running::none());
+            return;
+        }
+        let meta = &pod.metadata;
+        let pod_dir = self.args.log_dir.join(format!(
+            "{}_{}_{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+            key
+        ));
+        let mut wanted_ports = Vec::new();
+        for (c, program, env) in programs {
+            match spawn(&netns, &program, &env, &pod_dir.join(&c.name)).await {
+                Ok((child, tasks)) => {
+                    running.children.push(child);
+                    running.tasks.extend(tasks);
+                }
+                Err(e) => {
+                    self.reporter
+                        .report(pod, false, "StartFailed", &format!("{e:#}"))
+                        .await;
+                    running.stop().await;
+                    self.running.insert(key, Running::none());
+                    return;
+                }
+            }
+            wanted_ports.extend(ports(&c));
+        }
+        // Ready once every declared port accepts a connection at the pod's address.
+        let (client, pod2) = (self.client.clone(), pod.clone());
+        running.tasks.push(tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+            for port in &wanted_ports {
+                let target = SocketAddr::new(addr, *port);
+                loop {
+                    let tried = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        tokio::net::TcpStream::connect(target),
+                    )
+                    .await;
+                    if matches!(tried, Ok(Ok(_))) {
+                        break;
+                    }
+                    if tokio::time::Instant::now() > deadline {
+                        let why = format!("port {port} did not listen within 120 s");
+                        Reporter { client }
+                            .report(&pod2, false, "PortsNotListening", &why)
+                            .await;
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let listed: Vec<String> = wanted_ports.iter().map(u16::to_string).collect();
+            Reporter { client }
+                .report(
+                    &pod2,
+                    true,
+                    "PortsListening",
+                    &format!("listening: {}", listed.join(",")),
+                )
+                .await;
+        }));
+        self.running.insert(key, running);
+    }
+
+    async fn stop(&mut self, pod: &Pod) {
+        if let Some(r) = self.running.remove(&Self::key(pod)) {
+            r.stop().await;
+        }
+    }
+}
+
+/// The status writer, for tasks that outlive a borrow of the agent.
+struct Reporter {
+    client: Client,
+}
+
+impl Reporter {
+    async fn report(&self, pod: &Pod, ready: bool, reason: &str, message: &str) {
+        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return;
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let patch = readiness_patch(pod, ready, reason, message, &now());
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            eprintln!("pod-agent: status of {ns}/{name}: {e}");
+        }
+    }
+}
+
+impl Running {
+    fn none() -> Self {
+        Running {
+            netns: String::new(),
+            host_if: String::new(),
+            children: Vec::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    async fn stop(mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for c in &mut self.children {
+            let _ = c.kill().await;
+        }
+        if !self.netns.is_empty() {
+            let _ = ip(&["netns", "del", &self.netns]);
+        }
+        if !self.host_if.is_empty() {
+            let _ = ip(&["link", "del", &self.host_if]);
+        }
+    }
+}
+
+/// Starts `program` in `netns` with exactly `env`, its output written as CRI lines to
+/// `<dir>/0.log`.
+async fn spawn(
+    netns: &str,
+    program: &Path,
+    env: &[(String, String)],
+    dir: &Path,
+) -> Result<(tokio::process::Child, Vec<tokio::task::JoinHandle<()>>)> {
+    std::fs::create_dir_all(dir)?;
+    let log = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("0.log"))
+        .await?;
+    let log = std::sync::Arc::new(tokio::sync::Mutex::new(log));
+    let mut child = tokio::process::Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(program)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    let mut tasks = Vec::new();
+    let streams: Vec<(&'static str, Box<dyn tokio::io::AsyncRead + Send + Unpin>)> = vec![
+        ("stdout", Box::new(child.stdout.take().context("stdout")?)),
+        ("stderr", Box::new(child.stderr.take().context("stderr")?)),
+    ];
+    for (name, stream) in streams {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut f = log.lock().await;
+                let _ = f.write_all(cri_line(&now(), name, &line).as_bytes()).await;
+            }
+        }));
+    }
+    Ok((child, tasks))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let client = Client::try_from(config)?;
+    let bridge = format!("hfb{}", std::process::id());
+    ip(&["link", "add", &bridge, "type", "bridge"])?;
+    ip(&[
+        "addr",
+        "add",
+        &format!("{}.254/24", args.subnet),
+        "dev",
+        &bridge,
+    ])?;
+    ip(&["link", "set", &bridge, "up"])?;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let selector = format!("spec.nodeName={}", args.node);
+    let owner = args.owner_pid;
+    let mut agent = Agent {
+        args,
+        reporter: Reporter {
+            client: client.clone(),
+        },
+        client,
+        bridge: bridge.clone(),
+        next: 0,
+        running: HashMap::new(),
+    };
+    let mut events = std::pin::pin!(watcher::watcher(
+        pods,
+        watcher::Config::default().fields(&selector)
+    ));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = check.tick() => {
+                if owner.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                    break;
+                }
+            }
+            event = events.next() => match event {
+                None => break,
+                Some(Err(e)) => eprintln!("pod-agent: watch: {e}"),
+                Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => {
+                    if pod.metadata.deletion_timestamp.is_some() {
+                        agent.stop(&pod).await;
+                    } else {
+                        agent.start(&pod).await;
+                    }
+                }
+                Some(Ok(Event::Delete(pod))) => agent.stop(&pod).await,
+                Some(Ok(Event::Init | Event::InitDone)) => {}
+            },
+        }
+    }
+    for (_, r) in agent.running.drain() {
+        r.stop().await;
+    }
+    let _ = ip(&["link", "del", &bridge]);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
