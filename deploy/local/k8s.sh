@@ -53,6 +53,7 @@ have_all_tools() {
     have_stamped helm "$HELM_VERSION" &&
     have_stamped kube-controller-manager "$KUBERNETES_VERSION" &&
     have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION" &&
+    have_stamped kwok-logs-crd.yaml "$KWOK_VERSION" &&
     have_stamped echo-basic "$GATEWAY_API_VERSION" &&
     have_stamped gateway-conformance "$GATEWAY_API_VERSION"
 }
@@ -217,6 +218,14 @@ cmd_ensure() {
     log "building the Gateway API conformance suite and echo-basic $GATEWAY_API_VERSION"
     build_gateway_api
   fi
+  have_stamped kwok-logs-crd.yaml "$KWOK_VERSION" || {
+    # kwok serves `pods/log` from files that Logs objects name (the pod agent writes them).
+    local kwok_mod
+    kwok_mod=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
+    cp "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$BIN/kwok-logs-crd.yaml"
+    chmod 0644 "$BIN/kwok-logs-crd.yaml"
+    printf '%s\n' "$KWOK_VERSION" >"$BIN/kwok-logs-crd.yaml.version"
+  }
   have_stamped kwok "$KWOK_VERSION" || {
     log "building kwok $KWOK_VERSION"
     go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
@@ -569,6 +578,7 @@ $BIN/kwok
 --node-name=$NODE_NAME
 --node-port=$kwok_port
 --server-address=127.0.0.1:$kwok_port
+--enable-crds=Logs
 EOF
 }
 
@@ -577,6 +587,11 @@ EOF
 # controllers run).
 cmd_workloads() {
   local dir=$1 c deadline
+  # kwok's Logs kind, which kwok watches for the files it serves through pods/log.
+  "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" apply --server-side \
+    -f "$BIN/kwok-logs-crd.yaml" >/dev/null
+  "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" wait --for=condition=Established \
+    --timeout="${READY_TIMEOUT}s" crd/logs.kwok.x-k8s.io >/dev/null
   for c in "${WORKLOADS[@]}"; do
     : >"$dir/$c.log"
     cmd_start "$c" "$dir"

@@ -120,6 +120,38 @@ pub fn cri_line(at: &str, stream: &str, line: &str) -> String {
     format!("{at} {stream} F {line}\n")
 }
 
+/// kwok's `Logs` object for `pod` (same name and namespace, owned by the pod so that it
+/// goes with it): where each container's CRI log file is, which kwok serves through
+/// `pods/log`.
+pub fn logs_object(pod: &Pod, files: &[(String, PathBuf)]) -> Value {
+    let meta = &pod.metadata;
+    let logs: Vec<Value> = files
+        .iter()
+        .map(|(container, file)| {
+            json!({
+                "containers": [container],
+                "logsFile": file.to_string_lossy(),
+                "follow": true,
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta.name,
+                "uid": meta.uid,
+            }],
+        },
+        "spec": { "logs": logs },
+    })
+}
+
 /// A status patch (strategic merge) for `pod`: Ready and ContainersReady as `ready` says,
 /// with `reason` and `message`, and each container's readiness.
 pub fn readiness_patch(pod: &Pod, ready: bool, reason: &str, message: &str, now: &str) -> Value {
@@ -245,6 +277,24 @@ mod tests {
         let mut c = pod().spec.unwrap().containers[0].clone();
         c.args = Some(vec!["-conf".into()]);
         assert!(unsupported_mounts(&c).is_some_and(|why| why.contains("args")));
+    }
+
+    #[test]
+    fn the_logs_object_names_each_containers_file_and_is_owned_by_the_pod() {
+        let files = [(
+            "backend".to_owned(),
+            PathBuf::from("/logs/ns_web-1_u-1/backend/0.log"),
+        )];
+        let o = logs_object(&pod(), &files);
+        assert_eq!(o["kind"], "Logs");
+        assert_eq!(o["metadata"]["name"], "web-1");
+        assert_eq!(o["metadata"]["namespace"], "ns");
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(o["spec"]["logs"][0]["containers"][0], "backend");
+        assert_eq!(
+            o["spec"]["logs"][0]["logsFile"],
+            "/logs/ns_web-1_u-1/backend/0.log"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use futures::StreamExt;
 use holdfast_tests::pod_agent::{
-    cri_line, environment, ports, program_for, readiness_patch, unsupported_mounts,
+    cri_line, environment, logs_object, ports, program_for, readiness_patch, unsupported_mounts,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
@@ -182,7 +182,9 @@ impl Agent {
             key
         ));
         let mut wanted_ports = Vec::new();
+        let mut files = Vec::new();
         for (c, program, env) in programs {
+            files.push((c.name.clone(), pod_dir.join(&c.name).join("0.log")));
             match spawn(&netns, &program, &env, &pod_dir.join(&c.name)).await {
                 Ok((child, tasks)) => {
                     running.children.push(child);
@@ -198,6 +200,10 @@ impl Agent {
                 }
             }
             wanted_ports.extend(ports(&c));
+        }
+        // kwok serves the files through pods/log once a Logs object names them.
+        if let Err(e) = self.publish_logs(pod, &files).await {
+            eprintln!("pod-agent: Logs object for {key}: {e:#}");
         }
         // Ready once every declared port accepts a connection at the pod's address.
         let (client, pod2) = (self.client.clone(), pod.clone());
@@ -235,6 +241,23 @@ impl Agent {
                 .await;
         }));
         self.running.insert(key, running);
+    }
+
+    async fn publish_logs(&self, pod: &Pod, files: &[(String, PathBuf)]) -> Result<()> {
+        let ns = pod.metadata.namespace.as_deref().context("no namespace")?;
+        let name = pod.metadata.name.as_deref().context("no name")?;
+        let gvk = kube::api::GroupVersionKind::gvk("kwok.x-k8s.io", "v1alpha1", "Logs");
+        let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "logs");
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &resource);
+        let object: kube::api::DynamicObject = serde_json::from_value(logs_object(pod, files))?;
+        api.patch(
+            name,
+            &PatchParams::apply("holdfast-pod-agent").force(),
+            &Patch::Apply(&object),
+        )
+        .await?;
+        Ok(())
     }
 
     async fn stop(&mut self, pod: &Pod) {
