@@ -142,7 +142,6 @@ impl Agent {
             children: Vec::new(),
             tasks: Vec::new(),
         };
-        let gateway = format!("{}.254", self.args.subnet);
         let setup = (|| -> Result<()> {
             ip(&["netns", "add", &netns])?;
             ip(&[
@@ -162,7 +161,8 @@ impl Agent {
             ])?;
             ip(&["-n", &netns, "link", "set", &ns_if, "up"])?;
             ip(&["-n", &netns, "link", "set", "lo", "up"])?;
-            ip(&["-n", &netns, "route", "add", "default", "via", &gateway])?;
+            // No default route: a pod reaches its /24 (the other pods, and the host at
+            // .254) and nothing else, so nothing it runs can send traffic off this machine.
             Ok(())
         })();
         if let Err(e) = setup {

@@ -353,14 +353,16 @@ async fn the_pod_agent_runs_echo_basic_pods_at_their_addresses_marks_them_ready_
                 && fields[2] == "F",
             "not a CRI line: {line}"
         );
-        // And through the API server: `kubectl logs`, served by kwok from that file.
-        let served = cluster.kubectl_run(&["-n", &ns, "logs", &name, "-c", "backend"])?;
-        assert!(
-            served
-                .lines()
-                .any(|l| l.starts_with(&format!("Echoing back request made to /from-test/{name}"))),
-            "kubectl logs {name}: {served}"
-        );
+        // And through the API server: `kubectl logs`, served by kwok from that file (once
+        // kwok has seen the pod's Logs object).
+        let echoed = format!("Echoing back request made to /from-test/{name}");
+        wait::until("kubectl logs to return the request", T, || async {
+            let served = cluster
+                .kubectl_run(&["-n", &ns, "logs", &name, "-c", "backend"])
+                .map_err(|e| e.to_string())?;
+            Ok(served.lines().any(|l| l.starts_with(&echoed)).then_some(()))
+        })
+        .await?;
     }
     // The Service's EndpointSlice says they are ready.
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
