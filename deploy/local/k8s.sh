@@ -26,7 +26,8 @@
 #   k8s.sh gateway-api-crds            the same for Gateway API's standard-channel CRDs
 #
 # Environment: HOLDFAST_TOOLS_DIR (cache root for this pin set), HOLDFAST_K8S_DIR (default
-# DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies).
+# DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies),
+# HOLDFAST_POD_SUBNET (a.b.c: with --workloads, pods get addresses from a.b.c.0/24).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -53,7 +54,7 @@ have_all_tools() {
     have_stamped helm "$HELM_VERSION" &&
     have_stamped kube-controller-manager "$KUBERNETES_VERSION" &&
     have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION" &&
-    have_stamped kwok-logs-crd.yaml "$KWOK_VERSION" &&
+    have_stamped_file kwok-logs-crd.yaml "$KWOK_VERSION" &&
     have_stamped echo-basic "$GATEWAY_API_VERSION" &&
     have_stamped gateway-conformance "$GATEWAY_API_VERSION"
 }
@@ -62,6 +63,11 @@ have_all_tools() {
 # version stamped next to the binary: have_stamped NAME VERSION.
 have_stamped() {
   [[ -x $BIN/$1 && "$(cat "$BIN/$1.version" 2>/dev/null)" == "$2" ]]
+}
+
+# have_stamped_file NAME VERSION: the same for a file that is not a program.
+have_stamped_file() {
+  [[ -f $BIN/$1 && "$(cat "$BIN/$1.version" 2>/dev/null)" == "$2" ]]
 }
 
 # go_install NAME PACKAGE@VERSION: builds one command from the Go module proxy into $BIN
@@ -218,12 +224,13 @@ cmd_ensure() {
     log "building the Gateway API conformance suite and echo-basic $GATEWAY_API_VERSION"
     build_gateway_api
   fi
-  have_stamped kwok-logs-crd.yaml "$KWOK_VERSION" || {
+  have_stamped_file kwok-logs-crd.yaml "$KWOK_VERSION" || {
     # kwok serves `pods/log` from files that Logs objects name (the pod agent writes them).
     local kwok_mod
     kwok_mod=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
-    cp "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$BIN/kwok-logs-crd.yaml"
-    chmod 0644 "$BIN/kwok-logs-crd.yaml"
+    cp "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$BIN/.kwok-logs-crd.yaml.tmp"
+    chmod 0644 "$BIN/.kwok-logs-crd.yaml.tmp"
+    mv "$BIN/.kwok-logs-crd.yaml.tmp" "$BIN/kwok-logs-crd.yaml"
     printf '%s\n' "$KWOK_VERSION" >"$BIN/kwok-logs-crd.yaml.version"
   }
   have_stamped kwok "$KWOK_VERSION" || {
@@ -263,25 +270,30 @@ crds_workdir() {
   mktemp -d "$(dirname "$1")/.crds.XXXXXX"
 }
 
+# fail WORK MESSAGE...: removes the half-made directory WORK, then dies.
+fail() {
+  rm -rf "$1"
+  shift
+  die "$*"
+}
+
 fetch_cert_manager_crds() {
   local work mod f crd
   work=$(crds_workdir "$CERT_MANAGER_CRDS")
-  # Every failure below removes the half-made directory first.
-  fail() { rm -rf "$work"; die "$*"; }
-  mod=$(module_dir "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION") || fail "no module directory"
-  [[ -d $mod/deploy/crds ]] || fail "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION has no deploy/crds"
+  mod=$(module_dir "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION") || fail "$work" "no module directory"
+  [[ -d $mod/deploy/crds ]] || fail "$work" "$CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION has no deploy/crds"
   for f in "$mod"/deploy/crds/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" || continue
     # Helm-templated releases: the only template code outside comments is in labels.
     sed -e "s/'{{ template \"cert-manager.name\" . }}'/cert-manager/" \
       -e "s/'{{ .Release.Name }}'/cert-manager/" "$f" >"$work/${f##*/}"
     if grep -v '^[[:space:]]*#' "$work/${f##*/}" | grep -q '{{'; then
-      fail "${f#"$mod"/} holds Helm template code this script cannot render"
+      fail "$work" "${f#"$mod"/} holds Helm template code this script cannot render"
     fi
   done
   for crd in certificates issuers clusterissuers certificaterequests; do
     grep -lq "^  name: $crd\.cert-manager\.io\$" "$work"/*.yaml 2>/dev/null ||
-      fail "no $crd.cert-manager.io CRD in $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION/deploy/crds"
+      fail "$work" "no $crd.cert-manager.io CRD in $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION/deploy/crds"
   done
   chmod 0755 "$work"
   # Atomic: a parallel caller that finished first keeps its (identical) copy.
@@ -306,14 +318,13 @@ GATEWAY_API_CRDS=$TOOLS_DIR/gateway-api-$GATEWAY_API_VERSION/crds
 fetch_gateway_api_crds() {
   local work mod f crd
   work=$(crds_workdir "$GATEWAY_API_CRDS")
-  fail() { rm -rf "$work"; die "$*"; }
-  mod=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "no module directory"
+  mod=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "$work" "no module directory"
   for f in "$mod"/config/crd/standard/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" && cp "$f" "$work/"
   done
   for crd in gatewayclasses gateways httproutes referencegrants; do
     [[ -f $work/gateway.networking.k8s.io_$crd.yaml ]] ||
-      fail "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/standard"
+      fail "$work" "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/standard"
   done
   chmod 0755 "$work" "$work"/*.yaml
   mv -T "$work" "$GATEWAY_API_CRDS" 2>/dev/null || rm -rf "$work"
@@ -535,18 +546,20 @@ WORKLOADS=(kube-controller-manager kube-scheduler kwok)
 # HOLDFAST_POD_SUBNET=a.b.c makes them a.b.c.0/24 (the tests lease one per cluster, so
 # that clusters side by side never route the same addresses; the agent's bridge to the
 # host takes a.b.c.254), else 10.244.0.0/16.
-if [[ -n ${HOLDFAST_POD_SUBNET:-} ]]; then
-  [[ $HOLDFAST_POD_SUBNET =~ ^10\.[0-9]+\.[0-9]+$ ]] ||
-    die "HOLDFAST_POD_SUBNET must be 10.X.Y (a /24 in 10.0.0.0/8)"
-  POD_CIDR=$HOLDFAST_POD_SUBNET.0/24
-else
-  POD_CIDR=10.244.0.0/16
-fi
+POD_CIDR=10.244.0.0/16
+pod_cidr_from_env() {
+  if [[ -n ${HOLDFAST_POD_SUBNET:-} ]]; then
+    [[ $HOLDFAST_POD_SUBNET =~ ^10\.[0-9]+\.[0-9]+$ ]] ||
+      die "HOLDFAST_POD_SUBNET must be 10.X.Y (a /24 in 10.0.0.0/8)"
+    POD_CIDR=$HOLDFAST_POD_SUBNET.0/24
+  fi
+}
 # The one fake Node.
 NODE_NAME=kwok-node-0
 
 write_workload_args() {
   local dir=$1 kwok_port
+  pod_cidr_from_env
   kwok_port=$(free_port)
   # Flags both take: the admin kubeconfig, no serving port, no leader election.
   local common
@@ -587,6 +600,7 @@ EOF
 # controllers run).
 cmd_workloads() {
   local dir=$1 c deadline
+  pod_cidr_from_env
   # kwok's Logs kind, which kwok watches for the files it serves through pods/log.
   "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" apply --server-side \
     -f "$BIN/kwok-logs-crd.yaml" >/dev/null
@@ -626,8 +640,11 @@ EOF
       # is not run: the taint is lifted here, once kwok has made the Node Ready.
       "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" taint node "$NODE_NAME" \
         node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
-      echo "workloads: node $NODE_NAME Ready, controllers and scheduler running"
-      return 0
+      if [[ -z $("$BIN/kubectl" --kubeconfig "$dir/kubeconfig" get node "$NODE_NAME" \
+        -o 'jsonpath={.spec.taints}' 2>/dev/null) ]]; then
+        echo "workloads: node $NODE_NAME Ready, controllers and scheduler running"
+        return 0
+      fi
     fi
     sleep 0.2
   done
@@ -753,11 +770,15 @@ main() {
   cert-manager-crds) cmd_cert_manager_crds ;;
   gateway-api-crds) cmd_gateway_api_crds ;;
   up)
-    if [[ ${1:-} == --workloads ]]; then
-      cmd_up "$DEFAULT_DIR" --workloads
-    else
-      cmd_up "${1:-$DEFAULT_DIR}" "${2:-}"
-    fi
+    local dir=$DEFAULT_DIR workloads="" arg
+    for arg in "$@"; do
+      case $arg in
+        --workloads) workloads=--workloads ;;
+        -*) die "unknown option for up: $arg" ;;
+        *) dir=$arg ;;
+      esac
+    done
+    cmd_up "$dir" "$workloads"
     ;;
   down) cmd_down "${1:-$DEFAULT_DIR}" ;;
   env) cmd_env "${1:-$DEFAULT_DIR}" ;;
@@ -773,7 +794,7 @@ main() {
     esac
     ;;
   *)
-    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     [[ -z $cmd ]] && exit 2
     die "unknown command '$cmd'"
     ;;

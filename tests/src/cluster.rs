@@ -111,6 +111,11 @@ impl Drop for PodAgent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Killed before it cleaned up: its namespaces and bridge go now (their owner is
+        // dead), before this cluster's pod subnet is released.
+        if let Err(e) = run_script(&["netns", "gc"]) {
+            eprintln!("removing the pod agent's namespaces: {e:#}");
+        }
     }
 }
 

@@ -153,14 +153,27 @@ pub fn logs_object(pod: &Pod, files: &[(String, PathBuf)]) -> Value {
 }
 
 /// A status patch (strategic merge) for `pod`: Ready and ContainersReady as `ready` says,
-/// with `reason` and `message`, and each container's readiness.
+/// with `reason` and `message`, and each container's readiness. `containerStatuses` is an
+/// atomic list (a patch replaces it whole), so each entry kwok wrote is kept with only
+/// `ready` changed; a container without one gets `{name, ready}`.
 pub fn readiness_patch(pod: &Pod, ready: bool, reason: &str, message: &str, now: &str) -> Value {
     let status = if ready { "True" } else { "False" };
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
     let containers: Vec<Value> = pod
         .spec
         .iter()
         .flat_map(|s| &s.containers)
-        .map(|c| json!({ "name": c.name, "ready": ready }))
+        .map(|c| {
+            let mut entry = current
+                .and_then(|all| all.iter().find(|s| s.name == c.name))
+                .and_then(|s| serde_json::to_value(s).ok())
+                .unwrap_or_else(|| json!({ "name": c.name }));
+            entry["ready"] = json!(ready);
+            entry
+        })
         .collect();
     let condition = |kind: &str| {
         json!({
@@ -303,6 +316,19 @@ mod tests {
             cri_line("2026-12-05T16:00:00.000000001Z", "stdout", "hello"),
             "2026-12-05T16:00:00.000000001Z stdout F hello\n"
         );
+        let mut p = pod();
+        p.status.as_mut().unwrap().container_statuses = Some(vec![
+            serde_json::from_value(json!({
+                "name": "echo", "image": "echo-basic", "imageID": "", "ready": false,
+                "restartCount": 0, "started": true,
+                "state": { "running": { "startedAt": "2026-12-05T16:00:00Z" } }
+            }))
+            .unwrap(),
+        ]);
+        let patch = readiness_patch(&p, true, "PortsListening", "3000", "t");
+        let kept = &patch["status"]["containerStatuses"][0];
+        assert_eq!(kept["image"], "echo-basic", "kwok's entry is kept: {kept}");
+        assert!(kept["state"]["running"].is_object(), "{kept}");
         let patch = readiness_patch(&pod(), true, "PortsListening", "3000", "t");
         assert_eq!(patch["status"]["conditions"][1]["type"], "Ready");
         assert_eq!(patch["status"]["conditions"][1]["status"], "True");

@@ -21,6 +21,7 @@ use holdfast_tests::pod_agent::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -49,9 +50,12 @@ struct Args {
 
 /// A pod the agent runs.
 struct Running {
+    /// The pod as the agent started it (to report on when the agent stops).
+    pod: Option<Pod>,
     netns: String,
     host_if: String,
-    children: Vec<tokio::process::Child>,
+    /// Its processes' waiters (each owns its child, killed when the task is aborted), log
+    /// copiers and readiness check.
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -65,6 +69,17 @@ fn ip(args: &[&str]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `addr` is `a.b.c.1` to `a.b.c.253` of `subnet` (`a.b.c`).
+fn in_subnet(addr: IpAddr, subnet: &str) -> bool {
+    match addr {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            format!("{a}.{b}.{c}") == subnet && (1..=253).contains(&d)
+        }
+        IpAddr::V6(_) => false,
+    }
 }
 
 fn now() -> String {
@@ -99,6 +114,19 @@ impl Agent {
         else {
             return;
         };
+        // Only an address on the bridge's /24 (not the bridge's own .254): anything else
+        // would be reached through the host's routes, off this machine.
+        if !in_subnet(addr, &self.args.subnet) {
+            let why = format!(
+                "address {addr} is outside the agent's {}.0/24",
+                self.args.subnet
+            );
+            self.reporter
+                .report(pod, false, "AddressOutsideSubnet", &why)
+                .await;
+            self.running.insert(key, Running::none());
+            return;
+        }
         let containers = pod
             .spec
             .as_ref()
@@ -137,9 +165,9 @@ impl Agent {
         let host_if = format!("hp{pid:x}x{}", self.next);
         let ns_if = format!("hn{pid:x}x{}", self.next);
         let mut running = Running {
+            pod: Some(pod.clone()),
             netns: netns.clone(),
             host_if: host_if.clone(),
-            children: Vec::new(),
             tasks: Vec::new(),
         };
         let setup = (|| -> Result<()> {
@@ -186,9 +214,18 @@ impl Agent {
         for (c, program, env) in programs {
             files.push((c.name.clone(), pod_dir.join(&c.name).join("0.log")));
             match spawn(&netns, &program, &env, &pod_dir.join(&c.name)).await {
-                Ok((child, tasks)) => {
-                    running.children.push(child);
+                Ok((mut child, tasks)) => {
                     running.tasks.extend(tasks);
+                    // A process that ends takes its pod out of Ready. Aborting this task
+                    // (the pod stopped) drops the child, which kills it.
+                    let (client, pod2, name) = (self.client.clone(), pod.clone(), c.name.clone());
+                    running.tasks.push(tokio::spawn(async move {
+                        let status = child.wait().await;
+                        let why = format!("container {name} exited: {status:?}");
+                        Reporter { client }
+                            .report(&pod2, false, "ContainerExited", &why)
+                            .await;
+                    }));
                 }
                 Err(e) => {
                     self.reporter
@@ -291,19 +328,20 @@ impl Reporter {
 impl Running {
     fn none() -> Self {
         Running {
+            pod: None,
             netns: String::new(),
             host_if: String::new(),
-            children: Vec::new(),
             tasks: Vec::new(),
         }
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
         for t in &self.tasks {
             t.abort();
         }
-        for c in &mut self.children {
-            let _ = c.kill().await;
+        // Aborted tasks drop their children (kill_on_drop) once they have stopped.
+        for t in self.tasks {
+            let _ = t.await;
         }
         if !self.netns.is_empty() {
             let _ = ip(&["netns", "del", &self.netns]);
@@ -348,10 +386,16 @@ async fn spawn(
     for (name, stream) in streams {
         let log = log.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lines = BufReader::new(stream).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::new();
+            // Any bytes: a line that is not UTF-8 is written lossily, never ends the copy
+            // (which would leave the program blocked on a full pipe).
+            while matches!(reader.read_until(b'\n', &mut line).await, Ok(n) if n > 0) {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end_matches(['\n', '\r']);
                 let mut f = log.lock().await;
-                let _ = f.write_all(cri_line(&now(), name, &line).as_bytes()).await;
+                let _ = f.write_all(cri_line(&now(), name, text).as_bytes()).await;
+                line.clear();
             }
         }));
     }
@@ -366,16 +410,24 @@ async fn run(args: Args) -> Result<()> {
     )
     .await?;
     let client = Client::try_from(config)?;
+    // Before anything is made: a SIGTERM from here on cleans up.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let bridge = format!("hfb{}", std::process::id());
-    ip(&["link", "add", &bridge, "type", "bridge"])?;
-    ip(&[
-        "addr",
-        "add",
-        &format!("{}.254/24", args.subnet),
-        "dev",
-        &bridge,
-    ])?;
-    ip(&["link", "set", &bridge, "up"])?;
+    let made = ip(&["link", "add", &bridge, "type", "bridge"])
+        .and_then(|()| {
+            ip(&[
+                "addr",
+                "add",
+                &format!("{}.254/24", args.subnet),
+                "dev",
+                &bridge,
+            ])
+        })
+        .and_then(|()| ip(&["link", "set", &bridge, "up"]));
+    if let Err(e) = made {
+        let _ = ip(&["link", "del", &bridge]);
+        return Err(e);
+    }
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = format!("spec.nodeName={}", args.node);
     let owner = args.owner_pid;
@@ -389,11 +441,12 @@ async fn run(args: Args) -> Result<()> {
         next: 0,
         running: HashMap::new(),
     };
-    let mut events = std::pin::pin!(watcher::watcher(
-        pods,
-        watcher::Config::default().fields(&selector)
-    ));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut events = std::pin::pin!(
+        watcher::watcher(pods, watcher::Config::default().fields(&selector)).default_backoff()
+    );
+    // The pods a (re-)list saw: after it, those the agent runs that it did not see are
+    // gone (no Delete event comes for pods deleted while the watch was down).
+    let mut listed: Option<std::collections::HashSet<String>> = None;
     let mut check = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -407,7 +460,11 @@ async fn run(args: Args) -> Result<()> {
             event = events.next() => match event {
                 None => break,
                 Some(Err(e)) => eprintln!("pod-agent: watch: {e}"),
-                Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => {
+                Some(Ok(event @ (Event::Apply(_) | Event::InitApply(_)))) => {
+                    let (Event::Apply(pod) | Event::InitApply(pod)) = event else { continue };
+                    if let Some(seen) = listed.as_mut() {
+                        seen.insert(Agent::key(&pod));
+                    }
                     if pod.metadata.deletion_timestamp.is_some() {
                         agent.stop(&pod).await;
                     } else {
@@ -415,11 +472,28 @@ async fn run(args: Args) -> Result<()> {
                     }
                 }
                 Some(Ok(Event::Delete(pod))) => agent.stop(&pod).await,
-                Some(Ok(Event::Init | Event::InitDone)) => {}
+                Some(Ok(Event::Init)) => listed = Some(Default::default()),
+                Some(Ok(Event::InitDone)) => {
+                    let seen = listed.take().unwrap_or_default();
+                    let gone: Vec<String> =
+                        agent.running.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                    for key in gone {
+                        if let Some(r) = agent.running.remove(&key) {
+                            r.stop().await;
+                        }
+                    }
+                }
             },
         }
     }
+    // Stopping: no pod it ran stays Ready.
     for (_, r) in agent.running.drain() {
+        if let Some(pod) = r.pod.clone() {
+            agent
+                .reporter
+                .report(&pod, false, "AgentStopped", "the pod agent stopped")
+                .await;
+        }
         r.stop().await;
     }
     let _ = ip(&["link", "del", &bridge]);
