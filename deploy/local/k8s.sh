@@ -295,18 +295,25 @@ fetch_cert_manager_crds() {
     grep -lq "^  name: $crd\.cert-manager\.io\$" "$work"/*.yaml 2>/dev/null ||
       fail "$work" "no $crd.cert-manager.io CRD in $CERT_MANAGER_MODULE@$CERT_MANAGER_VERSION/deploy/crds"
   done
-  chmod 0755 "$work"
-  # Atomic: a parallel caller that finished first keeps its (identical) copy.
-  mv -T "$work" "$CERT_MANAGER_CRDS" 2>/dev/null || rm -rf "$work"
-  log "cert-manager $CERT_MANAGER_VERSION CRDs in $CERT_MANAGER_CRDS"
+  publish_crds "$work" "$CERT_MANAGER_CRDS" "cert-manager $CERT_MANAGER_VERSION"
 }
 
-cmd_cert_manager_crds() {
-  if [[ ! -d $CERT_MANAGER_CRDS ]]; then
+# publish_crds WORK DEST WHAT: moves the filled WORK to DEST in one step (atomic: a
+# parallel caller that finished first keeps its identical copy).
+publish_crds() {
+  chmod 0755 "$1"
+  mv -T "$1" "$2" 2>/dev/null || rm -rf "$1"
+  log "$3 CRDs in $2"
+}
+
+# cached_crds DIR FETCH: prints DIR, after running FETCH (which needs Go) if DIR is not
+# there yet.
+cached_crds() {
+  if [[ ! -d $1 ]]; then
     need_go
-    fetch_cert_manager_crds
+    "$2"
   fi
-  echo "$CERT_MANAGER_CRDS"
+  echo "$1"
 }
 
 # gateway-api-crds: Gateway API's standard-channel CustomResourceDefinitions at
@@ -326,17 +333,8 @@ fetch_gateway_api_crds() {
     [[ -f $work/gateway.networking.k8s.io_$crd.yaml ]] ||
       fail "$work" "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/standard"
   done
-  chmod 0755 "$work" "$work"/*.yaml
-  mv -T "$work" "$GATEWAY_API_CRDS" 2>/dev/null || rm -rf "$work"
-  log "Gateway API $GATEWAY_API_VERSION standard CRDs in $GATEWAY_API_CRDS"
-}
-
-cmd_gateway_api_crds() {
-  if [[ ! -d $GATEWAY_API_CRDS ]]; then
-    need_go
-    fetch_gateway_api_crds
-  fi
-  echo "$GATEWAY_API_CRDS"
+  chmod 0644 "$work"/*.yaml
+  publish_crds "$work" "$GATEWAY_API_CRDS" "Gateway API $GATEWAY_API_VERSION standard"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -767,8 +765,8 @@ main() {
   ensure) cmd_ensure ;;
   can-ensure) have_all_tools || need_go ;;
   tools-dir) echo "$BIN" ;;
-  cert-manager-crds) cmd_cert_manager_crds ;;
-  gateway-api-crds) cmd_gateway_api_crds ;;
+  cert-manager-crds) cached_crds "$CERT_MANAGER_CRDS" fetch_cert_manager_crds ;;
+  gateway-api-crds) cached_crds "$GATEWAY_API_CRDS" fetch_gateway_api_crds ;;
   up)
     local dir=$DEFAULT_DIR workloads="" arg
     for arg in "$@"; do
