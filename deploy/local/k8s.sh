@@ -24,6 +24,8 @@
 #   k8s.sh cert-manager-crds           fetch cert-manager's CRDs at the pinned version (Go
 #                                      module proxy, cached) and print their directory
 #   k8s.sh gateway-api-crds            the same for Gateway API's standard-channel CRDs
+#   k8s.sh gateway-api-conformance     print the pinned conformance module's directory (its
+#                                      base/manifests.yaml is what the suite applies)
 #
 # Environment: HOLDFAST_TOOLS_DIR (cache root for this pin set), HOLDFAST_K8S_DIR (default
 # DIR), HOLDFAST_OWNER_PID (if set, `up` and `netns up` tear down when that process dies),
@@ -56,7 +58,8 @@ have_all_tools() {
     have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION" &&
     have_stamped_file kwok-logs-crd.yaml "$KWOK_VERSION" &&
     have_stamped echo-basic "$GATEWAY_API_VERSION" &&
-    have_stamped gateway-conformance "$GATEWAY_API_VERSION"
+    have_stamped gateway-conformance "$GATEWAY_API_VERSION" &&
+    have_stamped coredns "$COREDNS_VERSION"
 }
 
 # Tools outside PIN (a new h2spec, promtool or helm must not rebuild Kubernetes) have their
@@ -236,6 +239,10 @@ cmd_ensure() {
   have_stamped kwok "$KWOK_VERSION" || {
     log "building kwok $KWOK_VERSION"
     go_install kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  }
+  have_stamped coredns "$COREDNS_VERSION" || {
+    log "building coredns $COREDNS_VERSION"
+    go_install coredns "github.com/coredns/coredns@$COREDNS_VERSION"
   }
   rm -rf "$TOOLS_DIR/src"
   log "tools ready in $BIN ($((SECONDS - start)) s)"
@@ -767,6 +774,10 @@ main() {
   tools-dir) echo "$BIN" ;;
   cert-manager-crds) cached_crds "$CERT_MANAGER_CRDS" fetch_cert_manager_crds ;;
   gateway-api-crds) cached_crds "$GATEWAY_API_CRDS" fetch_gateway_api_crds ;;
+  gateway-api-conformance)
+    need_go
+    module_dir "sigs.k8s.io/gateway-api/conformance@$GATEWAY_API_VERSION"
+    ;;
   up)
     local dir=$DEFAULT_DIR workloads="" arg
     for arg in "$@"; do

@@ -1,21 +1,180 @@
 //! What the pod agent (`holdfast-pod-agent`) decides, in plain functions: which program an
-//! image is, a container's environment from its pod (values and field references), the
-//! CRI log line format kwok serves through `pods/log`, and the status patches that say a
-//! pod is Ready, or why it is not. The binary does the I/O around them.
+//! image is and its arguments, a container's environment from its pod (values and field
+//! references), which volumes it mounts where and the files a Secret or ConfigMap volume
+//! holds, the CRI log line format kwok serves through `pods/log`, and the status patches
+//! that say a pod is Ready, or why it is not. The binary does the I/O around them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, KeyToPath, Pod};
 use serde_json::{Value, json};
 
-/// The programs the agent can run, by image: echo-basic (the Gateway API conformance
-/// suite's backend, built from the pinned module by `k8s.sh ensure`) for any image whose
-/// name is `echo-basic`, whatever its registry and tag.
+/// The programs the agent can run, by image name (whatever the registry and tag), each
+/// built from its pinned Go module by `k8s.sh ensure`: echo-basic (the Gateway API
+/// conformance suite's backend) and coredns (its UDP backend).
 pub fn program_for(image: &str, tools_bin: &Path) -> Option<PathBuf> {
     let name = image.rsplit('/').next().unwrap_or(image);
     let name = name.split(['@', ':']).next().unwrap_or(name);
-    (name == "echo-basic").then(|| tools_bin.join("echo-basic"))
+    matches!(name, "echo-basic" | "coredns").then(|| tools_bin.join(name))
+}
+
+/// The arguments `container` gives its image's program (`args`), or why the agent cannot
+/// run it: `command` replaces the image's entrypoint with a path inside the image, and the
+/// agent has no image filesystem.
+pub fn program_args(container: &Container) -> Result<Vec<String>, String> {
+    if container.command.is_some() {
+        return Err(format!(
+            "container {:?} sets a command: the pod agent runs its image's program, with args",
+            container.name
+        ));
+    }
+    Ok(container.args.clone().unwrap_or_default())
+}
+
+/// Where a volume comes from: the object the agent reads and writes to disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeObject {
+    /// The Secret of this name, in the pod's namespace.
+    Secret(String),
+    /// The ConfigMap of this name, in the pod's namespace.
+    ConfigMap(String),
+}
+
+/// A volume a container mounts: the object it holds, which of its keys go to which files
+/// (every key, by its name, when `items` is not given), and whether a missing object or
+/// key is allowed (`optional`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Volume {
+    /// The volume's name in the pod.
+    pub name: String,
+    /// What it holds.
+    pub object: VolumeObject,
+    /// Which keys go to which files; `None`: every key, by its name.
+    pub items: Option<Vec<KeyToPath>>,
+    /// Whether a missing object or key is allowed.
+    pub optional: bool,
+}
+
+/// One mount: volume `volume` at `target`, read-only (Secret and ConfigMap volumes always
+/// are).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The volume's name.
+    pub volume: String,
+    /// Where the program sees it.
+    pub target: PathBuf,
+}
+
+/// The volumes `container` mounts and where, or why the agent cannot run it as it asks.
+/// Secret and ConfigMap volumes are supported, mounted whole (no `subPath`) at an absolute
+/// directory that is not `/` and whose path has no `..`, `,` or `:` (overlay options). The
+/// service account token kube-apiserver adds to every pod (`kube-api-access-*`) is not
+/// mounted: no program the agent runs reads it.
+pub fn mounts(pod: &Pod, container: &Container) -> Result<(Vec<Volume>, Vec<Mount>), String> {
+    let declared = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let mut volumes: Vec<Volume> = Vec::new();
+    let mut out = Vec::new();
+    for m in container.volume_mounts.iter().flatten() {
+        if m.name.starts_with("kube-api-access-") {
+            continue;
+        }
+        let here = format!("volume {:?} at {}", m.name, m.mount_path);
+        if m.sub_path.is_some() || m.sub_path_expr.is_some() {
+            return Err(format!(
+                "{here}: the pod agent mounts whole volumes (no subPath)"
+            ));
+        }
+        let target = PathBuf::from(&m.mount_path);
+        let plain = target
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !target.is_absolute()
+            || target.parent().is_none()
+            || !plain
+            || m.mount_path.contains([',', ':'])
+        {
+            return Err(format!("{here}: not a mount path the pod agent can use"));
+        }
+        let Some(v) = declared.and_then(|all| all.iter().find(|v| v.name == m.name)) else {
+            return Err(format!("{here}: the pod declares no such volume"));
+        };
+        let volume = match (&v.secret, &v.config_map) {
+            (Some(s), _) => Volume {
+                name: v.name.clone(),
+                object: VolumeObject::Secret(s.secret_name.clone().unwrap_or_default()),
+                items: s.items.clone(),
+                optional: s.optional.unwrap_or(false),
+            },
+            (None, Some(c)) => Volume {
+                name: v.name.clone(),
+                object: VolumeObject::ConfigMap(c.name.clone()),
+                items: c.items.clone(),
+                optional: c.optional.unwrap_or(false),
+            },
+            (None, None) => {
+                return Err(format!(
+                    "{here}: the pod agent mounts only Secret and ConfigMap volumes"
+                ));
+            }
+        };
+        if !volumes.iter().any(|known| known.name == volume.name) {
+            volumes.push(volume);
+        }
+        out.push(Mount {
+            volume: m.name.clone(),
+            target,
+        });
+    }
+    Ok((volumes, out))
+}
+
+/// The files of `volume` given its object's data (`None`: the object does not exist), as
+/// paths relative to the volume's directory: each key under its own name, or as `items`
+/// maps them. A missing object or key that is not optional is an error, as is an item path
+/// that is absolute or climbs out (`..`).
+pub fn volume_files(
+    volume: &Volume,
+    data: Option<&BTreeMap<String, Vec<u8>>>,
+) -> Result<Vec<(PathBuf, Vec<u8>)>, String> {
+    let what = match &volume.object {
+        VolumeObject::Secret(n) => format!("Secret {n:?}"),
+        VolumeObject::ConfigMap(n) => format!("ConfigMap {n:?}"),
+    };
+    let Some(data) = data else {
+        return if volume.optional {
+            Ok(Vec::new())
+        } else {
+            Err(format!("volume {:?}: {what} not found", volume.name))
+        };
+    };
+    let Some(items) = &volume.items else {
+        return Ok(data
+            .iter()
+            .map(|(k, v)| (PathBuf::from(k), v.clone()))
+            .collect());
+    };
+    let mut files = Vec::new();
+    for item in items {
+        let path = PathBuf::from(&item.path);
+        if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(format!(
+                "volume {:?}: item path {:?} is not relative",
+                volume.name, item.path
+            ));
+        }
+        match data.get(&item.key) {
+            Some(v) => files.push((path, v.clone())),
+            None if volume.optional => {}
+            None => {
+                return Err(format!(
+                    "volume {:?}: {what} has no key {:?}",
+                    volume.name, item.key
+                ));
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// Why a container's environment cannot be made.
@@ -47,31 +206,6 @@ pub fn environment(pod: &Pod, container: &Container) -> Result<Vec<(String, Stri
         out.push((var.name.clone(), value));
     }
     Ok(out)
-}
-
-/// Why `container` cannot be run as it asks, if it cannot: the agent runs an image's
-/// program as it is (a container that sets `command` or `args` is refused) and mounts
-/// nothing yet (a container that mounts any volume is refused, except the service account
-/// token kube-apiserver adds to every pod, `kube-api-access-*`, which no program the agent
-/// runs reads).
-pub fn unsupported_mounts(container: &Container) -> Option<String> {
-    if container.command.is_some() || container.args.is_some() {
-        return Some(format!(
-            "container {:?} sets a command or args: the pod agent runs its image's program as it is",
-            container.name
-        ));
-    }
-    container
-        .volume_mounts
-        .iter()
-        .flatten()
-        .find(|m| !m.name.starts_with("kube-api-access-"))
-        .map(|m| {
-            format!(
-                "volume {:?} at {}: the pod agent mounts no volumes",
-                m.name, m.mount_path
-            )
-        })
 }
 
 /// The value of a downward-API field path of `pod`, if the agent knows it.
@@ -224,7 +358,7 @@ mod tests {
     }
 
     #[test]
-    fn only_echo_basic_images_are_known() {
+    fn only_echo_basic_and_coredns_images_are_known() {
         let bin = Path::new("/tools");
         for image in [
             "gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394",
@@ -237,6 +371,10 @@ mod tests {
                 "{image}"
             );
         }
+        assert_eq!(
+            program_for("registry.k8s.io/coredns/coredns:v1.12.2", bin),
+            Some(bin.join("coredns"))
+        );
         for image in ["nginx:1.27", "echo-basic-like:1", "gcr.io/x/echo:1"] {
             assert_eq!(program_for(image, bin), None, "{image}");
         }
@@ -272,24 +410,141 @@ mod tests {
     }
 
     #[test]
-    fn a_command_or_any_mount_but_the_service_account_token_is_refused() {
+    fn args_are_passed_and_a_command_is_refused() {
         let mut c = pod().spec.unwrap().containers[0].clone();
-        assert_eq!(unsupported_mounts(&c), None);
-        c.volume_mounts = Some(vec![
-            serde_json::from_value(json!({
-                "name": "kube-api-access-abcde",
-                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"
-            }))
-            .unwrap(),
-        ]);
-        assert_eq!(unsupported_mounts(&c), None);
-        c.volume_mounts.as_mut().unwrap().push(
-            serde_json::from_value(json!({ "name": "tls", "mountPath": "/etc/tls" })).unwrap(),
+        assert_eq!(program_args(&c), Ok(vec![]));
+        c.args = Some(vec!["-conf".into(), "/root/Corefile".into()]);
+        assert_eq!(
+            program_args(&c),
+            Ok(vec!["-conf".into(), "/root/Corefile".into()])
         );
-        assert!(unsupported_mounts(&c).is_some_and(|why| why.contains("tls")));
-        let mut c = pod().spec.unwrap().containers[0].clone();
-        c.args = Some(vec!["-conf".into()]);
-        assert!(unsupported_mounts(&c).is_some_and(|why| why.contains("args")));
+        c.command = Some(vec!["/bin/sh".into()]);
+        assert!(program_args(&c).is_err_and(|why| why.contains("command")));
+    }
+
+    fn with_mounts(volumes: Value, mounts_: Value) -> (Pod, Container) {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().volumes = Some(serde_json::from_value(volumes).unwrap());
+        let c = &mut p.spec.as_mut().unwrap().containers[0];
+        c.volume_mounts = Some(serde_json::from_value(mounts_).unwrap());
+        let c = c.clone();
+        (p, c)
+    }
+
+    #[test]
+    fn secret_and_config_map_volumes_are_mounted_and_the_token_is_skipped() {
+        let (p, c) = with_mounts(
+            json!([
+                { "name": "secret-volume", "secret": {
+                    "secretName": "tls", "items": [{ "key": "tls.crt", "path": "crt" }] } },
+                { "name": "conf", "configMap": { "name": "coredns", "optional": true } }
+            ]),
+            json!([
+                { "name": "kube-api-access-abcde",
+                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount" },
+                { "name": "secret-volume", "mountPath": "/etc/secret-volume" },
+                { "name": "conf", "mountPath": "/root" }
+            ]),
+        );
+        let (volumes, m) = mounts(&p, &c).unwrap();
+        assert_eq!(volumes.len(), 2);
+        assert_eq!(volumes[0].object, VolumeObject::Secret("tls".into()));
+        assert_eq!(volumes[1].object, VolumeObject::ConfigMap("coredns".into()));
+        assert!(volumes[1].optional);
+        assert_eq!(
+            m,
+            vec![
+                Mount {
+                    volume: "secret-volume".into(),
+                    target: "/etc/secret-volume".into()
+                },
+                Mount {
+                    volume: "conf".into(),
+                    target: "/root".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn mounts_the_agent_cannot_make_are_refused_with_the_reason() {
+        let volumes = json!([
+            { "name": "v", "secret": { "secretName": "s" } },
+            { "name": "scratch", "emptyDir": {} }
+        ]);
+        for (mount, why) in [
+            (
+                json!({ "name": "v", "mountPath": "/etc/x", "subPath": "a" }),
+                "subPath",
+            ),
+            (json!({ "name": "v", "mountPath": "/" }), "mount path"),
+            (
+                json!({ "name": "v", "mountPath": "/etc/../x" }),
+                "mount path",
+            ),
+            (
+                json!({ "name": "v", "mountPath": "relative" }),
+                "mount path",
+            ),
+            (
+                json!({ "name": "v", "mountPath": "/etc/a:b" }),
+                "mount path",
+            ),
+            (
+                json!({ "name": "nosuch", "mountPath": "/etc/x" }),
+                "no such volume",
+            ),
+            (
+                json!({ "name": "scratch", "mountPath": "/tmp/x" }),
+                "only Secret and ConfigMap",
+            ),
+        ] {
+            let (p, c) = with_mounts(volumes.clone(), json!([mount]));
+            let e = mounts(&p, &c).unwrap_err();
+            assert!(e.contains(why), "{mount}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_volume_holds_its_keys_or_its_items_and_a_missing_object_or_key_is_an_error() {
+        let data: BTreeMap<String, Vec<u8>> = [
+            ("tls.crt".to_owned(), b"CERT".to_vec()),
+            ("tls.key".to_owned(), b"KEY".to_vec()),
+        ]
+        .into();
+        let item = |key: &str, path: &str| -> KeyToPath {
+            serde_json::from_value(json!({ "key": key, "path": path })).unwrap()
+        };
+        let mut v = Volume {
+            name: "secret-volume".into(),
+            object: VolumeObject::Secret("tls".into()),
+            items: None,
+            optional: false,
+        };
+        let files = volume_files(&v, Some(&data)).unwrap();
+        assert_eq!(
+            files,
+            vec![
+                ("tls.crt".into(), b"CERT".to_vec()),
+                ("tls.key".into(), b"KEY".to_vec())
+            ]
+        );
+        v.items = Some(vec![item("tls.crt", "crt"), item("tls.key", "key")]);
+        let files = volume_files(&v, Some(&data)).unwrap();
+        assert_eq!(
+            files,
+            vec![
+                ("crt".into(), b"CERT".to_vec()),
+                ("key".into(), b"KEY".to_vec())
+            ]
+        );
+        assert!(volume_files(&v, None).is_err_and(|e| e.contains("not found")));
+        v.items = Some(vec![item("ca.crt", "ca")]);
+        assert!(volume_files(&v, Some(&data)).is_err_and(|e| e.contains("ca.crt")));
+        v.items = Some(vec![item("tls.crt", "../escape")]);
+        assert!(volume_files(&v, Some(&data)).is_err_and(|e| e.contains("not relative")));
+        v.optional = true;
+        assert_eq!(volume_files(&v, None), Ok(vec![]));
     }
 
     #[test]

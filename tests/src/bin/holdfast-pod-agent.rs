@@ -1,11 +1,14 @@
 //! holdfast-pod-agent: runs the pods that kwok schedules to its fake Node as real processes,
 //! with no container runtime. For each pod that kwok has given an address, it makes a
 //! network namespace holding that address on a bridge to the host, starts each container's
-//! program (known images only: echo-basic) with the container's environment, writes the
-//! output as CRI log lines, and marks the pod Ready once every declared TCP port listens.
-//! A pod whose image it does not know, or whose environment it cannot make, is reported in
-//! the pod's Ready condition and never marked Ready. A deleted pod's process and namespace
-//! are removed. The decisions are in `holdfast_tests::pod_agent`.
+//! program (known images only: echo-basic and coredns) with the container's args and
+//! environment and its Secret and ConfigMap volumes written to disk and mounted read-only
+//! at their paths (in the process's own mount namespace), writes the output as CRI log
+//! lines, and marks the pod Ready once every declared TCP port listens. A pod whose image
+//! it does not know, or whose environment or mounts it cannot make, is reported in the
+//! pod's Ready condition and never marked Ready; one whose Secret or ConfigMap does not
+//! exist yet waits for it (as a kubelet does), and says so. A deleted pod's process and
+//! namespace are removed. The decisions are in `holdfast_tests::pod_agent`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -17,9 +20,10 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use futures::StreamExt;
 use holdfast_tests::pod_agent::{
-    cri_line, environment, logs_object, ports, program_for, readiness_patch, unsupported_mounts,
+    Mount, Volume, VolumeObject, cri_line, environment, logs_object, mounts, ports, program_args,
+    program_for, readiness_patch, volume_files,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -60,10 +64,19 @@ struct Running {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = std::process::Command::new("ip").args(args).output()?;
+    run_tool("ip", args)
+}
+
+/// Runs `program` (found on the system path, whatever this process's environment) and
+/// fails with its error output if it fails.
+fn run_tool(program: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(program)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .args(args)
+        .output()?;
     if !out.status.success() {
         bail!(
-            "ip {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         );
@@ -93,6 +106,17 @@ struct Agent {
     bridge: String,
     next: u32,
     running: HashMap<String, Running>,
+    /// Pods waiting for a Secret or ConfigMap their volumes hold: tried again each second.
+    waiting: HashMap<String, Pod>,
+}
+
+/// A container the agent will start: its program, args, environment and mounts.
+struct Planned {
+    container: k8s_openapi::api::core::v1::Container,
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    mounts: Vec<Mount>,
 }
 
 impl Agent {
@@ -132,7 +156,8 @@ impl Agent {
             .as_ref()
             .map(|s| s.containers.clone())
             .unwrap_or_default();
-        let mut programs = Vec::new();
+        let mut planned = Vec::new();
+        let mut volumes: Vec<Volume> = Vec::new();
         for c in &containers {
             let image = c.image.clone().unwrap_or_default();
             let Some(program) = program_for(&image, &self.args.tools_bin) else {
@@ -143,22 +168,51 @@ impl Agent {
                 self.running.insert(key, Running::none());
                 return;
             };
-            if let Some(why) = unsupported_mounts(c) {
-                self.reporter.report(pod, false, "Unsupported", &why).await;
-                self.running.insert(key, Running::none());
-                return;
-            }
-            match environment(pod, c) {
-                Ok(env) => programs.push((c.clone(), program, env)),
-                Err(e) => {
-                    self.reporter
-                        .report(pod, false, "UnsupportedEnvironment", &e.0)
-                        .await;
+            let made = program_args(c).and_then(|args| {
+                let (v, m) = mounts(pod, c)?;
+                let env = environment(pod, c).map_err(|e| e.0)?;
+                Ok((args, v, m, env))
+            });
+            match made {
+                Ok((args, v, m, env)) => {
+                    for v in v {
+                        if !volumes.iter().any(|known| known.name == v.name) {
+                            volumes.push(v);
+                        }
+                    }
+                    planned.push(Planned {
+                        container: c.clone(),
+                        program,
+                        args,
+                        env,
+                        mounts: m,
+                    });
+                }
+                Err(why) => {
+                    self.reporter.report(pod, false, "Unsupported", &why).await;
                     self.running.insert(key, Running::none());
                     return;
                 }
             }
         }
+        let meta = &pod.metadata;
+        let pod_dir = self.args.log_dir.join(format!(
+            "{}_{}_{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+            key
+        ));
+        // The volumes' files, before anything else is made: a pod whose Secret or
+        // ConfigMap is missing waits for it, as a kubelet's does.
+        if let Err(why) = self.write_volumes(pod, &volumes, &pod_dir).await {
+            if self.waiting.insert(key, pod.clone()).is_none() {
+                self.reporter
+                    .report(pod, false, "VolumeNotReady", &why)
+                    .await;
+            }
+            return;
+        }
+        self.waiting.remove(&key);
         self.next += 1;
         let pid = std::process::id();
         let netns = format!("hf-{pid}-pod{}", self.next);
@@ -202,18 +256,25 @@ impl Agent {
             self.running.insert(key, Running::none());
             return;
         }
-        let meta = &pod.metadata;
-        let pod_dir = self.args.log_dir.join(format!(
-            "{}_{}_{}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default(),
-            key
-        ));
         let mut wanted_ports = Vec::new();
         let mut files = Vec::new();
-        for (c, program, env) in programs {
+        for p in planned {
+            let c = &p.container;
             files.push((c.name.clone(), pod_dir.join(&c.name).join("0.log")));
-            match spawn(&netns, &program, &env, &pod_dir.join(&c.name)).await {
+            let binds: Vec<(PathBuf, PathBuf)> = p
+                .mounts
+                .iter()
+                .map(|m| (pod_dir.join("volumes").join(&m.volume), m.target.clone()))
+                .collect();
+            let how = Launch {
+                netns: &netns,
+                program: &p.program,
+                args: &p.args,
+                env: &p.env,
+                binds: &binds,
+                dir: &pod_dir.join(&c.name),
+            };
+            match spawn(how).await {
                 Ok((mut child, tasks)) => {
                     running.tasks.extend(tasks);
                     // A process that ends takes its pod out of Ready. Aborting this task
@@ -236,7 +297,7 @@ impl Agent {
                     return;
                 }
             }
-            wanted_ports.extend(ports(&c));
+            wanted_ports.extend(ports(c));
         }
         // kwok serves the files through pods/log once a Logs object names them.
         if let Err(e) = self.publish_logs(pod, &files).await {
@@ -297,7 +358,75 @@ impl Agent {
         Ok(())
     }
 
+    /// Writes each volume's files under `<pod_dir>/volumes/<name>/`, or says what is
+    /// missing.
+    async fn write_volumes(
+        &self,
+        pod: &Pod,
+        volumes: &[Volume],
+        pod_dir: &Path,
+    ) -> Result<(), String> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        for v in volumes {
+            let data: Option<std::collections::BTreeMap<String, Vec<u8>>> = match &v.object {
+                VolumeObject::Secret(name) => {
+                    let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+                    let got = api
+                        .get_opt(name)
+                        .await
+                        .map_err(|e| format!("Secret {name:?}: {e}"))?;
+                    got.map(|s| {
+                        s.data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0))
+                            .collect()
+                    })
+                }
+                VolumeObject::ConfigMap(name) => {
+                    let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+                    let got = api
+                        .get_opt(name)
+                        .await
+                        .map_err(|e| format!("ConfigMap {name:?}: {e}"))?;
+                    got.map(|c| {
+                        let text = c
+                            .data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.into_bytes()));
+                        let binary = c
+                            .binary_data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0));
+                        text.chain(binary).collect()
+                    })
+                }
+            };
+            let files = volume_files(v, data.as_ref())?;
+            let dir = pod_dir.join("volumes").join(&v.name);
+            let written = (|| -> std::io::Result<()> {
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)?;
+                }
+                std::fs::create_dir_all(&dir)?;
+                for (path, bytes) in &files {
+                    let file = dir.join(path);
+                    if let Some(parent) = file.parent() {
+                        std::fs::create_dir_all(parent)?;
+                    }
+                    std::fs::write(file, bytes)?;
+                }
+                Ok(())
+            })();
+            written.map_err(|e| format!("volume {:?}: writing {}: {e}", v.name, dir.display()))?;
+        }
+        Ok(())
+    }
+
     async fn stop(&mut self, pod: &Pod) {
+        self.waiting.remove(&Self::key(pod));
         if let Some(r) = self.running.remove(&Self::key(pod)) {
             r.stop().await;
         }
@@ -352,14 +481,25 @@ impl Running {
     }
 }
 
-/// Starts `program` in `netns` with exactly `env`, its output written as CRI lines to
-/// `<dir>/0.log`.
+/// How to start one container's program.
+struct Launch<'a> {
+    netns: &'a str,
+    program: &'a Path,
+    args: &'a [String],
+    env: &'a [(String, String)],
+    /// Volume directories and where the program sees them.
+    binds: &'a [(PathBuf, PathBuf)],
+    /// Its log (`0.log`) and its mounts' scratch space.
+    dir: &'a Path,
+}
+
+/// Starts a container's program in its network namespace with exactly its environment,
+/// through this binary's `exec-in-pod` (which mounts the volumes first), its output
+/// written as CRI lines to `<dir>/0.log`.
 async fn spawn(
-    netns: &str,
-    program: &Path,
-    env: &[(String, String)],
-    dir: &Path,
+    how: Launch<'_>,
 ) -> Result<(tokio::process::Child, Vec<tokio::task::JoinHandle<()>>)> {
+    let dir = how.dir;
     std::fs::create_dir_all(dir)?;
     let log = tokio::fs::OpenOptions::new()
         .create(true)
@@ -367,17 +507,27 @@ async fn spawn(
         .open(dir.join("0.log"))
         .await?;
     let log = std::sync::Arc::new(tokio::sync::Mutex::new(log));
-    let mut child = tokio::process::Command::new("ip")
-        .args(["netns", "exec", netns])
-        .arg(program)
+    let mut command = tokio::process::Command::new("ip");
+    command
+        .args(["netns", "exec", how.netns])
+        .arg(std::env::current_exe()?)
+        .arg(EXEC_IN_POD)
+        .arg(dir.join("mnt"));
+    for (source, target) in how.binds {
+        command.arg("--bind").arg(source).arg(target);
+    }
+    let mut child = command
+        .arg("--")
+        .arg(how.program)
+        .args(how.args)
         .env_clear()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(how.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting {}", program.display()))?;
+        .with_context(|| format!("starting {}", how.program.display()))?;
     let mut tasks = Vec::new();
     let streams: Vec<(&'static str, Box<dyn tokio::io::AsyncRead + Send + Unpin>)> = vec![
         ("stdout", Box::new(child.stdout.take().context("stdout")?)),
@@ -440,6 +590,7 @@ async fn run(args: Args) -> Result<()> {
         bridge: bridge.clone(),
         next: 0,
         running: HashMap::new(),
+        waiting: HashMap::new(),
     };
     let mut events = std::pin::pin!(
         watcher::watcher(pods, watcher::Config::default().fields(&selector)).default_backoff()
@@ -455,6 +606,10 @@ async fn run(args: Args) -> Result<()> {
             _ = check.tick() => {
                 if owner.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                     break;
+                }
+                let waiting: Vec<Pod> = agent.waiting.values().cloned().collect();
+                for pod in waiting {
+                    agent.start(&pod).await;
                 }
             }
             event = events.next() => match event {
@@ -482,6 +637,7 @@ async fn run(args: Args) -> Result<()> {
                             r.stop().await;
                         }
                     }
+                    agent.waiting.retain(|k, _| seen.contains(k));
                 }
             },
         }
@@ -500,7 +656,86 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The first argument that makes this binary the launcher of one container's program:
+/// `exec-in-pod SCRATCH [--bind SOURCE TARGET]... -- PROGRAM ARGS...`, run by
+/// `ip netns exec`, which has already given it a mount namespace of its own (no mount it
+/// makes reaches the host). Each SOURCE directory is bind-mounted read-only at TARGET; a
+/// TARGET that does not exist is made in an overlay of its nearest existing parent, whose
+/// writable layer is under SCRATCH. Then PROGRAM replaces this process.
+const EXEC_IN_POD: &str = "exec-in-pod";
+
+fn exec_in_pod(args: &[String]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let (scratch, rest) = args
+        .split_first()
+        .context("exec-in-pod: no scratch directory")?;
+    let split = rest
+        .iter()
+        .position(|a| a == "--")
+        .context("exec-in-pod: no --")?;
+    let (binds, program) = (&rest[..split], &rest[split + 1..]);
+    let (program, program_args) = program.split_first().context("exec-in-pod: no program")?;
+    if binds.len() % 3 != 0 || binds.chunks(3).any(|b| b[0] != "--bind") {
+        bail!("exec-in-pod: expected --bind SOURCE TARGET, got {binds:?}");
+    }
+    // Opened before anything is mounted: a mount may hide the program's path (a volume at
+    // /root hides a program under /root). Executed through /proc/self/fd, whose descriptor
+    // closes at exec.
+    let file = std::fs::File::open(program).with_context(|| format!("opening {program}"))?;
+    for (n, bind) in binds.chunks(3).enumerate() {
+        let (source, target) = (Path::new(&bind[1]), Path::new(&bind[2]));
+        if !target.is_dir() {
+            if target.exists() {
+                bail!("{}: exists and is not a directory", target.display());
+            }
+            let parent = target
+                .ancestors()
+                .find(|a| a.is_dir())
+                .context("no existing parent")?;
+            if parent == Path::new("/") {
+                bail!("{}: the pod agent does not overlay /", target.display());
+            }
+            let layer = Path::new(scratch).join(n.to_string());
+            let (upper, work) = (layer.join("upper"), layer.join("work"));
+            std::fs::create_dir_all(&upper)?;
+            std::fs::create_dir_all(&work)?;
+            let options = format!(
+                "lowerdir={},upperdir={},workdir={}",
+                parent.display(),
+                upper.display(),
+                work.display()
+            );
+            run_mount(&[
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                &options,
+                &parent.to_string_lossy(),
+            ])?;
+            std::fs::create_dir_all(target)?;
+        }
+        let (source, target) = (source.to_string_lossy(), target.to_string_lossy());
+        run_mount(&["--bind", &source, &target])?;
+        run_mount(&["-o", "remount,bind,ro", &target])?;
+    }
+    use std::os::fd::AsRawFd;
+    let e = std::process::Command::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .arg0(program)
+        .args(program_args)
+        .exec();
+    Err(e).with_context(|| format!("exec {program}"))
+}
+
+fn run_mount(args: &[&str]) -> Result<()> {
+    run_tool("mount", args)
+}
+
 fn main() -> Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(EXEC_IN_POD) {
+        return exec_in_pod(&argv[2..]);
+    }
     let args = Args::parse();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

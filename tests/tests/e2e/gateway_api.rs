@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use holdfast_tests::cluster::{LocalCluster, run_script, tools_bin};
 use holdfast_tests::netns::TestNet;
 use holdfast_tests::wait;
@@ -100,5 +102,315 @@ async fn the_pinned_gateway_api_crds_are_established_and_echo_basic_answers_as_t
     );
     let version_file = std::fs::read_to_string(bin.join("gateway-conformance.version"))?;
     assert_eq!(version_file.trim(), version);
+    Ok(())
+}
+
+/// What answered at an endpoint: the probe that got a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A TLS handshake that verified the certificate the test put in the pod's Secret.
+    Tls,
+    /// Bytes in reply to an HTTP/1.1 request (an HTTP server, or a TCP echo server).
+    Http,
+    /// An HTTP/2 SETTINGS frame in reply to the h2c preface (`appProtocol:
+    /// kubernetes.io/h2c`).
+    H2c,
+    /// A DNS reply to a query (UDP).
+    Dns,
+}
+
+const PROBE: Duration = Duration::from_secs(5);
+
+/// Whether `addr` answers a probe for its protocol, and which.
+async fn probe(
+    addr: SocketAddr,
+    protocol: &str,
+    app_protocol: Option<&str>,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+) -> Result<Answer, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if protocol == "UDP" {
+        // A query for foo.bar.com (the suite's Corefile answers it with `whoami`).
+        let mut query = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        for label in ["foo", "bar", "com"] {
+            query.push(label.len() as u8);
+            query.extend_from_slice(label.as_bytes());
+        }
+        query.extend_from_slice(&[0, 0, 1, 0, 1]);
+        let socket = tokio::net::UdpSocket::bind("0.0.0.0:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        socket
+            .send_to(&query, addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut reply = [0u8; 512];
+        let (n, from) = tokio::time::timeout(PROBE, socket.recv_from(&mut reply))
+            .await
+            .map_err(|_| "no DNS reply".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let is_reply = n >= 12 && reply[..2] == [0x12, 0x34] && reply[2] & 0x80 != 0;
+        return (from == addr && is_reply)
+            .then_some(Answer::Dns)
+            .ok_or_else(|| format!("not a DNS reply: {:?}", &reply[..n]));
+    }
+    let connect = || async {
+        tokio::time::timeout(PROBE, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| "connect timed out".to_owned())?
+            .map_err(|e| e.to_string())
+    };
+    if app_protocol == Some("kubernetes.io/h2c") {
+        let mut s = connect().await?;
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        s.write_all(&hello).await.map_err(|e| e.to_string())?;
+        let mut head = [0u8; 9];
+        tokio::time::timeout(PROBE, s.read_exact(&mut head))
+            .await
+            .map_err(|_| "no HTTP/2 frame".to_owned())?
+            .map_err(|e| e.to_string())?;
+        return (head[3] == 4)
+            .then_some(Answer::H2c)
+            .ok_or_else(|| format!("first frame is not SETTINGS: {head:?}"));
+    }
+    let connector = tokio_rustls::TlsConnector::from(tls.clone());
+    let name =
+        rustls::pki_types::ServerName::try_from(SMOKE_TLS_NAME).map_err(|e| e.to_string())?;
+    let tcp = connect().await?;
+    if let Ok(Ok(_)) = tokio::time::timeout(PROBE, connector.connect(name, tcp)).await {
+        return Ok(Answer::Tls);
+    }
+    let mut s = connect().await?;
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: smoke.test\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reply = [0u8; 64];
+    let n = tokio::time::timeout(PROBE, s.read(&mut reply))
+        .await
+        .map_err(|_| "no reply".to_owned())?
+        .map_err(|e| e.to_string())?;
+    (n > 0)
+        .then_some(Answer::Http)
+        .ok_or_else(|| "closed without a reply".to_owned())
+}
+
+/// The name in the certificates the smoke test puts in the backends' Secrets.
+const SMOKE_TLS_NAME: &str = "backend.smoke.test";
+
+fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod_condition(pod, "Ready").is_some_and(|c| c.status == "True")
+}
+
+fn pod_condition<'a>(
+    pod: &'a k8s_openapi::api::core::v1::Pod,
+    kind: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == kind))
+}
+
+/// The Secrets the Deployments in `namespaces` mount: (namespace, name).
+async fn mounted_secrets(
+    client: &kube::Client,
+    namespaces: &[&str],
+) -> anyhow::Result<Vec<(String, String)>> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let mut out = Vec::new();
+    for ns in namespaces {
+        let api: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), ns);
+        for d in api.list(&Default::default()).await?.items {
+            let volumes = d.spec.and_then(|s| s.template.spec).and_then(|s| s.volumes);
+            for v in volumes.into_iter().flatten() {
+                if let Some(name) = v.secret.and_then(|s| s.secret_name) {
+                    let key = (ns.to_string(), name);
+                    if !out.contains(&key) {
+                        out.push(key);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn the_suites_base_manifests_run_with_every_pod_ready_and_every_endpoint_slice_address_answering()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::Api;
+    use kube::api::{ListParams, PostParams};
+
+    let cluster = LocalCluster::start_with_workloads()?;
+    let _agent = cluster.start_pod_agent()?;
+    let crds = run_script(&["gateway-api-crds"])?;
+    cluster.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
+    cluster.kubectl_run(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/gateways.gateway.networking.k8s.io",
+    ])?;
+    // The suite's own base manifests, with the GatewayClass name it would fill in.
+    let module = run_script(&["gateway-api-conformance"])?;
+    let manifests =
+        std::fs::read_to_string(std::path::Path::new(module.trim()).join("base/manifests.yaml"))?
+            .replace("{GATEWAY_CLASS_NAME}", "holdfast-smoke");
+    let file = cluster.dir().join("base-manifests.yaml");
+    std::fs::write(&file, &manifests)?;
+    cluster.kubectl_run(&["apply", "--server-side", "-f", &file.to_string_lossy()])?;
+
+    let client = cluster.client().await?;
+    let namespaces = [
+        "gateway-conformance-infra",
+        "gateway-conformance-app-backend",
+        "gateway-conformance-web-backend",
+    ];
+    let secrets = mounted_secrets(&client, &namespaces).await?;
+    assert!(!secrets.is_empty(), "the base manifests mount Secrets");
+
+    // Before the Secrets exist, a pod that mounts one waits for it and says why.
+    let (ns, secret) = &secrets[0];
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    wait::until(
+        &format!("a pod mounting {ns}/{secret} to wait for it"),
+        wait::T,
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list.items.iter().find_map(|p| {
+                let mounts = p.spec.as_ref()?.volumes.as_ref()?.iter().any(|v| {
+                    v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(secret)
+                });
+                let waiting = pod_condition(p, "Ready").is_some_and(|c| {
+                    c.status == "False" && c.reason.as_deref() == Some("VolumeNotReady")
+                });
+                (mounts && waiting).then_some(())
+            }))
+        },
+    )
+    .await?;
+
+    // The Secrets, as the suite makes them: a certificate for each, from a CA the probes
+    // trust.
+    let ca = holdfast_tests::tls::TestCa::new("smoke");
+    let issued = ca.server(&[SMOKE_TLS_NAME]);
+    for (ns, name) in &secrets {
+        let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "type": "kubernetes.io/tls",
+            "stringData": { "tls.crt": issued.cert_pem, "tls.key": issued.key_pem },
+        }))?;
+        api.create(&PostParams::default(), &secret).await?;
+    }
+
+    // Every pod of every namespace the manifests make is Ready (the agent runs each one).
+    let mut pod_ips = std::collections::BTreeSet::new();
+    for ns in namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let ready = wait::until(
+            &format!("every pod in {ns} Ready"),
+            Duration::from_secs(180),
+            || async {
+                let list = pods
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let live: Vec<&Pod> = list
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .collect();
+                let not_ready: Vec<String> = live
+                    .iter()
+                    .filter(|p| !pod_ready(p))
+                    .map(|p| {
+                        let why = pod_condition(p, "Ready").and_then(|c| c.message.clone());
+                        format!(
+                            "{} ({why:?})",
+                            p.metadata.name.as_deref().unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                if live.is_empty() || !not_ready.is_empty() {
+                    return Err(format!("not ready: {not_ready:?}"));
+                }
+                Ok(Some(list.items))
+            },
+        )
+        .await?;
+        pod_ips.extend(
+            ready
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.pod_ip.clone()),
+        );
+    }
+
+    // Every address in every EndpointSlice Kubernetes made answers on every port.
+    let tls = holdfast_tests::tls::client_config(&ca.cert_pem, &[]);
+    let mut answers = Vec::new();
+    let mut sliced = std::collections::BTreeSet::new();
+    for ns in namespaces {
+        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        let slices = wait::until(
+            &format!("every endpoint in {ns} ready"),
+            wait::T,
+            || async {
+                let list = api
+                    .list(&ListParams::default().labels(
+                        "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io",
+                    ))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let all_ready = list.items.iter().all(|s| {
+                    !s.endpoints.is_empty()
+                        && s.endpoints
+                            .iter()
+                            .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                });
+                Ok((!list.items.is_empty() && all_ready).then_some(list.items))
+            },
+        )
+        .await?;
+        for slice in &slices {
+            for port in slice.ports.iter().flatten() {
+                let number = port
+                    .port
+                    .context("an EndpointSlice port without a number")?;
+                let protocol = port.protocol.clone().unwrap_or_else(|| "TCP".into());
+                for endpoint in &slice.endpoints {
+                    for address in &endpoint.addresses {
+                        sliced.insert(address.clone());
+                        let addr = SocketAddr::new(address.parse()?, u16::try_from(number)?);
+                        let answer = probe(addr, &protocol, port.app_protocol.as_deref(), &tls)
+                            .await
+                            .map_err(|e| anyhow::anyhow!("{ns} {addr} {protocol}: {e}"))?;
+                        answers.push((addr, answer));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(sliced, pod_ips, "every pod is behind a Service");
+    // The Secret volumes reached the programs: each backend on 8443 serves the certificate
+    // the test put in its Secret.
+    let tls_ports: Vec<_> = answers.iter().filter(|(a, _)| a.port() == 8443).collect();
+    assert!(!tls_ports.is_empty(), "{answers:?}");
+    assert!(
+        tls_ports.iter().all(|(_, a)| *a == Answer::Tls),
+        "{answers:?}"
+    );
+    for kind in [Answer::Http, Answer::H2c, Answer::Dns] {
+        assert!(
+            answers.iter().any(|(_, a)| *a == kind),
+            "no {kind:?}: {answers:?}"
+        );
+    }
     Ok(())
 }
