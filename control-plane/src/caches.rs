@@ -1,7 +1,10 @@
-//! Watch-fed caches (kube-rs reflector stores) of the six kinds translation reads.
+//! Watch-fed caches (kube-rs reflector stores) of the ten kinds translation reads.
 //! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //! is ever read. ConfigMaps: only the host claims ledger ([`crate::claims`]), by name, in
-//! the control plane's own namespace.
+//! the control plane's own namespace. The Gateway API kinds ([`crate::gateway_api`]) are
+//! watched once API discovery says they are served; a kind discovery says does not exist
+//! is complete and empty, and one discovery could not answer for is not complete (see
+//! [`watch_optional_kind`]).
 //!
 //! Snapshots are built only from these stores: no API call happens while building
 //! (docs/design.md, invariant 1). Each kind has its own list-then-watch loop (not kube-runtime's
@@ -34,10 +37,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use crate::gateway_api::{self, Discovered, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
-/// Readers of the six caches.
+/// Readers of the ten caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
@@ -46,6 +50,10 @@ pub struct Caches {
     endpoint_slices: Store<EndpointSlice>,
     secrets: Store<Secret>,
     host_claims: Store<ConfigMap>,
+    gateway_classes: Store<GatewayClass>,
+    gateways: Store<Gateway>,
+    http_routes: Store<HttpRoute>,
+    reference_grants: Store<ReferenceGrant>,
     /// Each kind's progress, in the order of [`KINDS`].
     progress: Arc<[AtomicU64; KINDS.len()]>,
     /// Per kind (order of [`KINDS`]): a change to its store and to its progress happen
@@ -66,6 +74,10 @@ impl Caches {
             endpoint_slices: reflector::store().0,
             secrets: reflector::store().0,
             host_claims: reflector::store().0,
+            gateway_classes: reflector::store().0,
+            gateways: reflector::store().0,
+            http_routes: reflector::store().0,
+            reference_grants: reflector::store().0,
             progress: Arc::new(Default::default()),
             guards: Arc::new(Default::default()),
         }
@@ -88,6 +100,10 @@ impl Caches {
             endpoint_slices: self.read_kind(&self.endpoint_slices, &mut progress),
             secrets: self.read_kind(&self.secrets, &mut progress),
             host_claims: self.read_kind(&self.host_claims, &mut progress),
+            gateway_classes: self.read_kind(&self.gateway_classes, &mut progress),
+            gateways: self.read_kind(&self.gateways, &mut progress),
+            http_routes: self.read_kind(&self.http_routes, &mut progress),
+            reference_grants: self.read_kind(&self.reference_grants, &mut progress),
         };
         progress.sort_by(|a, b| a.kind.cmp(&b.kind));
         (progress, state)
@@ -143,6 +159,11 @@ pub struct WatchSettings {
     pub watch_timeout_secs: u32,
     /// Objects per LIST page while (re-)listing.
     pub page_size: u32,
+    /// How long an API discovery request may take before the answer counts as unknown.
+    pub discovery_timeout: std::time::Duration,
+    /// How often a kind that discovery says does not exist is looked for again (its CRD
+    /// may be installed later).
+    pub rediscover_every: std::time::Duration,
     /// The host claims ConfigMap, the one ConfigMap watched.
     pub claims: ClaimsConfigMap,
 }
@@ -187,11 +208,15 @@ pub fn start(
             tasks,
         ),
         host_claims: spawn_watch(
-            Api::namespaced(client, &claims.namespace),
+            Api::namespaced(client.clone(), &claims.namespace),
             Some(format!("metadata.name={}", claims.name)),
-            ctx,
+            ctx.clone(),
             tasks,
         ),
+        gateway_classes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        gateways: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        http_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        reference_grants: spawn_optional_watch(client, ctx, tasks),
         progress,
         guards,
     }
@@ -225,15 +250,110 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    let (reader, writer) = reflector::store();
-    tasks.spawn(watch_kind(api, fields, writer, ctx));
+    let (reader, mut writer) = reflector::store();
+    tasks.spawn(async move { watch_kind(api, fields, &mut writer, ctx, false).await });
     reader
 }
 
-/// One kind's loop: list, watch from the list's resourceVersion, re-watch from the last
-/// one after a timeout or error, re-list only on 410.
-async fn watch_kind<K>(api: Api<K>, fields: Option<String>, mut writer: Writer<K>, ctx: WatchCtx)
+/// A kind that may not be installed (a CustomResourceDefinition): see
+/// [`watch_optional_kind`].
+fn spawn_optional_watch<K>(client: Client, ctx: WatchCtx, tasks: &mut JoinSet<()>) -> Store<K>
 where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    tasks.spawn(watch_optional_kind(client, writer, ctx));
+    reader
+}
+
+/// What API discovery says of `plural` in the Gateway API group, within `timeout`.
+async fn discover(client: &Client, plural: &str, timeout: std::time::Duration) -> Discovered {
+    let answer = tokio::time::timeout(
+        timeout,
+        client.list_api_group_resources(gateway_api::API_VERSION),
+    )
+    .await;
+    match answer {
+        Err(_) => gateway_api::discovered(Err((None, "timed out")), plural),
+        Ok(Ok(list)) => gateway_api::discovered(Ok(&list), plural),
+        Ok(Err(kube::Error::Api(status))) => {
+            gateway_api::discovered(Err((Some(status.code), &status.message)), plural)
+        }
+        Ok(Err(error)) => gateway_api::discovered(Err((None, &error.to_string())), plural),
+    }
+}
+
+/// A kind that may not be installed. Its cache is:
+/// - watched as any other kind while discovery says it is served (until a list or watch
+///   is answered 404: then discovery is asked again);
+/// - complete and empty while discovery answers that it does not exist (looked for again
+///   every `rediscover_every`, so installing the CRD later needs no restart);
+/// - unchanged while discovery cannot answer (a failed or timed-out request): not complete
+///   until a first answer, and never emptied by a failure.
+async fn watch_optional_kind<K>(client: Client, mut writer: Writer<K>, ctx: WatchCtx)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let kind = kind_name::<K>();
+    let index = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+    let plural = K::plural(&()).into_owned();
+    let mut backoff = Backoff::default();
+    let mut emptied = false;
+    loop {
+        match discover(&client, &plural, ctx.settings.discovery_timeout).await {
+            Discovered::Served => {
+                backoff.reset();
+                emptied = false;
+                ctx.shared.set_absent(kind, None);
+                tracing::info!(kind, "served by the API server: watching");
+                watch_kind(
+                    Api::<K>::all(client.clone()),
+                    None,
+                    &mut writer,
+                    ctx.clone(),
+                    true,
+                )
+                .await;
+            }
+            Discovered::Absent(why) => {
+                backoff.reset();
+                if !emptied {
+                    tracing::warn!(kind, reason = %why, "not served by the API server: no objects of this kind until it is");
+                    // Nothing of the kind exists: an empty list, complete. Its progress
+                    // stays where it was (never backwards).
+                    ctx.apply(index, &mut writer, Some(&Event::Init), "");
+                    ctx.apply(index, &mut writer, Some(&Event::InitDone), "");
+                    ctx.shared.set_absent(kind, Some(why));
+                    ctx.shared.set_synced(kind, true);
+                    ctx.changed.notify_one();
+                    emptied = true;
+                }
+                tokio::time::sleep(ctx.settings.rediscover_every).await;
+            }
+            Discovered::Unknown(why) => {
+                ctx.failed(kind, why.into());
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+/// Whether `error` is the API server saying the kind is not served (404 for its
+/// collection): for an optional kind, discovery is asked again.
+fn not_served(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// One kind's loop: list, watch from the list's resourceVersion, re-watch from the last
+/// one after a timeout or error, re-list only on 410. An `optional` kind's loop returns
+/// when a list or watch is answered 404 (the kind is no longer served).
+async fn watch_kind<K>(
+    api: Api<K>,
+    fields: Option<String>,
+    writer: &mut Writer<K>,
+    ctx: WatchCtx,
+    optional: bool,
+) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
@@ -267,6 +387,9 @@ where
                 }
                 Err(error) => {
                     ctx.failed(kind, describe_watch_error(&error));
+                    if optional && not_served(&error) {
+                        return;
+                    }
                     backoff.wait().await;
                     continue 'list;
                 }
@@ -277,7 +400,7 @@ where
             backoff.wait().await;
             continue 'list;
         };
-        ctx.apply(index, &mut writer, Some(&Event::InitDone), &rv);
+        ctx.apply(index, writer, Some(&Event::InitDone), &rv);
         // The API server answered a whole list: later failures start from the shortest
         // delay again.
         let listed = std::time::Instant::now();
@@ -305,6 +428,9 @@ where
                 }
                 Err(error) => {
                     ctx.failed(kind, describe_watch_error(&error));
+                    if optional && not_served(&error) {
+                        return;
+                    }
                     backoff.wait().await;
                     continue;
                 }
@@ -330,6 +456,9 @@ where
                     }
                     Ok(WatchEvent::Error(status)) => {
                         ctx.failed(kind, describe_status(&status));
+                        if optional && status.code == 404 {
+                            return;
+                        }
                         failed = true;
                         break;
                     }
@@ -353,7 +482,7 @@ where
                     prune(obj);
                 }
                 rv = at;
-                ctx.apply(index, &mut writer, event.as_ref(), &rv);
+                ctx.apply(index, writer, event.as_ref(), &rv);
                 ctx.changed.notify_one();
                 delivered = true;
                 backoff.reset();
@@ -514,6 +643,8 @@ mod tests {
             settings: WatchSettings {
                 watch_timeout_secs: 7,
                 page_size: 500,
+                discovery_timeout: std::time::Duration::from_secs(10),
+                rediscover_every: std::time::Duration::from_secs(10),
                 claims: ClaimsConfigMap {
                     namespace: "holdfast-system".into(),
                     name: "holdfast-host-claims".into(),
@@ -534,6 +665,10 @@ mod tests {
             endpoint_slices: stores.3.0,
             secrets: stores.4.0,
             host_claims: reflector::store().0,
+            gateway_classes: reflector::store().0,
+            gateways: reflector::store().0,
+            http_routes: reflector::store().0,
+            reference_grants: reflector::store().0,
             progress: ctx.progress.clone(),
             guards: ctx.guards.clone(),
         };

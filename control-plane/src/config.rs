@@ -180,6 +180,12 @@ pub struct Args {
     /// confirms a held removal. A list is complete only once every page has arrived.
     #[arg(long, env = "HOLDFAST_LIST_PAGE_SIZE", default_value_t = 500)]
     pub list_page_size: u32,
+    /// How often a Gateway API kind that API discovery says does not exist (its
+    /// CustomResourceDefinition is not installed) is looked for again: installing the
+    /// CRDs later needs no restart. A discovery request gets --api-read-timeout; one that
+    /// fails or times out leaves the kind as it was (never answered: not complete).
+    #[arg(long, env = "HOLDFAST_GATEWAY_API_REDISCOVER_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub gateway_api_rediscover_interval: Duration,
     /// Write this IP or host name (repeatable) into `status.loadBalancer` of our Ingresses
     /// (leader only). Exclusive with --publish-service.
     #[arg(
@@ -357,6 +363,12 @@ impl Args {
                 "only means something with --insecure-plaintext",
             ));
         }
+        if self.gateway_api_rediscover_interval < Duration::from_secs(1) {
+            return Err(ConfigError::new(
+                "gateway-api-rediscover-interval",
+                "must be at least 1s",
+            ));
+        }
         if self.list_page_size == 0 {
             return Err(ConfigError::new("list-page-size", "must be at least 1"));
         }
@@ -441,6 +453,8 @@ impl Args {
             watch: WatchSettings {
                 watch_timeout_secs: self.watch_timeout_secs(),
                 page_size: self.list_page_size,
+                discovery_timeout: self.api_read_timeout,
+                rediscover_every: self.gateway_api_rediscover_interval,
                 claims: claims_configmap,
             },
             publisher: publisher::Settings {

@@ -5,6 +5,7 @@
 //! - [`translate`]: the pure function `cluster objects → snapshot` (route semantics).
 //! - [`guard`]: bounded destruction: which snapshots are held back (pure).
 //! - [`caches`]: watch-fed reflector caches and their sync state (no API calls at build).
+//! - [`gateway_api`]: the Gateway API kinds, and what API discovery says of them.
 //! - [`claims`]: which namespace owns each host: the ledger the leader records (pure).
 //! - [`publisher`]: the reconcile loop: coalesce, build from complete caches, validate,
 //!   guard, publish; Events for skipped rules; fresh-read confirmation of holds.
@@ -29,6 +30,7 @@ pub mod connection_age;
 pub mod discovery;
 #[cfg(test)]
 mod fixtures;
+pub mod gateway_api;
 pub mod guard;
 pub mod metrics;
 pub mod publisher;

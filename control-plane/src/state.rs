@@ -31,13 +31,17 @@ use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 6] = [
+pub const KINDS: [&str; 10] = [
     "IngressClass",
     "Ingress",
     "Service",
     "EndpointSlice",
     "Secret",
     "ConfigMap",
+    "GatewayClass",
+    "Gateway",
+    "HTTPRoute",
+    "ReferenceGrant",
 ];
 
 /// A snapshot built, and published if the guard lets it: its content shared with the
@@ -393,6 +397,9 @@ pub struct CacheStatus {
     pub synced: bool,
     /// Last watch error and when it happened.
     pub last_error: Option<(String, SystemTime)>,
+    /// Why API discovery says the kind does not exist (its CRD is not installed): the
+    /// cache is then complete and empty. None: served (or not asked about).
+    pub absent: Option<String>,
 }
 
 /// A snapshot held back by the bounded-destruction guard.
@@ -584,6 +591,16 @@ impl Shared {
             .set(i64::from(synced));
     }
 
+    /// Records what API discovery last answered of an optional kind: `Some(why)` it does
+    /// not exist, `None` it is served.
+    pub fn set_absent(&self, kind: &'static str, absent: Option<String>) {
+        lock(&self.inner.status)
+            .caches
+            .entry(kind)
+            .or_default()
+            .absent = absent;
+    }
+
     /// Counts a complete list of a kind.
     pub fn count_list(&self, kind: &'static str) {
         self.inner
@@ -753,6 +770,7 @@ impl Shared {
                             .map(|e| e.0.clone())
                             .unwrap_or_default(),
                         last_error_time: c.last_error.map(|e| e.1.into()),
+                        absent: c.absent.unwrap_or_default(),
                     }
                 })
                 .collect(),

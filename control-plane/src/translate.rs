@@ -110,6 +110,14 @@ pub struct ClusterState {
     /// The host claims ConfigMap ([`crate::claims`]): none, or the one named by
     /// `--host-claims-configmap`.
     pub host_claims: Vec<Arc<ConfigMap>>,
+    /// All GatewayClasses (none while the Gateway API is not installed).
+    pub gateway_classes: Vec<Arc<crate::gateway_api::GatewayClass>>,
+    /// All Gateways.
+    pub gateways: Vec<Arc<crate::gateway_api::Gateway>>,
+    /// All HTTPRoutes.
+    pub http_routes: Vec<Arc<crate::gateway_api::HttpRoute>>,
+    /// All ReferenceGrants.
+    pub reference_grants: Vec<Arc<crate::gateway_api::ReferenceGrant>>,
 }
 
 /// What makes an Ingress ours.

@@ -53,6 +53,13 @@ pub mod wait;
 
 use std::path::PathBuf;
 
+/// `target/e2e-logs/<name>`, made if missing: where a test's processes write their logs.
+pub fn e2e_logs(name: &str) -> std::io::Result<PathBuf> {
+    let dir = repo_root().join("target/e2e-logs").join(name);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 /// The repository root (the workspace this crate sits in).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -81,6 +81,32 @@ where
     Ok(api.create(&PostParams::default(), obj).await?)
 }
 
+/// Creates, in `ns`, Service `web` (port 80 to 8080), its EndpointSlice `web-1` with
+/// `addresses`, and Ingress `ingress` of class `class` routing `host` to it.
+pub async fn create_web(
+    client: &kube::Client,
+    ns: &str,
+    addresses: &[&str],
+    ingress: &str,
+    class: &str,
+    host: &str,
+) -> anyhow::Result<()> {
+    create(client, Some(ns), &service("web", 80, 8080)).await?;
+    create(
+        client,
+        Some(ns),
+        &endpoint_slice("web-1", "web", 8080, addresses),
+    )
+    .await?;
+    create(
+        client,
+        Some(ns),
+        &self::ingress(ingress, class, host, "web", 80),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Creates a cluster-scoped IngressClass of our controller.
 pub async fn create_class(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     Api::<IngressClass>::all(client.clone())

@@ -112,8 +112,7 @@ impl Scenario {
         let a = net.spawn_echo("echo-a", 8080)?.ip().to_string();
         let b = net.spawn_echo("echo-b", 8080)?.ip().to_string();
         let backends = vec![a, b];
-        let logs = crate::repo_root().join("target/e2e-logs").join(&ns);
-        std::fs::create_dir_all(&logs)?;
+        let logs = crate::e2e_logs(&ns)?;
         let api_fault =
             FaultProxy::start(([127, 0, 0, 1], cluster.apiserver_port()?).into()).await?;
         for i in 0..opts.ingresses {

@@ -205,10 +205,7 @@ async fn main() -> anyhow::Result<()> {
         args.ingresses
     );
 
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     // Plaintext: these lightweight subscribers share connections across many node ids,
     // which mutual TLS (one identity per certificate) would refuse; TLS adds a handshake
     // per connection and encryption of the same shared bytes, not per-change work.

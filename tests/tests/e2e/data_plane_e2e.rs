@@ -36,17 +36,13 @@ async fn world(prefix: &str) -> anyhow::Result<World> {
     let b = net.spawn_echo("echo-b", 8080)?;
     let (a, b) = (a.ip().to_string(), b.ip().to_string());
     let ns_ref = Some(ns.as_str());
-    create(&client, ns_ref, &objects::service("web", 80, 8080)).await?;
-    create(
+    objects::create_web(
         &client,
-        ns_ref,
-        &objects::endpoint_slice("web-1", "web", 8080, &[&a, &b]),
-    )
-    .await?;
-    create(
-        &client,
-        ns_ref,
-        &objects::ingress("web", &class, &format!("web.{ns}.test"), "web", 80),
+        &ns,
+        &[&a, &b],
+        "web",
+        &class,
+        &format!("web.{ns}.test"),
     )
     .await?;
     create(
@@ -55,10 +51,7 @@ async fn world(prefix: &str) -> anyhow::Result<World> {
         &objects::ingress("ghost", &class, &format!("ghost.{ns}.test"), "ghost", 80),
     )
     .await?;
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let cp = ControlPlane::start(
         "control-plane",
         &cluster.kubeconfig(),

@@ -242,6 +242,7 @@ impl Cluster {
             endpoint_slices: self.slices.values().cloned().collect(),
             secrets: vec![self.secret.clone()],
             host_claims: Vec::new(),
+            ..Default::default()
         }
     }
 }

@@ -154,6 +154,10 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         ("discovery.k8s.io", "endpointslices"),
         // Certificates for spec.tls (the watch is narrowed to kubernetes.io/tls).
         ("", "secrets"),
+        ("gateway.networking.k8s.io", "gatewayclasses"),
+        ("gateway.networking.k8s.io", "gateways"),
+        ("gateway.networking.k8s.io", "httproutes"),
+        ("gateway.networking.k8s.io", "referencegrants"),
     ] {
         for v in ["get", "list", "watch"] {
             allowed.insert((g.into(), r.into(), v.into()));
@@ -610,20 +614,8 @@ async fn control_plane_works_with_the_rbac_applied_by(
     let admin = cluster.client().await?;
     let ns = cluster.namespace(&admin, &format!("rbac{how}")).await?;
     // Two Ingresses with a true conflict, so an Event has to be written too.
-    create(&admin, Some(&ns), &objects::service("web", 80, 8080)).await?;
-    create(
-        &admin,
-        Some(&ns),
-        &objects::endpoint_slice("web-1", "web", 8080, &["10.200.0.10"]),
-    )
-    .await?;
     let host = format!("web.{ns}.test");
-    create(
-        &admin,
-        Some(&ns),
-        &objects::ingress("a", "holdfast", &host, "web", 80),
-    )
-    .await?;
+    objects::create_web(&admin, &ns, &["10.200.0.10"], "a", "holdfast", &host).await?;
     create(
         &admin,
         Some(&ns),
@@ -651,10 +643,7 @@ async fn control_plane_works_with_the_rbac_applied_by(
             .is_err()
     );
 
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let cp = ControlPlane::start(
         &format!("control-plane-rbac-{how}"),
         &kubeconfig,
@@ -731,7 +720,11 @@ async fn control_plane_works_with_the_rbac_applied_by(
         .lines()
         .filter(|l| l.starts_with("holdfast_watch_forbidden_total{"))
         .collect();
-    assert_eq!(forbidden.len(), 6, "one series per kind: {forbidden:?}");
+    assert_eq!(
+        forbidden.len(),
+        holdfast_control_plane::state::KINDS.len(),
+        "one series per kind: {forbidden:?}"
+    );
     assert!(
         forbidden.iter().all(|l| l.ends_with(" 0")),
         "a permission was missing: {forbidden:?}"

@@ -414,3 +414,190 @@ async fn the_suites_base_manifests_run_with_every_pod_ready_and_every_endpoint_s
     }
     Ok(())
 }
+
+/// The `caches` entry of `kind` in a GetStatus answer.
+fn cache_of(status: &serde_json::Value, kind: &str) -> Option<serde_json::Value> {
+    status["caches"]
+        .as_array()?
+        .iter()
+        .find(|c| c["kind"] == kind)
+        .cloned()
+}
+
+const GATEWAY_KINDS: [&str; 4] = ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant"];
+
+#[tokio::test]
+async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_and_are_watched_once_installed()
+-> anyhow::Result<()> {
+    use holdfast_tests::control_plane::ControlPlane;
+    use holdfast_tests::grpcurl::call;
+    use holdfast_tests::objects;
+    use holdfast_tests::subscriber::{Subscriber, routes};
+
+    // A cluster of its own (its discovery binding is removed for a while), with the
+    // control plane running as the deploy ServiceAccount, under the deploy RBAC.
+    let cluster = LocalCluster::start()?;
+    cluster.kubectl_run(&["create", "namespace", "holdfast-system"])?;
+    let rbac = holdfast_tests::repo_root().join("deploy/kubernetes/rbac.yaml");
+    cluster.kubectl_run(&[
+        "apply",
+        "-n",
+        "holdfast-system",
+        "-f",
+        &rbac.to_string_lossy(),
+    ])?;
+    let kubeconfig =
+        cluster.service_account_kubeconfig("holdfast-system", "holdfast-control-plane")?;
+    let sa = holdfast_tests::cluster::client_from_kubeconfig(&kubeconfig).await?;
+
+    // API discovery cannot answer for this identity: every authenticated user's right to
+    // read /apis is the system:discovery binding, removed here (it is made only when
+    // kube-apiserver starts).
+    cluster.kubectl_run(&["delete", "clusterrolebinding", "system:discovery"])?;
+    let refused = sa
+        .list_api_group_resources("gateway.networking.k8s.io/v1")
+        .await
+        .expect_err("discovery is refused");
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "{refused}"
+    );
+
+    let admin = cluster.client().await?;
+    let ns = cluster.namespace(&admin, "gwdisc").await?;
+    objects::create_class(&admin, "holdfast").await?;
+    let host = format!("web.{ns}.test");
+    objects::create_web(&admin, &ns, &["10.200.0.10"], "a", "holdfast", &host).await?;
+
+    let logs = holdfast_tests::e2e_logs(&ns)?;
+    let cp = ControlPlane::start(
+        "control-plane-gateway-discovery",
+        &kubeconfig,
+        &logs,
+        &[
+            "--ingress-class",
+            "holdfast",
+            "--lease-namespace",
+            "holdfast-system",
+            "--debounce",
+            "50ms",
+            "--gateway-api-rediscover-interval",
+            "1s",
+        ],
+    )?;
+    let mut sub = Subscriber::connect(&cp.grpc_url(), "gw-proxy", None).await?;
+
+    // Could not find out: the Ingress kinds are complete, the Gateway API kinds are not
+    // (discovery was refused), so nothing is served.
+    let status = wait::until(
+        "Ingress complete and HTTPRoute discovery refused",
+        wait::T,
+        || async {
+            let status =
+                call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+            let ingress = cache_of(&status, "Ingress").ok_or("no Ingress cache")?;
+            let route = cache_of(&status, "HTTPRoute").ok_or("no HTTPRoute cache")?;
+            let refused = route["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("403"));
+            Ok((ingress["synced"] == true && refused).then_some(status))
+        },
+    )
+    .await?;
+    for kind in GATEWAY_KINDS {
+        let c = cache_of(&status, kind).expect("every Gateway API kind is reported");
+        assert_ne!(c["synced"], true, "{kind} counted as complete: {c}");
+        assert!(c["absent"].as_str().unwrap_or_default().is_empty(), "{c}");
+    }
+    assert_ne!(status["ready"], true, "{status}");
+    assert!(
+        sub.next(Duration::from_secs(2)).await?.is_none(),
+        "a snapshot was served while a kind was unknown"
+    );
+
+    // Discovery answers that the group does not exist: the kinds are empty and complete,
+    // and the Ingress is served.
+    cluster.kubectl_run(&[
+        "create",
+        "clusterrolebinding",
+        "system:discovery",
+        "--clusterrole=system:discovery",
+        "--group=system:authenticated",
+    ])?;
+    sub.wait_for("the Ingress route", wait::T, |s| {
+        routes(s).iter().any(|r| r.0 == host)
+    })
+    .await?;
+    let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
+    for kind in GATEWAY_KINDS {
+        let c = cache_of(&status, kind).expect("every Gateway API kind is reported");
+        assert_eq!(c["synced"], true, "{c}");
+        assert!(
+            c["absent"]
+                .as_str()
+                .is_some_and(|a| a.contains("not installed")),
+            "{c}"
+        );
+    }
+
+    // The CRDs are installed: the kinds are picked up without a restart, and an
+    // HTTPRoute moves that kind's progress in the next snapshot.
+    let crds = run_script(&["gateway-api-crds"])?;
+    cluster.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
+    wait::until("every Gateway API kind watched", wait::T, || async {
+        let status =
+            call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let watched = GATEWAY_KINDS.iter().all(|kind| {
+            cache_of(&status, kind).is_some_and(|c| {
+                c["synced"] == true && c["absent"].as_str().unwrap_or_default().is_empty()
+            })
+        });
+        Ok(watched.then_some(()))
+    })
+    .await?;
+    cluster.kubectl_run(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/httproutes.gateway.networking.k8s.io",
+    ])?;
+    let route = format!(
+        r#"{{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPRoute",
+            "metadata":{{"name":"r","namespace":"{ns}"}},
+            "spec":{{"parentRefs":[{{"name":"gw"}}],"rules":[{{"backendRefs":[{{"name":"web","port":80}}]}}]}}}}"#
+    );
+    let file = cluster.dir().join("route.json");
+    std::fs::write(&file, route)?;
+    let created = cluster.kubectl_run(&[
+        "create",
+        "-f",
+        &file.to_string_lossy(),
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ])?;
+    let created: u64 = created.trim().parse()?;
+    // The published snapshot's progress for the kind passes the route (GetSnapshot: the
+    // same content seen further is published again with the newer progress).
+    let snapshot = wait::until("HTTPRoute progress past the route", wait::T, || async {
+        let snapshot =
+            call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}").map_err(|e| e.to_string())?;
+        let at = snapshot["progress"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["kind"] == "HTTPRoute"))
+            .and_then(|p| p["resourceVersion"].as_str()?.parse::<u64>().ok());
+        Ok(at.is_some_and(|at| at >= created).then_some(snapshot))
+    })
+    .await?;
+    let hosts: Vec<&str> = snapshot["virtualHosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["host"].as_str())
+        .collect();
+    assert!(
+        hosts.contains(&host.as_str()),
+        "the Ingress route stays: {hosts:?}"
+    );
+    drop(sub);
+    Ok(())
+}

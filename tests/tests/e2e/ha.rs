@@ -39,23 +39,16 @@ async fn one_leader_writes_ingress_status_and_a_standby_takes_over_within_the_le
     let ns = cluster.namespace(&client, "ha").await?;
     let class = format!("hf-{ns}");
     create_class(&client, &class).await?;
-    create(&client, Some(&ns), &objects::service("web", 80, 8080)).await?;
-    create(
+    objects::create_web(
         &client,
-        Some(&ns),
-        &objects::endpoint_slice("web-1", "web", 8080, &["10.200.0.10"]),
+        &ns,
+        &["10.200.0.10"],
+        "a",
+        &class,
+        &format!("a.{ns}.test"),
     )
     .await?;
-    create(
-        &client,
-        Some(&ns),
-        &objects::ingress("a", &class, &format!("a.{ns}.test"), "web", 80),
-    )
-    .await?;
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let args = [
         "--ingress-class",
         &class,

@@ -130,10 +130,7 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
         &serde_json::from_value::<k8s_openapi::api::networking::v1::Ingress>(ingress)?,
     )
     .await?;
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let cp = ControlPlane::start(
         "control-plane",
         &cluster.kubeconfig(),
@@ -487,10 +484,7 @@ roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {ns}-n
 subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
 "#
     );
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let path = logs.join("rbac.yaml");
     std::fs::write(&path, rbac)?;
     cluster.kubectl_run(&["apply", "-f", &path.to_string_lossy()])?;

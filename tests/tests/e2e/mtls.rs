@@ -31,10 +31,7 @@ async fn setup(prefix: &str) -> anyhow::Result<Setup> {
     let ns = cluster.namespace(&client, prefix).await?;
     let class = format!("hf-{ns}");
     create_class(&client, &class).await?;
-    let logs = holdfast_tests::repo_root()
-        .join("target/e2e-logs")
-        .join(&ns);
-    std::fs::create_dir_all(&logs)?;
+    let logs = holdfast_tests::e2e_logs(&ns)?;
     let s = Setup {
         client,
         ns,
