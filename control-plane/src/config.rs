@@ -180,6 +180,10 @@ pub struct Args {
     /// confirms a held removal. A list is complete only once every page has arrived.
     #[arg(long, env = "HOLDFAST_LIST_PAGE_SIZE", default_value_t = 500)]
     pub list_page_size: u32,
+    /// The `spec.controllerName` of the GatewayClasses this control plane implements: the
+    /// leader marks each Accepted, with the features holdfast supports.
+    #[arg(long, env = "HOLDFAST_GATEWAY_CONTROLLER_NAME", default_value = crate::gateway_api::DEFAULT_CONTROLLER_NAME)]
+    pub gateway_controller_name: String,
     /// How often a Gateway API kind that API discovery says does not exist (its
     /// CustomResourceDefinition is not installed) is looked for again: installing the
     /// CRDs later needs no restart. A discovery request gets --api-read-timeout; one that
@@ -363,6 +367,12 @@ impl Args {
                 "only means something with --insecure-plaintext",
             ));
         }
+        if !valid_controller_name(&self.gateway_controller_name) {
+            return Err(ConfigError::new(
+                "gateway-controller-name",
+                "must be a domain-prefixed path, as GatewayClass spec.controllerName is (for example holdfast.dev/gateway-controller)",
+            ));
+        }
         if self.gateway_api_rediscover_interval < Duration::from_secs(1) {
             return Err(ConfigError::new(
                 "gateway-api-rediscover-interval",
@@ -432,6 +442,7 @@ impl Args {
             lease_grace: self.lease_grace,
             identity: instance.clone(),
             translate: translate.clone(),
+            gateway_controller: self.gateway_controller_name.clone(),
         };
         Ok(Config {
             api: ApiSettings {
@@ -475,6 +486,26 @@ impl Args {
     pub fn watch_timeout_secs(&self) -> u32 {
         ((self.api_read_timeout.as_secs() * 3) / 4).max(1) as u32
     }
+}
+
+/// Whether `name` can be a GatewayClass `spec.controllerName`: `<domain>/<path>`, at most
+/// 253 characters, the domain lower-case DNS labels, the path non-empty and free of spaces.
+fn valid_controller_name(name: &str) -> bool {
+    let Some((domain, path)) = name.split_once('/') else {
+        return false;
+    };
+    name.len() <= 253
+        && !path.is_empty()
+        && !path.contains(char::is_whitespace)
+        && domain.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 #[cfg(test)]
@@ -566,6 +597,27 @@ mod tests {
             parse(&["--api-read-timeout", "1s"])
                 .unwrap_err()
                 .contains("--api-read-timeout")
+        );
+        for bad in [
+            "holdfast",
+            "Holdfast.dev/x",
+            "holdfast.dev/",
+            "-a.dev/x",
+            "a..b/x",
+            "a.dev/x y",
+        ] {
+            assert!(
+                parse(&[&format!("--gateway-controller-name={bad}")])
+                    .unwrap_err()
+                    .contains("--gateway-controller-name"),
+                "{bad}"
+            );
+        }
+        assert!(parse(&["--gateway-controller-name", "example.com/gateway/v2"]).is_ok());
+        assert!(
+            parse(&["--gateway-api-rediscover-interval", "500ms"])
+                .unwrap_err()
+                .contains("--gateway-api-rediscover-interval")
         );
     }
 }

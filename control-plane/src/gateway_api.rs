@@ -1,10 +1,10 @@
 //! The Gateway API kinds holdfast watches (GatewayClass, Gateway, HTTPRoute and
 //! ReferenceGrant, `gateway.networking.k8s.io/v1`), and what API discovery says of them.
 //!
-//! Each kind is cached as its metadata and its `spec` as JSON, parsed per object when it is
-//! translated: an object this version of holdfast cannot read is one object's problem,
-//! never a list that fails to decode (which would keep the whole kind incomplete). Status
-//! is not cached; holdfast writes it.
+//! Each kind is cached as its metadata, its `spec` and its `status` as JSON, parsed per
+//! object when it is translated: an object this version of holdfast cannot read is one
+//! object's problem, never a list that fails to decode (which would keep the whole kind
+//! incomplete). The status is kept to write only what differs.
 //!
 //! The kinds are CustomResourceDefinitions that a cluster may not have. The rule
 //! (docs/design.md, "I could not find out" is not "it does not exist"): a kind counts as
@@ -35,6 +35,9 @@ macro_rules! gateway_kind {
             /// Its `spec`, parsed when translated.
             #[serde(default)]
             pub spec: serde_json::Value,
+            /// Its `status` (holdfast writes it; kept to write only what differs).
+            #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+            pub status: serde_json::Value,
         }
 
         impl Resource for $name {
@@ -94,6 +97,81 @@ gateway_kind!(
     "referencegrants",
     k8s_openapi::NamespaceResourceScope
 );
+
+/// The `spec.controllerName` of the GatewayClasses holdfast implements, unless
+/// `--gateway-controller-name` says otherwise.
+pub const DEFAULT_CONTROLLER_NAME: &str = "holdfast.dev/gateway-controller";
+
+/// The Gateway API features holdfast implements, as the conformance suite names them
+/// (`sigs.k8s.io/gateway-api/pkg/features`), sorted: what `status.supportedFeatures` of
+/// an accepted GatewayClass lists. It grows as each feature is served and passes the
+/// suite's tests for it; nothing is listed that is not.
+pub const SUPPORTED_FEATURES: &[&str] = &[];
+
+/// The status to write for `class` if it is ours (its `spec.controllerName` is
+/// `controller`) and its status is not already this: Accepted (at its generation), with
+/// [`SUPPORTED_FEATURES`]. `now` is the RFC 3339 time for a condition that changes; an
+/// unchanged condition keeps its time. None: not ours, or nothing to change.
+pub fn gateway_class_status(
+    class: &GatewayClass,
+    controller: &str,
+    now: &str,
+) -> Option<serde_json::Value> {
+    if class.spec["controllerName"].as_str() != Some(controller) {
+        return None;
+    }
+    let generation = class.metadata.generation.unwrap_or(0);
+    let accepted = condition(
+        &class.status,
+        "Accepted",
+        "True",
+        "Accepted",
+        "the holdfast controller accepts this class",
+        generation,
+        now,
+    );
+    let features: Vec<serde_json::Value> = SUPPORTED_FEATURES
+        .iter()
+        .map(|f| serde_json::json!({ "name": f }))
+        .collect();
+    let desired = serde_json::json!({
+        "conditions": [accepted],
+        "supportedFeatures": features,
+    });
+    let current = serde_json::json!({
+        "conditions": class.status.get("conditions").cloned().unwrap_or(serde_json::json!([])),
+        "supportedFeatures": class.status.get("supportedFeatures").cloned().unwrap_or(serde_json::json!([])),
+    });
+    (current != desired).then_some(desired)
+}
+
+/// A status condition of `kind`, keeping the current one's `lastTransitionTime` when its
+/// status does not change (as the API conventions ask), else `now`.
+fn condition(
+    status: &serde_json::Value,
+    kind: &str,
+    value: &str,
+    reason: &str,
+    message: &str,
+    generation: i64,
+    now: &str,
+) -> serde_json::Value {
+    let current = status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind));
+    let since = current
+        .filter(|c| c["status"] == value)
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .unwrap_or(now);
+    serde_json::json!({
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+    })
+}
 
 /// What API discovery said of one kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +259,49 @@ mod tests {
                 "{code:?} {message}"
             );
         }
+    }
+
+    fn class(controller: &str, generation: i64, status: serde_json::Value) -> GatewayClass {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "holdfast", "generation": generation },
+            "spec": { "controllerName": controller },
+            "status": status,
+        }))
+        .expect("a GatewayClass")
+    }
+
+    #[test]
+    fn our_gateway_class_is_accepted_at_its_generation_and_another_controllers_is_left_alone() {
+        let ours = class(DEFAULT_CONTROLLER_NAME, 2, serde_json::Value::Null);
+        let status = gateway_class_status(&ours, DEFAULT_CONTROLLER_NAME, "t1").expect("ours");
+        let accepted = &status["conditions"][0];
+        assert_eq!(accepted["type"], "Accepted");
+        assert_eq!(accepted["status"], "True");
+        assert_eq!(accepted["reason"], "Accepted");
+        assert_eq!(accepted["observedGeneration"], 2);
+        assert_eq!(accepted["lastTransitionTime"], "t1");
+        assert_eq!(
+            status["supportedFeatures"],
+            serde_json::json!(SUPPORTED_FEATURES)
+        );
+        // Written once: the same status is not written again, and its time is kept.
+        let written = class(DEFAULT_CONTROLLER_NAME, 2, status.clone());
+        assert_eq!(
+            gateway_class_status(&written, DEFAULT_CONTROLLER_NAME, "t2"),
+            None
+        );
+        // A new generation is observed, keeping the transition time (still True).
+        let bumped = class(DEFAULT_CONTROLLER_NAME, 3, status);
+        let next = gateway_class_status(&bumped, DEFAULT_CONTROLLER_NAME, "t3").expect("bumped");
+        assert_eq!(next["conditions"][0]["observedGeneration"], 3);
+        assert_eq!(next["conditions"][0]["lastTransitionTime"], "t1");
+        // Another controller's class: never written.
+        let theirs = class("example.com/other", 1, serde_json::Value::Null);
+        assert_eq!(
+            gateway_class_status(&theirs, DEFAULT_CONTROLLER_NAME, "t1"),
+            None
+        );
+        assert!(SUPPORTED_FEATURES.windows(2).all(|w| w[0] < w[1]), "sorted");
     }
 
     #[test]

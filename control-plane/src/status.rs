@@ -1,7 +1,8 @@
 //! What the leader writes: the leader (a `coordination.k8s.io` Lease, via
 //! kube-lease-manager) records the host claims ledger ([`crate::claims`]) in its
-//! ConfigMap, and writes `status.loadBalancer` of our Ingresses from `--publish-address`
-//! or from the proxies' Service (`--publish-service`). Every replica watches and serves
+//! ConfigMap, writes `status.loadBalancer` of our Ingresses from `--publish-address`
+//! or from the proxies' Service (`--publish-service`), and marks our GatewayClasses
+//! Accepted ([`crate::gateway_api::gateway_class_status`]). Every replica watches and serves
 //! proxies; only this writing is leader-only. What to write is computed from the caches
 //! by pure functions; the loop only writes what differs.
 
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::caches::{Caches, ClaimsConfigMap};
 use crate::claims;
+use crate::gateway_api;
 use crate::state::Shared;
 use crate::translate::{self, ClusterState};
 
@@ -70,6 +72,8 @@ pub struct Settings {
     pub identity: String,
     /// What makes an Ingress ours.
     pub translate: translate::Options,
+    /// The GatewayClass `spec.controllerName` that is ours (`--gateway-controller-name`).
+    pub gateway_controller: String,
 }
 
 fn entry(address: &str) -> IngressLoadBalancerIngress {
@@ -206,6 +210,7 @@ pub async fn run(
                     if let Some(publish) = &settings.publish {
                         sync_state(&client, &state, publish, &settings.translate).await;
                     }
+                    sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
                 }
             }
         }
@@ -336,6 +341,30 @@ async fn sync_state(
             Ok(_) => tracing::info!(ingress = %format!("{ns}/{name}"), "updated Ingress status"),
             Err(error) => {
                 tracing::warn!(ingress = %format!("{ns}/{name}"), %error, "could not update Ingress status")
+            }
+        }
+    }
+}
+
+/// Patches the status of every GatewayClass of ours whose status is not the desired one.
+async fn sync_gateway_classes(client: &Client, state: &ClusterState, controller: &str) {
+    let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    for class in &state.gateway_classes {
+        let Some(status) = gateway_api::gateway_class_status(class, controller, &now) else {
+            continue;
+        };
+        let Some(name) = class.metadata.name.as_deref() else {
+            continue;
+        };
+        let api: Api<gateway_api::GatewayClass> = Api::all(client.clone());
+        let patch = json!({ "status": status });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => tracing::info!(gateway_class = %name, "GatewayClass accepted"),
+            Err(error) => {
+                tracing::warn!(gateway_class = %name, %error, "could not update GatewayClass status")
             }
         }
     }

@@ -169,6 +169,11 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             "ingresses/status".into(),
             v.into(),
         ));
+        allowed.insert((
+            "gateway.networking.k8s.io".into(),
+            "gatewayclasses/status".into(),
+            v.into(),
+        ));
     }
     for g in ["", "events.k8s.io"] {
         for v in ["create", "patch"] {

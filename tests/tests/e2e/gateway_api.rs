@@ -427,7 +427,7 @@ fn cache_of(status: &serde_json::Value, kind: &str) -> Option<serde_json::Value>
 const GATEWAY_KINDS: [&str; 4] = ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant"];
 
 #[tokio::test]
-async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_and_are_watched_once_installed()
+async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_and_are_watched_once_installed_and_our_class_is_accepted()
 -> anyhow::Result<()> {
     use holdfast_tests::control_plane::ControlPlane;
     use holdfast_tests::grpcurl::call;
@@ -560,7 +560,74 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         "--for=condition=Established",
         "--timeout=60s",
         "crd/httproutes.gateway.networking.k8s.io",
+        "crd/gatewayclasses.gateway.networking.k8s.io",
     ])?;
+
+    // The leader accepts our GatewayClass, at each generation, and leaves another
+    // controller's alone.
+    let classes = format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[
+            {{"apiVersion":"gateway.networking.k8s.io/v1","kind":"GatewayClass",
+              "metadata":{{"name":"{ns}-ours"}},"spec":{{"controllerName":"holdfast.dev/gateway-controller"}}}},
+            {{"apiVersion":"gateway.networking.k8s.io/v1","kind":"GatewayClass",
+              "metadata":{{"name":"{ns}-theirs"}},"spec":{{"controllerName":"example.com/other"}}}}]}}"#
+    );
+    let file = cluster.dir().join("classes.json");
+    std::fs::write(&file, classes)?;
+    cluster.kubectl_run(&["create", "-f", &file.to_string_lossy()])?;
+    let accepted_at = |generation: i64| {
+        let (cluster, name) = (&cluster, format!("{ns}-ours"));
+        async move {
+            wait::until(
+                &format!("{name} Accepted at generation {generation}"),
+                wait::T,
+                || async {
+                    let out = cluster
+                        .kubectl_run(&["get", "gatewayclass", &name, "-o", "json"])
+                        .map_err(|e| e.to_string())?;
+                    let class: serde_json::Value =
+                        serde_json::from_str(&out).map_err(|e| e.to_string())?;
+                    let accepted = class["status"]["conditions"]
+                        .as_array()
+                        .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"))
+                        .cloned()
+                        .unwrap_or_default();
+                    let done = class["metadata"]["generation"] == generation
+                        && accepted["status"] == "True"
+                        && accepted["reason"] == "Accepted"
+                        && accepted["observedGeneration"] == generation;
+                    Ok(done.then_some(class))
+                },
+            )
+            .await
+        }
+    };
+    let class = accepted_at(1).await?;
+    assert_eq!(
+        class["status"]["supportedFeatures"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0),
+        0,
+        "no feature is claimed before it is served: {class}"
+    );
+    cluster.kubectl_run(&[
+        "patch",
+        "gatewayclass",
+        &format!("{ns}-ours"),
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"description":"bumped"}}"#,
+    ])?;
+    accepted_at(2).await?;
+    let theirs = cluster.kubectl_run(&[
+        "get",
+        "gatewayclass",
+        &format!("{ns}-theirs"),
+        "-o",
+        "jsonpath={.status.conditions[?(@.reason==\"Accepted\")].type}",
+    ])?;
+    assert_eq!(theirs.trim(), "", "another controller's class was accepted");
     let route = format!(
         r#"{{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPRoute",
             "metadata":{{"name":"r","namespace":"{ns}"}},
