@@ -14,6 +14,8 @@
 
 use std::borrow::Cow;
 
+pub mod attach;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};
 use kube::Resource;
 use serde::{Deserialize, Serialize};
