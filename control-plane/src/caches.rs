@@ -1,4 +1,5 @@
-//! Watch-fed caches (kube-rs reflector stores) of the ten kinds translation reads.
+//! Watch-fed caches (kube-rs reflector stores) of the eleven kinds translation reads
+//! (Namespaces for their labels, which Gateway listeners select routes' namespaces by).
 //! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //! is ever read. ConfigMaps: only the host claims ledger ([`crate::claims`]), by name, in
 //! the control plane's own namespace. The Gateway API kinds ([`crate::gateway_api`]) are
@@ -26,7 +27,7 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use holdfast_proto::v1::KindProgress;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -41,7 +42,7 @@ use crate::gateway_api::{self, Discovered, Gateway, GatewayClass, HttpRoute, Ref
 use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
-/// Readers of the ten caches.
+/// Readers of the eleven caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
@@ -54,6 +55,7 @@ pub struct Caches {
     gateways: Store<Gateway>,
     http_routes: Store<HttpRoute>,
     reference_grants: Store<ReferenceGrant>,
+    namespaces: Store<Namespace>,
     /// Each kind's progress, in the order of [`KINDS`].
     progress: Arc<[AtomicU64; KINDS.len()]>,
     /// Per kind (order of [`KINDS`]): a change to its store and to its progress happen
@@ -78,6 +80,7 @@ impl Caches {
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
             reference_grants: reflector::store().0,
+            namespaces: reflector::store().0,
             progress: Arc::new(Default::default()),
             guards: Arc::new(Default::default()),
         }
@@ -104,6 +107,7 @@ impl Caches {
             gateways: self.read_kind(&self.gateways, &mut progress),
             http_routes: self.read_kind(&self.http_routes, &mut progress),
             reference_grants: self.read_kind(&self.reference_grants, &mut progress),
+            namespaces: self.read_kind(&self.namespaces, &mut progress),
         };
         progress.sort_by(|a, b| a.kind.cmp(&b.kind));
         (progress, state)
@@ -216,7 +220,8 @@ pub fn start(
         gateway_classes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         gateways: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         http_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
-        reference_grants: spawn_optional_watch(client, ctx, tasks),
+        reference_grants: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        namespaces: spawn_watch(Api::all(client), None, ctx, tasks),
         progress,
         guards,
     }
@@ -669,6 +674,7 @@ mod tests {
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
             reference_grants: reflector::store().0,
+            namespaces: reflector::store().0,
             progress: ctx.progress.clone(),
             guards: ctx.guards.clone(),
         };

@@ -184,6 +184,11 @@ pub struct Args {
     /// leader marks each Accepted, with the features holdfast supports.
     #[arg(long, env = "HOLDFAST_GATEWAY_CONTROLLER_NAME", default_value = crate::gateway_api::DEFAULT_CONTROLLER_NAME)]
     pub gateway_controller_name: String,
+    /// The IPv4 CIDR our Gateways get their addresses from (one each, kept in the
+    /// Gateway's status.addresses), for example 127.10.0.0/16 on one machine. Without it,
+    /// Gateways get no address (Programmed False, AddressNotAssigned).
+    #[arg(long, env = "HOLDFAST_GATEWAY_ADDRESS_POOL")]
+    pub gateway_address_pool: Option<String>,
     /// How often a Gateway API kind that API discovery says does not exist (its
     /// CustomResourceDefinition is not installed) is looked for again: installing the
     /// CRDs later needs no restart. A discovery request gets --api-read-timeout; one that
@@ -433,6 +438,12 @@ impl Args {
                 max_per_namespace: self.max_host_claims_per_namespace,
             }
         });
+        let gateway_pool = self
+            .gateway_address_pool
+            .as_deref()
+            .map(crate::gateway_api::status::Pool::parse)
+            .transpose()
+            .map_err(|e| ConfigError::new("gateway-address-pool", e))?;
         let status = status::Settings {
             publish,
             claims,
@@ -443,6 +454,7 @@ impl Args {
             identity: instance.clone(),
             translate: translate.clone(),
             gateway_controller: self.gateway_controller_name.clone(),
+            gateway_pool,
         };
         Ok(Config {
             api: ApiSettings {
@@ -614,6 +626,12 @@ mod tests {
             );
         }
         assert!(parse(&["--gateway-controller-name", "example.com/gateway/v2"]).is_ok());
+        assert!(
+            parse(&["--gateway-address-pool", "127.10.0.0"])
+                .unwrap_err()
+                .contains("--gateway-address-pool")
+        );
+        assert!(parse(&["--gateway-address-pool", "127.10.0.0/16"]).is_ok());
         assert!(
             parse(&["--gateway-api-rediscover-interval", "500ms"])
                 .unwrap_err()

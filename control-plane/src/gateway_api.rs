@@ -15,6 +15,7 @@
 use std::borrow::Cow;
 
 pub mod attach;
+pub mod status;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};
 use kube::Resource;
@@ -149,7 +150,7 @@ pub fn gateway_class_status(
 
 /// A status condition of `kind`, keeping the current one's `lastTransitionTime` when its
 /// status does not change (as the API conventions ask), else `now`.
-fn condition(
+pub(crate) fn condition(
     status: &serde_json::Value,
     kind: &str,
     value: &str,

@@ -31,7 +31,7 @@ use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 11] = [
     "IngressClass",
     "Ingress",
     "Service",
@@ -42,6 +42,7 @@ pub const KINDS: [&str; 10] = [
     "Gateway",
     "HTTPRoute",
     "ReferenceGrant",
+    "Namespace",
 ];
 
 /// A snapshot built, and published if the guard lets it: its content shared with the

@@ -74,6 +74,8 @@ pub struct Settings {
     pub translate: translate::Options,
     /// The GatewayClass `spec.controllerName` that is ours (`--gateway-controller-name`).
     pub gateway_controller: String,
+    /// Where our Gateways' addresses come from (`--gateway-address-pool`).
+    pub gateway_pool: Option<gateway_api::status::Pool>,
 }
 
 fn entry(address: &str) -> IngressLoadBalancerIngress {
@@ -211,6 +213,7 @@ pub async fn run(
                         sync_state(&client, &state, publish, &settings.translate).await;
                     }
                     sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
+                    sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref()).await;
                 }
             }
         }
@@ -367,6 +370,67 @@ async fn sync_gateway_classes(client: &Client, state: &ClusterState, controller:
                 tracing::warn!(gateway_class = %name, %error, "could not update GatewayClass status")
             }
         }
+    }
+}
+
+/// What a TLS certificate reference of a Gateway listener resolves to in the cache of
+/// `kubernetes.io/tls` Secrets.
+fn secret_check(state: &ClusterState, ns: &str, name: &str) -> gateway_api::attach::SecretCheck {
+    use gateway_api::attach::SecretCheck;
+    let Some(secret) = state.secrets.iter().find(|s| {
+        s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+    }) else {
+        return SecretCheck::Missing;
+    };
+    let data = secret.data.as_ref();
+    let field = |k: &str| data.and_then(|d| d.get(k)).map(|v| v.0.as_slice());
+    match (field("tls.crt"), field("tls.key")) {
+        (Some(chain), Some(key)) if holdfast_proto::certificate::parse(chain, key).is_ok() => {
+            SecretCheck::Usable
+        }
+        _ => SecretCheck::Invalid,
+    }
+}
+
+/// Writes the status of our Gateways and of the HTTPRoutes attached to them where it
+/// differs from [`gateway_api::status::desired`]; each write carries the cached
+/// resourceVersion, so one made from a stale cache fails and is made again.
+async fn sync_gateways(
+    client: &Client,
+    state: &ClusterState,
+    controller: &str,
+    pool: Option<&gateway_api::status::Pool>,
+) {
+    let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let desired = gateway_api::status::desired(state, controller, pool, &now, |ns, name| {
+        secret_check(state, ns, name)
+    });
+    for w in &desired.gateways {
+        let api: Api<gateway_api::Gateway> = Api::namespaced(client.clone(), &w.namespace);
+        write_status(&api, w, "Gateway").await;
+    }
+    for w in &desired.routes {
+        let api: Api<gateway_api::HttpRoute> = Api::namespaced(client.clone(), &w.namespace);
+        write_status(&api, w, "HTTPRoute").await;
+    }
+}
+
+async fn write_status<K>(api: &Api<K>, w: &gateway_api::status::Write, kind: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({
+        "metadata": { "resourceVersion": w.resource_version },
+        "status": w.status,
+    });
+    let object = format!("{}/{}", w.namespace, w.name);
+    match api
+        .patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => tracing::info!(kind, object = %object, "status updated"),
+        // A conflict: the cache is behind; the next tick computes it again.
+        Err(error) => tracing::warn!(kind, object = %object, %error, "could not update status"),
     }
 }
 

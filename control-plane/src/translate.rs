@@ -118,6 +118,8 @@ pub struct ClusterState {
     pub http_routes: Vec<Arc<crate::gateway_api::HttpRoute>>,
     /// All ReferenceGrants.
     pub reference_grants: Vec<Arc<crate::gateway_api::ReferenceGrant>>,
+    /// All Namespaces (for their labels).
+    pub namespaces: Vec<Arc<k8s_openapi::api::core::v1::Namespace>>,
 }
 
 /// What makes an Ingress ours.

@@ -252,6 +252,24 @@ impl LocalCluster {
         check(out, &format!("kubectl {}", args.join(" ")))
     }
 
+    /// Installs the pinned Gateway API standard-channel CRDs (`k8s.sh gateway-api-crds`)
+    /// and waits until GatewayClass, Gateway, HTTPRoute and ReferenceGrant are
+    /// Established.
+    pub fn install_gateway_api(&self) -> Result<()> {
+        let crds = run_script(&["gateway-api-crds"])?;
+        self.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
+        self.kubectl_run(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/gatewayclasses.gateway.networking.k8s.io",
+            "crd/gateways.gateway.networking.k8s.io",
+            "crd/httproutes.gateway.networking.k8s.io",
+            "crd/referencegrants.gateway.networking.k8s.io",
+        ])?;
+        Ok(())
+    }
+
     /// Stops a component with SIGTERM (or SIGKILL when `kill`) and waits until it is gone.
     pub fn stop(&self, component: Component, kill: bool) -> Result<()> {
         let sig = if kill { "KILL" } else { "TERM" };

@@ -154,6 +154,7 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         ("discovery.k8s.io", "endpointslices"),
         // Certificates for spec.tls (the watch is narrowed to kubernetes.io/tls).
         ("", "secrets"),
+        ("", "namespaces"),
         ("gateway.networking.k8s.io", "gatewayclasses"),
         ("gateway.networking.k8s.io", "gateways"),
         ("gateway.networking.k8s.io", "httproutes"),
@@ -169,11 +170,13 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             "ingresses/status".into(),
             v.into(),
         ));
-        allowed.insert((
-            "gateway.networking.k8s.io".into(),
-            "gatewayclasses/status".into(),
-            v.into(),
-        ));
+        for status in [
+            "gatewayclasses/status",
+            "gateways/status",
+            "httproutes/status",
+        ] {
+            allowed.insert(("gateway.networking.k8s.io".into(), status.into(), v.into()));
+        }
     }
     for g in ["", "events.k8s.io"] {
         for v in ["create", "patch"] {

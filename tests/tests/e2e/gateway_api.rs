@@ -27,9 +27,7 @@ async fn the_pinned_gateway_api_crds_are_established_and_echo_basic_answers_as_t
     let version = pinned_version()?;
     // A cluster of its own: the shared one stays without Gateway API, as most clusters are.
     let cluster = LocalCluster::start()?;
-    let crds = run_script(&["gateway-api-crds"])?;
-    let crds = crds.trim();
-    cluster.kubectl_run(&["apply", "--server-side", "-f", crds])?;
+    cluster.install_gateway_api()?;
     for kind in [
         "gatewayclasses",
         "gateways",
@@ -37,12 +35,6 @@ async fn the_pinned_gateway_api_crds_are_established_and_echo_basic_answers_as_t
         "referencegrants",
     ] {
         let name = format!("{kind}.gateway.networking.k8s.io");
-        cluster.kubectl_run(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{name}"),
-        ])?;
         let annotations = cluster.kubectl_run(&[
             "get",
             &format!("crd/{name}"),
@@ -246,14 +238,7 @@ async fn the_suites_base_manifests_run_with_every_pod_ready_and_every_endpoint_s
 
     let cluster = LocalCluster::start_with_workloads()?;
     let _agent = cluster.start_pod_agent()?;
-    let crds = run_script(&["gateway-api-crds"])?;
-    cluster.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
-    cluster.kubectl_run(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/gateways.gateway.networking.k8s.io",
-    ])?;
+    cluster.install_gateway_api()?;
     // The suite's own base manifests, with the GatewayClass name it would fill in.
     let module = run_script(&["gateway-api-conformance"])?;
     let manifests =
@@ -542,8 +527,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
 
     // The CRDs are installed: the kinds are picked up without a restart, and an
     // HTTPRoute moves that kind's progress in the next snapshot.
-    let crds = run_script(&["gateway-api-crds"])?;
-    cluster.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
+    cluster.install_gateway_api()?;
     wait::until("every Gateway API kind watched", wait::T, || async {
         let status =
             call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
@@ -666,5 +650,216 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         "the Ingress route stays: {hosts:?}"
     );
     drop(sub);
+    Ok(())
+}
+
+/// `kubectl create` of `objects` (a JSON array), through a file in the cluster's directory.
+fn create_all(
+    cluster: &LocalCluster,
+    name: &str,
+    objects: serde_json::Value,
+) -> anyhow::Result<()> {
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": objects });
+    let file = cluster.dir().join(format!("{name}.json"));
+    std::fs::write(&file, list.to_string())?;
+    cluster.kubectl_run(&["create", "-f", &file.to_string_lossy()])?;
+    Ok(())
+}
+
+/// An object as `kubectl get -o json` prints it.
+fn get_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value, String> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "json"]);
+    let out = cluster.kubectl_run(&all).map_err(|e| e.to_string())?;
+    serde_json::from_str(&out).map_err(|e| e.to_string())
+}
+
+/// The condition `kind` in `conditions`, if present.
+fn find_condition(conditions: &serde_json::Value, kind: &str) -> serde_json::Value {
+    conditions
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their_parents_status()
+-> anyhow::Result<()> {
+    use holdfast_tests::control_plane::ControlPlane;
+    use serde_json::json;
+
+    let cluster = LocalCluster::start()?;
+    cluster.install_gateway_api()?;
+    let admin = cluster.client().await?;
+    let ns = cluster.namespace(&admin, "gwstatus").await?;
+    let apps = cluster.namespace(&admin, "gwapps").await?;
+    let group = "gateway.networking.k8s.io";
+    let class = format!("{ns}-class");
+    create_all(
+        &cluster,
+        "gateways",
+        json!([
+            { "apiVersion": format!("{group}/v1"), "kind": "GatewayClass",
+              "metadata": { "name": class }, "spec": { "controllerName": "holdfast.dev/gateway-controller" } },
+            { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "web", "namespace": ns },
+              "spec": { "ports": [{ "port": 8080 }] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+              "metadata": { "name": "gw", "namespace": ns },
+              "spec": { "gatewayClassName": class, "listeners": [
+                  { "name": "http", "port": 80, "protocol": "HTTP" },
+                  { "name": "https", "port": 443, "protocol": "HTTPS", "hostname": "secure.example.com",
+                    "tls": { "certificateRefs": [{ "name": "secure-cert" }] } }
+              ] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+              "metadata": { "name": "gw2", "namespace": ns },
+              "spec": { "gatewayClassName": class, "listeners": [
+                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "ok", "namespace": ns },
+              "spec": { "parentRefs": [{ "name": "gw" }],
+                        "rules": [{ "backendRefs": [{ "name": "web", "port": 8080 }] }] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "nobackend", "namespace": ns },
+              "spec": { "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+                        "rules": [{ "backendRefs": [{ "name": "nosuch", "port": 8080 }] }] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "elsewhere", "namespace": apps },
+              "spec": { "parentRefs": [{ "name": "gw", "namespace": ns }] } }
+        ]),
+    )?;
+
+    let logs = holdfast_tests::e2e_logs(&ns)?;
+    let _cp = ControlPlane::start(
+        "control-plane-gateway-status",
+        &cluster.kubeconfig(),
+        &logs,
+        &[
+            "--ingress-class",
+            "holdfast",
+            "--debounce",
+            "50ms",
+            "--gateway-address-pool",
+            "127.77.0.0/16",
+        ],
+    )?;
+
+    // The Gateway: an address from the pool, Accepted with one listener not valid (its
+    // Secret is missing), not Programmed (no proxy serves Gateway API listeners yet),
+    // two routes attached to its HTTP listener.
+    let gw = wait::until("the Gateway's status", wait::T, || async {
+        let gw = get_json(&cluster, &["gateway", "-n", &ns, "gw"])?;
+        let listeners = gw["status"]["listeners"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let done = listeners.len() == 2 && listeners[0]["attachedRoutes"] == 2;
+        Ok(done.then_some(gw))
+    })
+    .await?;
+    let status = &gw["status"];
+    let address = status["addresses"][0]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(address.starts_with("127.77."), "{status}");
+    assert_eq!(status["addresses"][0]["type"], "IPAddress");
+    let accepted = find_condition(&status["conditions"], "Accepted");
+    assert_eq!(
+        (accepted["status"].as_str(), accepted["reason"].as_str()),
+        (Some("True"), Some("ListenersNotValid")),
+        "{status}"
+    );
+    assert_eq!(accepted["observedGeneration"], 1);
+    let programmed = find_condition(&status["conditions"], "Programmed");
+    assert_eq!(programmed["status"], "False", "{status}");
+    let https = &status["listeners"][1];
+    assert_eq!(
+        find_condition(&https["conditions"], "ResolvedRefs")["reason"],
+        "InvalidCertificateRef",
+        "{https}"
+    );
+    assert_eq!(
+        status["listeners"][0]["supportedKinds"][0]["kind"],
+        "HTTPRoute"
+    );
+    let gw2 = wait::until("the second Gateway's address", wait::T, || async {
+        let gw2 = get_json(&cluster, &["gateway", "-n", &ns, "gw2"])?;
+        Ok(gw2["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(str::to_owned))
+    })
+    .await?;
+    assert_ne!(gw2, address, "each Gateway has its own address");
+
+    // The routes: attached and resolved; attached with a missing backend; refused by the
+    // listeners' allowedRoutes (another namespace, `from: Same`).
+    let parent_conditions = |ns: String, name: &'static str| {
+        let cluster = &cluster;
+        async move {
+            wait::until(&format!("status of route {name}"), wait::T, || async {
+                let r = get_json(cluster, &["httproute", "-n", &ns, name])?;
+                Ok(r["status"]["parents"]
+                    .as_array()
+                    .and_then(|p| {
+                        p.iter()
+                            .find(|p| p["controllerName"] == "holdfast.dev/gateway-controller")
+                    })
+                    .map(|p| p["conditions"].clone()))
+            })
+            .await
+        }
+    };
+    let ok = parent_conditions(ns.clone(), "ok").await?;
+    assert_eq!(find_condition(&ok, "Accepted")["status"], "True", "{ok}");
+    assert_eq!(
+        find_condition(&ok, "ResolvedRefs")["status"],
+        "True",
+        "{ok}"
+    );
+    let nobackend = parent_conditions(ns.clone(), "nobackend").await?;
+    assert_eq!(find_condition(&nobackend, "Accepted")["status"], "True");
+    assert_eq!(
+        find_condition(&nobackend, "ResolvedRefs")["reason"],
+        "BackendNotFound",
+        "{nobackend}"
+    );
+    let elsewhere = parent_conditions(apps.clone(), "elsewhere").await?;
+    assert_eq!(
+        find_condition(&elsewhere, "Accepted")["reason"],
+        "NotAllowedByListeners",
+        "{elsewhere}"
+    );
+
+    // The listener's Secret appears: its references resolve and the Gateway is accepted
+    // whole, at the same address.
+    let ca = holdfast_tests::tls::TestCa::new("gw");
+    let cert = ca.server(&["secure.example.com"]);
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": { "name": "secure-cert" },
+        "type": "kubernetes.io/tls",
+        "stringData": { "tls.crt": cert.cert_pem, "tls.key": cert.key_pem },
+    }))?;
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), &ns)
+        .create(&Default::default(), &secret)
+        .await?;
+    let gw = wait::until("the Gateway accepted whole", wait::T, || async {
+        let gw = get_json(&cluster, &["gateway", "-n", &ns, "gw"])?;
+        let accepted = find_condition(&gw["status"]["conditions"], "Accepted");
+        Ok((accepted["reason"] == "Accepted").then_some(gw))
+    })
+    .await?;
+    let https = &gw["status"]["listeners"][1];
+    assert_eq!(
+        find_condition(&https["conditions"], "ResolvedRefs")["status"],
+        "True",
+        "{https}"
+    );
+    assert_eq!(
+        gw["status"]["addresses"][0]["value"],
+        address.as_str(),
+        "the address is kept"
+    );
     Ok(())
 }

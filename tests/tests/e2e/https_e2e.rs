@@ -474,7 +474,7 @@ rules:
   resources: [endpointslices]
   verbs: [get, list, watch]
 - apiGroups: [""]
-  resources: [configmaps]
+  resources: [configmaps, namespaces]
   verbs: [get, list, watch, create, update]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -511,7 +511,7 @@ subjects: [{{ kind: ServiceAccount, name: holdfast-cp, namespace: {ns} }}]
     })
     .await?;
     assert_ne!(secret_cache["synced"], true);
-    // The other five caches complete; still nothing is published.
+    // The other caches complete; still nothing is published.
     let st = wait::until("the other caches complete", T, || async {
         let st = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
         let synced = st["caches"]

@@ -122,18 +122,7 @@ async fn s19_a_burst_of_changes_is_read_through_the_watches_alone() -> anyhow::R
     let audit = s.audit.clone().expect("an audit log");
     // Every kind is watched, the Gateway API's too (installed, so the control plane
     // started below lists and watches all of them).
-    let crds = holdfast_tests::cluster::run_script(&["gateway-api-crds"])?;
-    s.cluster
-        .kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
-    s.cluster.kubectl_run(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/gatewayclasses.gateway.networking.k8s.io",
-        "crd/gateways.gateway.networking.k8s.io",
-        "crd/httproutes.gateway.networking.k8s.io",
-        "crd/referencegrants.gateway.networking.k8s.io",
-    ])?;
+    s.cluster.install_gateway_api()?;
     apply_split_rbac(&s, &["cp"])?;
     let restarted = audit.position()?;
     restart_cp_as_service_account(&mut s, "control-plane-sa")?;

@@ -1,0 +1,771 @@
+//! What the leader writes on our Gateways and on the HTTPRoutes attached to them, computed
+//! from the caches by one pure function ([`desired`]); the leader's loop writes only what
+//! differs from the cached status.
+//!
+//! - A Gateway is ours when its class is one of our accepted GatewayClasses. It gets an
+//!   address from `--gateway-address-pool` ([`Pool`]): the one its status already holds
+//!   if that is in the pool and no older Gateway holds it, else the first free one from a
+//!   slot chosen by its name (so that Gateways keep their addresses as others come and go).
+//! - Its conditions: `Accepted` (`Accepted`; `ListenersNotValid` when a listener is not
+//!   usable, False when none is), `Programmed` False (`Pending`: no proxy serves Gateway
+//!   API listeners yet; `AddressNotAssigned` without a pool or a free address). Each
+//!   listener: `supportedKinds`, `attachedRoutes`, and `Accepted`, `Programmed` (as the
+//!   Gateway's), `ResolvedRefs` and `Conflicted` from [`super::attach::listeners`].
+//! - An HTTPRoute's `status.parents` keeps other controllers' entries and has one entry
+//!   per `parentRef` naming a Gateway of ours: `Accepted` (or why not, from
+//!   [`super::attach::attach`]) and `ResolvedRefs` (or the first backendRef's reason, from
+//!   [`super::attach::backend_ref`]).
+//!
+//! Every condition carries the object's generation, and keeps its transition time while
+//! its status does not change.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::attach::{self, GatewaySpec, HttpRouteSpec, Listener, ObjectRef, SecretCheck};
+use super::{GROUP, condition};
+use crate::translate::ClusterState;
+
+/// `--gateway-address-pool`: the IPv4 addresses Gateways get (every address of the CIDR;
+/// in a /31 or larger, the first and last are left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool {
+    first: u32,
+    count: u32,
+}
+
+impl Pool {
+    /// Parses `a.b.c.d/len` (len 8 to 32).
+    pub fn parse(cidr: &str) -> Result<Pool, String> {
+        let (addr, len) = cidr
+            .split_once('/')
+            .ok_or_else(|| format!("{cidr:?} is not a CIDR (a.b.c.d/len)"))?;
+        let addr: Ipv4Addr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IPv4 address"))?;
+        let len: u32 = len
+            .parse()
+            .ok()
+            .filter(|l| (8..=32).contains(l))
+            .ok_or_else(|| format!("prefix length {len:?} must be 8 to 32"))?;
+        let size = 1u64 << (32 - len);
+        let base = u32::from(addr) & (u32::MAX.checked_shl(32 - len).unwrap_or(0));
+        let (first, count) = if size >= 4 {
+            (base + 1, (size - 2) as u32)
+        } else {
+            (base, size as u32)
+        };
+        Ok(Pool { first, count })
+    }
+
+    fn contains(&self, ip: Ipv4Addr) -> bool {
+        let ip = u32::from(ip);
+        ip >= self.first && ip - self.first < self.count
+    }
+
+    fn nth(&self, i: u32) -> Ipv4Addr {
+        Ipv4Addr::from(self.first + i % self.count)
+    }
+}
+
+/// One status to write: the object and the `status` fields holdfast owns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The object's resourceVersion as cached (the write's precondition).
+    pub resource_version: Option<String>,
+    /// The `status` to merge.
+    pub status: Value,
+}
+
+/// Everything the leader should write now: the Gateways and HTTPRoutes whose status
+/// differs from what it should be.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// Gateways.
+    pub gateways: Vec<Write>,
+    /// HTTPRoutes.
+    pub routes: Vec<Write>,
+}
+
+/// The FNV-1a hash of `s`: a Gateway's first-choice slot in the pool.
+fn slot(s: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+/// What should be written on our Gateways and their HTTPRoutes, given the caches.
+pub fn desired(
+    state: &ClusterState,
+    controller: &str,
+    pool: Option<&Pool>,
+    now: &str,
+    secret: impl Fn(&str, &str) -> SecretCheck,
+) -> Desired {
+    let classes: BTreeSet<&str> = state
+        .gateway_classes
+        .iter()
+        .filter(|c| c.spec["controllerName"].as_str() == Some(controller))
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+    // Ours, oldest first: the older Gateway keeps a contested address.
+    let mut gateways: Vec<(&Arc<super::Gateway>, GatewaySpec)> = state
+        .gateways
+        .iter()
+        .filter_map(|g| {
+            let spec: GatewaySpec = serde_json::from_value(g.spec.clone()).ok()?;
+            classes
+                .contains(spec.gateway_class_name.as_str())
+                .then_some((g, spec))
+        })
+        .collect();
+    gateways.sort_by(|(a, _), (b, _)| {
+        let at = |g: &super::Gateway| {
+            (
+                g.metadata.creation_timestamp.clone().map(|t| t.0),
+                key(
+                    g.metadata.namespace.as_deref().unwrap_or_default(),
+                    g.metadata.name.as_deref().unwrap_or_default(),
+                ),
+            )
+        };
+        at(a).cmp(&at(b))
+    });
+    let addresses = assign(pool, &gateways);
+    let labels: HashMap<&str, &BTreeMap<String, String>> = state
+        .namespaces
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .collect();
+    let services: BTreeSet<(&str, &str)> = state
+        .services
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.metadata.namespace.as_deref()?,
+                s.metadata.name.as_deref()?,
+            ))
+        })
+        .collect();
+    let grants = &state.reference_grants;
+
+    // Each Gateway's listeners, checked.
+    let checked: HashMap<String, (usize, Vec<Listener>)> = gateways
+        .iter()
+        .enumerate()
+        .map(|(i, (g, spec))| {
+            let ns = g.metadata.namespace.as_deref().unwrap_or_default();
+            let name = g.metadata.name.as_deref().unwrap_or_default();
+            (
+                key(ns, name),
+                (i, attach::listeners(ns, spec, grants, &secret)),
+            )
+        })
+        .collect();
+    let mut attached: HashMap<(String, String), i64> = HashMap::new();
+    let mut out = Desired::default();
+
+    for route in &state.http_routes {
+        let Ok(spec) = serde_json::from_value::<HttpRouteSpec>(route.spec.clone()) else {
+            continue;
+        };
+        let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
+        let generation = route.metadata.generation.unwrap_or(0);
+        let resolved = resolved_refs(&route.spec, route_ns, grants, |ns, name| {
+            services.contains(&(ns, name))
+        });
+        let current_parents = route.status["parents"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut parents: Vec<Value> = current_parents
+            .iter()
+            .filter(|p| p["controllerName"].as_str() != Some(controller))
+            .cloned()
+            .collect();
+        let written: Vec<Value> = route.spec["parentRefs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for (parent, as_written) in spec.parent_refs.iter().zip(written) {
+            if parent.group.as_deref().unwrap_or(GROUP) != GROUP
+                || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
+            {
+                continue;
+            }
+            let gw_ns = parent.namespace.as_deref().unwrap_or(route_ns);
+            let Some((i, listeners)) = checked.get(&key(gw_ns, &parent.name)) else {
+                continue;
+            };
+            let gw_spec = &gateways[*i].1;
+            let result = attach::attach(
+                parent,
+                route_ns,
+                &spec.hostnames,
+                gw_ns,
+                gw_spec,
+                listeners,
+                labels.get(route_ns).copied(),
+            );
+            let current = current_parents
+                .iter()
+                .find(|p| {
+                    p["controllerName"].as_str() == Some(controller) && p["parentRef"] == as_written
+                })
+                .map(|p| json!({ "conditions": p["conditions"] }))
+                .unwrap_or(Value::Null);
+            let accepted = match &result {
+                Ok(on) => {
+                    for (l, _) in on {
+                        *attached
+                            .entry((key(gw_ns, &parent.name), l.name.clone()))
+                            .or_default() += 1;
+                    }
+                    condition(
+                        &current, "Accepted", "True", "Accepted", "attached", generation, now,
+                    )
+                }
+                Err(why) => condition(
+                    &current,
+                    "Accepted",
+                    "False",
+                    why.reason(),
+                    "the route attaches to no listener of this parent",
+                    generation,
+                    now,
+                ),
+            };
+            let refs = match &resolved {
+                Ok(()) => condition(
+                    &current,
+                    "ResolvedRefs",
+                    "True",
+                    "ResolvedRefs",
+                    "every backendRef resolves",
+                    generation,
+                    now,
+                ),
+                Err((reason, message)) => condition(
+                    &current,
+                    "ResolvedRefs",
+                    "False",
+                    reason,
+                    message,
+                    generation,
+                    now,
+                ),
+            };
+            parents.push(json!({
+                "parentRef": as_written,
+                "controllerName": controller,
+                "conditions": [accepted, refs],
+            }));
+        }
+        let changed = parents != current_parents;
+        let ours = parents
+            .iter()
+            .any(|p| p["controllerName"].as_str() == Some(controller));
+        let had_ours = current_parents
+            .iter()
+            .any(|p| p["controllerName"].as_str() == Some(controller));
+        if changed && (ours || had_ours) {
+            out.routes.push(Write {
+                namespace: route_ns.to_owned(),
+                name: route.metadata.name.clone().unwrap_or_default(),
+                resource_version: route.metadata.resource_version.clone(),
+                status: json!({ "parents": parents }),
+            });
+        }
+    }
+
+    for (g, _) in &gateways {
+        let ns = g.metadata.namespace.as_deref().unwrap_or_default();
+        let name = g.metadata.name.as_deref().unwrap_or_default();
+        let generation = g.metadata.generation.unwrap_or(0);
+        let (_, listeners) = &checked[&key(ns, name)];
+        let address = addresses.get(&key(ns, name)).copied();
+        let usable = listeners.iter().filter(|l| l.usable()).count();
+        let accepted = if usable == listeners.len() {
+            condition(
+                &g.status,
+                "Accepted",
+                "True",
+                "Accepted",
+                "the Gateway is accepted",
+                generation,
+                now,
+            )
+        } else if usable > 0 {
+            condition(
+                &g.status,
+                "Accepted",
+                "True",
+                "ListenersNotValid",
+                "some listeners are not valid",
+                generation,
+                now,
+            )
+        } else {
+            condition(
+                &g.status,
+                "Accepted",
+                "False",
+                "ListenersNotValid",
+                "no listener is valid",
+                generation,
+                now,
+            )
+        };
+        let (programmed_reason, programmed_message) = if address.is_some() {
+            ("Pending", "no proxy serves Gateway API listeners yet")
+        } else {
+            (
+                "AddressNotAssigned",
+                "no address: set --gateway-address-pool, with a free address",
+            )
+        };
+        let programmed = condition(
+            &g.status,
+            "Programmed",
+            "False",
+            programmed_reason,
+            programmed_message,
+            generation,
+            now,
+        );
+        let current_listeners = g.status["listeners"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let listener_status: Vec<Value> = listeners
+            .iter()
+            .map(|l| {
+                let current = current_listeners
+                    .iter()
+                    .find(|c| c["name"] == l.name.as_str())
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let mut conditions: Vec<Value> = l
+                    .conditions
+                    .iter()
+                    .map(|c| {
+                        condition(
+                            &current,
+                            c.kind,
+                            if c.status { "True" } else { "False" },
+                            c.reason,
+                            &c.message,
+                            generation,
+                            now,
+                        )
+                    })
+                    .collect();
+                conditions.push(condition(
+                    &current,
+                    "Programmed",
+                    "False",
+                    programmed_reason,
+                    programmed_message,
+                    generation,
+                    now,
+                ));
+                let kinds: Vec<Value> = l
+                    .supported_kinds
+                    .iter()
+                    .map(|k| json!({ "group": k.group.as_deref().unwrap_or(GROUP), "kind": k.kind }))
+                    .collect();
+                json!({
+                    "name": l.name,
+                    "supportedKinds": kinds,
+                    "attachedRoutes": attached.get(&(key(ns, name), l.name.clone())).copied().unwrap_or(0),
+                    "conditions": conditions,
+                })
+            })
+            .collect();
+        let addresses: Vec<Value> = address
+            .map(|a| json!({ "type": "IPAddress", "value": a.to_string() }))
+            .into_iter()
+            .collect();
+        let status = json!({
+            "addresses": addresses,
+            "conditions": [accepted, programmed],
+            "listeners": listener_status,
+        });
+        let current = json!({
+            "addresses": g.status.get("addresses").cloned().unwrap_or(json!([])),
+            "conditions": g.status.get("conditions").cloned().unwrap_or(json!([])),
+            "listeners": g.status.get("listeners").cloned().unwrap_or(json!([])),
+        });
+        if status != current {
+            out.gateways.push(Write {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                resource_version: g.metadata.resource_version.clone(),
+                status,
+            });
+        }
+    }
+    out
+}
+
+/// Each Gateway's address (oldest first: see the module documentation).
+fn assign(
+    pool: Option<&Pool>,
+    gateways: &[(&Arc<super::Gateway>, GatewaySpec)],
+) -> HashMap<String, Ipv4Addr> {
+    let mut out = HashMap::new();
+    let Some(pool) = pool else {
+        return out;
+    };
+    let mut taken: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    let mut waiting = Vec::new();
+    for (g, _) in gateways {
+        let k = key(
+            g.metadata.namespace.as_deref().unwrap_or_default(),
+            g.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let held = g.status["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["value"].as_str()?.parse::<Ipv4Addr>().ok())
+            .find(|ip| pool.contains(*ip) && !taken.contains(ip));
+        match held {
+            Some(ip) => {
+                taken.insert(ip);
+                out.insert(k, ip);
+            }
+            None => waiting.push(k),
+        }
+    }
+    for k in waiting {
+        let start = slot(&k) % pool.count;
+        if let Some(ip) = (0..pool.count)
+            .map(|i| pool.nth(start + i))
+            .find(|ip| !taken.contains(ip))
+        {
+            taken.insert(ip);
+            out.insert(k, ip);
+        }
+    }
+    out
+}
+
+/// The route's `ResolvedRefs`: Ok, or the first unresolved backendRef's reason and why.
+fn resolved_refs(
+    spec: &Value,
+    route_ns: &str,
+    grants: &[Arc<super::ReferenceGrant>],
+    service_exists: impl Fn(&str, &str) -> bool,
+) -> Result<(), (&'static str, String)> {
+    for rule in spec["rules"].as_array().into_iter().flatten() {
+        for r in rule["backendRefs"].as_array().into_iter().flatten() {
+            let Ok(r) = serde_json::from_value::<ObjectRef>(r.clone()) else {
+                return Err(("InvalidKind", "a backendRef cannot be read".into()));
+            };
+            if let Err(why) = attach::backend_ref(&r, route_ns, grants, &service_exists) {
+                let ns = r.namespace.as_deref().unwrap_or(route_ns);
+                return Err((
+                    why.reason(),
+                    format!("backendRef {ns}/{}: {}", r.name, why.reason()),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway_api::{DEFAULT_CONTROLLER_NAME as OURS, Gateway, GatewayClass, HttpRoute};
+
+    fn class(name: &str, controller: &str) -> Arc<GatewayClass> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name }, "spec": { "controllerName": controller }
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn gateway(
+        ns: &str,
+        name: &str,
+        class: &str,
+        created: &str,
+        listeners: Value,
+        status: Value,
+    ) -> Arc<Gateway> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": ns, "generation": 1,
+                              "creationTimestamp": created, "resourceVersion": "5" },
+                "spec": { "gatewayClassName": class, "listeners": listeners },
+                "status": status,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn route(ns: &str, name: &str, spec: Value, status: Value) -> Arc<HttpRoute> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": ns, "generation": 4 },
+                "spec": spec, "status": status,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn service(ns: &str, name: &str) -> Arc<k8s_openapi::api::core::v1::Service> {
+        Arc::new(
+            serde_json::from_value(json!({ "metadata": { "name": name, "namespace": ns } }))
+                .unwrap(),
+        )
+    }
+
+    fn http() -> Value {
+        json!([{ "name": "http", "port": 80, "protocol": "HTTP" }])
+    }
+
+    #[test]
+    fn a_pool_is_parsed_with_its_usable_addresses() {
+        let p = Pool::parse("127.10.0.0/16").unwrap();
+        assert!(p.contains("127.10.0.1".parse().unwrap()));
+        assert!(!p.contains("127.10.0.0".parse().unwrap()));
+        assert!(!p.contains("127.10.255.255".parse().unwrap()));
+        assert!(!p.contains("127.11.0.1".parse().unwrap()));
+        assert_eq!(
+            Pool::parse("127.0.0.7/32").unwrap().nth(3),
+            "127.0.0.7".parse::<Ipv4Addr>().unwrap()
+        );
+        for bad in ["127.10.0.0", "nope/16", "127.10.0.0/4", "::1/128"] {
+            assert!(Pool::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gateways_of_our_classes_get_distinct_addresses_and_keep_the_one_they_hold() {
+        let pool = Pool::parse("127.10.0.0/30").unwrap(); // two addresses: .1 and .2
+        let mut state = ClusterState {
+            gateway_classes: vec![class("ours", OURS), class("theirs", "example.com/x")],
+            gateways: vec![
+                gateway(
+                    "a",
+                    "old",
+                    "ours",
+                    "2026-01-01T00:00:00Z",
+                    http(),
+                    json!({ "addresses": [{ "type": "IPAddress", "value": "127.10.0.2" }] }),
+                ),
+                gateway(
+                    "a",
+                    "new",
+                    "ours",
+                    "2026-02-01T00:00:00Z",
+                    http(),
+                    Value::Null,
+                ),
+                gateway(
+                    "a",
+                    "third",
+                    "ours",
+                    "2026-03-01T00:00:00Z",
+                    http(),
+                    Value::Null,
+                ),
+                gateway(
+                    "a",
+                    "foreign",
+                    "theirs",
+                    "2026-01-01T00:00:00Z",
+                    http(),
+                    Value::Null,
+                ),
+            ],
+            ..Default::default()
+        };
+        let d = desired(&state, OURS, Some(&pool), "t", |_, _| SecretCheck::Usable);
+        let addr = |d: &Desired, name: &str| {
+            d.gateways
+                .iter()
+                .find(|w| w.name == name)
+                .map(|w| w.status["addresses"].clone())
+        };
+        assert_eq!(
+            addr(&d, "old"),
+            Some(json!([{ "type": "IPAddress", "value": "127.10.0.2" }]))
+        );
+        assert_eq!(
+            addr(&d, "new"),
+            Some(json!([{ "type": "IPAddress", "value": "127.10.0.1" }]))
+        );
+        // The pool is full: the youngest has no address and says so.
+        assert_eq!(addr(&d, "third"), Some(json!([])));
+        let third = d.gateways.iter().find(|w| w.name == "third").unwrap();
+        assert_eq!(
+            third.status["conditions"][1]["reason"],
+            "AddressNotAssigned"
+        );
+        assert!(
+            d.gateways.iter().all(|w| w.name != "foreign"),
+            "another controller's Gateway"
+        );
+        // What was written is not written again.
+        let written: HashMap<String, Value> = d
+            .gateways
+            .iter()
+            .map(|w| (w.name.clone(), w.status.clone()))
+            .collect();
+        for g in state.gateways.iter_mut() {
+            if let Some(s) = written.get(g.metadata.name.as_deref().unwrap()) {
+                Arc::make_mut(g).status = s.clone();
+            }
+        }
+        let again = desired(&state, OURS, Some(&pool), "t2", |_, _| SecretCheck::Usable);
+        assert_eq!(again.gateways, vec![], "nothing changed");
+    }
+
+    #[test]
+    fn listener_and_route_status_follow_attachment() {
+        let listeners = json!([
+            { "name": "http", "port": 80, "protocol": "HTTP" },
+            { "name": "https", "port": 443, "protocol": "HTTPS",
+              "tls": { "certificateRefs": [{ "name": "missing" }] } }
+        ]);
+        let parent = |section: Option<&str>| {
+            let mut p = json!({ "group": GROUP, "kind": "Gateway", "name": "gw" });
+            if let Some(s) = section {
+                p["sectionName"] = json!(s);
+            }
+            p
+        };
+        let other_controller = json!({ "parents": [{
+            "parentRef": { "name": "elsewhere" }, "controllerName": "example.com/x", "conditions": []
+        }] });
+        let state = ClusterState {
+            gateway_classes: vec![class("ours", OURS)],
+            gateways: vec![gateway(
+                "infra",
+                "gw",
+                "ours",
+                "2026-01-01T00:00:00Z",
+                listeners,
+                Value::Null,
+            )],
+            services: vec![service("infra", "web")],
+            http_routes: vec![
+                route(
+                    "infra",
+                    "ok",
+                    json!({ "parentRefs": [parent(None)],
+                    "rules": [{ "backendRefs": [{ "name": "web", "port": 8080 }] }] }),
+                    other_controller,
+                ),
+                route(
+                    "infra",
+                    "nobackend",
+                    json!({ "parentRefs": [parent(Some("http"))],
+                    "rules": [{ "backendRefs": [{ "name": "nosuch", "port": 8080 }] }] }),
+                    Value::Null,
+                ),
+                route(
+                    "infra",
+                    "nosection",
+                    json!({ "parentRefs": [parent(Some("nosuch"))] }),
+                    Value::Null,
+                ),
+                route(
+                    "apps",
+                    "elsewhere",
+                    json!({ "parentRefs": [{ "name": "gw", "namespace": "infra" }] }),
+                    Value::Null,
+                ),
+                route(
+                    "infra",
+                    "notours",
+                    json!({ "parentRefs": [{ "name": "other-gw" }] }),
+                    Value::Null,
+                ),
+            ],
+            ..Default::default()
+        };
+        let d = desired(
+            &state,
+            OURS,
+            Some(&Pool::parse("127.10.0.0/16").unwrap()),
+            "t",
+            |_, _| SecretCheck::Missing,
+        );
+        let gw = &d.gateways[0].status;
+        assert_eq!(gw["conditions"][0]["reason"], "ListenersNotValid");
+        assert_eq!(gw["conditions"][0]["status"], "True");
+        assert_eq!(gw["conditions"][1]["type"], "Programmed");
+        assert_eq!(gw["conditions"][1]["status"], "False");
+        assert_eq!(gw["listeners"][0]["name"], "http");
+        assert_eq!(gw["listeners"][0]["attachedRoutes"], 2, "ok and nobackend");
+        assert_eq!(
+            gw["listeners"][0]["supportedKinds"],
+            json!([{ "group": GROUP, "kind": "HTTPRoute" }])
+        );
+        assert_eq!(gw["listeners"][1]["attachedRoutes"], 0);
+        let https_refs = gw["listeners"][1]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "ResolvedRefs")
+            .unwrap()
+            .clone();
+        assert_eq!(https_refs["reason"], "InvalidCertificateRef");
+        assert_eq!(https_refs["observedGeneration"], 1);
+
+        let parents = |name: &str| {
+            d.routes
+                .iter()
+                .find(|w| w.name == name)
+                .map(|w| w.status["parents"].clone())
+                .unwrap_or(Value::Null)
+        };
+        let ok = parents("ok");
+        assert_eq!(
+            ok.as_array().unwrap().len(),
+            2,
+            "another controller's entry is kept: {ok}"
+        );
+        assert_eq!(ok[0]["controllerName"], "example.com/x");
+        assert_eq!(ok[1]["parentRef"], parent(None));
+        assert_eq!(ok[1]["conditions"][0]["status"], "True");
+        assert_eq!(ok[1]["conditions"][0]["observedGeneration"], 4);
+        assert_eq!(ok[1]["conditions"][1]["reason"], "ResolvedRefs");
+        let nobackend = parents("nobackend");
+        assert_eq!(nobackend[0]["conditions"][0]["status"], "True");
+        assert_eq!(nobackend[0]["conditions"][1]["reason"], "BackendNotFound");
+        assert_eq!(
+            parents("nosection")[0]["conditions"][0]["reason"],
+            "NoMatchingParent"
+        );
+        assert_eq!(
+            parents("elsewhere")[0]["conditions"][0]["reason"],
+            "NotAllowedByListeners"
+        );
+        assert_eq!(
+            parents("notours"),
+            Value::Null,
+            "a route of no Gateway of ours is not written"
+        );
+    }
+}
