@@ -15,6 +15,8 @@
 use std::borrow::Cow;
 
 pub mod attach;
+pub mod model;
+pub mod routes;
 pub mod status;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};

@@ -19,14 +19,14 @@
 //! Every condition carries the object's generation, and keeps its transition time while
 //! its status does not change.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::attach::{self, GatewaySpec, HttpRouteSpec, Listener, ObjectRef, SecretCheck};
-use super::{GROUP, condition};
+use super::attach::{self, ObjectRef, SecretCheck};
+use super::{GROUP, condition, model};
 use crate::translate::ClusterState;
 
 /// `--gateway-address-pool`: the IPv4 addresses Gateways get (every address of the CIDR;
@@ -61,12 +61,19 @@ impl Pool {
         Ok(Pool { first, count })
     }
 
-    fn contains(&self, ip: Ipv4Addr) -> bool {
+    /// Whether `ip` is one of the pool's addresses.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
         let ip = u32::from(ip);
         ip >= self.first && ip - self.first < self.count
     }
 
-    fn nth(&self, i: u32) -> Ipv4Addr {
+    /// How many addresses it has.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Its `i`-th address (modulo its size).
+    pub fn nth(&self, i: u32) -> Ipv4Addr {
         Ipv4Addr::from(self.first + i % self.count)
     }
 }
@@ -94,19 +101,6 @@ pub struct Desired {
     pub routes: Vec<Write>,
 }
 
-/// The FNV-1a hash of `s`: a Gateway's first-choice slot in the pool.
-fn slot(s: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    h
-}
-
-fn key(ns: &str, name: &str) -> String {
-    format!("{ns}/{name}")
-}
-
 /// What should be written on our Gateways and their HTTPRoutes, given the caches.
 pub fn desired(
     state: &ClusterState,
@@ -115,41 +109,7 @@ pub fn desired(
     now: &str,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Desired {
-    let classes: BTreeSet<&str> = state
-        .gateway_classes
-        .iter()
-        .filter(|c| c.spec["controllerName"].as_str() == Some(controller))
-        .filter_map(|c| c.metadata.name.as_deref())
-        .collect();
-    // Ours, oldest first: the older Gateway keeps a contested address.
-    let mut gateways: Vec<(&Arc<super::Gateway>, GatewaySpec)> = state
-        .gateways
-        .iter()
-        .filter_map(|g| {
-            let spec: GatewaySpec = serde_json::from_value(g.spec.clone()).ok()?;
-            classes
-                .contains(spec.gateway_class_name.as_str())
-                .then_some((g, spec))
-        })
-        .collect();
-    gateways.sort_by(|(a, _), (b, _)| {
-        let at = |g: &super::Gateway| {
-            (
-                g.metadata.creation_timestamp.clone().map(|t| t.0),
-                key(
-                    g.metadata.namespace.as_deref().unwrap_or_default(),
-                    g.metadata.name.as_deref().unwrap_or_default(),
-                ),
-            )
-        };
-        at(a).cmp(&at(b))
-    });
-    let addresses = assign(pool, &gateways);
-    let labels: HashMap<&str, &BTreeMap<String, String>> = state
-        .namespaces
-        .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
-        .collect();
+    let resolved = model::resolve(state, controller, pool, secret);
     let services: BTreeSet<(&str, &str)> = state
         .services
         .iter()
@@ -161,30 +121,21 @@ pub fn desired(
         })
         .collect();
     let grants = &state.reference_grants;
-
-    // Each Gateway's listeners, checked.
-    let checked: HashMap<String, (usize, Vec<Listener>)> = gateways
-        .iter()
-        .enumerate()
-        .map(|(i, (g, spec))| {
-            let ns = g.metadata.namespace.as_deref().unwrap_or_default();
-            let name = g.metadata.name.as_deref().unwrap_or_default();
-            (
-                key(ns, name),
-                (i, attach::listeners(ns, spec, grants, &secret)),
-            )
-        })
-        .collect();
-    let mut attached: HashMap<(String, String), i64> = HashMap::new();
+    let mut attached: HashMap<(usize, usize), i64> = HashMap::new();
     let mut out = Desired::default();
 
-    for route in &state.http_routes {
-        let Ok(spec) = serde_json::from_value::<HttpRouteSpec>(route.spec.clone()) else {
-            continue;
-        };
+    // The attachments of each route, in order (they are grouped by route).
+    let mut by_route: Vec<(&Arc<super::HttpRoute>, Vec<&model::Attachment>)> = Vec::new();
+    for a in &resolved.attachments {
+        match by_route.last_mut() {
+            Some((r, list)) if Arc::ptr_eq(r, &a.route) => list.push(a),
+            _ => by_route.push((&a.route, vec![a])),
+        }
+    }
+    for (route, attachments) in by_route {
         let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
         let generation = route.metadata.generation.unwrap_or(0);
-        let resolved = resolved_refs(&route.spec, route_ns, grants, |ns, name| {
+        let resolved_refs = resolved_refs(&route.spec, route_ns, grants, |ns, name| {
             services.contains(&(ns, name))
         });
         let current_parents = route.status["parents"]
@@ -196,43 +147,19 @@ pub fn desired(
             .filter(|p| p["controllerName"].as_str() != Some(controller))
             .cloned()
             .collect();
-        let written: Vec<Value> = route.spec["parentRefs"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for (parent, as_written) in spec.parent_refs.iter().zip(written) {
-            if parent.group.as_deref().unwrap_or(GROUP) != GROUP
-                || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
-            {
-                continue;
-            }
-            let gw_ns = parent.namespace.as_deref().unwrap_or(route_ns);
-            let Some((i, listeners)) = checked.get(&key(gw_ns, &parent.name)) else {
-                continue;
-            };
-            let gw_spec = &gateways[*i].1;
-            let result = attach::attach(
-                parent,
-                route_ns,
-                &spec.hostnames,
-                gw_ns,
-                gw_spec,
-                listeners,
-                labels.get(route_ns).copied(),
-            );
+        for a in attachments {
             let current = current_parents
                 .iter()
                 .find(|p| {
-                    p["controllerName"].as_str() == Some(controller) && p["parentRef"] == as_written
+                    p["controllerName"].as_str() == Some(controller)
+                        && p["parentRef"] == a.parent_ref
                 })
                 .map(|p| json!({ "conditions": p["conditions"] }))
                 .unwrap_or(Value::Null);
-            let accepted = match &result {
+            let accepted = match &a.result {
                 Ok(on) => {
                     for (l, _) in on {
-                        *attached
-                            .entry((key(gw_ns, &parent.name), l.name.clone()))
-                            .or_default() += 1;
+                        *attached.entry((a.gateway, *l)).or_default() += 1;
                     }
                     condition(
                         &current, "Accepted", "True", "Accepted", "attached", generation, now,
@@ -248,7 +175,7 @@ pub fn desired(
                     now,
                 ),
             };
-            let refs = match &resolved {
+            let refs = match &resolved_refs {
                 Ok(()) => condition(
                     &current,
                     "ResolvedRefs",
@@ -269,19 +196,12 @@ pub fn desired(
                 ),
             };
             parents.push(json!({
-                "parentRef": as_written,
+                "parentRef": a.parent_ref,
                 "controllerName": controller,
                 "conditions": [accepted, refs],
             }));
         }
-        let changed = parents != current_parents;
-        let ours = parents
-            .iter()
-            .any(|p| p["controllerName"].as_str() == Some(controller));
-        let had_ours = current_parents
-            .iter()
-            .any(|p| p["controllerName"].as_str() == Some(controller));
-        if changed && (ours || had_ours) {
+        if parents != current_parents {
             out.routes.push(Write {
                 namespace: route_ns.to_owned(),
                 name: route.metadata.name.clone().unwrap_or_default(),
@@ -291,16 +211,44 @@ pub fn desired(
         }
     }
 
-    for (g, _) in &gateways {
-        let ns = g.metadata.namespace.as_deref().unwrap_or_default();
-        let name = g.metadata.name.as_deref().unwrap_or_default();
-        let generation = g.metadata.generation.unwrap_or(0);
-        let (_, listeners) = &checked[&key(ns, name)];
-        let address = addresses.get(&key(ns, name)).copied();
+    // A route that no longer names a Gateway of ours loses our entries.
+    for route in &state.http_routes {
+        if resolved
+            .attachments
+            .iter()
+            .any(|a| Arc::ptr_eq(&a.route, route))
+        {
+            continue;
+        }
+        let current = route.status["parents"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let kept: Vec<Value> = current
+            .iter()
+            .filter(|p| p["controllerName"].as_str() != Some(controller))
+            .cloned()
+            .collect();
+        if kept.len() != current.len() {
+            out.routes.push(Write {
+                namespace: route.metadata.namespace.clone().unwrap_or_default(),
+                name: route.metadata.name.clone().unwrap_or_default(),
+                resource_version: route.metadata.resource_version.clone(),
+                status: json!({ "parents": kept }),
+            });
+        }
+    }
+
+    for (gi, g) in resolved.gateways.iter().enumerate() {
+        let (ns, name) = (g.namespace.as_str(), g.name.as_str());
+        let generation = g.object.metadata.generation.unwrap_or(0);
+        let listeners = &g.listeners;
+        let address = g.address;
+        let status_now = &g.object.status;
         let usable = listeners.iter().filter(|l| l.usable()).count();
         let accepted = if usable == listeners.len() {
             condition(
-                &g.status,
+                status_now,
                 "Accepted",
                 "True",
                 "Accepted",
@@ -310,7 +258,7 @@ pub fn desired(
             )
         } else if usable > 0 {
             condition(
-                &g.status,
+                status_now,
                 "Accepted",
                 "True",
                 "ListenersNotValid",
@@ -320,7 +268,7 @@ pub fn desired(
             )
         } else {
             condition(
-                &g.status,
+                status_now,
                 "Accepted",
                 "False",
                 "ListenersNotValid",
@@ -338,7 +286,7 @@ pub fn desired(
             )
         };
         let programmed = condition(
-            &g.status,
+            status_now,
             "Programmed",
             "False",
             programmed_reason,
@@ -346,13 +294,14 @@ pub fn desired(
             generation,
             now,
         );
-        let current_listeners = g.status["listeners"]
+        let current_listeners = status_now["listeners"]
             .as_array()
             .cloned()
             .unwrap_or_default();
         let listener_status: Vec<Value> = listeners
             .iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(li, l)| {
                 let current = current_listeners
                     .iter()
                     .find(|c| c["name"] == l.name.as_str())
@@ -385,12 +334,14 @@ pub fn desired(
                 let kinds: Vec<Value> = l
                     .supported_kinds
                     .iter()
-                    .map(|k| json!({ "group": k.group.as_deref().unwrap_or(GROUP), "kind": k.kind }))
+                    .map(
+                        |k| json!({ "group": k.group.as_deref().unwrap_or(GROUP), "kind": k.kind }),
+                    )
                     .collect();
                 json!({
                     "name": l.name,
                     "supportedKinds": kinds,
-                    "attachedRoutes": attached.get(&(key(ns, name), l.name.clone())).copied().unwrap_or(0),
+                    "attachedRoutes": attached.get(&(gi, li)).copied().unwrap_or(0),
                     "conditions": conditions,
                 })
             })
@@ -405,60 +356,17 @@ pub fn desired(
             "listeners": listener_status,
         });
         let current = json!({
-            "addresses": g.status.get("addresses").cloned().unwrap_or(json!([])),
-            "conditions": g.status.get("conditions").cloned().unwrap_or(json!([])),
-            "listeners": g.status.get("listeners").cloned().unwrap_or(json!([])),
+            "addresses": status_now.get("addresses").cloned().unwrap_or(json!([])),
+            "conditions": status_now.get("conditions").cloned().unwrap_or(json!([])),
+            "listeners": status_now.get("listeners").cloned().unwrap_or(json!([])),
         });
         if status != current {
             out.gateways.push(Write {
                 namespace: ns.to_owned(),
                 name: name.to_owned(),
-                resource_version: g.metadata.resource_version.clone(),
+                resource_version: g.object.metadata.resource_version.clone(),
                 status,
             });
-        }
-    }
-    out
-}
-
-/// Each Gateway's address (oldest first: see the module documentation).
-fn assign(
-    pool: Option<&Pool>,
-    gateways: &[(&Arc<super::Gateway>, GatewaySpec)],
-) -> HashMap<String, Ipv4Addr> {
-    let mut out = HashMap::new();
-    let Some(pool) = pool else {
-        return out;
-    };
-    let mut taken: BTreeSet<Ipv4Addr> = BTreeSet::new();
-    let mut waiting = Vec::new();
-    for (g, _) in gateways {
-        let k = key(
-            g.metadata.namespace.as_deref().unwrap_or_default(),
-            g.metadata.name.as_deref().unwrap_or_default(),
-        );
-        let held = g.status["addresses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a["value"].as_str()?.parse::<Ipv4Addr>().ok())
-            .find(|ip| pool.contains(*ip) && !taken.contains(ip));
-        match held {
-            Some(ip) => {
-                taken.insert(ip);
-                out.insert(k, ip);
-            }
-            None => waiting.push(k),
-        }
-    }
-    for k in waiting {
-        let start = slot(&k) % pool.count;
-        if let Some(ip) = (0..pool.count)
-            .map(|i| pool.nth(start + i))
-            .find(|ip| !taken.contains(ip))
-        {
-            taken.insert(ip);
-            out.insert(k, ip);
         }
     }
     out

@@ -1,0 +1,710 @@
+//! The routes of our Gateways, as the proxies will serve them: per Gateway address and
+//! port, per hostname, the route entries in the specification's precedence order. Pure:
+//! made from [`super::model::Resolved`].
+//!
+//! Precedence (Gateway API v1.6, HTTPRouteRule): hostnames first (an exact hostname, then
+//! wildcards from the longest, then routes for any hostname: a request falls through to
+//! the next hostname level when no entry of one matches); within a hostname, an `Exact`
+//! path, then the longest `PathPrefix`, then a method match, then the most header
+//! matches, then the oldest route, then `namespace/name`, then rule and match order. The
+//! first entry that matches wins.
+//!
+//! What this version serves of a rule: path matches (`Exact`, `PathPrefix`; a trailing
+//! `/` of a prefix is ignored, and a match without a path is `PathPrefix /`), header
+//! matches of type `Exact` (names compared case-insensitively; of several matches for one
+//! name only the first counts), weighted `backendRefs` (weight 1 by default; an
+//! unresolvable backend keeps its share and answers 500; a rule with no backend answers
+//! 500), and the filters `RequestHeaderModifier` and `RequestRedirect` (scheme, hostname,
+//! port, status code). A match or filter it cannot serve is refused with the reason and
+//! the entry is left out, never served more broadly than written.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use serde::Deserialize;
+
+use super::attach::{self, Hostnames, ObjectRef, Unresolved};
+use super::model::Resolved;
+use crate::translate::ClusterState;
+
+/// A rule of an HTTPRoute, as far as this version serves it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct Rule {
+    matches: Vec<Match>,
+    filters: Vec<Filter>,
+    backend_refs: Vec<BackendRef>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct Match {
+    path: Option<PathSpec>,
+    headers: Vec<HeaderSpec>,
+    method: Option<String>,
+    query_params: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PathSpec {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    value: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct HeaderSpec {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    name: String,
+    value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct Filter {
+    #[serde(rename = "type")]
+    kind: String,
+    request_header_modifier: Option<HeaderModifier>,
+    request_redirect: Option<RedirectSpec>,
+}
+
+/// A `RequestHeaderModifier`: headers set (replacing), added (appended) and removed.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HeaderModifier {
+    /// Replace (or add) these.
+    pub set: Vec<NameValue>,
+    /// Append these.
+    pub add: Vec<NameValue>,
+    /// Remove these (names).
+    pub remove: Vec<String>,
+}
+
+/// A header name and value.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct NameValue {
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RedirectSpec {
+    scheme: Option<String>,
+    hostname: Option<String>,
+    port: Option<i64>,
+    status_code: Option<i64>,
+    path: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct BackendRef {
+    #[serde(flatten)]
+    target: ObjectRef,
+    weight: Option<i64>,
+    filters: Vec<serde_json::Value>,
+}
+
+/// How a path is matched.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PathMatch {
+    /// The whole path.
+    Exact(String),
+    /// Element-wise on `/` (no trailing `/`, except `/` itself).
+    Prefix(String),
+}
+
+/// A backend of a rule and its share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weighted {
+    /// `namespace/service:port`, or why the reference does not resolve (its share
+    /// answers 500).
+    pub backend: Result<String, Unresolved>,
+    /// Relative weight (0: never chosen).
+    pub weight: u32,
+}
+
+/// A redirect (`RequestRedirect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// `http` or `https` (None: the request's).
+    pub scheme: Option<String>,
+    /// Host (None: the request's).
+    pub hostname: Option<String>,
+    /// Port (None: the scheme's default when the scheme changes, else the request's).
+    pub port: Option<u16>,
+    /// 301 or 302.
+    pub status: u16,
+}
+
+/// What a matched entry does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Forward to one of `backends` by weight, after changing the request's headers.
+    Forward {
+        /// The backends (an empty list, or only weight 0: 500).
+        backends: Vec<Weighted>,
+        /// Header changes.
+        headers: HeaderModifier,
+    },
+    /// Answer with a redirect.
+    Redirect(Redirect),
+}
+
+/// One entry of a hostname's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Path.
+    pub path: PathMatch,
+    /// Header matches: lower-case name, exact value.
+    pub headers: Vec<(String, String)>,
+    /// What it does.
+    pub action: Action,
+    /// `namespace/name` of the HTTPRoute, and the rule's index.
+    pub source: (String, usize),
+    /// Precedence among entries of one hostname (lower first).
+    order: (
+        u8,
+        std::cmp::Reverse<usize>,
+        std::cmp::Reverse<usize>,
+        Option<String>,
+        String,
+        usize,
+        usize,
+    ),
+}
+
+/// The routes served on one Gateway address and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortRoutes {
+    /// The Gateway's address.
+    pub address: Ipv4Addr,
+    /// The port.
+    pub port: u16,
+    /// `HTTP` or `HTTPS`.
+    pub protocol: String,
+    /// Per hostname (lower case; `*.example.com` covers one or more labels; "" any), the
+    /// entries in precedence order.
+    pub hosts: BTreeMap<String, Vec<Entry>>,
+    /// For HTTPS: per listener hostname ("" any), the certificates (`namespace/name`).
+    pub certificates: BTreeMap<String, Vec<String>>,
+}
+
+/// A rule part that was left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// `namespace/name` of the HTTPRoute.
+    pub route: String,
+    /// The rule's index.
+    pub rule: usize,
+    /// Why.
+    pub reason: String,
+}
+
+/// Every Gateway address and port with its routes, and what was left out.
+pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
+    let service_port = |ns: &str, name: &str, port: i64| -> bool {
+        state.services.iter().any(|s| {
+            s.metadata.namespace.as_deref() == Some(ns)
+                && s.metadata.name.as_deref() == Some(name)
+                && s.spec
+                    .as_ref()
+                    .and_then(|s| s.ports.as_ref())
+                    .is_some_and(|ports| ports.iter().any(|p| i64::from(p.port) == port))
+        })
+    };
+    let mut ports: BTreeMap<(Ipv4Addr, u16), PortRoutes> = BTreeMap::new();
+    let mut refused = Vec::new();
+    // Every listener of a Gateway with an address, even without routes.
+    for g in &resolved.gateways {
+        let Some(address) = g.address else { continue };
+        for l in g.listeners.iter().filter(|l| l.usable()) {
+            let Ok(port) = u16::try_from(l.port) else {
+                continue;
+            };
+            let entry = ports.entry((address, port)).or_insert_with(|| PortRoutes {
+                address,
+                port,
+                protocol: l.protocol.clone(),
+                hosts: BTreeMap::new(),
+                certificates: BTreeMap::new(),
+            });
+            if l.protocol == "HTTPS" {
+                entry.certificates.insert(
+                    l.hostname.clone().unwrap_or_default(),
+                    l.certificates.clone(),
+                );
+            }
+        }
+    }
+    for a in &resolved.attachments {
+        let Ok(on) = &a.result else { continue };
+        let g = &resolved.gateways[a.gateway];
+        let Some(address) = g.address else { continue };
+        let route_ns = a.route.metadata.namespace.as_deref().unwrap_or_default();
+        let route_name = a.route.metadata.name.as_deref().unwrap_or_default();
+        let source = format!("{route_ns}/{route_name}");
+        let created = a
+            .route
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string());
+        let rules: Vec<Rule> = a.route.spec["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| serde_json::from_value(r.clone()).unwrap_or_default())
+            .collect();
+        let mut entries = Vec::new();
+        for (ri, rule) in rules.iter().enumerate() {
+            let action = match action(rule, route_ns, &state.reference_grants, &service_port) {
+                Ok(a) => a,
+                Err(reason) => {
+                    refused.push(Refused {
+                        route: source.clone(),
+                        rule: ri,
+                        reason,
+                    });
+                    continue;
+                }
+            };
+            let matches = if rule.matches.is_empty() {
+                vec![Match::default()]
+            } else {
+                rule.matches.clone()
+            };
+            for (mi, m) in matches.iter().enumerate() {
+                match entry(m) {
+                    Ok((path, headers)) => {
+                        let kind = u8::from(matches!(path, PathMatch::Prefix(_)));
+                        let len = match &path {
+                            PathMatch::Exact(p) | PathMatch::Prefix(p) => p.len(),
+                        };
+                        let order = (
+                            kind,
+                            std::cmp::Reverse(len),
+                            std::cmp::Reverse(headers.len()),
+                            created.clone(),
+                            source.clone(),
+                            ri,
+                            mi,
+                        );
+                        entries.push(Entry {
+                            path,
+                            headers,
+                            action: action.clone(),
+                            source: (source.clone(), ri),
+                            order,
+                        });
+                    }
+                    Err(reason) => refused.push(Refused {
+                        route: source.clone(),
+                        rule: ri,
+                        reason,
+                    }),
+                }
+            }
+        }
+        for (li, hostnames) in on {
+            let l = &g.listeners[*li];
+            let Ok(port) = u16::try_from(l.port) else {
+                continue;
+            };
+            let Some(table) = ports.get_mut(&(address, port)) else {
+                continue;
+            };
+            let names = match hostnames {
+                Hostnames::Any => vec![String::new()],
+                Hostnames::Some(names) => names.clone(),
+                Hostnames::None => continue,
+            };
+            for name in names {
+                let list = table.hosts.entry(name).or_default();
+                for e in &entries {
+                    if !list.contains(e) {
+                        list.push(e.clone());
+                    }
+                }
+            }
+        }
+    }
+    for p in ports.values_mut() {
+        for list in p.hosts.values_mut() {
+            list.sort_by(|a, b| a.order.cmp(&b.order));
+        }
+    }
+    (ports.into_values().collect(), refused)
+}
+
+/// A match's path and header conditions, or why it cannot be served.
+fn entry(m: &Match) -> Result<(PathMatch, Vec<(String, String)>), String> {
+    if m.method.is_some() {
+        return Err("method matches are not served yet".into());
+    }
+    if !m.query_params.is_empty() {
+        return Err("query parameter matches are not served yet".into());
+    }
+    let path = match &m.path {
+        None => PathMatch::Prefix("/".into()),
+        Some(p) => {
+            let value = p.value.clone().unwrap_or_else(|| "/".into());
+            if !value.starts_with('/')
+                || value.contains(['?', '#'])
+                || value.chars().any(char::is_whitespace)
+            {
+                return Err(format!("path {value:?} is not an absolute path"));
+            }
+            match p.kind.as_deref().unwrap_or("PathPrefix") {
+                "Exact" => PathMatch::Exact(value),
+                "PathPrefix" => {
+                    let trimmed = value.trim_end_matches('/');
+                    PathMatch::Prefix(if trimmed.is_empty() {
+                        "/".into()
+                    } else {
+                        trimmed.into()
+                    })
+                }
+                other => return Err(format!("path match type {other} is not served")),
+            }
+        }
+    };
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for h in &m.headers {
+        if h.kind.as_deref().unwrap_or("Exact") != "Exact" {
+            return Err(format!("header match type {:?} is not served", h.kind));
+        }
+        let name = h.name.to_ascii_lowercase();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!("{:?} is not a header name", h.name));
+        }
+        // Only the first match of a name counts.
+        if !headers.iter().any(|(n, _)| *n == name) {
+            headers.push((name, h.value.clone()));
+        }
+    }
+    Ok((path, headers))
+}
+
+/// What a rule does, or why it cannot be served.
+fn action(
+    rule: &Rule,
+    route_ns: &str,
+    grants: &[std::sync::Arc<super::ReferenceGrant>],
+    service_port: &impl Fn(&str, &str, i64) -> bool,
+) -> Result<Action, String> {
+    let mut headers = HeaderModifier::default();
+    let mut redirect = None;
+    for f in &rule.filters {
+        match (
+            f.kind.as_str(),
+            &f.request_header_modifier,
+            &f.request_redirect,
+        ) {
+            ("RequestHeaderModifier", Some(m), _) => {
+                for nv in m.set.iter().chain(&m.add) {
+                    if http::HeaderName::from_bytes(nv.name.as_bytes()).is_err()
+                        || http::HeaderValue::from_str(&nv.value).is_err()
+                    {
+                        return Err(format!("header {:?}: not a valid header", nv.name));
+                    }
+                }
+                headers = m.clone();
+            }
+            ("RequestRedirect", _, Some(r)) => {
+                if r.path.is_some() {
+                    return Err("a redirect's path is not served yet".into());
+                }
+                let status = match r.status_code.unwrap_or(302) {
+                    301 => 301,
+                    302 => 302,
+                    other => return Err(format!("redirect status {other} is not 301 or 302")),
+                };
+                let scheme = match r.scheme.as_deref() {
+                    None => None,
+                    Some(s @ ("http" | "https")) => Some(s.to_owned()),
+                    Some(other) => return Err(format!("redirect scheme {other:?}")),
+                };
+                let port = match r.port {
+                    None => None,
+                    Some(p) => Some(
+                        u16::try_from(p)
+                            .ok()
+                            .filter(|p| *p != 0)
+                            .ok_or_else(|| format!("redirect port {p}"))?,
+                    ),
+                };
+                redirect = Some(Redirect {
+                    scheme,
+                    hostname: r.hostname.clone().map(|h| h.to_ascii_lowercase()),
+                    port,
+                    status,
+                });
+            }
+            (other, _, _) => return Err(format!("filter {other} is not served yet")),
+        }
+    }
+    if let Some(r) = redirect {
+        return Ok(Action::Redirect(r));
+    }
+    let mut backends = Vec::new();
+    for b in &rule.backend_refs {
+        if !b.filters.is_empty() {
+            return Err("backendRef filters are not served yet".into());
+        }
+        let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
+        let resolved = attach::backend_ref(&b.target, route_ns, grants, |ns, name| {
+            state_has(service_port, ns, name, b.target.port)
+        })
+        .and_then(|(ns, name)| match b.target.port {
+            Some(port) => Ok(format!("{ns}/{name}:{port}")),
+            None => Err(Unresolved::BackendNotFound),
+        });
+        backends.push(Weighted {
+            backend: resolved,
+            weight,
+        });
+    }
+    Ok(Action::Forward { backends, headers })
+}
+
+/// Whether the Service exists with that port (a reference without a port never
+/// resolves: the port is required for a Service).
+fn state_has(
+    service_port: &impl Fn(&str, &str, i64) -> bool,
+    ns: &str,
+    name: &str,
+    port: Option<i64>,
+) -> bool {
+    port.is_some_and(|p| service_port(ns, name, p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway_api::attach::SecretCheck;
+    use crate::gateway_api::{DEFAULT_CONTROLLER_NAME as OURS, model, status::Pool};
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+
+    fn object<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
+        Arc::new(serde_json::from_value(v).expect("an object"))
+    }
+
+    fn state(routes: Vec<Value>) -> ClusterState {
+        ClusterState {
+            gateway_classes: vec![object(
+                json!({ "metadata": { "name": "c" }, "spec": { "controllerName": OURS } }),
+            )],
+            gateways: vec![object(json!({
+                "metadata": { "name": "gw", "namespace": "infra", "creationTimestamp": "2026-01-01T00:00:00Z" },
+                "spec": { "gatewayClassName": "c", "listeners": [
+                    { "name": "http", "port": 80, "protocol": "HTTP",
+                      "allowedRoutes": { "namespaces": { "from": "All" } } },
+                    { "name": "wild", "port": 8080, "protocol": "HTTP", "hostname": "*.example.com" }
+                ] }
+            }))],
+            services: vec![
+                object(
+                    json!({ "metadata": { "name": "v1", "namespace": "infra" }, "spec": { "ports": [{ "port": 8080 }] } }),
+                ),
+                object(
+                    json!({ "metadata": { "name": "v2", "namespace": "infra" }, "spec": { "ports": [{ "port": 8080 }] } }),
+                ),
+            ],
+            http_routes: routes.into_iter().map(object).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn route(name: &str, created: &str, spec: Value) -> Value {
+        json!({ "metadata": { "name": name, "namespace": "infra", "creationTimestamp": created }, "spec": spec })
+    }
+
+    fn build(st: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
+        let pool = Pool::parse("127.10.0.0/16").unwrap();
+        let resolved = model::resolve(st, OURS, Some(&pool), |_, _| SecretCheck::Usable);
+        routes(&resolved, st)
+    }
+
+    fn paths(p: &PortRoutes, host: &str) -> Vec<String> {
+        p.hosts[host]
+            .iter()
+            .map(|e| {
+                let path = match &e.path {
+                    PathMatch::Exact(p) => format!("={p}"),
+                    PathMatch::Prefix(p) => p.clone(),
+                };
+                if e.headers.is_empty() {
+                    path
+                } else {
+                    format!("{path}+h{}", e.headers.len())
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn entries_are_ordered_exact_then_longest_prefix_then_most_headers_then_oldest() {
+        let st = state(vec![
+            route(
+                "b-newer",
+                "2026-02-01T00:00:00Z",
+                json!({
+                "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+                "rules": [
+                    { "matches": [{ "path": { "type": "PathPrefix", "value": "/a/" } }],
+                      "backendRefs": [{ "name": "v2", "port": 8080 }] },
+                    { "matches": [{ "path": { "type": "PathPrefix", "value": "/" },
+                                    "headers": [{ "name": "X-One", "value": "1" }, { "name": "x-two", "value": "2" }] }],
+                      "backendRefs": [{ "name": "v2", "port": 8080 }] }
+                ] }),
+            ),
+            route(
+                "a-older",
+                "2026-01-15T00:00:00Z",
+                json!({
+                "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+                "rules": [
+                    { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" } }, { "path": { "type": "Exact", "value": "/a" } }],
+                      "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                    { "backendRefs": [{ "name": "v1", "port": 8080 }] }
+                ] }),
+            ),
+        ]);
+        let (ports, refused) = build(&st);
+        assert_eq!(refused, vec![]);
+        let http = ports.iter().find(|p| p.port == 80).expect("port 80");
+        assert_eq!(paths(http, ""), ["=/a", "/a", "/a", "/+h2", "/"]);
+        let hosts: Vec<&(String, usize)> = http.hosts[""].iter().map(|e| &e.source).collect();
+        // Same path /a from both routes: the older route first.
+        assert_eq!(hosts[1].0, "infra/a-older");
+        assert_eq!(hosts[2].0, "infra/b-newer");
+        assert!(
+            ports.iter().any(|p| p.port == 8080 && p.hosts.is_empty()),
+            "a listener without routes is still there"
+        );
+    }
+
+    #[test]
+    fn backends_are_weighted_and_an_unresolved_one_keeps_its_share() {
+        let st = state(vec![route(
+            "w",
+            "2026-01-01T00:00:00Z",
+            json!({
+            "parentRefs": [{ "name": "gw" }],
+            "hostnames": ["a.example.com"],
+            "rules": [{ "backendRefs": [
+                { "name": "v1", "port": 8080, "weight": 3 },
+                { "name": "v2", "port": 8080 },
+                { "name": "nosuch", "port": 8080, "weight": 2 },
+                { "name": "v1", "port": 9999 }
+            ] }] }),
+        )]);
+        let (ports, _) = build(&st);
+        let http = ports.iter().find(|p| p.port == 80).unwrap();
+        let wild = ports.iter().find(|p| p.port == 8080).unwrap();
+        assert_eq!(http.hosts.keys().collect::<Vec<_>>(), ["a.example.com"]);
+        assert_eq!(
+            wild.hosts.keys().collect::<Vec<_>>(),
+            ["a.example.com"],
+            "intersected with *.example.com"
+        );
+        let Action::Forward { backends, .. } = &http.hosts["a.example.com"][0].action else {
+            panic!("a forward");
+        };
+        assert_eq!(
+            backends,
+            &vec![
+                Weighted {
+                    backend: Ok("infra/v1:8080".into()),
+                    weight: 3
+                },
+                Weighted {
+                    backend: Ok("infra/v2:8080".into()),
+                    weight: 1
+                },
+                Weighted {
+                    backend: Err(Unresolved::BackendNotFound),
+                    weight: 2
+                },
+                Weighted {
+                    backend: Err(Unresolved::BackendNotFound),
+                    weight: 1
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn filters_become_header_changes_or_a_redirect_and_what_is_not_served_is_refused() {
+        let st = state(vec![route(
+            "f",
+            "2026-01-01T00:00:00Z",
+            json!({
+            "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+            "rules": [
+                { "matches": [{ "path": { "value": "/h" } }],
+                  "filters": [{ "type": "RequestHeaderModifier", "requestHeaderModifier": {
+                      "set": [{ "name": "X-Set", "value": "s" }], "add": [{ "name": "X-Add", "value": "a" }], "remove": ["X-Gone"] } }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/r" } }],
+                  "filters": [{ "type": "RequestRedirect", "requestRedirect": { "hostname": "Example.org", "statusCode": 301 } }] },
+                { "matches": [{ "path": { "value": "/m" }, "method": "GET" }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "type": "RegularExpression", "value": "/x.*" } }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/c" } }],
+                  "filters": [{ "type": "CORS", "cors": {} }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] }
+            ] }),
+        )]);
+        let (ports, refused) = build(&st);
+        let http = ports.iter().find(|p| p.port == 80).unwrap();
+        let by_path = |p: &str| {
+            http.hosts[""]
+                .iter()
+                .find(|e| e.path == PathMatch::Prefix(p.into()))
+                .map(|e| e.action.clone())
+        };
+        let Some(Action::Forward { headers, .. }) = by_path("/h") else {
+            panic!("/h forwards")
+        };
+        assert_eq!(
+            headers.set,
+            vec![NameValue {
+                name: "X-Set".into(),
+                value: "s".into()
+            }]
+        );
+        assert_eq!(headers.remove, vec!["X-Gone".to_owned()]);
+        assert_eq!(
+            by_path("/r"),
+            Some(Action::Redirect(Redirect {
+                scheme: None,
+                hostname: Some("example.org".into()),
+                port: None,
+                status: 301
+            }))
+        );
+        for p in ["/m", "/x.*", "/c"] {
+            assert_eq!(
+                by_path(p),
+                None,
+                "{p} is not served more broadly than written"
+            );
+        }
+        let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(refused.len(), 3, "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("method")));
+        assert!(reasons.iter().any(|r| r.contains("RegularExpression")));
+        assert!(reasons.iter().any(|r| r.contains("CORS")));
+    }
+}
