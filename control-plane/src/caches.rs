@@ -271,21 +271,58 @@ where
     reader
 }
 
-/// What API discovery says of `plural` in the Gateway API group, within `timeout`.
+/// What API discovery says of `plural` in the Gateway API group, each request within
+/// `timeout`: `GET /apis/GROUP/v1`, and when that says the kind does not exist, `GET /apis`
+/// (and the group's other versions) to confirm it ([`gateway_api::confirmed`]).
 async fn discover(client: &Client, plural: &str, timeout: std::time::Duration) -> Discovered {
     let answer = tokio::time::timeout(
         timeout,
         client.list_api_group_resources(gateway_api::API_VERSION),
     )
     .await;
-    match answer {
-        Err(_) => gateway_api::discovered(Err((None, "timed out")), plural),
-        Ok(Ok(list)) => gateway_api::discovered(Ok(&list), plural),
-        Ok(Err(kube::Error::Api(status))) => {
-            gateway_api::discovered(Err((Some(status.code), &status.message)), plural)
+    let (first, was_404) = match answer {
+        Err(_) => (
+            gateway_api::discovered(Err((None, "timed out")), plural),
+            false,
+        ),
+        Ok(Ok(list)) => (gateway_api::discovered(Ok(&list), plural), false),
+        Ok(Err(kube::Error::Api(status))) => (
+            gateway_api::discovered(Err((Some(status.code), &status.message)), plural),
+            status.code == 404,
+        ),
+        Ok(Err(error)) => (
+            gateway_api::discovered(Err((None, &error.to_string())), plural),
+            false,
+        ),
+    };
+    let Discovered::Absent(why) = first else {
+        return first;
+    };
+    let groups = match tokio::time::timeout(timeout, client.list_api_groups()).await {
+        Ok(Ok(groups)) => groups,
+        Ok(Err(error)) => return Discovered::Unknown(format!("API discovery of /apis: {error}")),
+        Err(_) => return Discovered::Unknown("API discovery of /apis: timed out".into()),
+    };
+    let versions: Vec<String> = groups
+        .groups
+        .iter()
+        .filter(|g| g.name == gateway_api::GROUP)
+        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
+        .collect();
+    for version in versions.iter().filter(|v| *v != gateway_api::VERSION) {
+        let at = format!("{}/{version}", gateway_api::GROUP);
+        match tokio::time::timeout(timeout, client.list_api_group_resources(&at)).await {
+            Ok(Ok(list)) if list.resources.iter().any(|r| r.name == plural) => {
+                return gateway_api::confirmed(why, was_404, &versions, Some(version), plural);
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                return Discovered::Unknown(format!("API discovery of {at}: {error}"));
+            }
+            Err(_) => return Discovered::Unknown(format!("API discovery of {at}: timed out")),
         }
-        Ok(Err(error)) => gateway_api::discovered(Err((None, &error.to_string())), plural),
     }
+    gateway_api::confirmed(why, was_404, &versions, None, plural)
 }
 
 /// A kind that may not be installed. Its cache is:

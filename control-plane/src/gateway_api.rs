@@ -214,10 +214,63 @@ pub fn discovered(
     }
 }
 
+/// Whether an [`Discovered::Absent`] answer for `GROUP/VERSION` stands once `/apis` has
+/// been read too (see `caches::discover`): `v1_was_404` says the first answer was a 404,
+/// `versions` are the group's versions `/apis` lists (none: the group is not served), and
+/// `elsewhere` is another of those versions that serves `plural`. It stands only when
+/// `/apis` agrees that the version does not exist and no other version has the kind: a 404
+/// from something in front of the API server, or a kind served only at an older version,
+/// is "could not find out", never empty.
+pub fn confirmed(
+    absent: String,
+    v1_was_404: bool,
+    versions: &[String],
+    elsewhere: Option<&str>,
+    plural: &str,
+) -> Discovered {
+    if let Some(v) = elsewhere {
+        return Discovered::Unknown(format!(
+            "{plural} is served at {GROUP}/{v}, not {VERSION}: holdfast reads {VERSION} (install the Gateway API standard CRDs of v1.5 or newer)"
+        ));
+    }
+    if v1_was_404 && versions.iter().any(|v| v == VERSION) {
+        return Discovered::Unknown(format!(
+            "{API_VERSION} answered 404 although /apis lists it (a proxy in front of the API server?)"
+        ));
+    }
+    Discovered::Absent(absent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
+
+    #[test]
+    fn absent_stands_only_when_apis_agrees_and_no_other_version_has_the_kind() {
+        let v = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let why = || "not installed".to_owned();
+        assert_eq!(
+            confirmed(why(), true, &[], None, "httproutes"),
+            Discovered::Absent(why())
+        );
+        assert_eq!(
+            confirmed(why(), true, &v(&["v1beta1"]), None, "httproutes"),
+            Discovered::Absent(why())
+        );
+        assert!(matches!(
+            confirmed(why(), true, &v(&["v1", "v1beta1"]), None, "httproutes"),
+            Discovered::Unknown(m) if m.contains("404")
+        ));
+        assert!(matches!(
+            confirmed(why(), false, &v(&["v1", "v1beta1"]), Some("v1beta1"), "referencegrants"),
+            Discovered::Unknown(m) if m.contains("v1beta1")
+        ));
+        assert_eq!(
+            confirmed(why(), false, &v(&["v1"]), None, "referencegrants"),
+            Discovered::Absent(why())
+        );
+    }
 
     fn list(names: &[&str]) -> APIResourceList {
         APIResourceList {

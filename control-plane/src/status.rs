@@ -189,6 +189,7 @@ pub async fn run(
     let (mut leader, task) = manager.watch().await;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut ledger = LedgerWriter::default();
+    let mut gateway_writer = GatewayWriter::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -212,8 +213,11 @@ pub async fn run(
                     if let Some(publish) = &settings.publish {
                         sync_state(&client, &state, publish, &settings.translate).await;
                     }
-                    sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
-                    sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref()).await;
+                    if gateway_writer.due(&progress) {
+                        sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
+                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref()).await;
+                        gateway_writer.done(&progress, written);
+                    }
                 }
             }
         }
@@ -228,6 +232,24 @@ pub async fn run(
 #[derive(Default)]
 struct LedgerWriter {
     last: Option<(Vec<KindProgress>, Instant)>,
+}
+
+/// When the Gateway API statuses are computed again: after any kind's progress moves,
+/// after a write failed, and every [`LEDGER_RECHECK`] (nothing is computed each second
+/// for an unchanged cluster).
+#[derive(Default)]
+struct GatewayWriter {
+    last: Option<(Vec<KindProgress>, Instant)>,
+}
+
+impl GatewayWriter {
+    fn due(&self, progress: &[KindProgress]) -> bool {
+        !matches!(&self.last, Some((p, at)) if p == progress && at.elapsed() < LEDGER_RECHECK)
+    }
+
+    fn done(&mut self, progress: &[KindProgress], all_written: bool) {
+        self.last = all_written.then(|| (progress.to_vec(), Instant::now()));
+    }
 }
 
 /// How often an unchanged ledger is checked again (a claim's grace period may end).
@@ -360,7 +382,10 @@ async fn sync_gateway_classes(client: &Client, state: &ClusterState, controller:
             continue;
         };
         let api: Api<gateway_api::GatewayClass> = Api::all(client.clone());
-        let patch = json!({ "status": status });
+        let patch = json!({
+            "metadata": { "resourceVersion": class.metadata.resource_version },
+            "status": status,
+        });
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -394,28 +419,31 @@ fn secret_check(state: &ClusterState, ns: &str, name: &str) -> gateway_api::atta
 
 /// Writes the status of our Gateways and of the HTTPRoutes attached to them where it
 /// differs from [`gateway_api::status::desired`]; each write carries the cached
-/// resourceVersion, so one made from a stale cache fails and is made again.
+/// resourceVersion, so one made from a stale cache fails and is made again. True when
+/// every write succeeded.
 async fn sync_gateways(
     client: &Client,
     state: &ClusterState,
     controller: &str,
     pool: Option<&gateway_api::status::Pool>,
-) {
+) -> bool {
     let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let desired = gateway_api::status::desired(state, controller, pool, &now, |ns, name| {
         secret_check(state, ns, name)
     });
+    let mut all = true;
     for w in &desired.gateways {
         let api: Api<gateway_api::Gateway> = Api::namespaced(client.clone(), &w.namespace);
-        write_status(&api, w, "Gateway").await;
+        all &= write_status(&api, w, "Gateway").await;
     }
     for w in &desired.routes {
         let api: Api<gateway_api::HttpRoute> = Api::namespaced(client.clone(), &w.namespace);
-        write_status(&api, w, "HTTPRoute").await;
+        all &= write_status(&api, w, "HTTPRoute").await;
     }
+    all
 }
 
-async fn write_status<K>(api: &Api<K>, w: &gateway_api::status::Write, kind: &str)
+async fn write_status<K>(api: &Api<K>, w: &gateway_api::status::Write, kind: &str) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -428,9 +456,15 @@ where
         .patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => tracing::info!(kind, object = %object, "status updated"),
+        Ok(_) => {
+            tracing::info!(kind, object = %object, "status updated");
+            true
+        }
         // A conflict: the cache is behind; the next tick computes it again.
-        Err(error) => tracing::warn!(kind, object = %object, %error, "could not update status"),
+        Err(error) => {
+            tracing::warn!(kind, object = %object, %error, "could not update status");
+            false
+        }
     }
 }
 

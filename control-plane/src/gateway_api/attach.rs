@@ -204,12 +204,22 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Whether routes may attach: Accepted, not Conflicted, and every reference
-    /// resolved.
+    /// Whether it can be served: Accepted, not Conflicted, and every reference resolved.
     pub fn usable(&self) -> bool {
         self.conditions.iter().all(|c| match c.kind {
             "Conflicted" => !c.status,
             _ => c.status,
+        })
+    }
+
+    /// Whether routes may attach: Accepted and not Conflicted. Unresolved references
+    /// (a missing certificate) do not stop attachment, as the specification says: the
+    /// listener counts its routes, and serves them once its references resolve.
+    pub fn takes_routes(&self) -> bool {
+        self.conditions.iter().all(|c| match c.kind {
+            "Conflicted" => !c.status,
+            "Accepted" => c.status,
+            _ => true,
         })
     }
 }
@@ -554,7 +564,7 @@ pub fn attach<'a>(
         .zip(checked)
         .filter(|(l, _)| parent.section_name.as_ref().is_none_or(|s| *s == l.name))
         .filter(|(l, _)| parent.port.is_none_or(|p| p == l.port))
-        .filter(|(_, c)| c.usable())
+        .filter(|(_, c)| c.takes_routes())
         .collect();
     if candidates.is_empty() {
         return Err(NotAttached::NoMatchingParent);
@@ -958,6 +968,89 @@ mod tests {
                 None
             )),
             Err(NotAttached::NoMatchingListenerHostname)
+        );
+    }
+
+    #[test]
+    fn a_listener_with_an_unresolved_certificate_still_takes_routes_and_one_not_accepted_does_not()
+    {
+        let spec = gateway(json!([
+            { "name": "https", "port": 443, "protocol": "HTTPS",
+              "tls": { "certificateRefs": [{ "name": "missing" }] } },
+            { "name": "passthrough", "port": 8443, "protocol": "HTTPS",
+              "tls": { "mode": "Passthrough", "certificateRefs": [{ "name": "good" }] } },
+            { "name": "kinds", "port": 80, "protocol": "HTTP",
+              "allowedRoutes": { "kinds": [{ "kind": "InvalidRoute" }, { "kind": "HTTPRoute" }] } },
+            { "name": "foreign", "port": 81, "protocol": "HTTP",
+              "allowedRoutes": { "kinds": [{ "group": "example.com", "kind": "HTTPRoute" }] } }
+        ]));
+        let ls = listeners("infra", &spec, &[], |_, name| {
+            if name == "good" {
+                SecretCheck::Usable
+            } else {
+                SecretCheck::Missing
+            }
+        });
+        assert!(!ls[0].usable() && ls[0].takes_routes(), "{:?}", ls[0]);
+        assert_eq!(condition(&ls[1], "Accepted").reason, "UnsupportedValue");
+        assert!(!ls[1].takes_routes());
+        assert!(ls[2].takes_routes(), "HTTPRoute is among its kinds");
+        assert_eq!(
+            ls[3].supported_kinds,
+            vec![],
+            "an HTTPRoute of another group is not ours"
+        );
+        let parent = |section: &str| ParentRef {
+            name: "gw".into(),
+            section_name: Some(section.into()),
+            ..Default::default()
+        };
+        let on = |section: &str| {
+            attach(&parent(section), "infra", &[], "infra", &spec, &ls, None).map(|v| v.len())
+        };
+        assert_eq!(on("https"), Ok(1));
+        assert_eq!(on("passthrough"), Err(NotAttached::NoMatchingParent));
+        assert_eq!(on("kinds"), Ok(1));
+        assert_eq!(on("foreign"), Err(NotAttached::NotAllowedByListeners));
+    }
+
+    #[test]
+    fn two_listeners_without_a_hostname_on_one_port_conflict() {
+        let spec = gateway(json!([
+            { "name": "a", "port": 80, "protocol": "HTTP" },
+            { "name": "b", "port": 80, "protocol": "HTTP" }
+        ]));
+        let ls = listeners("infra", &spec, &[], |_, _| SecretCheck::Usable);
+        assert!(
+            ls.iter()
+                .all(|l| condition(l, "Conflicted").reason == "HostnameConflict")
+        );
+    }
+
+    #[test]
+    fn a_grant_counts_only_in_its_namespace_for_its_source_namespace_and_group() {
+        let g = |ns: &str, from_ns: &str, group: &str| -> Arc<ReferenceGrant> {
+            Arc::new(serde_json::from_value(json!({
+                "metadata": { "name": "g", "namespace": ns },
+                "spec": { "from": [{ "group": group, "kind": "HTTPRoute", "namespace": from_ns }],
+                          "to": [{ "group": "", "kind": "Service" }] }
+            })).unwrap())
+        };
+        let ok = |grant: Arc<ReferenceGrant>| {
+            granted(&[grant], "HTTPRoute", "infra", "", "Service", "apps", "web")
+        };
+        assert!(ok(g("apps", "infra", GROUP)));
+        assert!(
+            !ok(g("other", "infra", GROUP)),
+            "a grant in another namespace"
+        );
+        assert!(
+            !ok(g("apps", "elsewhere", GROUP)),
+            "for another source namespace"
+        );
+        assert!(
+            !ok(g("apps", "infra", "example.com")),
+            "for another source group"
         );
     }
 

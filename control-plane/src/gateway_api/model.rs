@@ -124,10 +124,17 @@ pub fn resolve(
         .enumerate()
         .map(|(i, g)| (key(&g.namespace, &g.name), i))
         .collect();
+    // Every cached namespace, with no labels as an empty map (a selector can match it).
+    let no_labels = BTreeMap::new();
     let labels: HashMap<&str, &BTreeMap<String, String>> = state
         .namespaces
         .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+        .filter_map(|n| {
+            Some((
+                n.metadata.name.as_deref()?,
+                n.metadata.labels.as_ref().unwrap_or(&no_labels),
+            ))
+        })
         .collect();
     let mut attachments = Vec::new();
     for route in &state.http_routes {

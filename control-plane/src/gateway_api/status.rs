@@ -9,8 +9,10 @@
 //! - Its conditions: `Accepted` (`Accepted`; `ListenersNotValid` when a listener is not
 //!   usable, False when none is), `Programmed` False (`Pending`: no proxy serves Gateway
 //!   API listeners yet; `AddressNotAssigned` without a pool or a free address). Each
-//!   listener: `supportedKinds`, `attachedRoutes`, and `Accepted`, `Programmed` (as the
-//!   Gateway's), `ResolvedRefs` and `Conflicted` from [`super::attach::listeners`].
+//!   listener: `supportedKinds`, `attachedRoutes` (routes, each counted once; a listener
+//!   whose references do not resolve still takes routes), and `Accepted`, `Programmed`
+//!   (False: `Pending`, or `Invalid` for a listener that is not usable), `ResolvedRefs` and
+//!   `Conflicted` from [`super::attach::listeners`].
 //! - An HTTPRoute's `status.parents` keeps other controllers' entries and has one entry
 //!   per `parentRef` naming a Gateway of ours: `Accepted` (or why not, from
 //!   [`super::attach::attach`]) and `ResolvedRefs` (or the first backendRef's reason, from
@@ -121,7 +123,8 @@ pub fn desired(
         })
         .collect();
     let grants = &state.reference_grants;
-    let mut attached: HashMap<(usize, usize), i64> = HashMap::new();
+    // The routes (by address) attached to each (Gateway, listener): a route counts once.
+    let mut attached: HashMap<(usize, usize), BTreeSet<usize>> = HashMap::new();
     let mut out = Desired::default();
 
     // The attachments of each route, in order (they are grouped by route).
@@ -159,7 +162,10 @@ pub fn desired(
             let accepted = match &a.result {
                 Ok(on) => {
                     for (l, _) in on {
-                        *attached.entry((a.gateway, *l)).or_default() += 1;
+                        attached
+                            .entry((a.gateway, *l))
+                            .or_default()
+                            .insert(Arc::as_ptr(&a.route) as usize);
                     }
                     condition(
                         &current, "Accepted", "True", "Accepted", "attached", generation, now,
@@ -322,12 +328,18 @@ pub fn desired(
                         )
                     })
                     .collect();
+                // A listener's Programmed reasons are Programmed, Invalid and Pending.
+                let (reason, message) = if l.usable() {
+                    ("Pending", "no proxy serves Gateway API listeners yet")
+                } else {
+                    ("Invalid", "the listener is not valid")
+                };
                 conditions.push(condition(
                     &current,
                     "Programmed",
                     "False",
-                    programmed_reason,
-                    programmed_message,
+                    reason,
+                    message,
                     generation,
                     now,
                 ));
@@ -341,7 +353,7 @@ pub fn desired(
                 json!({
                     "name": l.name,
                     "supportedKinds": kinds,
-                    "attachedRoutes": attached.get(&(gi, li)).copied().unwrap_or(0),
+                    "attachedRoutes": attached.get(&(gi, li)).map_or(0, BTreeSet::len),
                     "conditions": conditions,
                 })
             })
@@ -549,6 +561,41 @@ mod tests {
     }
 
     #[test]
+    fn the_older_gateway_keeps_a_contested_address() {
+        let pool = Pool::parse("127.10.0.0/29").unwrap();
+        let held = json!({ "addresses": [{ "type": "IPAddress", "value": "127.10.0.3" }] });
+        let state = ClusterState {
+            gateway_classes: vec![class("ours", OURS)],
+            gateways: vec![
+                gateway(
+                    "a",
+                    "young",
+                    "ours",
+                    "2026-05-01T00:00:00Z",
+                    http(),
+                    held.clone(),
+                ),
+                gateway("a", "old", "ours", "2026-01-01T00:00:00Z", http(), held),
+            ],
+            ..Default::default()
+        };
+        let d = desired(&state, OURS, Some(&pool), "t", |_, _| SecretCheck::Usable);
+        let addr = |name: &str| {
+            d.gateways
+                .iter()
+                .find(|w| w.name == name)
+                .map(|w| w.status["addresses"][0]["value"].clone())
+        };
+        assert_eq!(addr("old"), Some(json!("127.10.0.3")));
+        let young = addr("young").expect("written");
+        assert!(
+            young != json!("127.10.0.3")
+                && young.as_str().is_some_and(|a| a.starts_with("127.10.0.")),
+            "{young}"
+        );
+    }
+
+    #[test]
     fn listener_and_route_status_follow_attachment() {
         let listeners = json!([
             { "name": "http", "port": 80, "protocol": "HTTP" },
@@ -630,7 +677,18 @@ mod tests {
             gw["listeners"][0]["supportedKinds"],
             json!([{ "group": GROUP, "kind": "HTTPRoute" }])
         );
-        assert_eq!(gw["listeners"][1]["attachedRoutes"], 0);
+        assert_eq!(
+            gw["listeners"][1]["attachedRoutes"], 1,
+            "ok attaches to the listener whose certificate is missing"
+        );
+        let https_programmed = gw["listeners"][1]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Programmed")
+            .unwrap()
+            .clone();
+        assert_eq!(https_programmed["reason"], "Invalid");
         let https_refs = gw["listeners"][1]["conditions"]
             .as_array()
             .unwrap()

@@ -106,8 +106,9 @@ struct Agent {
     bridge: String,
     next: u32,
     running: HashMap<String, Running>,
-    /// Pods waiting for a Secret or ConfigMap their volumes hold: tried again each second.
-    waiting: HashMap<String, Pod>,
+    /// Pods waiting for a Secret or ConfigMap their volumes hold, with the reason last
+    /// reported: tried again each second, reported again when the reason changes.
+    waiting: HashMap<String, (Pod, String)>,
 }
 
 /// A container the agent will start: its program, args, environment and mounts.
@@ -205,7 +206,8 @@ impl Agent {
         // The volumes' files, before anything else is made: a pod whose Secret or
         // ConfigMap is missing waits for it, as a kubelet's does.
         if let Err(why) = self.write_volumes(pod, &volumes, &pod_dir).await {
-            if self.waiting.insert(key, pod.clone()).is_none() {
+            let reported = self.waiting.insert(key, (pod.clone(), why.clone()));
+            if reported.is_none_or(|(_, before)| before != why) {
                 self.reporter
                     .report(pod, false, "VolumeNotReady", &why)
                     .await;
@@ -607,7 +609,7 @@ async fn run(args: Args) -> Result<()> {
                 if owner.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                     break;
                 }
-                let waiting: Vec<Pod> = agent.waiting.values().cloned().collect();
+                let waiting: Vec<Pod> = agent.waiting.values().map(|(p, _)| p.clone()).collect();
                 for pod in waiting {
                     agent.start(&pod).await;
                 }

@@ -604,14 +604,24 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         r#"{"spec":{"description":"bumped"}}"#,
     ])?;
     accepted_at(2).await?;
-    let theirs = cluster.kubectl_run(&[
-        "get",
-        "gatewayclass",
-        &format!("{ns}-theirs"),
-        "-o",
-        "jsonpath={.status.conditions[?(@.reason==\"Accepted\")].type}",
-    ])?;
-    assert_eq!(theirs.trim(), "", "another controller's class was accepted");
+    // Another controller's class keeps exactly the status the API server defaulted.
+    let theirs = get_json(&cluster, &["gatewayclass", &format!("{ns}-theirs")])
+        .map_err(anyhow::Error::msg)?;
+    let conditions = theirs["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !conditions.is_empty()
+            && conditions
+                .iter()
+                .all(|c| c["status"] == "Unknown" && c["reason"] == "Pending"),
+        "another controller's class was written: {theirs}"
+    );
+    assert!(
+        theirs["status"].get("supportedFeatures").is_none(),
+        "{theirs}"
+    );
     let route = format!(
         r#"{{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPRoute",
             "metadata":{{"name":"r","namespace":"{ns}"}},
@@ -649,6 +659,20 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         hosts.contains(&host.as_str()),
         "the Ingress route stays: {hosts:?}"
     );
+
+    // The HTTPRoute CRD is deleted: its watch is answered 404, discovery (and /apis) say
+    // it does not exist, and the kind is empty and complete again.
+    cluster.kubectl_run(&["delete", "crd", "httproutes.gateway.networking.k8s.io"])?;
+    wait::until("HTTPRoute absent again", wait::T, || async {
+        let status =
+            call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}").map_err(|e| e.to_string())?;
+        let c = cache_of(&status, "HTTPRoute").ok_or("no HTTPRoute cache")?;
+        let absent = c["absent"]
+            .as_str()
+            .is_some_and(|a| a.contains("not installed"));
+        Ok((absent && c["synced"] == true).then_some(()))
+    })
+    .await?;
     drop(sub);
     Ok(())
 }
