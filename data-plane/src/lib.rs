@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - [`table`]: a snapshot compiled into an immutable lookup structure (pure).
+//! - [`gateway`]: Gateway API lookup, weighted choice, header changes and redirects
+//!   (pure; not yet fed by snapshots).
 //! - [`headers`]: request framing checks and header rewriting (pure).
 //! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
 //!   request-smuggling shapes hyper would otherwise normalise silently (pure).
@@ -27,6 +29,7 @@
 pub mod admin;
 pub mod config;
 pub mod framing;
+pub mod gateway;
 pub mod headers;
 pub mod metrics;
 pub mod path;

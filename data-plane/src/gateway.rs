@@ -1,0 +1,423 @@
+//! Gateway API routing on one Gateway address and port, as pure functions: the hostname
+//! and route lookup, the weighted choice of a backend, the request header changes and the
+//! redirect location. (Issue 28: the snapshot does not carry Gateway routes yet; this is
+//! the lookup they will be served by.)
+//!
+//! Lookup differs from Ingress's ([`crate::table`]) where the Gateway API specification
+//! says so:
+//! - A hostname wildcard `*.example.com` covers one or more labels (`a.example.com` and
+//!   `a.b.example.com`, never `example.com`), and the longest wildcard is tried first.
+//! - Hostname levels fall through: the exact hostname's entries, then each wildcard's from
+//!   the longest, then the entries for any hostname; the first entry that matches wins.
+//! - Within a hostname, entries are tried Exact path first, then the longest PathPrefix
+//!   (element-wise on `/`, one hash look-up per boundary), and at one path in the order
+//!   the control plane gave them (most header matches first, then the oldest route).
+//!   Header matches are exact; names are case-insensitive.
+
+use std::collections::HashMap;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// How an entry matches the path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRule {
+    /// The whole path.
+    Exact(String),
+    /// Element-wise on `/`; no trailing `/` (except `/`).
+    Prefix(String),
+}
+
+/// One route entry: its path rule, its header matches and what it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<A> {
+    /// Path.
+    pub path: PathRule,
+    /// Header matches (all must hold).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// What a match does.
+    pub action: A,
+}
+
+/// One hostname's entries, indexed by path.
+#[derive(Debug, Clone)]
+struct Paths<A> {
+    entries: Vec<Entry<A>>,
+    exact: HashMap<String, Vec<usize>>,
+    prefix: HashMap<String, Vec<usize>>,
+}
+
+impl<A> Paths<A> {
+    fn new(entries: Vec<Entry<A>>) -> Self {
+        let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut prefix: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            match &e.path {
+                PathRule::Exact(p) => exact.entry(p.clone()).or_default().push(i),
+                PathRule::Prefix(p) => prefix.entry(p.clone()).or_default().push(i),
+            }
+        }
+        Paths {
+            entries,
+            exact,
+            prefix,
+        }
+    }
+
+    fn first(&self, at: Option<&Vec<usize>>, headers: &HeaderMap) -> Option<&Entry<A>> {
+        at?.iter().map(|i| &self.entries[*i]).find(|e| {
+            e.headers
+                .iter()
+                .all(|(n, v)| headers.get_all(n).iter().any(|h| h == v))
+        })
+    }
+
+    fn lookup(&self, path: &str, headers: &HeaderMap) -> Option<&Entry<A>> {
+        if let Some(e) = self.first(self.exact.get(path), headers) {
+            return Some(e);
+        }
+        if self.prefix.is_empty() {
+            return None;
+        }
+        let trimmed = path.trim_end_matches('/');
+        if !trimmed.is_empty()
+            && let Some(e) = self.first(self.prefix.get(trimmed), headers)
+        {
+            return Some(e);
+        }
+        let bytes = trimmed.as_bytes();
+        for i in (1..bytes.len()).rev() {
+            if bytes[i] == b'/'
+                && let Some(e) = self.first(self.prefix.get(&trimmed[..i]), headers)
+            {
+                return Some(e);
+            }
+        }
+        self.first(self.prefix.get("/"), headers)
+    }
+}
+
+/// The routes of one Gateway address and port.
+#[derive(Debug, Clone)]
+pub struct HostTable<A> {
+    exact: HashMap<String, Paths<A>>,
+    /// By the wildcard's suffix (`example.com` for `*.example.com`).
+    wildcard: HashMap<String, Paths<A>>,
+    any: Option<Paths<A>>,
+}
+
+impl<A> HostTable<A> {
+    /// A table from each hostname's entries, in precedence order (lower-case hostnames;
+    /// `*.suffix` a wildcard; "" any hostname).
+    pub fn new(hosts: impl IntoIterator<Item = (String, Vec<Entry<A>>)>) -> Self {
+        let mut t = HostTable {
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
+            any: None,
+        };
+        for (host, entries) in hosts {
+            let paths = Paths::new(entries);
+            if host.is_empty() {
+                t.any = Some(paths);
+            } else if let Some(suffix) = host.strip_prefix("*.") {
+                t.wildcard.insert(suffix.to_owned(), paths);
+            } else {
+                t.exact.insert(host, paths);
+            }
+        }
+        t
+    }
+
+    /// The entry for a request to `host` (lower-case, without port) at `path` (normalised)
+    /// with `headers`, if any.
+    pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Entry<A>> {
+        if let Some(e) = self.exact.get(host).and_then(|p| p.lookup(path, headers)) {
+            return Some(e);
+        }
+        if !self.wildcard.is_empty() {
+            // Each suffix after a '.', longest first: a.b.example.com tries b.example.com,
+            // then example.com, then com.
+            for (i, b) in host.bytes().enumerate() {
+                if b == b'.'
+                    && let Some(e) = self
+                        .wildcard
+                        .get(&host[i + 1..])
+                        .and_then(|p| p.lookup(path, headers))
+                {
+                    return Some(e);
+                }
+            }
+        }
+        self.any.as_ref()?.lookup(path, headers)
+    }
+}
+
+/// The backend to use for the `n`-th request, by weight: over every `sum` consecutive
+/// requests each backend gets exactly its `weight`, in a spread order (request `n` takes
+/// slot `n × P mod sum` for a prime `P`, a permutation of the slots, so one backend's
+/// share does not come in one run). None when every weight is 0.
+pub fn pick(weights: &[u32], n: u64) -> Option<usize> {
+    /// A prime (Knuth's multiplicative hash constant).
+    const SPREAD: u64 = 2_654_435_761;
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let n = n % total;
+    let slot = if total.is_multiple_of(SPREAD) {
+        n
+    } else {
+        ((u128::from(n) * u128::from(SPREAD)) % u128::from(total)) as u64
+    };
+    let mut upto = 0;
+    weights.iter().position(|w| {
+        upto += u64::from(*w);
+        slot < upto
+    })
+}
+
+/// A `RequestHeaderModifier`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderChanges {
+    /// Replaced (or added).
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    /// Appended.
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    /// Removed.
+    pub remove: Vec<HeaderName>,
+}
+
+impl HeaderChanges {
+    /// Applies the changes to a request's headers: set, then add, then remove.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for (n, v) in &self.set {
+            headers.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            headers.append(n.clone(), v.clone());
+        }
+        for n in &self.remove {
+            headers.remove(n);
+        }
+    }
+}
+
+/// A `RequestRedirect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// `http` or `https`; None: the request's.
+    pub scheme: Option<String>,
+    /// None: the request's host.
+    pub hostname: Option<String>,
+    /// None: the request's port, or the new scheme's default when the scheme changes.
+    pub port: Option<u16>,
+    /// 301 or 302.
+    pub status: u16,
+}
+
+impl Redirect {
+    /// The `Location` for a request with `scheme`, `host` (without port), `port` (the
+    /// listener's) and `path_and_query`. A port that is the scheme's default is left out.
+    pub fn location(&self, scheme: &str, host: &str, port: u16, path_and_query: &str) -> String {
+        let new_scheme = self.scheme.as_deref().unwrap_or(scheme);
+        let default = |s: &str| if s == "https" { 443 } else { 80 };
+        let new_port = match (self.port, self.scheme.as_deref()) {
+            (Some(p), _) => p,
+            (None, Some(s)) if s != scheme => default(s),
+            _ => port,
+        };
+        let host = self.hostname.as_deref().unwrap_or(host);
+        if new_port == default(new_scheme) {
+            format!("{new_scheme}://{host}{path_and_query}")
+        } else {
+            format!("{new_scheme}://{host}:{new_port}{path_and_query}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(path: PathRule, headers: &[(&str, &str)], action: &'static str) -> Entry<&'static str> {
+        Entry {
+            path,
+            headers: headers
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                        HeaderValue::from_str(v).unwrap(),
+                    )
+                })
+                .collect(),
+            action,
+        }
+    }
+
+    fn p(s: &str) -> PathRule {
+        PathRule::Prefix(s.into())
+    }
+
+    fn headers(h: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (n, v) in h {
+            m.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn hostnames_fall_through_exact_then_longest_wildcard_then_any() {
+        let t = HostTable::new([
+            (
+                "a.example.com".to_owned(),
+                vec![e(p("/only-exact"), &[], "exact")],
+            ),
+            ("*.example.com".to_owned(), vec![e(p("/w"), &[], "wild")]),
+            (
+                "*.b.example.com".to_owned(),
+                vec![e(p("/w"), &[], "longer-wild")],
+            ),
+            (String::new(), vec![e(p("/"), &[], "any")]),
+        ]);
+        let h = HeaderMap::new();
+        let at = |host: &str, path: &str| t.lookup(host, path, &h).map(|e| e.action);
+        assert_eq!(at("a.example.com", "/only-exact"), Some("exact"));
+        assert_eq!(
+            at("a.example.com", "/w"),
+            Some("wild"),
+            "falls through to the wildcard"
+        );
+        assert_eq!(at("x.b.example.com", "/w"), Some("longer-wild"));
+        assert_eq!(
+            at("x.y.example.com", "/w"),
+            Some("wild"),
+            "more than one label"
+        );
+        assert_eq!(
+            at("example.com", "/w"),
+            Some("any"),
+            "the bare suffix is not covered"
+        );
+        assert_eq!(at("a.example.com", "/elsewhere"), Some("any"));
+        let none = HostTable::new([("a.example.com".to_owned(), vec![e(p("/x"), &[], "x")])]);
+        assert_eq!(
+            none.lookup("a.example.com", "/y", &h).map(|e| e.action),
+            None
+        );
+    }
+
+    #[test]
+    fn paths_exact_then_longest_prefix_and_headers_in_the_given_order() {
+        let t = HostTable::new([(
+            String::new(),
+            vec![
+                e(PathRule::Exact("/a".into()), &[], "exact"),
+                e(p("/a/b"), &[("x-v", "2"), ("x-w", "1")], "ab-two-headers"),
+                e(p("/a/b"), &[("X-V", "2")], "ab-one-header"),
+                e(p("/a/b"), &[], "ab"),
+                e(p("/a"), &[], "a"),
+            ],
+        )]);
+        let at =
+            |path: &str, h: &[(&str, &str)]| t.lookup("host", path, &headers(h)).map(|e| e.action);
+        assert_eq!(at("/a", &[]), Some("exact"));
+        assert_eq!(at("/a/", &[]), Some("a"), "exact is the whole path");
+        assert_eq!(
+            at("/a/b/c", &[("x-v", "2"), ("x-w", "1")]),
+            Some("ab-two-headers")
+        );
+        assert_eq!(at("/a/b/c", &[("x-v", "2")]), Some("ab-one-header"));
+        assert_eq!(
+            at("/a/b", &[("x-v", "3")]),
+            Some("ab"),
+            "header values are exact"
+        );
+        assert_eq!(at("/a/bc", &[]), Some("a"), "element-wise");
+        assert_eq!(at("/b", &[]), None);
+        assert_eq!(
+            at("/a/b", &[("x-v", "1"), ("x-v", "2")]),
+            Some("ab-one-header"),
+            "any of repeated values"
+        );
+    }
+
+    #[test]
+    fn weights_give_each_backend_its_share_and_zero_weights_none() {
+        for weights in [
+            vec![1u32, 1],
+            vec![3, 1],
+            vec![0, 5, 5],
+            vec![7, 2, 1],
+            vec![1],
+        ] {
+            let total: u32 = weights.iter().sum();
+            let rounds = 4;
+            let mut count = vec![0u32; weights.len()];
+            for n in 0..u64::from(total * rounds) {
+                count[pick(&weights, n).expect("a backend")] += 1;
+            }
+            let want: Vec<u32> = weights.iter().map(|w| w * rounds).collect();
+            assert_eq!(count, want, "{weights:?}");
+        }
+        assert_eq!(pick(&[0, 0], 3), None);
+        assert_eq!(pick(&[], 0), None);
+        // Spread, not in runs: weights 1:1 alternate.
+        let order: Vec<usize> = (0..4).map(|n| pick(&[1, 1], n).unwrap()).collect();
+        assert_ne!(order[0], order[1]);
+    }
+
+    #[test]
+    fn header_changes_set_then_add_then_remove() {
+        let mut h = headers(&[
+            ("x-keep", "k"),
+            ("x-set", "old"),
+            ("x-gone", "g"),
+            ("x-add", "1"),
+        ]);
+        let name = |s: &str| HeaderName::from_bytes(s.as_bytes()).unwrap();
+        HeaderChanges {
+            set: vec![(name("x-set"), HeaderValue::from_static("new"))],
+            add: vec![(name("x-add"), HeaderValue::from_static("2"))],
+            remove: vec![name("x-gone")],
+        }
+        .apply(&mut h);
+        assert_eq!(h.get("x-set").unwrap(), "new");
+        assert_eq!(h.get_all("x-add").iter().collect::<Vec<_>>(), ["1", "2"]);
+        assert!(h.get("x-gone").is_none());
+        assert_eq!(h.get("x-keep").unwrap(), "k");
+    }
+
+    #[test]
+    fn redirect_locations_change_only_what_they_name() {
+        let r = |scheme: Option<&str>, hostname: Option<&str>, port: Option<u16>| Redirect {
+            scheme: scheme.map(Into::into),
+            hostname: hostname.map(Into::into),
+            port,
+            status: 302,
+        };
+        assert_eq!(
+            r(None, Some("example.org"), None).location("http", "a.test", 80, "/p?q=1"),
+            "http://example.org/p?q=1"
+        );
+        assert_eq!(
+            r(Some("https"), None, None).location("http", "a.test", 8080, "/"),
+            "https://a.test/"
+        );
+        assert_eq!(
+            r(None, None, Some(8443)).location("https", "a.test", 443, "/x"),
+            "https://a.test:8443/x"
+        );
+        assert_eq!(
+            r(None, None, None).location("http", "a.test", 8080, "/x"),
+            "http://a.test:8080/x"
+        );
+        assert_eq!(
+            r(Some("http"), None, Some(80)).location("https", "a.test", 443, "/"),
+            "http://a.test/"
+        );
+    }
+}
