@@ -75,6 +75,8 @@ pub struct Metrics {
     pub watch_forbidden: Family<KindLabel, Counter>,
     /// Complete lists of a kind: the first, then one per re-list.
     pub cache_lists: Family<KindLabel, Counter>,
+    /// 1 when API discovery says a kind does not exist (its CRD is not installed).
+    pub cache_absent: Family<KindLabel, Gauge>,
     /// Held removals released, by what released them.
     pub hold_releases: Family<ReleaseLabel, Counter>,
     /// Ingress rules skipped (invalid or losing a conflict) in the last build.
@@ -119,6 +121,7 @@ impl Metrics {
             watch_errors: Family::default(),
             watch_forbidden: Family::default(),
             cache_lists: Family::default(),
+            cache_absent: Family::default(),
             hold_releases: Family::default(),
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
@@ -232,6 +235,11 @@ impl Metrics {
             "watch_forbidden",
             "Lists and watches of a kind refused with 403: the ServiceAccount lacks a permission",
             m.watch_forbidden.clone(),
+        );
+        r.register(
+            "cache_absent",
+            "1 when API discovery says a kind does not exist (a Gateway API CRD that is not installed): its cache is complete and empty",
+            m.cache_absent.clone(),
         );
         r.register(
             "cache_lists",

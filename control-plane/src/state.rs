@@ -500,6 +500,7 @@ impl Shared {
             let _ = metrics.watch_errors.get_or_create(&label);
             let _ = metrics.watch_forbidden.get_or_create(&label);
             let _ = metrics.cache_lists.get_or_create(&label);
+            metrics.cache_absent.get_or_create(&label).set(0);
         }
         Shared {
             inner: Arc::new(Inner {
@@ -595,6 +596,11 @@ impl Shared {
     /// Records what API discovery last answered of an optional kind: `Some(why)` it does
     /// not exist, `None` it is served.
     pub fn set_absent(&self, kind: &'static str, absent: Option<String>) {
+        self.inner
+            .metrics
+            .cache_absent
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .set(i64::from(absent.is_some()));
         lock(&self.inner.status)
             .caches
             .entry(kind)

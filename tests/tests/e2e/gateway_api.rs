@@ -515,6 +515,10 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
     .await?;
     let status = call(cp.grpc, "holdfast.v1.Admin/GetStatus", "{}")?;
     for kind in GATEWAY_KINDS {
+        let absent = cp
+            .metric_value(&format!("holdfast_cache_absent{{kind=\"{kind}\"}}"))
+            .await?;
+        assert_eq!(absent, 1.0, "{kind}");
         let c = cache_of(&status, kind).expect("every Gateway API kind is reported");
         assert_eq!(c["synced"], true, "{c}");
         assert!(
@@ -546,6 +550,18 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         "crd/httproutes.gateway.networking.k8s.io",
         "crd/gatewayclasses.gateway.networking.k8s.io",
     ])?;
+    for kind in GATEWAY_KINDS {
+        let absent = cp
+            .metric_value(&format!("holdfast_cache_absent{{kind=\"{kind}\"}}"))
+            .await?;
+        assert_eq!(absent, 0.0, "{kind} is watched");
+    }
+    assert_eq!(
+        cp.metric_value("holdfast_cache_absent{kind=\"Ingress\"}")
+            .await?,
+        0.0,
+        "a kind that always exists has the series too"
+    );
 
     // The leader accepts our GatewayClass, at each generation, and leaves another
     // controller's alone.
