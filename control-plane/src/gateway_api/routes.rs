@@ -210,16 +210,26 @@ pub struct Refused {
 
 /// Every Gateway address and port with its routes, and what was left out.
 pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
-    let service_port = |ns: &str, name: &str, port: i64| -> bool {
-        state.services.iter().any(|s| {
-            s.metadata.namespace.as_deref() == Some(ns)
-                && s.metadata.name.as_deref() == Some(name)
-                && s.spec
-                    .as_ref()
-                    .and_then(|s| s.ports.as_ref())
-                    .is_some_and(|ports| ports.iter().any(|p| i64::from(p.port) == port))
+    // Every (namespace, Service, port), indexed once: each backendRef is one look-up.
+    let service_ports: std::collections::HashSet<(&str, &str, i64)> = state
+        .services
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.metadata.namespace.as_deref()?,
+                s.metadata.name.as_deref()?,
+                s,
+            ))
         })
-    };
+        .flat_map(|(ns, name, s)| {
+            s.spec
+                .iter()
+                .flat_map(|spec| spec.ports.iter().flatten())
+                .map(move |p| (ns, name, i64::from(p.port)))
+        })
+        .collect();
+    let service_port =
+        |ns: &str, name: &str, port: i64| -> bool { service_ports.contains(&(ns, name, port)) };
     let mut ports: BTreeMap<(Ipv4Addr, u16), PortRoutes> = BTreeMap::new();
     let mut refused = Vec::new();
     // Every listener of a Gateway with an address, even without routes.
