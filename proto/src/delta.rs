@@ -93,6 +93,20 @@ pub fn for_each_resource(snapshot: &Snapshot, mut f: impl FnMut(ResourceKind, &s
     if let Some(hash) = default_certificate_hash(&snapshot.default_certificate) {
         f(ResourceKind::DefaultCertificate, "", hash);
     }
+    for l in &snapshot.gateway_listeners {
+        f(
+            ResourceKind::GatewayListener,
+            &l.name,
+            h.hash(ResourceKind::GatewayListener, l),
+        );
+    }
+    for g in &snapshot.gateway_hosts {
+        f(
+            ResourceKind::GatewayHost,
+            &g.name,
+            h.hash(ResourceKind::GatewayHost, g),
+        );
+    }
 }
 
 /// Every resource of `snapshot` with its hash.
@@ -117,6 +131,8 @@ enum Resource<'a> {
     Certificate(&'a crate::v1::Certificate),
     DefaultBackend(&'a crate::v1::DefaultBackend),
     DefaultCertificate(&'a str),
+    GatewayListener(&'a crate::v1::GatewayListener),
+    GatewayHost(&'a crate::v1::GatewayHost),
 }
 
 impl<'a> Resource<'a> {
@@ -148,6 +164,16 @@ impl<'a> Resource<'a> {
                 "",
                 resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()),
             ),
+            Resource::GatewayListener(l) => (
+                ResourceKind::GatewayListener,
+                &l.name,
+                h.hash(ResourceKind::GatewayListener, l),
+            ),
+            Resource::GatewayHost(g) => (
+                ResourceKind::GatewayHost,
+                &g.name,
+                h.hash(ResourceKind::GatewayHost, g),
+            ),
         }
     }
 }
@@ -174,7 +200,12 @@ fn hash_some<'a>(resources: &[Resource<'a>]) -> (Hashes<'a>, ContentSum) {
 /// on several threads, whose partial sums add up (the sum does not depend on order).
 pub fn hash_all(snapshot: &Snapshot) -> (Hashes<'_>, ContentSum) {
     let mut resources: Vec<Resource<'_>> = Vec::with_capacity(
-        snapshot.virtual_hosts.len() + snapshot.backends.len() + snapshot.certificates.len() + 2,
+        snapshot.virtual_hosts.len()
+            + snapshot.backends.len()
+            + snapshot.certificates.len()
+            + snapshot.gateway_listeners.len()
+            + snapshot.gateway_hosts.len()
+            + 2,
     );
     resources.extend(snapshot.virtual_hosts.iter().map(Resource::VirtualHost));
     resources.extend(snapshot.backends.iter().map(Resource::Backend));
@@ -188,6 +219,13 @@ pub fn hash_all(snapshot: &Snapshot) -> (Hashes<'_>, ContentSum) {
     if !snapshot.default_certificate.is_empty() {
         resources.push(Resource::DefaultCertificate(&snapshot.default_certificate));
     }
+    resources.extend(
+        snapshot
+            .gateway_listeners
+            .iter()
+            .map(Resource::GatewayListener),
+    );
+    resources.extend(snapshot.gateway_hosts.iter().map(Resource::GatewayHost));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     if threads < 2 || resources.len() < 2_048 {
         return hash_some(&resources);
@@ -324,6 +362,20 @@ pub fn diff_to(
         default_backend: next.default_backend.clone(),
         default_certificate_changed: changed(ResourceKind::DefaultCertificate, ""),
         default_certificate: next.default_certificate.clone(),
+        upserted_gateway_listeners: next
+            .gateway_listeners
+            .iter()
+            .filter(|l| changed(ResourceKind::GatewayListener, &l.name))
+            .cloned()
+            .collect(),
+        removed_gateway_listeners: removed(ResourceKind::GatewayListener),
+        upserted_gateway_hosts: next
+            .gateway_hosts
+            .iter()
+            .filter(|g| changed(ResourceKind::GatewayHost, &g.name))
+            .cloned()
+            .collect(),
+        removed_gateway_hosts: removed(ResourceKind::GatewayHost),
     }
 }
 
@@ -467,6 +519,20 @@ fn apply_hashed(
         &delta.removed_certificates,
         |c| &c.name,
     )?;
+    let gateway_listeners = merge(
+        "gateway listener",
+        &base.gateway_listeners,
+        &delta.upserted_gateway_listeners,
+        &delta.removed_gateway_listeners,
+        |l| &l.name,
+    )?;
+    let gateway_hosts = merge(
+        "gateway host",
+        &base.gateway_hosts,
+        &delta.upserted_gateway_hosts,
+        &delta.removed_gateway_hosts,
+        |g| &g.name,
+    )?;
     let next = Snapshot {
         version: delta.version.clone(),
         content_hash: delta.content_hash.clone(),
@@ -486,6 +552,8 @@ fn apply_hashed(
         } else {
             base.default_certificate.clone()
         },
+        gateway_listeners,
+        gateway_hosts,
     };
     snapshot::validate_structure(&next)?;
     let edit = hash_edit(hashed, delta);
@@ -512,6 +580,20 @@ fn hash_edit(hashed: &Hashed, delta: &SnapshotDelta) -> HashEdit {
     }
     for name in &delta.removed_certificates {
         change(ResourceKind::Certificate, name, None);
+    }
+    for name in &delta.removed_gateway_listeners {
+        change(ResourceKind::GatewayListener, name, None);
+    }
+    for name in &delta.removed_gateway_hosts {
+        change(ResourceKind::GatewayHost, name, None);
+    }
+    for l in &delta.upserted_gateway_listeners {
+        let hash = h.hash(ResourceKind::GatewayListener, l);
+        change(ResourceKind::GatewayListener, &l.name, Some(hash));
+    }
+    for g in &delta.upserted_gateway_hosts {
+        let hash = h.hash(ResourceKind::GatewayHost, g);
+        change(ResourceKind::GatewayHost, &g.name, Some(hash));
     }
     for v in &delta.upserted_virtual_hosts {
         let hash = h.hash(ResourceKind::VirtualHost, v);

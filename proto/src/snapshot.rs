@@ -5,7 +5,7 @@
 //! # Version rule
 //! - `content_hash` = SHA-256 (hex) of the LtHash16 sum of the snapshot's resource hashes
 //!   (each SHA-256 over a resource's kind and protobuf encoding; [`crate::content`]). It
-//!   covers every content field (5 to 9) and none of the identity fields; it does not
+//!   covers every content field (5 to 9, 11 and 12) and none of the identity fields; it does not
 //!   depend on the order resources are listed in, and either plane updates it in O(1) per
 //!   changed resource. prost encodes fields in tag order and the translator sorts every
 //!   list inside a resource, so the same content gives the same hash on every replica.
@@ -23,7 +23,7 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 
-use crate::v1::{KindProgress, MatchKind, Snapshot, VirtualHost};
+use crate::v1::{GatewayHost, GatewayListener, KindProgress, MatchKind, Snapshot, VirtualHost};
 
 /// Why a snapshot is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +118,17 @@ pub enum InvalidSnapshot {
         .0.offered, .0.held, .0.kind, .0.offered_revision, .0.held_revision, .0.ahead
     )]
     Incomparable(Box<Lag>),
+    /// A Gateway API listener or host is malformed, appears twice, or names a listener,
+    /// backend or certificate the snapshot does not contain.
+    #[error("gateway {kind} {name:?}: {reason}")]
+    BadGateway {
+        /// "listener" or "host".
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// How an offered snapshot is behind the one in use (see [`check_not_older`]).
@@ -274,6 +285,201 @@ pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
             path: "(default backend)".into(),
             backend: default.backend.clone(),
         });
+    }
+    let mut listeners =
+        HashSet::with_capacity_and_hasher(snapshot.gateway_listeners.len(), RandomState::default());
+    for l in &snapshot.gateway_listeners {
+        if !listeners.insert(l.name.as_str()) {
+            return Err(bad_listener(l, "appears twice".into()));
+        }
+        validate_gateway_listener(l)?;
+        if let Some(c) = listener_certificates(l).find(|c| !certificates.contains(c)) {
+            return Err(bad_listener(
+                l,
+                format!("certificate {c:?} is not in the snapshot"),
+            ));
+        }
+    }
+    let mut gateway_hosts =
+        HashSet::with_capacity_and_hasher(snapshot.gateway_hosts.len(), RandomState::default());
+    for g in &snapshot.gateway_hosts {
+        if !gateway_hosts.insert(g.name.as_str()) {
+            return Err(bad_gateway_host(g, "appears twice".into()));
+        }
+        validate_gateway_host(g)?;
+        if !listeners.contains(g.listener.as_str()) {
+            return Err(bad_gateway_host(
+                g,
+                format!("listener {:?} is not in the snapshot", g.listener),
+            ));
+        }
+        if let Some(b) = gateway_host_backends(g).find(|b| !backends.contains(b)) {
+            return Err(bad_gateway_host(
+                g,
+                format!("backend {b:?} is not in the snapshot"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn bad_listener(l: &GatewayListener, reason: String) -> InvalidSnapshot {
+    InvalidSnapshot::BadGateway {
+        kind: "listener",
+        name: l.name.clone(),
+        reason,
+    }
+}
+
+fn bad_gateway_host(g: &GatewayHost, reason: String) -> InvalidSnapshot {
+    InvalidSnapshot::BadGateway {
+        kind: "host",
+        name: g.name.clone(),
+        reason,
+    }
+}
+
+/// The certificates a Gateway listener names.
+pub fn listener_certificates(l: &GatewayListener) -> impl Iterator<Item = &str> {
+    l.certificates
+        .iter()
+        .flat_map(|c| c.certificates.iter().map(String::as_str))
+}
+
+/// The backends a Gateway host's routes name (unresolved references, "", left out).
+pub fn gateway_host_backends(g: &GatewayHost) -> impl Iterator<Item = &str> {
+    g.routes
+        .iter()
+        .flat_map(|r| r.backends.iter())
+        .map(|b| b.backend.as_str())
+        .filter(|b| !b.is_empty())
+}
+
+/// The name of the Gateway listener on `address` and `port`.
+pub fn listener_name(address: &str, port: u32) -> String {
+    format!("{address}:{port}")
+}
+
+/// The name of a Gateway host: its listener's name and its host.
+pub fn gateway_host_name(listener: &str, host: &str) -> String {
+    format!("{listener} {host}")
+}
+
+/// Is `host` a lower-case DNS name, `*.` + such a name, or "" (Gateway API hostnames: a
+/// wildcard covers one or more labels)?
+fn is_valid_gateway_host(host: &str) -> bool {
+    is_valid_host(host)
+}
+
+/// Checks one Gateway listener on its own (not what it names).
+pub fn validate_gateway_listener(l: &GatewayListener) -> Result<(), InvalidSnapshot> {
+    if l.address.parse::<std::net::IpAddr>().is_err() {
+        return Err(bad_listener(
+            l,
+            format!("address {:?} is not an IP address", l.address),
+        ));
+    }
+    if l.port == 0 || l.port > u32::from(u16::MAX) {
+        return Err(bad_listener(l, format!("port {} is out of range", l.port)));
+    }
+    if l.name != listener_name(&l.address, l.port) {
+        return Err(bad_listener(l, "name is not <address>:<port>".into()));
+    }
+    match l.protocol.as_str() {
+        "HTTP" => {
+            if !l.certificates.is_empty() {
+                return Err(bad_listener(l, "an HTTP listener has certificates".into()));
+            }
+        }
+        "HTTPS" => {}
+        other => {
+            return Err(bad_listener(
+                l,
+                format!("protocol {other:?} is not HTTP or HTTPS"),
+            ));
+        }
+    }
+    let mut hostnames = HashSet::with_hasher(RandomState::default());
+    for c in &l.certificates {
+        if !is_valid_gateway_host(&c.hostname) || !hostnames.insert(c.hostname.as_str()) {
+            return Err(bad_listener(
+                l,
+                format!(
+                    "certificate hostname {:?} is invalid or repeated",
+                    c.hostname
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one Gateway host on its own (not what it names): its name, host, paths, header
+/// matches and filters.
+pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
+    if !is_valid_gateway_host(&g.host) {
+        return Err(bad_gateway_host(g, "host is not a valid hostname".into()));
+    }
+    if g.name != gateway_host_name(&g.listener, &g.host) {
+        return Err(bad_gateway_host(
+            g,
+            "name is not \"<listener> <host>\"".into(),
+        ));
+    }
+    for r in &g.routes {
+        let bad = |reason: &str| bad_gateway_host(g, format!("route {}: {reason}", r.path));
+        if !r.path.starts_with('/') {
+            return Err(bad("path does not start with '/'"));
+        }
+        match MatchKind::try_from(r.match_kind) {
+            Ok(MatchKind::Exact) => {}
+            Ok(MatchKind::Prefix) => {
+                if r.path.len() > 1 && r.path.ends_with('/') {
+                    return Err(bad("prefix path is not normalised (trailing '/')"));
+                }
+            }
+            _ => return Err(bad("match kind is not Exact or Prefix")),
+        }
+        let header_name_ok =
+            |n: &str| http::HeaderName::from_bytes(n.as_bytes()).is_ok_and(|h| h.as_str() == n);
+        let header_value_ok = |v: &str| http::HeaderValue::from_str(v).is_ok();
+        if !r
+            .headers
+            .iter()
+            .all(|h| header_name_ok(&h.name) && header_value_ok(&h.value))
+        {
+            return Err(bad(
+                "a header match is not a lower-case name and a valid value",
+            ));
+        }
+        if let Some(m) = &r.request_headers
+            && !(m
+                .set
+                .iter()
+                .chain(&m.add)
+                .all(|h| header_name_ok(&h.name) && header_value_ok(&h.value))
+                && m.remove.iter().all(|n| header_name_ok(n)))
+        {
+            return Err(bad(
+                "a header change is not a lower-case name and a valid value",
+            ));
+        }
+        if let Some(redirect) = &r.redirect {
+            if !matches!(redirect.status_code, 301 | 302) {
+                return Err(bad("a redirect's status is not 301 or 302"));
+            }
+            if !matches!(redirect.scheme.as_str(), "" | "http" | "https") {
+                return Err(bad("a redirect's scheme is not http or https"));
+            }
+            if redirect.port > u32::from(u16::MAX) {
+                return Err(bad("a redirect's port is out of range"));
+            }
+            if !redirect.hostname.is_empty()
+                && (redirect.hostname.starts_with("*.") || !is_valid_host(&redirect.hostname))
+            {
+                return Err(bad("a redirect's hostname is not a lower-case DNS name"));
+            }
+        }
     }
     Ok(())
 }
@@ -529,6 +735,94 @@ mod tests {
             validate(&s),
             Err(InvalidSnapshot::HashMismatch { .. })
         ));
+    }
+
+    /// `sample()` with one HTTP Gateway listener and one host routing to its backend.
+    fn with_gateway() -> Snapshot {
+        use crate::v1::{GatewayHost, GatewayListener, GatewayRoute, HeaderMatch, WeightedBackend};
+        let mut s = sample();
+        s.gateway_listeners = vec![GatewayListener {
+            name: listener_name("127.10.0.1", 80),
+            address: "127.10.0.1".into(),
+            port: 80,
+            protocol: "HTTP".into(),
+            ..Default::default()
+        }];
+        s.gateway_hosts = vec![GatewayHost {
+            name: gateway_host_name("127.10.0.1:80", "*.example.com"),
+            listener: "127.10.0.1:80".into(),
+            host: "*.example.com".into(),
+            routes: vec![GatewayRoute {
+                match_kind: MatchKind::Exact as i32,
+                path: "/x".into(),
+                headers: vec![HeaderMatch {
+                    name: "version".into(),
+                    value: "two".into(),
+                }],
+                backends: vec![WeightedBackend {
+                    backend: "default/web:80".into(),
+                    weight: 3,
+                    unresolved: String::new(),
+                }],
+                ..Default::default()
+            }],
+        }];
+        seal(&mut s, 1);
+        s
+    }
+
+    #[test]
+    fn gateway_listeners_and_hosts_are_checked_and_what_they_name_must_exist() {
+        assert_eq!(validate(&with_gateway()), Ok(()));
+        let refused = |edit: &dyn Fn(&mut Snapshot)| {
+            let mut s = with_gateway();
+            edit(&mut s);
+            seal(&mut s, 1);
+            match validate(&s) {
+                Err(InvalidSnapshot::BadGateway { reason, .. }) => reason,
+                other => panic!("not refused as a bad gateway resource: {other:?}"),
+            }
+        };
+        let r = refused(&|s| s.gateway_hosts[0].routes[0].backends[0].backend = "x/y:1".into());
+        assert!(r.contains("backend"), "{r}");
+        let r = refused(&|s| s.gateway_listeners.clear());
+        assert!(r.contains("listener"), "{r}");
+        let r = refused(&|s| s.gateway_listeners[0].address = "nowhere".into());
+        assert!(r.contains("not an IP address"), "{r}");
+        let r = refused(&|s| s.gateway_listeners[0].protocol = "TCP".into());
+        assert!(r.contains("protocol"), "{r}");
+        let r = refused(&|s| {
+            s.gateway_listeners[0].protocol = "HTTPS".into();
+            s.gateway_listeners[0].certificates = vec![crate::v1::ListenerCertificates {
+                hostname: String::new(),
+                certificates: vec!["default/missing".into()],
+            }];
+        });
+        assert!(r.contains("certificate"), "{r}");
+        let r = refused(&|s| s.gateway_hosts[0].name = "127.10.0.1:80 other".into());
+        assert!(r.contains("name"), "{r}");
+        let r = refused(&|s| s.gateway_hosts[0].routes[0].headers[0].name = "Version".into());
+        assert!(r.contains("header match"), "{r}");
+        let r = refused(&|s| {
+            s.gateway_hosts[0].routes[0].redirect = Some(crate::v1::RequestRedirect {
+                status_code: 307,
+                ..Default::default()
+            })
+        });
+        assert!(r.contains("301 or 302"), "{r}");
+        let r = refused(&|s| s.gateway_hosts.push(s.gateway_hosts[0].clone()));
+        assert!(r.contains("twice"), "{r}");
+        // An unresolved reference ("") is not a missing backend: its share answers 500.
+        let mut s = with_gateway();
+        s.gateway_hosts[0].routes[0]
+            .backends
+            .push(crate::v1::WeightedBackend {
+                backend: String::new(),
+                weight: 1,
+                unresolved: "service default/gone not found".into(),
+            });
+        seal(&mut s, 1);
+        assert_eq!(validate(&s), Ok(()));
     }
 
     #[test]

@@ -22,13 +22,16 @@ use prost::Message;
 use super::{HashEdit, Hashed, InvalidDelta, Inventory, hash_edit};
 use crate::snapshot::{self, InvalidSnapshot};
 use crate::v1::{
-    Backend, Certificate, DefaultBackend, KindProgress, Snapshot, SnapshotDelta, VirtualHost,
+    Backend, Certificate, DefaultBackend, GatewayHost, GatewayListener, KindProgress, Snapshot,
+    SnapshotDelta, VirtualHost,
 };
 
 /// Field numbers of `Snapshot`'s repeated resources (for its encoded length).
 const VIRTUAL_HOSTS_TAG: u32 = 5;
 const BACKENDS_TAG: u32 = 6;
 const CERTIFICATES_TAG: u32 = 8;
+const GATEWAY_LISTENERS_TAG: u32 = 11;
+const GATEWAY_HOSTS_TAG: u32 = 12;
 
 /// A verified snapshot, held by resource.
 #[derive(Debug, Clone, Default)]
@@ -42,11 +45,17 @@ pub struct Held {
     certificates: BTreeMap<String, Arc<Certificate>>,
     default_backend: Option<Arc<DefaultBackend>>,
     default_certificate: String,
+    gateway_listeners: BTreeMap<String, Arc<GatewayListener>>,
+    gateway_hosts: BTreeMap<String, Arc<GatewayHost>>,
     hashed: Hashed,
-    /// Backend name → the hosts with a route to it.
+    /// Backend name → the virtual hosts and Gateway hosts with a route to it (a Gateway
+    /// host's name has a space, a virtual host's never does).
     backend_users: HashMap<String, HashSet<String>>,
-    /// Certificate name → the hosts that serve it.
+    /// Certificate name → the virtual hosts and Gateway listeners that serve it (a
+    /// listener's name has a `:`, a virtual host's never does).
     certificate_users: HashMap<String, HashSet<String>>,
+    /// Gateway listener name → its Gateway hosts.
+    listener_hosts: HashMap<String, HashSet<String>>,
     /// The encoded length of the repeated resources.
     resources_len: usize,
 }
@@ -90,7 +99,23 @@ impl Held {
         for v in snapshot.virtual_hosts {
             held.insert_host(Arc::new(v));
         }
+        for l in snapshot.gateway_listeners {
+            held.insert_listener(Arc::new(l));
+        }
+        for g in snapshot.gateway_hosts {
+            held.insert_gateway_host(Arc::new(g));
+        }
         held
+    }
+
+    /// The Gateway listeners.
+    pub fn gateway_listeners(&self) -> impl Iterator<Item = &Arc<GatewayListener>> {
+        self.gateway_listeners.values()
+    }
+
+    /// The Gateway hosts.
+    pub fn gateway_hosts(&self) -> impl Iterator<Item = &Arc<GatewayHost>> {
+        self.gateway_hosts.values()
     }
 
     /// The version held.
@@ -162,6 +187,12 @@ impl Held {
             virtual_hosts: self.virtual_hosts.values().map(|v| (**v).clone()).collect(),
             backends: self.backends.values().map(|b| (**b).clone()).collect(),
             certificates: self.certificates.values().map(|c| (**c).clone()).collect(),
+            gateway_listeners: self
+                .gateway_listeners
+                .values()
+                .map(|l| (**l).clone())
+                .collect(),
+            gateway_hosts: self.gateway_hosts.values().map(|g| (**g).clone()).collect(),
             ..self.identity()
         }
     }
@@ -234,8 +265,72 @@ impl Held {
                 }
             }
         }
+        let listeners = names(
+            "gateway listener",
+            &self.gateway_listeners,
+            &delta.upserted_gateway_listeners,
+            &delta.removed_gateway_listeners,
+            |l| &l.name,
+        )?;
+        let gateway_hosts = names(
+            "gateway host",
+            &self.gateway_hosts,
+            &delta.upserted_gateway_hosts,
+            &delta.removed_gateway_hosts,
+            |g| &g.name,
+        )?;
+        for l in &delta.upserted_gateway_listeners {
+            snapshot::validate_gateway_listener(l)?;
+            if let Some(c) = snapshot::listener_certificates(l).find(|c| !certificate_after(c)) {
+                return Err(bad_gateway(
+                    "listener",
+                    &l.name,
+                    format!("certificate {c:?} is not in the snapshot"),
+                )
+                .into());
+            }
+        }
+        for g in &delta.upserted_gateway_hosts {
+            snapshot::validate_gateway_host(g)?;
+            if !listeners.after(&g.listener, &self.gateway_listeners) {
+                return Err(bad_gateway(
+                    "host",
+                    &g.name,
+                    format!("listener {:?} is not in the snapshot", g.listener),
+                )
+                .into());
+            }
+            if let Some(b) = snapshot::gateway_host_backends(g).find(|b| !backend_after(b)) {
+                return Err(bad_gateway(
+                    "host",
+                    &g.name,
+                    format!("backend {b:?} is not in the snapshot"),
+                )
+                .into());
+            }
+        }
+        for gone in &delta.removed_gateway_listeners {
+            if let Some(host) = self
+                .listener_hosts
+                .get(gone)
+                .into_iter()
+                .flatten()
+                .find(|h| !gateway_hosts.touched.contains(h.as_str()))
+            {
+                return Err(bad_gateway(
+                    "host",
+                    host,
+                    format!("listener {gone:?} is not in the snapshot"),
+                )
+                .into());
+            }
+        }
         // A host the delta leaves alone must not lose what it names.
-        let untouched = |host: &&String| !hosts.touched.contains(host.as_str());
+        let untouched = |host: &&String| {
+            !hosts.touched.contains(host.as_str())
+                && !gateway_hosts.touched.contains(host.as_str())
+                && !listeners.touched.contains(host.as_str())
+        };
         for gone in &delta.removed_backends {
             if let Some(host) = self
                 .backend_users
@@ -244,6 +339,14 @@ impl Held {
                 .flatten()
                 .find(untouched)
             {
+                if self.gateway_hosts.contains_key(host) {
+                    return Err(bad_gateway(
+                        "host",
+                        host,
+                        format!("backend {gone:?} is not in the snapshot"),
+                    )
+                    .into());
+                }
                 let path = self.virtual_hosts[host]
                     .routes
                     .iter()
@@ -266,6 +369,14 @@ impl Held {
                 .flatten()
                 .find(untouched)
             {
+                if self.gateway_listeners.contains_key(host) {
+                    return Err(bad_gateway(
+                        "listener",
+                        host,
+                        format!("certificate {gone:?} is not in the snapshot"),
+                    )
+                    .into());
+                }
                 return Err(InvalidSnapshot::MissingCertificate {
                     host: host.clone(),
                     certificate: gone.clone(),
@@ -360,6 +471,26 @@ impl Held {
                     prost::encoding::message::encoded_len(CERTIFICATES_TAG, &*old);
             }
         }
+        for name in delta
+            .removed_gateway_hosts
+            .iter()
+            .chain(delta.upserted_gateway_hosts.iter().map(|g| &g.name))
+        {
+            self.remove_gateway_host(name);
+        }
+        for name in delta
+            .removed_gateway_listeners
+            .iter()
+            .chain(delta.upserted_gateway_listeners.iter().map(|l| &l.name))
+        {
+            self.remove_listener(name);
+        }
+        for l in &delta.upserted_gateway_listeners {
+            self.insert_listener(Arc::new(l.clone()));
+        }
+        for g in &delta.upserted_gateway_hosts {
+            self.insert_gateway_host(Arc::new(g.clone()));
+        }
         if delta.default_backend_changed {
             self.default_backend = delta.default_backend.clone().map(Arc::new);
         }
@@ -400,6 +531,32 @@ impl Held {
         len -= certificates
             .filter_map(|c| self.certificates.get(c))
             .map(|c| encoded_len(CERTIFICATES_TAG, &**c))
+            .sum::<usize>();
+        let listeners = delta
+            .removed_gateway_listeners
+            .iter()
+            .chain(delta.upserted_gateway_listeners.iter().map(|l| &l.name));
+        len -= listeners
+            .filter_map(|l| self.gateway_listeners.get(l))
+            .map(|l| encoded_len(GATEWAY_LISTENERS_TAG, &**l))
+            .sum::<usize>();
+        let gateway_hosts = delta
+            .removed_gateway_hosts
+            .iter()
+            .chain(delta.upserted_gateway_hosts.iter().map(|g| &g.name));
+        len -= gateway_hosts
+            .filter_map(|g| self.gateway_hosts.get(g))
+            .map(|g| encoded_len(GATEWAY_HOSTS_TAG, &**g))
+            .sum::<usize>();
+        len += delta
+            .upserted_gateway_listeners
+            .iter()
+            .map(|l| encoded_len(GATEWAY_LISTENERS_TAG, l))
+            .sum::<usize>();
+        len += delta
+            .upserted_gateway_hosts
+            .iter()
+            .map(|g| encoded_len(GATEWAY_HOSTS_TAG, g))
             .sum::<usize>();
         len += delta
             .upserted_virtual_hosts
@@ -462,6 +619,63 @@ impl Held {
             unuse(&mut self.backend_users, &r.backend, host);
         }
         unuse(&mut self.certificate_users, &v.certificate, host);
+    }
+}
+
+impl Held {
+    fn insert_listener(&mut self, l: Arc<GatewayListener>) {
+        self.resources_len += prost::encoding::message::encoded_len(GATEWAY_LISTENERS_TAG, &*l);
+        for c in snapshot::listener_certificates(&l) {
+            self.certificate_users
+                .entry(c.to_owned())
+                .or_default()
+                .insert(l.name.clone());
+        }
+        self.gateway_listeners.insert(l.name.clone(), l);
+    }
+
+    fn remove_listener(&mut self, name: &str) {
+        let Some(l) = self.gateway_listeners.remove(name) else {
+            return;
+        };
+        self.resources_len -= prost::encoding::message::encoded_len(GATEWAY_LISTENERS_TAG, &*l);
+        for c in snapshot::listener_certificates(&l) {
+            unuse(&mut self.certificate_users, c, name);
+        }
+    }
+
+    fn insert_gateway_host(&mut self, g: Arc<GatewayHost>) {
+        self.resources_len += prost::encoding::message::encoded_len(GATEWAY_HOSTS_TAG, &*g);
+        for b in snapshot::gateway_host_backends(&g) {
+            self.backend_users
+                .entry(b.to_owned())
+                .or_default()
+                .insert(g.name.clone());
+        }
+        self.listener_hosts
+            .entry(g.listener.clone())
+            .or_default()
+            .insert(g.name.clone());
+        self.gateway_hosts.insert(g.name.clone(), g);
+    }
+
+    fn remove_gateway_host(&mut self, name: &str) {
+        let Some(g) = self.gateway_hosts.remove(name) else {
+            return;
+        };
+        self.resources_len -= prost::encoding::message::encoded_len(GATEWAY_HOSTS_TAG, &*g);
+        for b in snapshot::gateway_host_backends(&g) {
+            unuse(&mut self.backend_users, b, name);
+        }
+        unuse(&mut self.listener_hosts, &g.listener, name);
+    }
+}
+
+fn bad_gateway(kind: &'static str, name: &str, reason: String) -> InvalidSnapshot {
+    InvalidSnapshot::BadGateway {
+        kind,
+        name: name.to_owned(),
+        reason,
     }
 }
 

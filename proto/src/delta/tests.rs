@@ -1,7 +1,10 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::v1::{Backend, Certificate, DefaultBackend, Endpoint, MatchKind, Route, VirtualHost};
+use crate::v1::{
+    Backend, Certificate, DefaultBackend, Endpoint, GatewayHost, GatewayListener, GatewayRoute,
+    ListenerCertificates, MatchKind, Route, VirtualHost, WeightedBackend,
+};
 
 fn route(path: &str, backend: &str) -> Route {
     Route {
@@ -35,6 +38,55 @@ fn certificate(name: &str, serial: &str) -> Certificate {
     }
 }
 
+/// Gateway listeners (index → certificate or none) and Gateway hosts (index →
+/// (listener, backend)).
+type Gateways = (BTreeMap<u8, Option<u8>>, BTreeMap<u8, (u8, u8)>);
+
+fn listener(i: u8, cert: Option<u8>) -> GatewayListener {
+    let port = 8000 + u32::from(i);
+    GatewayListener {
+        name: snapshot::listener_name("127.10.0.1", port),
+        address: "127.10.0.1".into(),
+        port,
+        protocol: if cert.is_some() { "HTTPS" } else { "HTTP" }.into(),
+        certificates: cert
+            .map(|c| ListenerCertificates {
+                hostname: String::new(),
+                certificates: vec![format!("c{c}")],
+            })
+            .into_iter()
+            .collect(),
+        gateway: None,
+    }
+}
+
+fn gateway_host(i: u8, listener_index: u8, backend: u8) -> GatewayHost {
+    let l = snapshot::listener_name("127.10.0.1", 8000 + u32::from(listener_index));
+    let host = format!("g{i}.test");
+    GatewayHost {
+        name: snapshot::gateway_host_name(&l, &host),
+        listener: l,
+        host,
+        routes: vec![GatewayRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: "/".into(),
+            backends: vec![
+                WeightedBackend {
+                    backend: format!("b{backend}"),
+                    weight: 1,
+                    unresolved: String::new(),
+                },
+                WeightedBackend {
+                    backend: String::new(),
+                    weight: 1,
+                    unresolved: "not found".into(),
+                },
+            ],
+            ..Default::default()
+        }],
+    }
+}
+
 /// A sealed snapshot: hosts `h<i>.test` (route "/" to backend `b<j>`, certificate `c<k>`
 /// or none), backends `b<j>` (port p), certificates `c<k>` (serial s), a default backend,
 /// and the first certificate as the default one.
@@ -45,7 +97,39 @@ fn build(
     default: Option<u8>,
     revision: u64,
 ) -> Snapshot {
+    build_with(
+        hosts,
+        backends,
+        certs,
+        default,
+        &Gateways::default(),
+        revision,
+    )
+}
+
+/// [`build`] with Gateway listeners and hosts (those whose references exist).
+fn build_with(
+    hosts: &BTreeMap<u8, (u8, Option<u8>)>,
+    backends: &BTreeMap<u8, u16>,
+    certs: &BTreeMap<u8, u8>,
+    default: Option<u8>,
+    gateways: &Gateways,
+    revision: u64,
+) -> Snapshot {
+    let listeners: BTreeMap<u8, Option<u8>> = gateways
+        .0
+        .iter()
+        .filter(|(_, c)| c.is_none_or(|c| certs.contains_key(&c)))
+        .map(|(i, c)| (*i, *c))
+        .collect();
     let mut s = Snapshot {
+        gateway_listeners: listeners.iter().map(|(i, c)| listener(*i, *c)).collect(),
+        gateway_hosts: gateways
+            .1
+            .iter()
+            .filter(|(_, (l, b))| listeners.contains_key(l) && backends.contains_key(b))
+            .map(|(i, (l, b))| gateway_host(*i, *l, *b))
+            .collect(),
         virtual_hosts: hosts
             .iter()
             .filter(|(_, (b, c))| {
@@ -78,6 +162,8 @@ fn build(
     s.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
     s.backends.sort_by(|a, b| a.name.cmp(&b.name));
     s.certificates.sort_by(|a, b| a.name.cmp(&b.name));
+    s.gateway_listeners.sort_by(|a, b| a.name.cmp(&b.name));
+    s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     s.default_certificate = s
         .certificates
         .first()
@@ -93,9 +179,17 @@ prop_compose! {
         backends in prop::collection::btree_map(0u8..6, 1u16..4, 0..6),
         certs in prop::collection::btree_map(0u8..4, 0u8..3, 0..4),
         default in prop::option::of(0u8..6),
+        gateways in arb_gateways(),
     ) -> Snapshot {
-        build(&hosts, &backends, &certs, default, revision)
+        build_with(&hosts, &backends, &certs, default, &gateways, revision)
     }
+}
+
+fn arb_gateways() -> impl Strategy<Value = Gateways> {
+    (
+        prop::collection::btree_map(0u8..3, prop::option::of(0u8..4), 0..3),
+        prop::collection::btree_map(0u8..6, (0u8..3, 0u8..6), 0..5),
+    )
 }
 
 proptest! {
@@ -331,6 +425,48 @@ fn damaged(good: &SnapshotDelta, base: &Snapshot, how: u8, pick: usize) -> Snaps
             });
         }
         9 => d.base_version = "1-0000000000000000".into(),
+        // What a Gateway host or listener the delta leaves alone names.
+        11 => {
+            let untouched_hosts: Vec<String> = base
+                .gateway_hosts
+                .iter()
+                .filter(|g| {
+                    !d.removed_gateway_hosts.contains(&g.name)
+                        && !d.upserted_gateway_hosts.iter().any(|u| u.name == g.name)
+                })
+                .flat_map(|g| {
+                    snapshot::gateway_host_backends(g)
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            d.removed_backends.extend(nth(untouched_hosts));
+        }
+        12 => d.removed_gateway_listeners.extend(nth(base
+            .gateway_hosts
+            .iter()
+            .map(|g| g.listener.clone())
+            .collect())),
+        13 => d.removed_certificates.extend(nth(base
+            .gateway_listeners
+            .iter()
+            .flat_map(|l| {
+                snapshot::listener_certificates(l)
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect())),
+        14 => {
+            if let Some(g) = d.upserted_gateway_hosts.first_mut() {
+                g.routes[0].backends[0].backend = format!("b{}", pick % 8);
+            }
+        }
+        15 => {
+            if let Some(g) = d.upserted_gateway_hosts.first_mut() {
+                g.listener = snapshot::listener_name("127.10.0.1", 8000 + (pick % 5) as u32);
+                g.name = snapshot::gateway_host_name(&g.listener, &g.host);
+            }
+        }
         _ => d.removed_certificates.push(format!("c{}", pick % 6)),
     }
     d
@@ -341,6 +477,7 @@ type Maps = (
     BTreeMap<u8, u16>,
     BTreeMap<u8, u8>,
     Option<u8>,
+    Gateways,
 );
 
 prop_compose! {
@@ -353,8 +490,11 @@ prop_compose! {
         host_edits in prop::collection::vec((0u8..12, prop::option::of((0u8..6, prop::option::of(0u8..4)))), 0..3),
         backend_edits in prop::collection::vec((0u8..6, prop::option::of(1u16..4)), 0..2),
         cert_edits in prop::collection::vec((0u8..4, prop::option::of(0u8..3)), 0..2),
+        gateways in arb_gateways(),
+        listener_edits in prop::collection::vec((0u8..3, prop::option::of(prop::option::of(0u8..4))), 0..2),
+        gateway_host_edits in prop::collection::vec((0u8..6, prop::option::of((0u8..3, 0u8..6))), 0..2),
     ) -> (Snapshot, Snapshot) {
-        let base: Maps = (hosts, backends, certs, default);
+        let base: Maps = (hosts, backends, certs, default, gateways);
         let mut next = base.clone();
         fn edit<K: Ord + Copy, V: Copy>(map: &mut BTreeMap<K, V>, edits: &[(K, Option<V>)]) {
             for (k, v) in edits {
@@ -367,9 +507,11 @@ prop_compose! {
         edit(&mut next.0, &host_edits);
         edit(&mut next.1, &backend_edits);
         edit(&mut next.2, &cert_edits);
+        edit(&mut next.4.0, &listener_edits);
+        edit(&mut next.4.1, &gateway_host_edits);
         (
-            build(&base.0, &base.1, &base.2, base.3, 1),
-            build(&next.0, &next.1, &next.2, next.3, 2),
+            build_with(&base.0, &base.1, &base.2, base.3, &base.4, 1),
+            build_with(&next.0, &next.1, &next.2, next.3, &next.4, 2),
         )
     }
 }
@@ -386,7 +528,7 @@ proptest! {
     #[test]
     fn held_accepts_and_makes_what_apply_does(
         (base, next) in arb_pair(),
-        how in 0u8..11,
+        how in 0u8..17,
         pick in 0usize..16,
         restamp in any::<bool>(),
     ) {
@@ -415,6 +557,12 @@ proptest! {
                         .iter()
                         .filter(|v| v.routes.iter().any(|r| r.backend == b.name))
                         .map(|v| v.host.as_str())
+                        .chain(
+                            made.gateway_hosts
+                                .iter()
+                                .filter(|g| snapshot::gateway_host_backends(g).any(|n| n == b.name))
+                                .map(|g| g.name.as_str()),
+                        )
                         .collect();
                     prop_assert_eq!(users, want);
                 }
