@@ -129,14 +129,50 @@ impl Caches {
         store.state()
     }
 
-    /// (namespace/name, resourceVersion) of every cached Ingress and IngressClass, sorted:
+    /// (namespace/name, resourceVersion) of every cached Ingress and IngressClass, then
+    /// (`Kind:`namespace/name, resourceVersion) of every cached object of the Gateway API
+    /// kinds and Namespaces, except the kinds in `absent` (not served by the API server):
     /// what a fresh read must agree with to confirm a held snapshot.
-    pub fn routing_objects(&self) -> Vec<(String, String)> {
-        identity(self.ingresses.state().iter().map(|o| &**o))
+    pub fn routing_objects(&self, absent: &[&str]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = identity(self.ingresses.state().iter().map(|o| &**o))
             .into_iter()
             .chain(identity(self.ingress_classes.state().iter().map(|o| &**o)))
-            .collect()
+            .collect();
+        let mut kind = |name: &str, ids: Vec<(String, String)>| {
+            if !absent.contains(&name) {
+                out.extend(tagged(name, ids));
+            }
+        };
+        kind(
+            "GatewayClass",
+            identity(self.gateway_classes.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "Gateway",
+            identity(self.gateways.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "HTTPRoute",
+            identity(self.http_routes.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "ReferenceGrant",
+            identity(self.reference_grants.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "Namespace",
+            identity(self.namespaces.state().iter().map(|o| &**o)),
+        );
+        out
     }
+}
+
+/// `ids` with each name prefixed `kind:` (so that objects of two kinds never compare
+/// equal).
+pub fn tagged(kind: &str, ids: Vec<(String, String)>) -> Vec<(String, String)> {
+    ids.into_iter()
+        .map(|(name, rv)| (format!("{kind}:{name}"), rv))
+        .collect()
 }
 
 /// Sorted (namespace/name, resourceVersion) of objects.

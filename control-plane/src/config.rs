@@ -400,6 +400,12 @@ impl Args {
                 .map(|n| n.trim().to_owned())
                 .unwrap_or_else(|_| "default".into())
         });
+        let gateway_pool = self
+            .gateway_address_pool
+            .as_deref()
+            .map(crate::gateway_api::status::Pool::parse)
+            .transpose()
+            .map_err(|e| ConfigError::new("gateway-address-pool", e))?;
         let translate = translate::Options {
             controller: self.controller_name.clone(),
             ingress_class: self.ingress_class.clone(),
@@ -421,6 +427,8 @@ impl Args {
                 }
                 _ => None,
             },
+            gateway_controller: self.gateway_controller_name.clone(),
+            gateway_pool,
         };
         let publish = match (publish_service, self.publish_addresses.is_empty()) {
             (Some(service), _) => Some(service),
@@ -438,12 +446,6 @@ impl Args {
                 max_per_namespace: self.max_host_claims_per_namespace,
             }
         });
-        let gateway_pool = self
-            .gateway_address_pool
-            .as_deref()
-            .map(crate::gateway_api::status::Pool::parse)
-            .transpose()
-            .map_err(|e| ConfigError::new("gateway-address-pool", e))?;
         let status = status::Settings {
             publish,
             claims,

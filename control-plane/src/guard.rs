@@ -10,27 +10,43 @@
 //! the caches (see `publisher`). A held route that comes back leaves the set; a new large
 //! removal joins it; either makes a new set, with a new name and a new period.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
 
 use sha2::{Digest, Sha256};
 
-use holdfast_proto::snapshot::route_count;
-use holdfast_proto::v1::{Snapshot, VirtualHost};
+use holdfast_proto::snapshot::{gateway_route_key, route_count};
+use holdfast_proto::v1::{GatewayHost, Snapshot, VirtualHost};
 
 /// The identity of a route: host, match kind and path ("" host and "*" path for the
-/// default backend).
-fn route_keys(s: &Snapshot) -> HashSet<(&str, i32, &str)> {
-    let mut keys: HashSet<(&str, i32, &str)> = s
+/// default backend). A Gateway route's "host" is its Gateway host's name
+/// (`<address>:<port> <hostname>`, which no virtual host's can be) and its "path" its
+/// [`gateway_route_key`] (path and header matches).
+fn route_keys(s: &Snapshot) -> HashSet<(Cow<'_, str>, i32, Cow<'_, str>)> {
+    let mut keys: HashSet<(Cow<'_, str>, i32, Cow<'_, str>)> = s
         .virtual_hosts
         .iter()
         .flat_map(|v| {
-            v.routes
-                .iter()
-                .map(move |r| (v.host.as_str(), r.match_kind, r.path.as_str()))
+            v.routes.iter().map(move |r| {
+                (
+                    Cow::Borrowed(v.host.as_str()),
+                    r.match_kind,
+                    Cow::Borrowed(r.path.as_str()),
+                )
+            })
         })
         .collect();
+    for g in &s.gateway_hosts {
+        for r in &g.routes {
+            keys.insert((
+                Cow::Borrowed(g.name.as_str()),
+                r.match_kind,
+                Cow::Owned(gateway_route_key(r)),
+            ));
+        }
+    }
     if s.default_backend.is_some() {
-        keys.insert(("", -1, "*"));
+        keys.insert((Cow::Borrowed(""), -1, Cow::Borrowed("*")));
     }
     keys
 }
@@ -89,12 +105,21 @@ pub struct Sizes {
     pub routes_held: usize,
 }
 
-/// [`assess`] in O(change): given both snapshots' [`Sizes`], each virtual host that
-/// differs between them (before, after; `None` where absent), and whether the default
-/// backend goes, counts the route keys the candidate loses.
+/// The route keys of a Gateway host (see [`route_keys`]).
+fn gateway_keys(g: &GatewayHost) -> HashSet<(i32, String)> {
+    g.routes
+        .iter()
+        .map(|r| (r.match_kind, gateway_route_key(r)))
+        .collect()
+}
+
+/// [`assess`] in O(change): given both snapshots' [`Sizes`], each virtual host and each
+/// Gateway host that differs between them (before, after; `None` where absent), and
+/// whether the default backend goes, counts the route keys the candidate loses.
 pub fn assess_change<'a>(
     sizes: Sizes,
     changed_hosts: impl IntoIterator<Item = (Option<&'a VirtualHost>, Option<&'a VirtualHost>)>,
+    changed_gateway_hosts: impl IntoIterator<Item = (Option<&'a GatewayHost>, Option<&'a GatewayHost>)>,
     default_backend_removed: bool,
     max_removal_share: f64,
 ) -> Verdict {
@@ -109,6 +134,11 @@ pub fn assess_change<'a>(
         let Some(before) = before else { continue };
         let after = after.map(keys).unwrap_or_default();
         removed += keys(before).difference(&after).count();
+    }
+    for (before, after) in changed_gateway_hosts {
+        let Some(before) = before else { continue };
+        let after = after.map(gateway_keys).unwrap_or_default();
+        removed += gateway_keys(before).difference(&after).count();
     }
     decide(sizes, removed, max_removal_share)
 }
@@ -160,7 +190,7 @@ pub fn removed_routes(published: &Snapshot, candidate: &Snapshot) -> BTreeSet<Ro
     route_keys(published)
         .into_iter()
         .filter(|k| !after.contains(k))
-        .map(|(h, m, p)| (h.to_owned(), m, p.to_owned()))
+        .map(|(h, m, p)| (h.into_owned(), m, p.into_owned()))
         .collect()
 }
 
@@ -243,6 +273,21 @@ pub fn keep_held(
             continue;
         }
         let (host, kind, path) = key;
+        if host.contains(' ') {
+            keep_held_gateway_route(&mut out, published, key, &mut certificates);
+            for b in published
+                .gateway_hosts
+                .iter()
+                .filter(|g| g.name == *host)
+                .flat_map(|g| g.routes.iter())
+                .filter(|r| r.match_kind == *kind && gateway_route_key(r) == *path)
+                .flat_map(|r| r.backends.iter())
+                .filter(|b| !b.backend.is_empty())
+            {
+                need_backend(&b.backend, &mut out);
+            }
+            continue;
+        }
         let Some(before) = published.virtual_hosts.iter().find(|v| v.host == *host) else {
             continue;
         };
@@ -290,7 +335,71 @@ pub fn keep_held(
     out.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
     out.backends.sort_by(|a, b| a.name.cmp(&b.name));
     out.certificates.sort_by(|a, b| a.name.cmp(&b.name));
+    out.gateway_listeners.sort_by(|a, b| a.name.cmp(&b.name));
+    out.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// Puts the held Gateway route `key` of `published` back into `out`: into its Gateway
+/// host (re-made from `published` if the candidate dropped it), whose listener (with its
+/// certificates) is taken from `published` if the candidate dropped it too. The route
+/// goes after the candidate's routes of the same precedence class (Exact before
+/// PathPrefix, longer paths, more header matches): the order of the routes it was
+/// published beside, as far as the snapshot records it.
+fn keep_held_gateway_route(
+    out: &mut Snapshot,
+    published: &Snapshot,
+    (host, kind, path): &RouteKey,
+    certificates: &mut HashSet<String>,
+) {
+    let Some(before) = published.gateway_hosts.iter().find(|g| g.name == *host) else {
+        return;
+    };
+    let Some(route) = before
+        .routes
+        .iter()
+        .find(|r| r.match_kind == *kind && gateway_route_key(r) == *path)
+    else {
+        return;
+    };
+    if !out
+        .gateway_listeners
+        .iter()
+        .any(|l| l.name == before.listener)
+        && let Some(l) = published
+            .gateway_listeners
+            .iter()
+            .find(|l| l.name == before.listener)
+    {
+        out.gateway_listeners.push(l.clone());
+        for name in holdfast_proto::snapshot::listener_certificates(l) {
+            if certificates.insert(name.to_owned())
+                && let Some(c) = published.certificates.iter().find(|c| c.name == name)
+            {
+                out.certificates.push(c.clone());
+            }
+        }
+    }
+    let i = match out.gateway_hosts.iter().position(|g| g.name == *host) {
+        Some(i) => i,
+        None => {
+            out.gateway_hosts.push(GatewayHost {
+                routes: Vec::new(),
+                ..before.clone()
+            });
+            out.gateway_hosts.len() - 1
+        }
+    };
+    let routes = &mut out.gateway_hosts[i].routes;
+    let class = |r: &holdfast_proto::v1::GatewayRoute| {
+        (
+            r.match_kind != holdfast_proto::v1::MatchKind::Exact as i32,
+            std::cmp::Reverse(r.path.len()),
+            std::cmp::Reverse(r.headers.len()),
+        )
+    };
+    let at = routes.partition_point(|r| class(r) <= class(route));
+    routes.insert(at, route.clone());
 }
 
 #[cfg(test)]
@@ -403,11 +512,63 @@ mod change_tests {
 
     use super::*;
 
+    /// The listener of Gateway host `h<i>` (one each).
+    fn listener_of(h: u8) -> String {
+        holdfast_proto::snapshot::listener_name("127.10.0.1", 8000 + u32::from(h))
+    }
+
     /// Hosts `h<i>` with routes `/p<j>` (Prefix or Exact by bit), and a default backend.
+    /// Hosts from `h5` on are Gateway hosts (each on a listener of its own), the others
+    /// virtual hosts.
     fn build(hosts: &std::collections::BTreeMap<u8, Vec<(bool, u8)>>, default: bool) -> Snapshot {
+        use holdfast_proto::v1::{GatewayListener, GatewayRoute, WeightedBackend};
+        let kind = |exact: bool| {
+            (if exact {
+                MatchKind::Exact
+            } else {
+                MatchKind::Prefix
+            }) as i32
+        };
+        let gateway: Vec<(&u8, &Vec<(bool, u8)>)> =
+            hosts.iter().filter(|(h, _)| **h >= 5).collect();
         Snapshot {
+            gateway_listeners: gateway
+                .iter()
+                .map(|(h, _)| GatewayListener {
+                    name: listener_of(**h),
+                    address: "127.10.0.1".into(),
+                    port: 8000 + u32::from(**h),
+                    protocol: "HTTP".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            gateway_hosts: gateway
+                .iter()
+                .map(|(h, routes)| GatewayHost {
+                    name: holdfast_proto::snapshot::gateway_host_name(
+                        &listener_of(**h),
+                        &format!("h{h}"),
+                    ),
+                    listener: listener_of(**h),
+                    host: format!("h{h}"),
+                    routes: routes
+                        .iter()
+                        .map(|(exact, p)| GatewayRoute {
+                            match_kind: kind(*exact),
+                            path: format!("/p{p}"),
+                            backends: vec![WeightedBackend {
+                                backend: "b".into(),
+                                weight: 1,
+                                unresolved: String::new(),
+                            }],
+                            ..Default::default()
+                        })
+                        .collect(),
+                })
+                .collect(),
             virtual_hosts: hosts
                 .iter()
+                .filter(|(h, _)| **h < 5)
                 .map(|(h, routes)| VirtualHost {
                     host: format!("h{h}"),
                     routes: routes
@@ -467,9 +628,22 @@ mod change_tests {
                 routes_published: route_count(&published),
                 routes_held: route_count(&candidate),
             };
+            let gateway_host = |s: &Snapshot, n: &str| s.gateway_hosts.iter().find(|g| g.name == n).cloned();
+            let gateway_names: std::collections::BTreeSet<String> = published
+                .gateway_hosts
+                .iter()
+                .chain(&candidate.gateway_hosts)
+                .map(|g| g.name.clone())
+                .filter(|n| gateway_host(&published, n) != gateway_host(&candidate, n))
+                .collect();
+            let gateway_pairs: Vec<(Option<GatewayHost>, Option<GatewayHost>)> = gateway_names
+                .iter()
+                .map(|n| (gateway_host(&published, n), gateway_host(&candidate, n)))
+                .collect();
             let by_change = assess_change(
                 sizes,
                 pairs.iter().map(|(a, b)| (a.as_ref(), b.as_ref())),
+                gateway_pairs.iter().map(|(a, b)| (a.as_ref(), b.as_ref())),
                 defaults.0 && !defaults.1,
                 share,
             );
@@ -550,6 +724,31 @@ mod change_tests {
             }],
             ..Default::default()
         };
+        for g in &mut s.gateway_hosts {
+            let h = g.host.trim_start_matches('h').to_owned();
+            for r in &mut g.routes {
+                r.backends[0].backend = format!("b{h}");
+            }
+            s.backends.push(backend(format!("b{h}")));
+            if h.parse::<u8>().is_ok_and(|n| n % 2 == 0) {
+                let l = s
+                    .gateway_listeners
+                    .iter_mut()
+                    .find(|l| l.name == g.listener)
+                    .expect("the host's listener");
+                l.protocol = "HTTPS".into();
+                l.certificates = vec![holdfast_proto::v1::ListenerCertificates {
+                    hostname: String::new(),
+                    certificates: vec![format!("c{h}")],
+                }];
+                s.certificates.push(Certificate {
+                    name: format!("c{h}"),
+                    ..Default::default()
+                });
+            }
+        }
+        s.backends.sort_by(|a, b| a.name.cmp(&b.name));
+        s.certificates.sort_by(|a, b| a.name.cmp(&b.name));
         for v in &mut s.virtual_hosts {
             let h = v.host.trim_start_matches('h').to_owned();
             for r in &mut v.routes {

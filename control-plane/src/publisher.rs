@@ -185,16 +185,43 @@ impl FreshRead {
         FreshRead { client, page_size }
     }
 
-    /// True when the API server's Ingresses and IngressClasses are exactly the cached ones.
-    pub async fn confirms(&self, caches: &Caches) -> Result<bool, kube::Error> {
-        Ok(self.read().await? == caches.routing_objects())
+    /// True when the API server's Ingresses, IngressClasses, Gateway API objects and
+    /// Namespaces are exactly the cached ones (the kinds in `absent`, which the API
+    /// server does not serve, left out).
+    pub async fn confirms(&self, caches: &Caches, absent: &[&str]) -> Result<bool, kube::Error> {
+        Ok(self.read(absent).await? == caches.routing_objects(absent))
     }
 
-    /// `namespace/name` and resourceVersion of every Ingress and IngressClass, sorted as
-    /// [`Caches::routing_objects`] is.
-    async fn read(&self) -> Result<Vec<(String, String)>, kube::Error> {
+    /// What [`Caches::routing_objects`] holds, read from the API server: each kind one
+    /// consistent list.
+    async fn read(&self, absent: &[&str]) -> Result<Vec<(String, String)>, kube::Error> {
+        use crate::caches::tagged;
+        use crate::gateway_api::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
         let mut fresh = self.list_all::<Ingress>().await?;
         fresh.extend(self.list_all::<IngressClass>().await?);
+        if !absent.contains(&"GatewayClass") {
+            fresh.extend(tagged(
+                "GatewayClass",
+                self.list_all::<GatewayClass>().await?,
+            ));
+        }
+        if !absent.contains(&"Gateway") {
+            fresh.extend(tagged("Gateway", self.list_all::<Gateway>().await?));
+        }
+        if !absent.contains(&"HTTPRoute") {
+            fresh.extend(tagged("HTTPRoute", self.list_all::<HttpRoute>().await?));
+        }
+        if !absent.contains(&"ReferenceGrant") {
+            fresh.extend(tagged(
+                "ReferenceGrant",
+                self.list_all::<ReferenceGrant>().await?,
+            ));
+        }
+        fresh.extend(tagged(
+            "Namespace",
+            self.list_all::<k8s_openapi::api::core::v1::Namespace>()
+                .await?,
+        ));
         Ok(fresh)
     }
 
@@ -644,16 +671,29 @@ fn guard(published: Option<&Published>, candidate: &Published, max_removal_share
             candidate.content.virtual_host(h).map(|v| &**v),
         )
     });
+    let gateway_hosts = changed.gateway_hosts.iter().map(|h| {
+        (
+            published.content.gateway_host(h).map(|g| &**g),
+            candidate.content.gateway_host(h).map(|g| &**g),
+        )
+    });
     let default_removed =
         published.content.default_backend.is_some() && candidate.content.default_backend.is_none();
-    assess_change(sizes, hosts, default_removed, max_removal_share)
+    assess_change(
+        sizes,
+        hosts,
+        gateway_hosts,
+        default_removed,
+        max_removal_share,
+    )
 }
 
 async fn try_confirm(caches: &Caches, shared: &Shared, fresh: &FreshRead, held: &Held) {
     if !held.confirmable {
         return;
     }
-    match fresh.confirms(caches).await {
+    let absent = shared.absent_kinds();
+    match fresh.confirms(caches, &absent).await {
         Ok(true) => {
             // Waits for the publishing lock (a build during a hold keeps it for
             // O(snapshot)): off the runtime.
@@ -1022,11 +1062,17 @@ mod tests {
     const CLASSES: &str = "/apis/networking.k8s.io/v1/ingressclasses";
 
     /// The exact requests of a fresh read of 5 Ingresses in pages of 2: a quorum LIST
-    /// (no resourceVersion), then each continue token in turn, then the IngressClasses.
+    /// (no resourceVersion), then each continue token in turn, then the IngressClasses,
+    /// then the Gateway API kinds the API server serves (here only HTTPRoute), then the
+    /// Namespaces.
     #[tokio::test]
     async fn the_fresh_read_lists_in_pages_of_the_page_size_and_gets_every_object() {
         let (client, mut api) = crate::fixtures::client();
-        let read = tokio::spawn(async move { FreshRead::new(client, 2).read().await });
+        let read = tokio::spawn(async move {
+            FreshRead::new(client, 2)
+                .read(&["GatewayClass", "Gateway", "ReferenceGrant"])
+                .await
+        });
         let mut queries = Vec::new();
         for (range, continued) in [(0..2, None), (2..4, Some("2")), (4..5, Some("4"))] {
             let r = api
@@ -1054,11 +1100,29 @@ mod tests {
             serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClassList", "metadata": {}, "items": []})
         })
         .await;
+        api.expect(http::Method::GET, "/apis/gateway.networking.k8s.io/v1/httproutes", 200, |_| {
+            serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRouteList", "metadata": {},
+                "items": [{"metadata": {"namespace": "ns", "name": "r", "resourceVersion": "9"}, "spec": {}}]})
+        })
+        .await;
+        api.expect(http::Method::GET, "/api/v1/namespaces", 200, |_| {
+            serde_json::json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {},
+                "items": [{"metadata": {"name": "ns", "resourceVersion": "3"}}]})
+        })
+        .await;
         let read = read.await.expect("the read task").expect("reads");
         let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
-            ["ns/ing-0", "ns/ing-1", "ns/ing-2", "ns/ing-3", "ns/ing-4"]
+            [
+                "ns/ing-0",
+                "ns/ing-1",
+                "ns/ing-2",
+                "ns/ing-3",
+                "ns/ing-4",
+                "HTTPRoute:ns/r",
+                "Namespace:/ns"
+            ]
         );
     }
 
@@ -1067,7 +1131,7 @@ mod tests {
     #[tokio::test]
     async fn a_fresh_read_whose_later_page_fails_is_an_error_never_a_partial_list() {
         let (client, mut api) = crate::fixtures::client();
-        let read = tokio::spawn(async move { FreshRead::new(client, 2).read().await });
+        let read = tokio::spawn(async move { FreshRead::new(client, 2).read(&[]).await });
         api.expect(http::Method::GET, INGRESSES, 200, |_| ingress_page(0..2, 5))
             .await;
         api.expect(http::Method::GET, INGRESSES, 410, |_| {

@@ -233,6 +233,41 @@ impl Published {
                 });
             }
         }
+        for name in &since.changed.gateway_listeners {
+            let Some(l) = c.gateway_listener(name) else {
+                continue;
+            };
+            holdfast_proto::snapshot::validate_gateway_listener(l)?;
+            if let Some(cert) = holdfast_proto::snapshot::listener_certificates(l)
+                .find(|n| c.certificate(n).is_none())
+            {
+                return Err(InvalidSnapshot::BadGateway {
+                    kind: "listener",
+                    name: l.name.clone(),
+                    reason: format!("certificate {cert:?} is not in the snapshot"),
+                });
+            }
+        }
+        for name in &since.changed.gateway_hosts {
+            let Some(g) = c.gateway_host(name) else {
+                continue;
+            };
+            holdfast_proto::snapshot::validate_gateway_host(g)?;
+            let missing = if c.gateway_listener(&g.listener).is_none() {
+                Some(format!("listener {:?} is not in the snapshot", g.listener))
+            } else {
+                holdfast_proto::snapshot::gateway_host_backends(g)
+                    .find(|b| c.backend(b).is_none())
+                    .map(|b| format!("backend {b:?} is not in the snapshot"))
+            };
+            if let Some(reason) = missing {
+                return Err(InvalidSnapshot::BadGateway {
+                    kind: "host",
+                    name: g.name.clone(),
+                    reason,
+                });
+            }
+        }
         if let Some(d) = &c.default_backend
             && c.backend(&d.backend).is_none()
         {
@@ -385,6 +420,18 @@ impl Published {
             match c.certificate(name) {
                 Some(cert) => d.upserted_certificates.push(cert.clone()),
                 None => d.removed_certificates.push(name.clone()),
+            }
+        }
+        for name in &changed.gateway_listeners {
+            match c.gateway_listener(name) {
+                Some(l) => d.upserted_gateway_listeners.push((**l).clone()),
+                None => d.removed_gateway_listeners.push(name.clone()),
+            }
+        }
+        for name in &changed.gateway_hosts {
+            match c.gateway_host(name) {
+                Some(g) => d.upserted_gateway_hosts.push((**g).clone()),
+                None => d.removed_gateway_hosts.push(name.clone()),
             }
         }
         d
@@ -591,6 +638,16 @@ impl Shared {
             .cache_synced
             .get_or_create(&KindLabel { kind: kind.into() })
             .set(i64::from(synced));
+    }
+
+    /// The kinds API discovery says do not exist (see [`CacheStatus::absent`]).
+    pub fn absent_kinds(&self) -> Vec<&'static str> {
+        lock(&self.inner.status)
+            .caches
+            .iter()
+            .filter(|(_, c)| c.absent.is_some())
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Records what API discovery last answered of an optional kind: `Some(why)` it does

@@ -66,7 +66,8 @@ use holdfast_proto::delta;
 
 use crate::claims;
 use holdfast_proto::v1::{
-    Backend, Certificate, DefaultBackend, IngressRef, ResourceKind, Snapshot, VirtualHost,
+    Backend, Certificate, DefaultBackend, GatewayHost, GatewayListener, IngressRef, ResourceKind,
+    Snapshot, VirtualHost,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -74,6 +75,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use std::collections::HashMap;
 
 mod digest;
+mod gateway;
 mod incremental;
 mod resolve;
 mod rules;
@@ -153,6 +155,12 @@ pub struct Options {
     /// rules without a host, which catch every host no rule names
     /// (`--default-backend-namespaces`); None: all.
     pub default_backend_namespaces: Option<BTreeSet<String>>,
+    /// The GatewayClass `spec.controllerName` that makes a Gateway ours
+    /// (`--gateway-controller-name`).
+    pub gateway_controller: String,
+    /// The addresses our Gateways get (`--gateway-address-pool`); None: Gateways get none,
+    /// and no Gateway listener is served.
+    pub gateway_pool: Option<crate::gateway_api::status::Pool>,
 }
 
 /// Who may add rules to a host.
@@ -181,6 +189,8 @@ impl Default for Options {
             ingress_limits: IngressLimits::default(),
             default_backend_namespaces: None,
             proxy_service: None,
+            gateway_controller: crate::gateway_api::DEFAULT_CONTROLLER_NAME.into(),
+            gateway_pool: None,
         }
     }
 }
@@ -324,6 +334,10 @@ pub struct Content {
     pub default_backend: Option<DefaultBackend>,
     /// The default certificate's name.
     pub default_certificate: String,
+    /// Gateway API listeners, by name.
+    pub gateway_listeners: Vec<Arc<GatewayListener>>,
+    /// Gateway API hosts, by name.
+    pub gateway_hosts: Vec<Arc<GatewayHost>>,
     /// The encoded length of the virtual hosts, backends and certificates in a snapshot.
     pub resources_len: usize,
     /// The virtual hosts' routes (the default backend not counted).
@@ -336,6 +350,9 @@ impl Content {
         let mut routes = RouteCounts::default();
         for v in &snapshot.virtual_hosts {
             routes.add(v);
+        }
+        for g in &snapshot.gateway_hosts {
+            routes = routes.plus(RouteCounts::of_gateway_host(g));
         }
         let resources_len = snapshot
             .virtual_hosts
@@ -353,6 +370,18 @@ impl Content {
                     .iter()
                     .map(|c| encoded_len(CERTIFICATES_TAG, c)),
             )
+            .chain(
+                snapshot
+                    .gateway_listeners
+                    .iter()
+                    .map(|l| encoded_len(GATEWAY_LISTENERS_TAG, l)),
+            )
+            .chain(
+                snapshot
+                    .gateway_hosts
+                    .iter()
+                    .map(|g| encoded_len(GATEWAY_HOSTS_TAG, g)),
+            )
             .sum();
         Content {
             content_hash: snapshot.content_hash.clone(),
@@ -366,6 +395,18 @@ impl Content {
             certificates: snapshot.certificates.clone(),
             default_backend: snapshot.default_backend.clone(),
             default_certificate: snapshot.default_certificate.clone(),
+            gateway_listeners: snapshot
+                .gateway_listeners
+                .iter()
+                .cloned()
+                .map(Arc::new)
+                .collect(),
+            gateway_hosts: snapshot
+                .gateway_hosts
+                .iter()
+                .cloned()
+                .map(Arc::new)
+                .collect(),
             resources_len,
             routes,
         }
@@ -388,6 +429,12 @@ impl Content {
         for c in &self.certificates {
             prost::encoding::message::encode(CERTIFICATES_TAG, c, &mut buf);
         }
+        for l in &self.gateway_listeners {
+            prost::encoding::message::encode(GATEWAY_LISTENERS_TAG, &**l, &mut buf);
+        }
+        for g in &self.gateway_hosts {
+            prost::encoding::message::encode(GATEWAY_HOSTS_TAG, &**g, &mut buf);
+        }
         buf
     }
 
@@ -400,8 +447,30 @@ impl Content {
             default_backend: self.default_backend.clone(),
             certificates: self.certificates.clone(),
             default_certificate: self.default_certificate.clone(),
+            gateway_listeners: self
+                .gateway_listeners
+                .iter()
+                .map(|l| (**l).clone())
+                .collect(),
+            gateway_hosts: self.gateway_hosts.iter().map(|g| (**g).clone()).collect(),
             ..Default::default()
         }
+    }
+
+    /// The Gateway listener named `name`.
+    pub fn gateway_listener(&self, name: &str) -> Option<&Arc<GatewayListener>> {
+        self.gateway_listeners
+            .binary_search_by(|l| l.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.gateway_listeners[i])
+    }
+
+    /// The Gateway host named `name`.
+    pub fn gateway_host(&self, name: &str) -> Option<&Arc<GatewayHost>> {
+        self.gateway_hosts
+            .binary_search_by(|g| g.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.gateway_hosts[i])
     }
 
     /// The virtual host for `host`.
@@ -443,6 +512,10 @@ pub struct Changed {
     pub default_backend: bool,
     /// The default certificate changed.
     pub default_certificate: bool,
+    /// Gateway listeners, sorted.
+    pub gateway_listeners: Vec<String>,
+    /// Gateway hosts, sorted.
+    pub gateway_hosts: Vec<String>,
 }
 
 impl Changed {
@@ -472,6 +545,8 @@ impl Changed {
             certificates: differs(ResourceKind::Certificate),
             default_backend: !differs(ResourceKind::DefaultBackend).is_empty(),
             default_certificate: !differs(ResourceKind::DefaultCertificate).is_empty(),
+            gateway_listeners: differs(ResourceKind::GatewayListener),
+            gateway_hosts: differs(ResourceKind::GatewayHost),
         }
     }
 }
@@ -564,6 +639,8 @@ pub struct Translator {
     ledger: claims::Ledger,
     /// The proxies' own pod addresses (`Options::proxy_service`), as of the last build.
     proxy_addresses: FastSet<String>,
+    /// The Gateway API listeners and hosts.
+    gateway: gateway::GatewayPart,
 }
 
 /// Counts of routes, kept one virtual host at a time.
@@ -589,10 +666,30 @@ impl RouteCounts {
         }
     }
 
+    /// The counts of one Gateway host.
+    pub fn of_gateway_host(host: &GatewayHost) -> Self {
+        let keys: HashSet<(i32, String)> = host
+            .routes
+            .iter()
+            .map(|r| (r.match_kind, holdfast_proto::snapshot::gateway_route_key(r)))
+            .collect();
+        RouteCounts {
+            routes: host.routes.len(),
+            keys: keys.len(),
+        }
+    }
+
     fn add(&mut self, vhost: &VirtualHost) {
         let c = RouteCounts::of(vhost);
         self.routes += c.routes;
         self.keys += c.keys;
+    }
+
+    fn plus(self, other: RouteCounts) -> RouteCounts {
+        RouteCounts {
+            routes: self.routes + other.routes,
+            keys: self.keys + other.keys,
+        }
     }
 
     fn remove(&mut self, vhost: &VirtualHost) {
@@ -644,6 +741,9 @@ struct ObjectChanges {
     hosts: Vec<String>,
     /// The proxies' own addresses changed: every backend is resolved again.
     proxies: bool,
+    /// A Service or a TLS Secret was added, changed or removed (what Gateway routes
+    /// depend on besides the Gateway API kinds).
+    services_or_secrets: bool,
 }
 
 impl Translator {
@@ -652,6 +752,7 @@ impl Translator {
     pub fn translate(&mut self, state: &ClusterState, opts: &Options) -> Translation {
         let changes = self.apply_object_changes(state, opts);
         let mut new_backends = self.rebuild_hosts(changes.hosts, opts);
+        self.rebuild_gateways(state, opts, changes.services_or_secrets, &mut new_backends);
         let mut problems: BTreeSet<Problem> = BTreeSet::new();
         let winner = self.choose_default_backend(opts, &mut problems, &mut new_backends);
         let resolved =
@@ -678,6 +779,10 @@ impl Translator {
         let secrets = self
             .secrets
             .refresh(&state.secrets, generation, digest_secret);
+        let services_or_secrets = !(services.added.is_empty()
+            && services.removed.is_empty()
+            && secrets.added.is_empty()
+            && secrets.removed.is_empty());
         for d in &secrets.removed {
             if let Some(key) = &d.key
                 && self
@@ -815,6 +920,7 @@ impl Translator {
             services: dirty_services,
             hosts: dirty_hosts,
             proxies,
+            services_or_secrets,
         }
     }
 
@@ -1028,7 +1134,8 @@ impl Translator {
                 source: Some(w.source.clone()),
             })
         });
-        let tls = self.assign_certificates(opts, &mut problems);
+        let mut tls = self.assign_certificates(opts, &mut problems);
+        self.gateway_certificates(&mut tls);
         self.backends
             .unsummed
             .extend(resolved.iter().map(|b| b.name.clone()));
@@ -1072,8 +1179,15 @@ impl Translator {
                 default_backend,
                 certificates: tls.certificates,
                 default_certificate: tls.default_certificate,
+                gateway_listeners: self.gateway.listeners.values().cloned().collect(),
+                gateway_hosts: self
+                    .gateway
+                    .hosts
+                    .values()
+                    .map(|e| e.host.clone())
+                    .collect(),
                 resources_len: self.sum.resources_len,
-                routes: self.routes,
+                routes: self.routes.plus(self.gateway.routes),
             },
             since,
             problems: problems.into_iter().collect(),

@@ -174,14 +174,34 @@ pub fn stamp(snapshot: &mut Snapshot, cluster_revision: u64) {
     snapshot.version = version_string(cluster_revision, &snapshot.content_hash);
 }
 
-/// Number of routes, counting the default backend as one.
+/// Number of routes (virtual hosts' and Gateway hosts'), counting the default backend
+/// as one.
 pub fn route_count(snapshot: &Snapshot) -> usize {
     snapshot
         .virtual_hosts
         .iter()
         .map(|v| v.routes.len())
         .sum::<usize>()
+        + snapshot
+            .gateway_hosts
+            .iter()
+            .map(|g| g.routes.len())
+            .sum::<usize>()
         + usize::from(snapshot.default_backend.is_some())
+}
+
+/// What identifies a Gateway route within its Gateway host, beside its match kind (the
+/// bounded-destruction guard's key): its path, then each header match as
+/// ` name:value`. (Paths hold no whitespace, so the parts cannot run together.)
+pub fn gateway_route_key(r: &crate::v1::GatewayRoute) -> String {
+    let mut key = r.path.clone();
+    for h in &r.headers {
+        key.push(' ');
+        key.push_str(&h.name);
+        key.push(':');
+        key.push_str(&h.value);
+    }
+    key
 }
 
 /// Is `host` a lower-case DNS name (labels of `a-z0-9-`), `*.` + such a name, or ""?

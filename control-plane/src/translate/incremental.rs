@@ -136,6 +136,8 @@ pub(super) struct Summed {
     /// Each resource's hash and the length of its encoding in a snapshot.
     pub(super) hosts: FastMap<String, ([u8; 32], usize)>,
     pub(super) backends: FastMap<String, ([u8; 32], usize)>,
+    pub(super) gateway_listeners: FastMap<String, ([u8; 32], usize)>,
+    pub(super) gateway_hosts: FastMap<String, ([u8; 32], usize)>,
     /// The encoded length of the snapshot's repeated resources.
     pub(super) resources_len: usize,
     pub(super) certificates: FastMap<String, (Certificate, [u8; 32])>,
@@ -169,6 +171,10 @@ pub(super) const VIRTUAL_HOSTS_TAG: u32 = 5;
 pub(super) const BACKENDS_TAG: u32 = 6;
 
 pub(super) const CERTIFICATES_TAG: u32 = 8;
+
+pub(super) const GATEWAY_LISTENERS_TAG: u32 = 11;
+
+pub(super) const GATEWAY_HOSTS_TAG: u32 = 12;
 
 /// The length of `message` encoded as field `tag` of a snapshot.
 pub(super) fn encoded_len(tag: u32, message: &impl prost::Message) -> usize {
@@ -235,6 +241,46 @@ impl Translator {
                 new,
             ) {
                 changed.backends.push(name);
+            }
+        }
+        let mut listeners = std::mem::take(&mut self.gateway.unsummed_listeners);
+        listeners.sort_unstable();
+        listeners.dedup();
+        for name in listeners {
+            let new = self.gateway.listeners.get(&name).map(|l| {
+                (
+                    hash_of(ResourceKind::GatewayListener, &**l),
+                    encoded_len(GATEWAY_LISTENERS_TAG, &**l),
+                )
+            });
+            if Summed::set(
+                &mut s.sum,
+                &mut s.resources_len,
+                &mut s.gateway_listeners,
+                &name,
+                new,
+            ) {
+                changed.gateway_listeners.push(name);
+            }
+        }
+        let mut gateway_hosts = std::mem::take(&mut self.gateway.unsummed_hosts);
+        gateway_hosts.sort_unstable();
+        gateway_hosts.dedup();
+        for name in gateway_hosts {
+            let new = self.gateway.hosts.get(&name).map(|e| {
+                (
+                    hash_of(ResourceKind::GatewayHost, &*e.host),
+                    encoded_len(GATEWAY_HOSTS_TAG, &*e.host),
+                )
+            });
+            if Summed::set(
+                &mut s.sum,
+                &mut s.resources_len,
+                &mut s.gateway_hosts,
+                &name,
+                new,
+            ) {
+                changed.gateway_hosts.push(name);
             }
         }
         let current: FastSet<&str> = tls.certificates.iter().map(|c| c.name.as_str()).collect();

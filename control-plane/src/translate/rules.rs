@@ -302,6 +302,18 @@ pub(super) fn backend_ref(
     })
 }
 
+/// The backend for port number `port` of Service `ns/svc` (a Gateway API backendRef).
+pub(super) fn service_port_ref(ns: &str, svc: &str, port: i32) -> BackendRef {
+    let name = format!("{ns}/{svc}:{port}");
+    BackendRef {
+        name_key: sort_prefix(&name),
+        slash: ns.len(),
+        colon: ns.len() + 1 + svc.len(),
+        number: Some(port),
+        name,
+    }
+}
+
 /// For a wildcard such as `*.com` or `*.co.uk`, the public suffix it covers: such a host
 /// would take every site under a registry. The list is Mozilla's Public Suffix List
 /// (the `psl` crate); only its explicit rules count, so private names such as `*.test`

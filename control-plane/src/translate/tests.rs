@@ -2278,3 +2278,154 @@ fn a_long_lived_translators_content_hash_is_its_snapshots_through_tls_changes() 
         "too few steps served a certificate: {with_tls}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Gateway API
+
+fn gw_object<T: serde::de::DeserializeOwned>(v: Value) -> Arc<T> {
+    Arc::new(serde_json::from_value(v).expect("an object"))
+}
+
+fn gw_options() -> Options {
+    Options {
+        gateway_pool: Some(crate::gateway_api::status::Pool::parse("127.10.0.0/16").unwrap()),
+        ..Options::default()
+    }
+}
+
+/// Service `web` in `default`, a Gateway `infra/gw` (HTTP on 80, HTTPS on 443 with the
+/// Secret `infra/cert`) and one HTTPRoute to `web` (weight 3) and to a missing Service.
+fn gw_state(weight: u32) -> ClusterState {
+    let mut st = state(vec![]);
+    // One certificate for every state, so that states differ only where a test says.
+    static CERT: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (chain, key) = CERT.get_or_init(|| cert_pem(&["gw.example.com"]));
+    st.secrets = vec![tls_secret("infra", "cert", chain, key)];
+    st.gateway_classes = vec![gw_object(json!({
+        "metadata": { "name": "c" },
+        "spec": { "controllerName": crate::gateway_api::DEFAULT_CONTROLLER_NAME }
+    }))];
+    st.gateways = vec![gw_object(json!({
+        "metadata": { "name": "gw", "namespace": "infra", "generation": 4,
+                      "creationTimestamp": "2026-01-01T00:00:00Z" },
+        "spec": { "gatewayClassName": "c", "listeners": [
+            { "name": "http", "port": 80, "protocol": "HTTP",
+              "allowedRoutes": { "namespaces": { "from": "All" } } },
+            { "name": "https", "port": 443, "protocol": "HTTPS",
+              "allowedRoutes": { "namespaces": { "from": "All" } },
+              "tls": { "certificateRefs": [{ "name": "cert" }] } }
+        ] }
+    }))];
+    st.http_routes = vec![gw_object(json!({
+        "metadata": { "name": "r", "namespace": "default", "creationTimestamp": "2026-01-02T00:00:00Z" },
+        "spec": {
+            "parentRefs": [{ "name": "gw", "namespace": "infra" }],
+            "hostnames": ["gw.example.com"],
+            "rules": [{
+                "matches": [{ "path": { "type": "PathPrefix", "value": "/app/" },
+                              "headers": [{ "name": "Version", "value": "two" }] }],
+                "backendRefs": [{ "name": "web", "port": 80, "weight": weight },
+                                { "name": "gone", "port": 80 }]
+            }]
+        }
+    }))];
+    st
+}
+
+#[test]
+fn gateway_routes_become_listeners_and_hosts_with_shared_resolved_backends() {
+    let t = run_with(&gw_state(3), &gw_options());
+    let mut s = t.snapshot();
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    assert_eq!(holdfast_proto::snapshot::validate(&s), Ok(()));
+    let names: Vec<&str> = s
+        .gateway_listeners
+        .iter()
+        .map(|l| l.name.as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let https = s
+        .gateway_listeners
+        .iter()
+        .find(|l| l.port == 443)
+        .expect("the HTTPS listener");
+    assert_eq!(https.protocol, "HTTPS");
+    assert_eq!(https.certificates[0].certificates, ["infra/cert"]);
+    assert!(s.certificates.iter().any(|c| c.name == "infra/cert"));
+    assert_eq!(
+        https
+            .gateway
+            .as_ref()
+            .map(|g| (g.name.as_str(), g.generation)),
+        Some(("gw", 4))
+    );
+    assert!(https.address.starts_with("127.10."));
+    // Each listener serves the route's hostname, with the one entry.
+    assert_eq!(s.gateway_hosts.len(), 2);
+    let host = &s.gateway_hosts[0];
+    assert_eq!(host.host, "gw.example.com");
+    let route = &host.routes[0];
+    assert_eq!(
+        (route.match_kind, route.path.as_str()),
+        (MatchKind::Prefix as i32, "/app")
+    );
+    assert_eq!(
+        (
+            route.headers[0].name.as_str(),
+            route.headers[0].value.as_str()
+        ),
+        ("version", "two")
+    );
+    assert_eq!(route.backends.len(), 2);
+    assert_eq!(
+        (route.backends[0].backend.as_str(), route.backends[0].weight),
+        ("default/web:80", 3)
+    );
+    assert_eq!(route.backends[1].backend, "");
+    assert_eq!(route.backends[1].unresolved, "BackendNotFound");
+    // The backend is resolved as an Ingress backend is.
+    let web = s
+        .backends
+        .iter()
+        .find(|b| b.name == "default/web:80")
+        .expect("the backend");
+    assert_eq!(web.endpoints.len(), 2);
+    // Without a pool, Gateways get no address and nothing is served.
+    let none = run_with(&gw_state(3), &Options::default()).snapshot();
+    assert!(none.gateway_listeners.is_empty() && none.gateway_hosts.is_empty());
+    assert!(none.backends.iter().all(|b| b.name != "default/web:80"));
+}
+
+#[test]
+fn a_gateway_change_rebuilds_only_what_it_touches_and_a_long_lived_translator_agrees() {
+    let opts = gw_options();
+    let mut warm = Translator::default();
+    let first = warm.translate(&gw_state(3), &opts);
+    check_incremental(None, &first, 0);
+    // A new weight: both hosts change, the listeners do not.
+    let second = warm.translate(&gw_state(5), &opts);
+    check_incremental(Some(&first.snapshot()), &second, 1);
+    let changed = &second.since.as_ref().unwrap().changed;
+    assert_eq!(changed.gateway_hosts.len(), 2);
+    assert!(changed.gateway_listeners.is_empty());
+    assert!(changed.virtual_hosts.is_empty() && changed.backends.is_empty());
+    assert_eq!(second.snapshot(), translate(&gw_state(5), &opts).snapshot());
+    // Nothing changed: nothing is rebuilt or listed.
+    let third = warm.translate(&gw_state(5), &opts);
+    check_incremental(Some(&second.snapshot()), &third, 2);
+    assert_eq!(third.since.as_ref().unwrap().changed, Changed::default());
+    // The route goes: its hosts go, and its backend with them (no Ingress uses it).
+    let mut st = gw_state(5);
+    st.http_routes.clear();
+    let fourth = warm.translate(&st, &opts);
+    check_incremental(Some(&third.snapshot()), &fourth, 3);
+    let s = fourth.snapshot();
+    assert!(s.gateway_hosts.is_empty());
+    assert_eq!(
+        s.gateway_listeners.len(),
+        2,
+        "listeners stay without routes"
+    );
+    assert!(s.backends.iter().all(|b| b.name != "default/web:80"));
+    assert_eq!(s, translate(&st, &opts).snapshot());
+}
