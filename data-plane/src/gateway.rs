@@ -1,7 +1,7 @@
-//! Gateway API routing on one Gateway address and port, as pure functions: the hostname
-//! and route lookup, the weighted choice of a backend, the request header changes and the
-//! redirect location. (Issue 28: the snapshot does not carry Gateway routes yet; this is
-//! the lookup they will be served by.)
+//! Gateway API routing on one Gateway address and port: the hostname and route lookup,
+//! the weighted choice of a backend, the request header changes and the redirect
+//! location (pure functions), and [`Listener`], one `GatewayListener` of a snapshot with
+//! its `GatewayHost`s compiled for them.
 //!
 //! Lookup differs from Ingress's ([`crate::table`]) where the Gateway API specification
 //! says so:
@@ -15,8 +15,15 @@
 //!   Header matches are exact; names are case-insensitive.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
 use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::metrics::RouteCounters;
+use crate::table::{Backend, CompileError, Route, TlsCertificate};
 
 /// How an entry matches the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +238,253 @@ impl Redirect {
         } else {
             format!("{new_scheme}://{host}:{new_port}{path_and_query}")
         }
+    }
+}
+
+/// Where one weighted share of a rule goes.
+#[derive(Debug)]
+pub enum Target {
+    /// This backend (a route of its own, for the request metrics).
+    Route(Arc<Route>),
+    /// Nowhere: the reference does not resolve (500), and why.
+    Unresolved(String),
+}
+
+/// What a matched entry does.
+#[derive(Debug)]
+pub enum Action {
+    /// Forward to one of `targets` by `weights`, after changing the request's headers.
+    Forward {
+        /// Relative weights, one per target.
+        weights: Vec<u32>,
+        /// The targets.
+        targets: Vec<Target>,
+        /// Request header changes.
+        headers: HeaderChanges,
+    },
+    /// Answer with a redirect.
+    Redirect(Redirect),
+}
+
+/// One compiled entry: its action, and the count that spreads requests over the weights.
+#[derive(Debug)]
+pub struct Matched {
+    /// What it does.
+    pub action: Action,
+    requests: AtomicU64,
+}
+
+impl Matched {
+    /// The target of the next request (None: every weight is 0, or there is no target).
+    pub fn next_target(&self) -> Option<&Target> {
+        let Action::Forward {
+            weights, targets, ..
+        } = &self.action
+        else {
+            return None;
+        };
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        pick(weights, n).and_then(|i| targets.get(i))
+    }
+}
+
+/// One Gateway listener (an address and port), compiled.
+#[derive(Debug)]
+pub struct Listener {
+    /// `<address>:<port>`.
+    pub name: String,
+    /// The address to bind.
+    pub address: IpAddr,
+    /// The port to bind.
+    pub port: u16,
+    /// HTTPS (else plain HTTP).
+    pub tls: bool,
+    /// `namespace/name` and generation of its Gateway.
+    pub gateway: Option<(String, i64)>,
+    /// Per listener hostname ("" any; `*.suffix` a wildcard), its certificates.
+    certificates: Vec<(String, Vec<Arc<TlsCertificate>>)>,
+    table: HostTable<Arc<Matched>>,
+    /// Route entries served.
+    pub entries: usize,
+}
+
+fn header_pair(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    Some((
+        HeaderName::from_bytes(name.as_bytes()).ok()?,
+        HeaderValue::from_str(value).ok()?,
+    ))
+}
+
+impl Listener {
+    /// Compiles listener `l` with its `hosts`, naming backends and certificates through
+    /// `backend` and `certificate` (a validated snapshot names only ones it has).
+    pub fn compile<'a>(
+        l: &GatewayListener,
+        hosts: impl IntoIterator<Item = &'a GatewayHost>,
+        backend: impl Fn(&str) -> Result<Arc<Backend>, CompileError>,
+        certificate: impl Fn(&str) -> Option<Arc<TlsCertificate>>,
+    ) -> Result<Listener, CompileError> {
+        let bad = |reason: &str| CompileError::Gateway {
+            name: l.name.clone(),
+            reason: reason.to_owned(),
+        };
+        let address: IpAddr = l.address.parse().map_err(|_| bad("address"))?;
+        let port = u16::try_from(l.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad("port"))?;
+        let mut certificates = Vec::new();
+        for c in &l.certificates {
+            let mut list = Vec::new();
+            for name in &c.certificates {
+                list.push(certificate(name).ok_or_else(|| bad("certificate"))?);
+            }
+            certificates.push((c.hostname.clone(), list));
+        }
+        // Exact names, then wildcards from the longest, then "".
+        certificates.sort_by_key(|(h, _)| {
+            (
+                h.is_empty(),
+                h.starts_with("*."),
+                std::cmp::Reverse(h.len()),
+                h.clone(),
+            )
+        });
+        let mut entries = 0;
+        let mut table = Vec::new();
+        for h in hosts {
+            let mut list = Vec::with_capacity(h.routes.len());
+            for r in &h.routes {
+                let path = match MatchKind::try_from(r.match_kind) {
+                    Ok(MatchKind::Exact) => PathRule::Exact(r.path.clone()),
+                    _ => PathRule::Prefix(r.path.clone()),
+                };
+                let headers = r
+                    .headers
+                    .iter()
+                    .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let label = format!("{} {}{}", l.name, h.host, r.path);
+                let action = match &r.redirect {
+                    Some(d) => Action::Redirect(Redirect {
+                        scheme: Some(d.scheme.clone()).filter(|s| !s.is_empty()),
+                        hostname: Some(d.hostname.clone()).filter(|s| !s.is_empty()),
+                        port: u16::try_from(d.port).ok().filter(|p| *p != 0),
+                        status: u16::try_from(d.status_code).unwrap_or(302),
+                    }),
+                    None => {
+                        let mut weights = Vec::with_capacity(r.backends.len());
+                        let mut targets = Vec::with_capacity(r.backends.len());
+                        for w in &r.backends {
+                            weights.push(w.weight);
+                            targets.push(if w.backend.is_empty() {
+                                Target::Unresolved(w.unresolved.clone())
+                            } else {
+                                Target::Route(Arc::new(Route {
+                                    host: h.host.clone(),
+                                    kind: path_kind(&path),
+                                    path: r.path.clone(),
+                                    backend: backend(&w.backend)?,
+                                    source: r
+                                        .source
+                                        .as_ref()
+                                        .map(|s| format!("{}/{}", s.namespace, s.name))
+                                        .unwrap_or_default(),
+                                    label: label.clone(),
+                                    counters: RouteCounters::default(),
+                                }))
+                            });
+                        }
+                        let mut headers = HeaderChanges::default();
+                        if let Some(m) = &r.request_headers {
+                            let pairs = |list: &[holdfast_proto::v1::HeaderMatch]| {
+                                list.iter()
+                                    .map(|p| {
+                                        header_pair(&p.name, &p.value)
+                                            .ok_or_else(|| bad("header change"))
+                                    })
+                                    .collect::<Result<Vec<_>, _>>()
+                            };
+                            headers.set = pairs(&m.set)?;
+                            headers.add = pairs(&m.add)?;
+                            headers.remove = m
+                                .remove
+                                .iter()
+                                .map(|n| {
+                                    HeaderName::from_bytes(n.as_bytes())
+                                        .map_err(|_| bad("header change"))
+                                })
+                                .collect::<Result<Vec<_>, _>>()?;
+                        }
+                        Action::Forward {
+                            weights,
+                            targets,
+                            headers,
+                        }
+                    }
+                };
+                list.push(Entry {
+                    path,
+                    headers,
+                    action: Arc::new(Matched {
+                        action,
+                        requests: AtomicU64::new(0),
+                    }),
+                });
+            }
+            entries += list.len();
+            table.push((h.host.clone(), list));
+        }
+        Ok(Listener {
+            name: l.name.clone(),
+            address,
+            port,
+            tls: l.protocol == "HTTPS",
+            gateway: l
+                .gateway
+                .as_ref()
+                .map(|g| (format!("{}/{}", g.namespace, g.name), g.generation)),
+            certificates,
+            table: HostTable::new(table),
+            entries,
+        })
+    }
+
+    /// The entry for a request to `host` (normalised) at `path` (normalised) with
+    /// `headers`.
+    pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Arc<Matched>> {
+        self.table.lookup(host, path, headers).map(|e| &e.action)
+    }
+
+    /// The certificate for a TLS client that sent `sni` (lower case): that of the listener
+    /// hostname matching it (exact, then the longest wildcard, then a listener without a
+    /// hostname), the first of its certificates that covers the name (else its first).
+    /// None fails the handshake.
+    pub fn certificate_for(&self, sni: Option<&str>) -> Option<&TlsCertificate> {
+        let matches = |hostname: &str| match (hostname, sni) {
+            ("", _) => true,
+            (_, None) => false,
+            (h, Some(name)) => match h.strip_prefix("*.") {
+                Some(suffix) => name
+                    .strip_suffix(suffix)
+                    .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+                None => h == name,
+            },
+        };
+        let (_, list) = self.certificates.iter().find(|(h, _)| matches(h))?;
+        sni.and_then(|name| {
+            list.iter()
+                .find(|c| holdfast_proto::certificate::covers(&c.facts.dns_names, name))
+        })
+        .or_else(|| list.first())
+        .map(|c| &**c)
+    }
+}
+
+fn path_kind(p: &PathRule) -> MatchKind {
+    match p {
+        PathRule::Exact(_) => MatchKind::Exact,
+        PathRule::Prefix(_) => MatchKind::Prefix,
     }
 }
 

@@ -31,6 +31,7 @@ pub mod config;
 pub mod framing;
 pub mod gateway;
 pub mod headers;
+pub mod listeners;
 pub mod metrics;
 pub mod path;
 pub mod persist;
@@ -161,7 +162,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let subscriber = tokio::spawn(subscriber::run(
         subscribe.control_planes,
         subscribe.node,
-        applier,
+        applier.clone(),
         metrics.clone(),
         tls,
         shutdown.clone(),
@@ -219,6 +220,36 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         &listen,
         &stop_accepting,
     )?;
+    // The Gateway listeners: bound with each snapshot applied, before its ACK, and tried
+    // again while one could not be bound.
+    let gateway_listeners = Arc::new(std::sync::Mutex::new(listeners::GatewayListeners::new(
+        workers.handles.clone(),
+        forwarder.clone(),
+        table.clone(),
+        listen.clone(),
+        stop_accepting.clone(),
+        metrics.clone(),
+    )));
+    let hooked = gateway_listeners.clone();
+    applier.on_install(Box::new(move |t| {
+        hooked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reconcile(t);
+    }));
+    let retry_table = table.clone();
+    let retry = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(listeners::RETRY_EVERY);
+        loop {
+            tick.tick().await;
+            if let Some(t) = retry_table.load_full() {
+                gateway_listeners
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .reconcile(&t);
+            }
+        }
+    });
     if let Err(index) = workers.served().await {
         // A worker ended without a shutdown (a panic): its listening socket is gone and
         // this proxy serves less than it says; exit so that the supervisor restarts it.
@@ -239,6 +270,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     forwarder.finish_tunnels(deadline).await;
     workers.stop().await;
     subscriber.abort();
+    retry.abort();
     admin.abort();
     debug.abort();
     if let Some(w) = tls_watch {
@@ -284,6 +316,8 @@ fn bind_per_worker(
 /// on the control runtime.
 struct Workers {
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Each worker's runtime (the Gateway listeners are served on them too).
+    handles: Vec<tokio::runtime::Handle>,
     /// Each worker says when its listeners have drained (`Ok`), or that it ended
     /// otherwise (`Err`: it panicked).
     served: tokio::sync::mpsc::UnboundedReceiver<Result<usize, usize>>,
@@ -309,6 +343,7 @@ impl Workers {
         let (served_tx, served) = tokio::sync::mpsc::unbounded_channel();
         let mut workers = Workers {
             threads: Vec::new(),
+            handles: Vec::new(),
             served,
             release,
         };
@@ -326,6 +361,7 @@ impl Workers {
                 };
                 (TcpListener::from_std(listener)?, tls_listener)
             };
+            workers.handles.push(runtime.handle().clone());
             let served = Served {
                 tx: served_tx.clone(),
                 index,
@@ -351,9 +387,10 @@ impl Workers {
                                 Some(acceptor),
                                 open_tls,
                                 stop.clone(),
+                                None,
                             ))
                         });
-                        server::serve(listener, forwarder, listen, None, open, stop).await;
+                        server::serve(listener, forwarder, listen, None, open, stop, None).await;
                         if let Some(https) = https {
                             let _ = https.await;
                         }

@@ -156,6 +156,12 @@ pub struct Metrics {
     pub accept_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
     pub tls_handshake_failures: Counter,
+    /// Gateway listeners of the served snapshot that are bound and served.
+    pub gateway_listeners: Gauge,
+    /// Gateway listeners of the served snapshot that could not be bound (yet).
+    pub gateway_listeners_unbound: Gauge,
+    /// Failed attempts to bind a Gateway listener.
+    pub gateway_bind_failures: Counter,
     /// Reloads of the control-plane connection's TLS files, and changed files that did
     /// not load.
     pub tls_reloads: ReloadCounters,
@@ -188,6 +194,9 @@ impl Metrics {
             connections_refused: Counter::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
+            gateway_listeners: Gauge::default(),
+            gateway_listeners_unbound: Gauge::default(),
+            gateway_bind_failures: Counter::default(),
             tls_reloads: ReloadCounters::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
@@ -291,6 +300,21 @@ impl Metrics {
             "tls_handshake_failures",
             "TLS handshakes that failed or timed out",
             m.tls_handshake_failures.clone(),
+        );
+        r.register(
+            "gateway_listeners",
+            "Gateway listeners (address and port) of the served snapshot that are bound and served",
+            m.gateway_listeners.clone(),
+        );
+        r.register(
+            "gateway_listeners_unbound",
+            "Gateway listeners of the served snapshot that could not be bound (tried again every few seconds)",
+            m.gateway_listeners_unbound.clone(),
+        );
+        r.register(
+            "gateway_bind_failures",
+            "Failed attempts to bind a Gateway listener",
+            m.gateway_bind_failures.clone(),
         );
         m.tls_reloads
             .register(r, "tls", "the control-plane connection's");

@@ -180,12 +180,19 @@ pub enum Via {
         /// The SNI, if the client sent one.
         sni: Option<Arc<str>>,
     },
+    /// A Gateway listener: routed by that listener's routes alone.
+    Gateway {
+        /// The listener's name (`<address>:<port>`).
+        listener: Arc<str>,
+        /// Over TLS, with the SNI if the client sent one.
+        tls: Option<Option<Arc<str>>>,
+    },
 }
 
 impl Via {
     /// Came over TLS.
     pub fn is_tls(&self) -> bool {
-        matches!(self, Via::Https { .. })
+        matches!(self, Via::Https { .. } | Via::Gateway { tls: Some(_), .. })
     }
 }
 
@@ -240,11 +247,14 @@ pub enum Reason {
     /// 503: an HTTP/2 stream found no slot left under --max-connections (the listener's
     /// connection memory is taken).
     Overloaded,
+    /// 500: a Gateway API rule's chosen backend reference does not resolve (or the rule
+    /// has no backend).
+    InvalidBackend,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -258,6 +268,7 @@ impl Reason {
         Reason::Misdirected,
         Reason::LoopDetected,
         Reason::Overloaded,
+        Reason::InvalidBackend,
     ];
 
     /// The status code answered.
@@ -275,6 +286,7 @@ impl Reason {
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Reason::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Reason::LoopDetected => StatusCode::LOOP_DETECTED,
+            Reason::InvalidBackend => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -293,6 +305,7 @@ impl Reason {
             Reason::UpstreamTimeout => "504",
             Reason::Misdirected => "421",
             Reason::LoopDetected => "508",
+            Reason::InvalidBackend => "500",
         }
     }
 
@@ -312,6 +325,7 @@ impl Reason {
             Reason::Misdirected => "misdirected",
             Reason::LoopDetected => "loop_detected",
             Reason::Overloaded => "overloaded",
+            Reason::InvalidBackend => "invalid_backend",
         }
     }
 }
@@ -345,6 +359,8 @@ pub struct Routed<'t> {
     raw_host: HeaderValue,
     /// The normalised path and query, when normalising changed the path.
     forward_path: Option<PathAndQuery>,
+    /// A Gateway rule's request header changes.
+    header_changes: Option<&'t crate::gateway::HeaderChanges>,
 }
 
 /// A response head, with the connection it came on (None: an upgrade's).
@@ -699,6 +715,10 @@ impl Forwarder {
             let why = "no route table yet: waiting for a snapshot";
             return Err((self.fail(Reason::NoSnapshot, why), None));
         };
+        if let Via::Gateway { listener, tls } = via {
+            let raw_host = raw_host.clone();
+            return self.route_gateway(uri, headers, &host, raw_host, listener, tls, table);
+        }
         if let Via::Https { sni } = via {
             // The connection's certificate is the one its SNI chose; a Host served with
             // another one (a client reusing a connection for another host) is misdirected
@@ -713,35 +733,8 @@ impl Forwarder {
             }
         }
         // Route on, and forward, the path the backend will see (see `path`).
-        let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
-            Ok(std::borrow::Cow::Borrowed(_)) => None,
-            Ok(std::borrow::Cow::Owned(p)) => Some(p),
-            Err(e) => {
-                let answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
-                return Err((answer, None));
-            }
-        };
-        let forward_path = match &normalised {
-            Some(p) => {
-                let pq = match uri.query() {
-                    Some(q) => format!("{p}?{q}"),
-                    None => p.clone(),
-                };
-                match PathAndQuery::try_from(pq) {
-                    Ok(pq) => Some(pq),
-                    Err(_) => {
-                        let why = "bad request: unusable path";
-                        return Err((self.fail(Reason::BadRequest, why), None));
-                    }
-                }
-            }
-            None => None,
-        };
+        let (normalised, forward_path) = self.request_path(uri).map_err(|a| (a, None))?;
         let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        if !self.settings.allow_dot_segment_params && crate::path::has_dot_segment_params(path) {
-            let why = format!("bad request: {}", crate::path::PathError::DotSegmentParams);
-            return Err((self.fail(Reason::BadRequest, why), None));
-        }
         if !via.is_tls() && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
             let target = forward_path
                 .as_ref()
@@ -769,6 +762,112 @@ impl Forwarder {
             route,
             raw_host,
             forward_path,
+            header_changes: None,
+        })
+    }
+
+    /// The request path normalised as the backend will see it (None: unchanged), and the
+    /// path and query to forward when normalising changed it; Err is the 400 answer.
+    #[allow(clippy::result_large_err)]
+    fn request_path(
+        &self,
+        uri: &Uri,
+    ) -> Result<(Option<String>, Option<PathAndQuery>), Response<ProxyBody>> {
+        let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
+            Ok(std::borrow::Cow::Borrowed(_)) => None,
+            Ok(std::borrow::Cow::Owned(p)) => Some(p),
+            Err(e) => return Err(self.fail(Reason::BadRequest, format!("bad request: {e}"))),
+        };
+        let forward_path = match &normalised {
+            Some(p) => {
+                let pq = match uri.query() {
+                    Some(q) => format!("{p}?{q}"),
+                    None => p.clone(),
+                };
+                match PathAndQuery::try_from(pq) {
+                    Ok(pq) => Some(pq),
+                    Err(_) => {
+                        return Err(self.fail(Reason::BadRequest, "bad request: unusable path"));
+                    }
+                }
+            }
+            None => None,
+        };
+        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
+        if !self.settings.allow_dot_segment_params && crate::path::has_dot_segment_params(path) {
+            let why = format!("bad request: {}", crate::path::PathError::DotSegmentParams);
+            return Err(self.fail(Reason::BadRequest, why));
+        }
+        Ok((normalised, forward_path))
+    }
+
+    /// [`Self::route`] for a request on a Gateway listener: that listener's routes, by
+    /// hostname, path and headers; a redirect or a 500 (an unresolved backend) is the
+    /// answer itself.
+    #[allow(clippy::result_large_err, clippy::too_many_arguments)]
+    fn route_gateway<'t>(
+        &self,
+        uri: &Uri,
+        headers: &HeaderMap,
+        host: &str,
+        raw_host: HeaderValue,
+        listener: &str,
+        tls: &Option<Option<Arc<str>>>,
+        table: &'t RouteTable,
+    ) -> Result<Routed<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
+        let Some(l) = table.gateway_listener(listener) else {
+            let why = format!("no route: listener {listener} is no longer served");
+            return Err((self.fail(Reason::NoRoute, why), None));
+        };
+        if let Some(sni) = tls {
+            let made_with = l.certificate_for(sni.as_deref()).map(|c| &c.name);
+            let wanted = l.certificate_for(Some(host)).map(|c| &c.name);
+            if made_with != wanted {
+                let why = format!(
+                    "misdirected: {host} is not served with the certificate this connection uses"
+                );
+                return Err((self.fail(Reason::Misdirected, why), None));
+            }
+        }
+        let (normalised, forward_path) = self.request_path(uri).map_err(|a| (a, None))?;
+        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
+        let Some(matched) = l.lookup(host, path, headers) else {
+            let why = format!("no route: no rule of listener {listener} matches {host}{path}");
+            return Err((self.fail(Reason::NoRoute, why), None));
+        };
+        let changes = match &matched.action {
+            crate::gateway::Action::Forward { headers, .. } => headers,
+            crate::gateway::Action::Redirect(redirect) => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let target = forward_path
+                    .as_ref()
+                    .or(uri.path_and_query())
+                    .map_or("/", PathAndQuery::as_str);
+                let answer = gateway_redirect(redirect, scheme, host, l.port, target);
+                return Err((answer, None));
+            }
+        };
+        let route = match matched.next_target() {
+            Some(crate::gateway::Target::Route(r)) => &**r,
+            Some(crate::gateway::Target::Unresolved(why)) => {
+                let why = format!("backend reference does not resolve: {why}");
+                return Err((self.fail(Reason::InvalidBackend, why), None));
+            }
+            None => {
+                let why = "the rule has no backend to forward to";
+                return Err((self.fail(Reason::InvalidBackend, why), None));
+            }
+        };
+        if let Some(reason) = &route.backend.unavailable_reason {
+            let why = format!("backend unavailable: {reason}");
+            return Err((self.fail(Reason::BackendUnavailable, why), Some(route)));
+        }
+        Ok(Routed {
+            route,
+            raw_host,
+            forward_path,
+            header_changes: Some(changes)
+                .filter(|c| **c != crate::gateway::HeaderChanges::default()),
         })
     }
 
@@ -784,6 +883,9 @@ impl Forwarder {
         port: u16,
         upgrade: bool,
     ) -> PathAndQuery {
+        if let Some(changes) = routed.header_changes {
+            changes.apply(&mut parts.headers);
+        }
         strip_hop_by_hop(&mut parts.headers, upgrade);
         let hop = Hop {
             client: client.ip(),
@@ -1048,6 +1150,29 @@ const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
 
 /// `308 Permanent Redirect` to the same host (without its port: HTTPS is served on 443
 /// behind the proxies' Service), normalised path and query over https.
+/// A Gateway API `RequestRedirect` answer.
+fn gateway_redirect(
+    redirect: &crate::gateway::Redirect,
+    scheme: &str,
+    host: &str,
+    port: u16,
+    path_and_query: &str,
+) -> Response<ProxyBody> {
+    let location = redirect.location(scheme, host, port, path_and_query);
+    let status = StatusCode::from_u16(redirect.status).unwrap_or(StatusCode::FOUND);
+    let mut response = local(status, format!("{} redirecting", status.as_u16()));
+    match HeaderValue::from_str(&location) {
+        Ok(v) => {
+            response.headers_mut().insert(header::LOCATION, v);
+            response
+        }
+        Err(_) => local(
+            StatusCode::BAD_REQUEST,
+            "400 bad request: unusable host or path",
+        ),
+    }
+}
+
 fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
     let location = format!("https://{host}{path_and_query}");
     let mut response = local(StatusCode::PERMANENT_REDIRECT, "308 redirecting to https");
@@ -1231,5 +1356,205 @@ mod tests {
                     .all(|c| c.is_ascii_lowercase() || c == '_')
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod gateway_tests {
+    use holdfast_proto::snapshot::{gateway_host_name, listener_name, seal};
+    use holdfast_proto::v1::{
+        Backend, Endpoint, GatewayHost, GatewayListener, GatewayRoute, HeaderMatch, HeaderModifier,
+        MatchKind, RequestRedirect, Snapshot, WeightedBackend,
+    };
+
+    use super::*;
+
+    fn forwarder() -> Forwarder {
+        let mut registry = prometheus_client::registry::Registry::default();
+        Forwarder::new(
+            Arc::new(ArcSwapOption::empty()),
+            ForwardSettings {
+                connect_timeout: Duration::from_secs(5),
+                response_timeout: Duration::from_secs(60),
+                eject_for: Duration::from_secs(10),
+                pool_idle_per_host: 1,
+                workers: 1,
+                escaped_slashes: crate::path::EscapedSlashes::Reject,
+                verbose_errors: false,
+                max_request_body: 0,
+                body_read_timeout: Duration::from_secs(60),
+                tunnel_idle_timeout: Duration::from_secs(60),
+                max_connections_per_endpoint: 0,
+                allow_upgrade: vec![],
+                trust_forwarded_from: vec![],
+                allow_dot_segment_params: false,
+                loop_token: new_loop_token(),
+            },
+            Metrics::new(&mut registry),
+        )
+    }
+
+    fn forward(path: &str, backends: Vec<WeightedBackend>) -> GatewayRoute {
+        GatewayRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: path.into(),
+            backends,
+            ..Default::default()
+        }
+    }
+
+    fn to(backend: &str, weight: u32) -> WeightedBackend {
+        WeightedBackend {
+            backend: backend.into(),
+            weight,
+            unresolved: String::new(),
+        }
+    }
+
+    /// One listener on 127.10.0.1:80 with routes for `gw.test`: `/mod` to `ns/a:80` with
+    /// header changes, `/moved` a redirect, `/broken` an unresolved backend, `/` to
+    /// `ns/a:80` (weight 1) and `ns/b:80` (weight 0).
+    fn table() -> RouteTable {
+        let listener = listener_name("127.10.0.1", 80);
+        let mut modified = forward("/mod", vec![to("ns/a:80", 1)]);
+        let pair = |n: &str, v: &str| HeaderMatch {
+            name: n.into(),
+            value: v.into(),
+        };
+        modified.request_headers = Some(HeaderModifier {
+            set: vec![pair("x-set", "yes")],
+            add: vec![pair("x-add", "more")],
+            remove: vec!["x-gone".into()],
+        });
+        let mut moved = forward("/moved", vec![]);
+        moved.redirect = Some(RequestRedirect {
+            scheme: String::new(),
+            hostname: "elsewhere.test".into(),
+            port: 0,
+            status_code: 301,
+        });
+        let broken = forward(
+            "/broken",
+            vec![WeightedBackend {
+                backend: String::new(),
+                weight: 1,
+                unresolved: "BackendNotFound".into(),
+            }],
+        );
+        let backend = |name: &str| Backend {
+            name: name.into(),
+            endpoints: vec![Endpoint {
+                address: "10.0.0.1".into(),
+                port: 8080,
+                zone: String::new(),
+                ready: true,
+            }],
+            ..Default::default()
+        };
+        let mut s = Snapshot {
+            backends: vec![backend("ns/a:80"), backend("ns/b:80")],
+            gateway_listeners: vec![GatewayListener {
+                name: listener.clone(),
+                address: "127.10.0.1".into(),
+                port: 80,
+                protocol: "HTTP".into(),
+                ..Default::default()
+            }],
+            gateway_hosts: vec![GatewayHost {
+                name: gateway_host_name(&listener, "gw.test"),
+                listener,
+                host: "gw.test".into(),
+                routes: vec![
+                    modified,
+                    moved,
+                    broken,
+                    forward("/", vec![to("ns/a:80", 1), to("ns/b:80", 0)]),
+                ],
+            }],
+            ..Default::default()
+        };
+        seal(&mut s, 1);
+        holdfast_proto::snapshot::validate(&s).expect("a valid snapshot");
+        RouteTable::compile(&s).expect("compiles")
+    }
+
+    fn on_gateway() -> Via {
+        Via::Gateway {
+            listener: Arc::from("127.10.0.1:80"),
+            tls: None,
+        }
+    }
+
+    fn head(path: &str) -> (Uri, HeaderMap) {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("gw.test"));
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        (Uri::try_from(path).unwrap(), h)
+    }
+
+    #[test]
+    fn a_gateway_listener_serves_its_rules_and_only_its_rules() {
+        let (f, t) = (forwarder(), table());
+        let status = |via: &Via, path: &str| {
+            let (uri, h) = head(path);
+            match f.route(Version::HTTP_11, &uri, &h, via, Some(&t)) {
+                Ok(r) => Ok(r.route.backend.name.clone()),
+                Err((answer, _)) => Err((
+                    answer.status(),
+                    answer.headers().get(header::LOCATION).cloned(),
+                )),
+            }
+        };
+        // Weight 0 is never chosen.
+        for _ in 0..5 {
+            assert_eq!(status(&on_gateway(), "/x"), Ok("ns/a:80".into()));
+        }
+        assert_eq!(
+            status(&on_gateway(), "/moved/on?q=1"),
+            Err((
+                StatusCode::MOVED_PERMANENTLY,
+                Some(HeaderValue::from_static(
+                    "http://elsewhere.test/moved/on?q=1"
+                ))
+            ))
+        );
+        assert_eq!(
+            status(&on_gateway(), "/broken"),
+            Err((StatusCode::INTERNAL_SERVER_ERROR, None))
+        );
+        // Isolation: the proxy's own listeners do not see Gateway routes, and another
+        // listener's requests do not reach these.
+        assert_eq!(status(&Via::Http, "/x"), Err((StatusCode::NOT_FOUND, None)));
+        let other = Via::Gateway {
+            listener: Arc::from("127.10.0.2:80"),
+            tls: None,
+        };
+        assert_eq!(status(&other, "/x"), Err((StatusCode::NOT_FOUND, None)));
+    }
+
+    #[test]
+    fn a_rules_header_changes_are_made_to_the_request_sent_upstream() {
+        let (f, t) = (forwarder(), table());
+        let (uri, h) = head("/mod");
+        let Ok(routed) = f.route(Version::HTTP_11, &uri, &h, &on_gateway(), Some(&t)) else {
+            panic!("routed");
+        };
+        let mut parts = Request::builder().uri(uri).body(()).unwrap().into_parts().0;
+        parts.headers = h;
+        parts
+            .headers
+            .insert("x-add", HeaderValue::from_static("first"));
+        f.upstream_head(
+            &mut parts,
+            routed,
+            ([10, 0, 0, 9], 1).into(),
+            false,
+            80,
+            false,
+        );
+        assert_eq!(parts.headers["x-set"], "yes");
+        let added: Vec<&HeaderValue> = parts.headers.get_all("x-add").iter().collect();
+        assert_eq!(added, ["first", "more"]);
+        assert!(!parts.headers.contains_key("x-gone"));
     }
 }

@@ -60,7 +60,8 @@ const CHECK_AT_MOST_EVERY: Duration = Duration::from_millis(50);
 /// Serves `listener` until `shutdown` turns true, then drains. With `tls`, every
 /// connection is a TLS connection (HTTPS); the handshake must finish within the header
 /// read timeout. `open` counts the connections of every worker serving the same address,
-/// so that `max_connections` holds for the address, not per worker.
+/// so that `max_connections` holds for the address, not per worker. With `gateway` (a
+/// Gateway listener's name), requests are routed by that listener's routes alone.
 pub async fn serve(
     listener: TcpListener,
     forwarder: Arc<Forwarder>,
@@ -68,6 +69,7 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     open: Arc<AtomicUsize>,
     mut shutdown: watch::Receiver<bool>,
+    gateway: Option<Arc<str>>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -134,11 +136,19 @@ pub async fn serve(
         };
         match &tls {
             None => {
-                connections.spawn(conn.run(stream, peer, Via::Http));
+                let via = match &gateway {
+                    Some(listener) => Via::Gateway {
+                        listener: listener.clone(),
+                        tls: None,
+                    },
+                    None => Via::Http,
+                };
+                connections.spawn(conn.run(stream, peer, via));
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
                 let h2_only = h2_only.clone();
+                let gateway = gateway.clone();
                 connections.spawn(async move {
                     match tokio::time::timeout(conn.header_read_timeout, handshake).await {
                         Ok(Ok(stream)) => {
@@ -150,7 +160,14 @@ pub async fn serve(
                             let sni = stream.get_ref().1.server_name().map(|n| {
                                 Arc::<str>::from(n.to_ascii_lowercase())
                             });
-                            conn.run(stream, peer, Via::Https { sni }).await
+                            let via = match gateway {
+                                Some(listener) => Via::Gateway {
+                                    listener,
+                                    tls: Some(sni),
+                                },
+                                None => Via::Https { sni },
+                            };
+                            conn.run(stream, peer, via).await
                         }
                         Ok(Err(error)) => {
                             conn.forwarder.metrics().tls_handshake_failures.inc();

@@ -104,7 +104,13 @@ pub struct Applier {
     served: std::sync::Mutex<Option<delta::Held>>,
     /// Largest snapshot applied, encoded; larger ones are NACKed.
     max_snapshot_bytes: usize,
+    /// Called with each table installed, before it is ACKed (binds the Gateway
+    /// listeners it has).
+    on_install: std::sync::Mutex<Option<InstallHook>>,
 }
+
+/// What [`Applier::on_install`] calls.
+pub type InstallHook = Box<dyn FnMut(&RouteTable) + Send>;
 
 impl Applier {
     /// Applies into `table`, persisting under `state_dir`.
@@ -122,6 +128,28 @@ impl Applier {
             unpersisted: std::sync::Mutex::new(None),
             served: std::sync::Mutex::new(None),
             max_snapshot_bytes,
+            on_install: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Calls `hook` with the table served now (if any) and with each table installed
+    /// from now on, before it is ACKed.
+    pub fn on_install(&self, mut hook: InstallHook) {
+        let mut slot = self.on_install.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = self.table.load_full() {
+            hook(&t);
+        }
+        *slot = Some(hook);
+    }
+
+    fn installed(&self, table: &RouteTable) {
+        if let Some(hook) = self
+            .on_install
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            hook(table);
         }
     }
 
@@ -141,7 +169,9 @@ impl Applier {
         let hashed = delta::Hashed::of(&snapshot);
         *self.served.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(delta::Held::new(snapshot, hashed));
-        self.table.store(Some(Arc::new(table)));
+        let table = Arc::new(table);
+        self.table.store(Some(table.clone()));
+        self.installed(&table);
     }
 
     /// The resources of the served snapshot with their hashes, for the first request of
@@ -352,7 +382,9 @@ impl Applier {
             "applied snapshot"
         );
         let table = Arc::new(table);
-        if let Some(old) = self.table.swap(Some(table.clone())) {
+        let old = self.table.swap(Some(table.clone()));
+        self.installed(&table);
+        if let Some(old) = old {
             let gone = old.routes_gone(&table, hosts);
             // Retired first: a request in flight on a gone route does not make its
             // series again once they are dropped.

@@ -208,6 +208,8 @@ pub struct RouteTable {
     default_route: Option<Arc<Route>>,
     /// Routes of all hosts (the default backend not counted).
     host_routes: usize,
+    /// The Gateway listeners, by name.
+    gateways: Arc<HashMap<String, Arc<crate::gateway::Listener>>>,
 }
 
 /// Why a request matched nothing.
@@ -246,6 +248,14 @@ pub enum CompileError {
     /// A route names a backend that is not in the snapshot.
     #[error("route names unknown backend {0:?}")]
     UnknownBackend(String),
+    /// A Gateway listener or one of its routes cannot be served.
+    #[error("gateway listener {name}: unusable {reason}")]
+    Gateway {
+        /// The listener's name.
+        name: String,
+        /// What is unusable.
+        reason: String,
+    },
     /// An endpoint's address or port is not usable.
     #[error("backend {backend}: endpoint {address}:{port} is not an IP address and port")]
     BadEndpoint {
@@ -370,6 +380,7 @@ impl RouteTable {
             no_host: None,
             default_route: None,
             host_routes: 0,
+            gateways: Arc::default(),
         };
         for b in &snapshot.backends {
             t.backends
@@ -388,7 +399,126 @@ impl RouteTable {
             .as_ref()
             .map(|d| t.default_route_for(d))
             .transpose()?;
+        let mut by_listener: HashMap<&str, Vec<&holdfast_proto::v1::GatewayHost>> = HashMap::new();
+        for h in &snapshot.gateway_hosts {
+            by_listener.entry(h.listener.as_str()).or_default().push(h);
+        }
+        let mut gateways = HashMap::new();
+        for l in &snapshot.gateway_listeners {
+            let hosts = by_listener.remove(l.name.as_str()).unwrap_or_default();
+            gateways.insert(l.name.clone(), Arc::new(t.compile_listener(l, hosts)?));
+        }
+        t.gateways = Arc::new(gateways);
         Ok(t)
+    }
+
+    fn compile_listener<'a>(
+        &self,
+        l: &holdfast_proto::v1::GatewayListener,
+        hosts: impl IntoIterator<Item = &'a holdfast_proto::v1::GatewayHost>,
+    ) -> Result<crate::gateway::Listener, CompileError> {
+        crate::gateway::Listener::compile(
+            l,
+            hosts,
+            |name| self.backend_named(name),
+            |name| self.certificates.get(name).cloned(),
+        )
+    }
+
+    /// Compiles again the Gateway listeners `delta` changes: those it upserts or removes,
+    /// those of the Gateway hosts it upserts or removes, and those whose backends or
+    /// certificates it replaces; the others are shared.
+    fn apply_gateway_delta(
+        &mut self,
+        held: &Held,
+        delta: &SnapshotDelta,
+    ) -> Result<(), CompileError> {
+        let listener_of = |host_name: &str| -> Option<String> {
+            host_name.split_once(' ').map(|(l, _)| l.to_owned())
+        };
+        let mut affected: BTreeSet<String> = BTreeSet::new();
+        affected.extend(delta.removed_gateway_listeners.iter().cloned());
+        affected.extend(
+            delta
+                .upserted_gateway_listeners
+                .iter()
+                .map(|l| l.name.clone()),
+        );
+        affected.extend(
+            delta
+                .upserted_gateway_hosts
+                .iter()
+                .map(|h| h.listener.clone()),
+        );
+        affected.extend(
+            delta
+                .removed_gateway_hosts
+                .iter()
+                .filter_map(|h| listener_of(h)),
+        );
+        for b in &delta.upserted_backends {
+            affected.extend(
+                held.hosts_using_backend(&b.name)
+                    .filter(|h| h.contains(' '))
+                    .filter_map(listener_of),
+            );
+        }
+        for c in &delta.upserted_certificates {
+            affected.extend(
+                held.hosts_using_certificate(&c.name)
+                    .filter(|h| h.contains(':'))
+                    .map(str::to_owned),
+            );
+        }
+        if affected.is_empty() {
+            return Ok(());
+        }
+        let touched: HashSet<&str> = delta
+            .removed_gateway_hosts
+            .iter()
+            .map(String::as_str)
+            .chain(delta.upserted_gateway_hosts.iter().map(|h| h.name.as_str()))
+            .collect();
+        let mut gateways = (*self.gateways).clone();
+        for name in &affected {
+            let listener = delta
+                .upserted_gateway_listeners
+                .iter()
+                .find(|l| l.name == *name)
+                .or_else(|| {
+                    held.gateway_listener(name)
+                        .map(|l| &**l)
+                        .filter(|_| !delta.removed_gateway_listeners.contains(name))
+                });
+            let Some(listener) = listener else {
+                gateways.remove(name);
+                continue;
+            };
+            let hosts = held
+                .hosts_of_listener(name)
+                .filter(|h| !touched.contains(h.name.as_str()))
+                .map(|h| &**h)
+                .chain(
+                    delta
+                        .upserted_gateway_hosts
+                        .iter()
+                        .filter(|h| h.listener == *name),
+                );
+            let compiled = self.compile_listener(listener, hosts)?;
+            gateways.insert(name.clone(), Arc::new(compiled));
+        }
+        self.gateways = Arc::new(gateways);
+        Ok(())
+    }
+
+    /// The Gateway listener named `name`.
+    pub fn gateway_listener(&self, name: &str) -> Option<&Arc<crate::gateway::Listener>> {
+        self.gateways.get(name)
+    }
+
+    /// Every Gateway listener, in no particular order.
+    pub fn gateway_listeners(&self) -> impl Iterator<Item = &Arc<crate::gateway::Listener>> {
+        self.gateways.values()
     }
 
     /// The table after `delta`, given `held`, the snapshot this table was compiled from
@@ -457,6 +587,7 @@ impl RouteTable {
                 .map(|d| t.default_route_for(d))
                 .transpose()?;
         }
+        t.apply_gateway_delta(held, delta)?;
         Ok(t)
     }
 
@@ -694,9 +825,12 @@ impl RouteTable {
         }
     }
 
-    /// Number of routes (the default backend counts as one).
+    /// Number of routes (the default backend counts as one), Gateway route entries
+    /// included.
     pub fn route_count(&self) -> usize {
-        self.host_routes + usize::from(self.default_route.is_some())
+        self.host_routes
+            + usize::from(self.default_route.is_some())
+            + self.gateways.values().map(|l| l.entries).sum::<usize>()
     }
 }
 

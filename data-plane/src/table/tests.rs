@@ -291,6 +291,67 @@ fn cert_name(t: &RouteTable, sni: Option<&str>) -> Option<String> {
     t.certificate_for(sni).map(|c| c.name.clone())
 }
 
+/// A Gateway HTTPS listener's certificate follows its listener hostnames: the exact
+/// one, then the longest wildcard (over one or more labels), then the listener without a
+/// hostname; no match and no such listener fails the handshake.
+#[test]
+fn a_gateway_listener_picks_its_certificate_by_listener_hostname() {
+    use holdfast_proto::v1::{GatewayListener, ListenerCertificates};
+    let mut s = snapshot(&[], None);
+    s.certificates = vec![
+        cert("ns/a", &["a.gw.test"]),
+        cert("ns/any", &["fallback.test"]),
+        cert("ns/deep", &["*.b.gw.test"]),
+        cert("ns/wild", &["*.gw.test"]),
+    ];
+    let on = |hostnames: &[(&str, &str)]| GatewayListener {
+        name: "127.10.0.1:443".into(),
+        address: "127.10.0.1".into(),
+        port: 443,
+        protocol: "HTTPS".into(),
+        certificates: hostnames
+            .iter()
+            .map(|(h, c)| ListenerCertificates {
+                hostname: (*h).into(),
+                certificates: vec![(*c).into()],
+            })
+            .collect(),
+        gateway: None,
+    };
+    s.gateway_listeners = vec![on(&[
+        ("", "ns/any"),
+        ("*.b.gw.test", "ns/deep"),
+        ("*.gw.test", "ns/wild"),
+        ("a.gw.test", "ns/a"),
+    ])];
+    let t = RouteTable::compile(&s).unwrap();
+    let l = t.gateway_listener("127.10.0.1:443").expect("the listener");
+    let name = |sni: Option<&str>| l.certificate_for(sni).map(|c| c.name.clone());
+    assert_eq!(name(Some("a.gw.test")).as_deref(), Some("ns/a"));
+    assert_eq!(name(Some("x.gw.test")).as_deref(), Some("ns/wild"));
+    assert_eq!(
+        name(Some("x.y.gw.test")).as_deref(),
+        Some("ns/wild"),
+        "more than one label"
+    );
+    assert_eq!(
+        name(Some("x.b.gw.test")).as_deref(),
+        Some("ns/deep"),
+        "the longest wildcard"
+    );
+    assert_eq!(
+        name(Some("gw.test")).as_deref(),
+        Some("ns/any"),
+        "the bare suffix is not covered"
+    );
+    assert_eq!(name(None).as_deref(), Some("ns/any"));
+    s.gateway_listeners = vec![on(&[("a.gw.test", "ns/a")])];
+    let t = RouteTable::compile(&s).unwrap();
+    let l = t.gateway_listener("127.10.0.1:443").expect("the listener");
+    assert!(l.certificate_for(Some("b.gw.test")).is_none());
+    assert!(l.certificate_for(None).is_none());
+}
+
 #[test]
 fn sni_picks_the_exact_hosts_certificate_over_the_wildcard_and_the_wildcard_covers_one_label() {
     let t = RouteTable::compile(&tls_snapshot()).unwrap();
@@ -405,6 +466,60 @@ fn served(t: &RouteTable) -> Vec<String> {
         t.certificate_for(None)
             .map(|c| (&c.name, &c.facts.fingerprint_sha256))
     ));
+    let mut listeners: Vec<&Arc<crate::gateway::Listener>> = t.gateway_listeners().collect();
+    listeners.sort_by(|a, b| a.name.cmp(&b.name));
+    for l in listeners {
+        out.push(format!(
+            "listener {} {} {} tls {} {:?} entries {}",
+            l.name, l.address, l.port, l.tls, l.gateway, l.entries
+        ));
+        for sni in [None, Some("g1.test"), Some("x.gw.test")] {
+            out.push(format!(
+                "listener {} sni {sni:?}: {:?}",
+                l.name,
+                l.certificate_for(sni)
+                    .map(|c| (&c.name, &c.facts.fingerprint_sha256))
+            ));
+        }
+        for host in ["g0.test", "g1.test", "a.b.gw.test", "other.test"] {
+            for path in ["/", "/p0", "/p1/x"] {
+                for with in [false, true] {
+                    let mut h = http::HeaderMap::new();
+                    if with {
+                        h.insert("x-v", http::HeaderValue::from_static("1"));
+                    }
+                    let what = match l.lookup(host, path, &h).map(|m| &m.action) {
+                        None => "none".to_owned(),
+                        Some(crate::gateway::Action::Redirect(r)) => {
+                            format!("redirect {}", r.location("http", host, l.port, path))
+                        }
+                        Some(crate::gateway::Action::Forward {
+                            weights,
+                            targets,
+                            headers,
+                        }) => {
+                            let targets: Vec<String> = targets
+                                .iter()
+                                .map(|t| match t {
+                                    crate::gateway::Target::Route(r) => format!(
+                                        "{} {:?} {:?}",
+                                        r.backend.name,
+                                        r.backend.endpoints,
+                                        r.backend.unavailable_reason
+                                    ),
+                                    crate::gateway::Target::Unresolved(why) => {
+                                        format!("unresolved {why}")
+                                    }
+                                })
+                                .collect();
+                            format!("forward {weights:?} {targets:?} {headers:?}")
+                        }
+                    };
+                    out.push(format!("listener {} {host}{path} {with}: {what}", l.name));
+                }
+            }
+        }
+    }
     out.push(format!(
         "{} routes, {} backends, {} certificates, version {}",
         t.route_count(),
@@ -433,7 +548,25 @@ impl Walk {
 /// certificate set or cleared, or a certificate replaced.
 fn random_change(s: &mut Snapshot, w: &mut Walk, certs: &[holdfast_proto::v1::Certificate]) {
     let backends: Vec<String> = s.backends.iter().map(|b| b.name.clone()).collect();
-    match w.below(8) {
+    match w.below(11) {
+        8 if !backends.is_empty() => random_gateway_host(s, w, &backends),
+        9 if !s.gateway_hosts.is_empty() => {
+            let i = w.below(s.gateway_hosts.len() as u64) as usize;
+            s.gateway_hosts.remove(i);
+        }
+        10 if !s.gateway_listeners.is_empty() => {
+            let i = w.below(s.gateway_listeners.len() as u64) as usize;
+            let name = s.gateway_listeners[i].name.clone();
+            if s.gateway_hosts.iter().any(|h| h.listener == name) {
+                // A new generation of its Gateway.
+                let g = s.gateway_listeners[i]
+                    .gateway
+                    .get_or_insert_with(Default::default);
+                g.generation += 1;
+            } else {
+                s.gateway_listeners.remove(i);
+            }
+        }
         0 | 1 if !backends.is_empty() => {
             let host = if w.below(6) == 0 {
                 "*.wild.test".to_owned()
@@ -496,6 +629,9 @@ fn random_change(s: &mut Snapshot, w: &mut Walk, certs: &[holdfast_proto::v1::Ce
                     .iter()
                     .flat_map(|v| &v.routes)
                     .any(|r| r.backend == name)
+                    || s.gateway_hosts.iter().any(|g| {
+                        holdfast_proto::snapshot::gateway_host_backends(g).any(|b| b == name)
+                    })
                     || s.default_backend
                         .as_ref()
                         .is_some_and(|d| d.backend == name);
@@ -532,6 +668,109 @@ fn random_change(s: &mut Snapshot, w: &mut Walk, certs: &[holdfast_proto::v1::Ce
     s.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
     s.backends.sort_by(|a, b| a.name.cmp(&b.name));
     s.certificates.sort_by(|a, b| a.name.cmp(&b.name));
+    s.gateway_listeners.sort_by(|a, b| a.name.cmp(&b.name));
+    s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// A Gateway host upserted on one of two listeners (made if missing: HTTPS with a
+/// certificate of `s` when it has one, half the time), with random weighted backends,
+/// header matches, header changes and redirects.
+fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
+    use holdfast_proto::snapshot::{gateway_host_name, listener_name};
+    use holdfast_proto::v1::{
+        GatewayHost, GatewayListener, GatewayRef, GatewayRoute, HeaderMatch, HeaderModifier,
+        ListenerCertificates, RequestRedirect, WeightedBackend,
+    };
+    let port = 8000 + w.below(2) as u32;
+    let listener = listener_name("127.10.0.1", port);
+    if !s.gateway_listeners.iter().any(|l| l.name == listener) {
+        let cert = (w.below(2) == 0)
+            .then(|| s.certificates.first().map(|c| c.name.clone()))
+            .flatten();
+        s.gateway_listeners.push(GatewayListener {
+            name: listener.clone(),
+            address: "127.10.0.1".into(),
+            port,
+            protocol: if cert.is_some() { "HTTPS" } else { "HTTP" }.into(),
+            certificates: cert
+                .map(|c| ListenerCertificates {
+                    hostname: ["", "*.gw.test"][w.below(2) as usize].into(),
+                    certificates: vec![c],
+                })
+                .into_iter()
+                .collect(),
+            gateway: Some(GatewayRef {
+                namespace: "infra".into(),
+                name: format!("gw-{port}"),
+                generation: 1,
+            }),
+        });
+    }
+    let host = ["", "g0.test", "g1.test", "*.gw.test"][w.below(4) as usize].to_owned();
+    let pair = |n: &str, v: &str| HeaderMatch {
+        name: n.into(),
+        value: v.into(),
+    };
+    let routes = (0..1 + w.below(3))
+        .map(|i| {
+            let mut r = GatewayRoute {
+                match_kind: if i == 0 { Prefix } else { Exact } as i32,
+                path: if i == 0 {
+                    "/".into()
+                } else {
+                    format!("/p{}", w.below(2))
+                },
+                headers: if w.below(3) == 0 {
+                    vec![pair("x-v", "1")]
+                } else {
+                    Vec::new()
+                },
+                ..Default::default()
+            };
+            if w.below(5) == 0 {
+                r.redirect = Some(RequestRedirect {
+                    scheme: ["", "https"][w.below(2) as usize].into(),
+                    hostname: "moved.test".into(),
+                    port: 0,
+                    status_code: [301, 302][w.below(2) as usize],
+                });
+            } else {
+                r.backends = (0..1 + w.below(2))
+                    .map(|_| {
+                        if w.below(4) == 0 {
+                            WeightedBackend {
+                                backend: String::new(),
+                                weight: 1,
+                                unresolved: "BackendNotFound".into(),
+                            }
+                        } else {
+                            WeightedBackend {
+                                backend: backends[w.below(backends.len() as u64) as usize].clone(),
+                                weight: w.below(4) as u32,
+                                unresolved: String::new(),
+                            }
+                        }
+                    })
+                    .collect();
+                if w.below(3) == 0 {
+                    r.request_headers = Some(HeaderModifier {
+                        set: vec![pair("x-set", "s")],
+                        add: vec![pair("x-add", "a")],
+                        remove: vec!["x-v".into()],
+                    });
+                }
+            }
+            r
+        })
+        .collect();
+    let name = gateway_host_name(&listener, &host);
+    s.gateway_hosts.retain(|h| h.name != name);
+    s.gateway_hosts.push(GatewayHost {
+        name,
+        listener,
+        host,
+        routes,
+    });
 }
 
 #[test]

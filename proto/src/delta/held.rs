@@ -113,6 +113,25 @@ impl Held {
         self.gateway_listeners.values()
     }
 
+    /// The Gateway listener named `name`.
+    pub fn gateway_listener(&self, name: &str) -> Option<&Arc<GatewayListener>> {
+        self.gateway_listeners.get(name)
+    }
+
+    /// The Gateway host named `name`.
+    pub fn gateway_host(&self, name: &str) -> Option<&Arc<GatewayHost>> {
+        self.gateway_hosts.get(name)
+    }
+
+    /// The Gateway hosts of listener `name`.
+    pub fn hosts_of_listener(&self, name: &str) -> impl Iterator<Item = &Arc<GatewayHost>> {
+        self.listener_hosts
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| self.gateway_hosts.get(h))
+    }
+
     /// The Gateway hosts.
     pub fn gateway_hosts(&self) -> impl Iterator<Item = &Arc<GatewayHost>> {
         self.gateway_hosts.values()

@@ -1,0 +1,157 @@
+//! The Gateway listeners: each address and port of the served snapshot's Gateways, bound
+//! on every worker (`SO_REUSEPORT`, as the proxy's own listeners) and served with that
+//! listener's routes alone ([`crate::proxy::Via::Gateway`]).
+//!
+//! [`GatewayListeners::reconcile`] runs with each snapshot applied, before it is ACKed:
+//! it binds the listeners the snapshot has and the proxy does not serve yet, and stops
+//! those it no longer has (or whose protocol changed), which then drain as the proxy's own
+//! listeners do on shutdown. The listeners that did not change are left alone. A listener
+//! that cannot be bound (its address is not on this host, its port is taken) is counted
+//! and tried again every [`RETRY_EVERY`], never fatal: the other listeners and every
+//! Ingress route keep being served.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use tokio::net::TcpListener;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::proxy::Forwarder;
+use crate::server::{self, ListenSettings};
+use crate::table::RouteTable;
+
+/// How often listeners that could not be bound are tried again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(2);
+
+/// One Gateway listener being served.
+struct Bound {
+    tls: bool,
+    /// Turns true to stop accepting (then its connections drain).
+    stop: Arc<watch::Sender<bool>>,
+}
+
+/// The Gateway listeners served, and what serving them takes.
+pub struct GatewayListeners {
+    /// One per worker: each serves every listener from its own socket.
+    workers: Vec<Handle>,
+    forwarder: Arc<Forwarder>,
+    table: Arc<ArcSwapOption<RouteTable>>,
+    settings: ListenSettings,
+    /// Turns true when the proxy stops accepting (shutdown).
+    stopping: watch::Receiver<bool>,
+    metrics: Metrics,
+    bound: HashMap<String, Bound>,
+}
+
+impl GatewayListeners {
+    /// Serves on the runtimes of `workers`.
+    pub fn new(
+        workers: Vec<Handle>,
+        forwarder: Arc<Forwarder>,
+        table: Arc<ArcSwapOption<RouteTable>>,
+        settings: ListenSettings,
+        stopping: watch::Receiver<bool>,
+        metrics: Metrics,
+    ) -> Self {
+        GatewayListeners {
+            workers,
+            forwarder,
+            table,
+            settings,
+            stopping,
+            metrics,
+            bound: HashMap::new(),
+        }
+    }
+
+    /// Serves exactly the Gateway listeners of `table` (see the module documentation).
+    pub fn reconcile(&mut self, table: &RouteTable) {
+        if *self.stopping.borrow() {
+            return;
+        }
+        let wanted: HashMap<&str, (SocketAddr, bool)> = table
+            .gateway_listeners()
+            .map(|l| (l.name.as_str(), (SocketAddr::new(l.address, l.port), l.tls)))
+            .collect();
+        self.bound.retain(|name, b| {
+            let keep = wanted
+                .get(name.as_str())
+                .is_some_and(|(_, tls)| *tls == b.tls);
+            if !keep {
+                tracing::info!(listener = %name, "gateway listener removed; draining");
+                let _ = b.stop.send(true);
+            }
+            keep
+        });
+        let mut unbound = 0;
+        for (name, (addr, tls)) in wanted {
+            if self.bound.contains_key(name) {
+                continue;
+            }
+            match self.start(name, addr, tls) {
+                Ok(b) => {
+                    tracing::info!(listener = %name, tls, "gateway listener bound");
+                    self.bound.insert(name.to_owned(), b);
+                }
+                Err(error) => {
+                    unbound += 1;
+                    self.metrics.gateway_bind_failures.inc();
+                    tracing::warn!(listener = %name, error = %holdfast_process::error_chain(&*error), "could not bind a gateway listener; trying again");
+                }
+            }
+        }
+        self.metrics.gateway_listeners.set(self.bound.len() as i64);
+        self.metrics.gateway_listeners_unbound.set(unbound);
+    }
+
+    /// Binds `addr` on every worker and serves it there.
+    fn start(
+        &self,
+        name: &str,
+        addr: SocketAddr,
+        tls: bool,
+    ) -> Result<Bound, Box<dyn std::error::Error + Send + Sync>> {
+        let sockets = crate::bind_per_worker(addr, self.workers.len())?;
+        let acceptor = if tls {
+            Some(tokio_rustls::TlsAcceptor::from(
+                crate::tls::gateway_server_config(self.table.clone(), Arc::from(name))?,
+            ))
+        } else {
+            None
+        };
+        let (tx, rx) = watch::channel(false);
+        let stop = Arc::new(tx);
+        let open = Arc::new(AtomicUsize::new(0));
+        let listener: Arc<str> = Arc::from(name);
+        for (socket, worker) in sockets.into_iter().zip(&self.workers) {
+            let socket = {
+                let _entered = worker.enter();
+                TcpListener::from_std(socket)?
+            };
+            worker.spawn(server::serve(
+                socket,
+                self.forwarder.clone(),
+                self.settings.clone(),
+                acceptor.clone(),
+                open.clone(),
+                rx.clone(),
+                Some(listener.clone()),
+            ));
+        }
+        // Shutdown stops it too.
+        let (mut stopping, forward) = (self.stopping.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopping.wait_for(|s| *s) => { let _ = forward.send(true); }
+                _ = forward.closed() => {}
+            }
+        });
+        Ok(Bound { tls, stop })
+    }
+}
