@@ -20,14 +20,26 @@ pub async fn get_full(
     host: &str,
     path: &str,
 ) -> Result<(u16, http::HeaderMap, String)> {
+    get_with(addr, host, path, &[]).await
+}
+
+/// Like [`get_full`], sending `headers` too.
+pub async fn get_with(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, http::HeaderMap, String)> {
     let fut = async {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(conn);
-        let req = http::Request::get(path)
-            .header(http::header::HOST, host)
-            .body(Empty::<Bytes>::new())?;
+        let mut req = http::Request::get(path).header(http::header::HOST, host);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Empty::<Bytes>::new())?;
         let resp = sender.send_request(req).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();

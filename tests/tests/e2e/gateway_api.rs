@@ -903,3 +903,143 @@ async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their
     );
     Ok(())
 }
+
+/// A Gateway and an HTTPRoute on the real stack: the proxy binds the Gateway's address
+/// (from the pool) and listener port, and serves the route's rules there (path and header
+/// matches, a redirect, a rule whose backend does not exist answering 500) and nothing
+/// else; the Ingress hosts are not reachable on the Gateway's address and the route's
+/// hostname is not reachable on the proxy's own listener. When the Gateway goes, its
+/// listener is closed and the Ingress routes are still served.
+#[tokio::test]
+async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_nothing_else()
+-> anyhow::Result<()> {
+    use holdfast_tests::http as web;
+    use holdfast_tests::scenario::{Options, Scenario};
+    use serde_json::json;
+
+    let s = Scenario::start(
+        "gwserve",
+        Options {
+            ingresses: 2,
+            proxies: 1,
+            cp_args: [
+                "--gateway-address-pool",
+                "127.78.0.0/16",
+                "--gateway-api-rediscover-interval",
+                "1s",
+                // Removing the Gateway removes most routes: let it through.
+                "--max-removal-share",
+                "1",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Options::default()
+        },
+    )
+    .await?;
+    s.cluster.install_gateway_api()?;
+    let ns = &s.ns;
+    let group = "gateway.networking.k8s.io";
+    let class = format!("{ns}-gw");
+    create_all(
+        &s.cluster,
+        "gateway",
+        json!([
+            { "apiVersion": format!("{group}/v1"), "kind": "GatewayClass",
+              "metadata": { "name": class }, "spec": { "controllerName": "holdfast.dev/gateway-controller" } },
+            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+              "metadata": { "name": "gw", "namespace": ns },
+              "spec": { "gatewayClassName": class, "listeners": [
+                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "web", "namespace": ns },
+              "spec": {
+                  "parentRefs": [{ "name": "gw" }],
+                  "hostnames": ["gw.test"],
+                  "rules": [
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" } }],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" },
+                                      "headers": [{ "name": "X-Version", "value": "two" }] }],
+                        "filters": [{ "type": "RequestHeaderModifier",
+                                      "requestHeaderModifier": { "set": [{ "name": "X-Added", "value": "yes" }] } }],
+                        "backendRefs": [{ "name": "app1", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "Exact", "value": "/old" } }],
+                        "filters": [{ "type": "RequestRedirect",
+                                      "requestRedirect": { "hostname": "new.test", "statusCode": 301 } }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/missing" } }],
+                        "backendRefs": [{ "name": "nosuch", "port": 80 }] }
+                  ] } }
+        ]),
+    )?;
+    let address = wait::until("the Gateway's address", wait::T, || async {
+        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
+        Ok(gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(str::to_owned))
+    })
+    .await?;
+    assert!(address.starts_with("127.78."), "{address}");
+    let gateway: std::net::SocketAddr = format!("{address}:80").parse()?;
+
+    // Served once the snapshot with the route is applied (the listener is bound before
+    // the proxy ACKs it).
+    let (status, headers, _) = wait::until("the route served on the Gateway", wait::T, || async {
+        Ok(web::get_full(gateway, "gw.test", "/a/x")
+            .await
+            .ok()
+            .filter(|(status, _, _)| *status == 200))
+    })
+    .await?;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-echo-path"], "/a/x");
+
+    // A header match takes the request to the other Service, with the header set.
+    let (status, headers, _) =
+        web::get_with(gateway, "gw.test", "/a/x", &[("x-version", "two")]).await?;
+    assert_eq!(status, 200);
+    assert!(
+        headers["x-echo-headers"]
+            .to_str()?
+            .split(',')
+            .any(|h| h.trim() == "x-added"),
+        "{headers:?}"
+    );
+    // A redirect, and a rule whose only backend does not exist.
+    let (status, headers, _) = web::get_full(gateway, "gw.test", "/old").await?;
+    assert_eq!(status, 301);
+    assert_eq!(headers["location"], "http://new.test/old");
+    let (status, _) = web::get(gateway, "gw.test", "/missing").await?;
+    assert_eq!(status, 500);
+    // Isolation: no rule for another path or hostname, no Ingress host on the Gateway's
+    // address, no Gateway hostname on the proxy's own listener.
+    assert_eq!(web::get(gateway, "gw.test", "/b").await?.0, 404);
+    assert_eq!(web::get(gateway, &s.host(0), "/").await?.0, 404);
+    let proxy = s.proxies[0].addr;
+    assert_eq!(web::get(proxy, "gw.test", "/a/x").await?.0, 404);
+    assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
+    let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+    assert_eq!(
+        web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
+        1.0
+    );
+
+    // The Gateway goes: its listener is closed; the Ingress routes stay.
+    s.cluster
+        .kubectl_run(&["delete", "gateway", "-n", ns, "gw"])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    wait::until("the Gateway's listener closed", wait::T, || async {
+        Ok(tokio::net::TcpStream::connect(gateway)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+    assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
+    let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+    assert_eq!(
+        web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
+        0.0
+    );
+    Ok(())
+}
