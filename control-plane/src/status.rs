@@ -213,10 +213,11 @@ pub async fn run(
                     if let Some(publish) = &settings.publish {
                         sync_state(&client, &state, publish, &settings.translate).await;
                     }
-                    if gateway_writer.due(&progress) {
+                    let served = served_gateways(&shared);
+                    if gateway_writer.due(&progress, &served) {
                         sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
-                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref()).await;
-                        gateway_writer.done(&progress, written);
+                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref(), &served).await;
+                        gateway_writer.done(&progress, &served, written);
                     }
                 }
             }
@@ -239,17 +240,47 @@ struct LedgerWriter {
 /// for an unchanged cluster).
 #[derive(Default)]
 struct GatewayWriter {
-    last: Option<(Vec<KindProgress>, Instant)>,
+    last: Option<(Vec<KindProgress>, Served, Instant)>,
 }
 
+/// (`namespace/name`, generation) of the Gateways a proxy serves.
+type Served = std::collections::BTreeSet<(String, i64)>;
+
 impl GatewayWriter {
-    fn due(&self, progress: &[KindProgress]) -> bool {
-        !matches!(&self.last, Some((p, at)) if p == progress && at.elapsed() < LEDGER_RECHECK)
+    fn due(&self, progress: &[KindProgress], served: &Served) -> bool {
+        !matches!(&self.last, Some((p, s, at)) if p == progress && s == served && at.elapsed() < LEDGER_RECHECK)
     }
 
-    fn done(&mut self, progress: &[KindProgress], all_written: bool) {
-        self.last = all_written.then(|| (progress.to_vec(), Instant::now()));
+    fn done(&mut self, progress: &[KindProgress], served: &Served, all_written: bool) {
+        self.last = all_written.then(|| (progress.to_vec(), served.clone(), Instant::now()));
     }
+}
+
+/// The Gateways (`namespace/name`, generation) that the proxies connected to this replica
+/// serve: those of the listeners of each snapshot a proxy has ACKed (among the recently
+/// published ones). Proxies connected to other replicas are not counted, so a Gateway is
+/// never called Programmed before a proxy serves it.
+fn served_gateways(shared: &Shared) -> Served {
+    let mut versions: Vec<String> = shared
+        .proxies()
+        .into_iter()
+        .map(|p| p.acked_version)
+        .filter(|v| !v.is_empty())
+        .collect();
+    versions.sort();
+    versions.dedup();
+    versions
+        .iter()
+        .filter_map(|v| shared.recently_published(v))
+        .flat_map(|p| {
+            p.content
+                .gateway_listeners
+                .iter()
+                .filter_map(|l| l.gateway.as_ref())
+                .map(|g| (format!("{}/{}", g.namespace, g.name), g.generation))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// How often an unchanged ledger is checked again (a claim's grace period may end).
@@ -426,11 +457,13 @@ async fn sync_gateways(
     state: &ClusterState,
     controller: &str,
     pool: Option<&gateway_api::status::Pool>,
+    served: &Served,
 ) -> bool {
     let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-    let desired = gateway_api::status::desired(state, controller, pool, &now, |ns, name| {
-        secret_check(state, ns, name)
-    });
+    let desired =
+        gateway_api::status::desired(state, controller, pool, served, &now, |ns, name| {
+            secret_check(state, ns, name)
+        });
     let mut all = true;
     for w in &desired.gateways {
         let api: Api<gateway_api::Gateway> = Api::namespaced(client.clone(), &w.namespace);

@@ -7,11 +7,13 @@
 //!   if that is in the pool and no older Gateway holds it, else the first free one from a
 //!   slot chosen by its name (so that Gateways keep their addresses as others come and go).
 //! - Its conditions: `Accepted` (`Accepted`; `ListenersNotValid` when a listener is not
-//!   usable, False when none is), `Programmed` False (`Pending`: no proxy serves Gateway
-//!   API listeners yet; `AddressNotAssigned` without a pool or a free address). Each
-//!   listener: `supportedKinds`, `attachedRoutes` (routes, each counted once; a listener
-//!   whose references do not resolve still takes routes), and `Accepted`, `Programmed`
-//!   (False: `Pending`, or `Invalid` for a listener that is not usable), `ResolvedRefs` and
+//!   usable, False when none is), `Programmed` True once a proxy has ACKed a snapshot
+//!   with the Gateway at its current generation (`served`), else False (`Pending`;
+//!   `AddressNotAssigned` without a pool or a free address; `Invalid` with no usable
+//!   listener). Each listener: `supportedKinds`, `attachedRoutes` (routes, each counted
+//!   once; a listener whose references do not resolve still takes routes), and
+//!   `Accepted`, `Programmed` (True when the Gateway is and the listener is usable; else
+//!   `Pending`, or `Invalid` for a listener that is not usable), `ResolvedRefs` and
 //!   `Conflicted` from [`super::attach::listeners`].
 //! - An HTTPRoute's `status.parents` keeps other controllers' entries and has one entry
 //!   per `parentRef` naming a Gateway of ours: `Accepted` (or why not, from
@@ -103,11 +105,14 @@ pub struct Desired {
     pub routes: Vec<Write>,
 }
 
-/// What should be written on our Gateways and their HTTPRoutes, given the caches.
+/// What should be written on our Gateways and their HTTPRoutes, given the caches and
+/// `served`: the (`namespace/name`, generation) of every Gateway a proxy serves (it has
+/// ACKed a snapshot with that Gateway's listeners at that generation).
 pub fn desired(
     state: &ClusterState,
     controller: &str,
     pool: Option<&Pool>,
+    served: &BTreeSet<(String, i64)>,
     now: &str,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Desired {
@@ -283,18 +288,34 @@ pub fn desired(
                 now,
             )
         };
-        let (programmed_reason, programmed_message) = if address.is_some() {
-            ("Pending", "no proxy serves Gateway API listeners yet")
-        } else {
+        let is_served = address.is_some()
+            && usable > 0
+            && served.contains(&(format!("{ns}/{name}"), generation));
+        let (programmed_status, programmed_reason, programmed_message) = if is_served {
             (
+                "True",
+                "Programmed",
+                "a proxy serves this generation of the Gateway",
+            )
+        } else if address.is_none() {
+            (
+                "False",
                 "AddressNotAssigned",
                 "no address: set --gateway-address-pool, with a free address",
+            )
+        } else if usable == 0 {
+            ("False", "Invalid", "no listener is valid")
+        } else {
+            (
+                "False",
+                "Pending",
+                "no proxy has applied this generation of the Gateway yet",
             )
         };
         let programmed = condition(
             status_now,
             "Programmed",
-            "False",
+            programmed_status,
             programmed_reason,
             programmed_message,
             generation,
@@ -329,15 +350,21 @@ pub fn desired(
                     })
                     .collect();
                 // A listener's Programmed reasons are Programmed, Invalid and Pending.
-                let (reason, message) = if l.usable() {
-                    ("Pending", "no proxy serves Gateway API listeners yet")
+                let (status, reason, message) = if !l.usable() {
+                    ("False", "Invalid", "the listener is not valid")
+                } else if is_served {
+                    ("True", "Programmed", "a proxy serves the listener")
                 } else {
-                    ("Invalid", "the listener is not valid")
+                    (
+                        "False",
+                        "Pending",
+                        "no proxy has applied this generation of the Gateway yet",
+                    )
                 };
                 conditions.push(condition(
                     &current,
                     "Programmed",
-                    "False",
+                    status,
                     reason,
                     message,
                     generation,
@@ -519,7 +546,9 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired(&state, OURS, Some(&pool), "t", |_, _| SecretCheck::Usable);
+        let d = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t", |_, _| {
+            SecretCheck::Usable
+        });
         let addr = |d: &Desired, name: &str| {
             d.gateways
                 .iter()
@@ -556,7 +585,9 @@ mod tests {
                 Arc::make_mut(g).status = s.clone();
             }
         }
-        let again = desired(&state, OURS, Some(&pool), "t2", |_, _| SecretCheck::Usable);
+        let again = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t2", |_, _| {
+            SecretCheck::Usable
+        });
         assert_eq!(again.gateways, vec![], "nothing changed");
     }
 
@@ -579,7 +610,9 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired(&state, OURS, Some(&pool), "t", |_, _| SecretCheck::Usable);
+        let d = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t", |_, _| {
+            SecretCheck::Usable
+        });
         let addr = |name: &str| {
             d.gateways
                 .iter()
@@ -659,18 +692,44 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired(
-            &state,
-            OURS,
-            Some(&Pool::parse("127.10.0.0/16").unwrap()),
-            "t",
-            |_, _| SecretCheck::Missing,
-        );
+        let pool = Pool::parse("127.10.0.0/16").unwrap();
+        let at = |served: &[(&str, i64)]| {
+            let served: BTreeSet<(String, i64)> =
+                served.iter().map(|(g, n)| ((*g).to_owned(), *n)).collect();
+            desired(&state, OURS, Some(&pool), &served, "t", |_, _| {
+                SecretCheck::Missing
+            })
+        };
+        // Programmed once a proxy serves this generation, not an older one.
+        for (served, status, reason) in [
+            (&[][..], "False", "Pending"),
+            (&[("infra/gw", 0)][..], "False", "Pending"),
+            (&[("infra/gw", 1)][..], "True", "Programmed"),
+        ] {
+            let d = at(served);
+            let gw = &d.gateways[0].status;
+            assert_eq!(gw["conditions"][1]["type"], "Programmed");
+            assert_eq!(
+                (
+                    gw["conditions"][1]["status"].as_str(),
+                    gw["conditions"][1]["reason"].as_str()
+                ),
+                (Some(status), Some(reason)),
+                "served {served:?}"
+            );
+            let http_programmed = gw["listeners"][0]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == "Programmed")
+                .unwrap()
+                .clone();
+            assert_eq!(http_programmed["status"], status, "served {served:?}");
+        }
+        let d = at(&[("infra/gw", 1)]);
         let gw = &d.gateways[0].status;
         assert_eq!(gw["conditions"][0]["reason"], "ListenersNotValid");
         assert_eq!(gw["conditions"][0]["status"], "True");
-        assert_eq!(gw["conditions"][1]["type"], "Programmed");
-        assert_eq!(gw["conditions"][1]["status"], "False");
         assert_eq!(gw["listeners"][0]["name"], "http");
         assert_eq!(gw["listeners"][0]["attachedRoutes"], 2, "ok and nobackend");
         assert_eq!(
@@ -688,7 +747,10 @@ mod tests {
             .find(|c| c["type"] == "Programmed")
             .unwrap()
             .clone();
-        assert_eq!(https_programmed["reason"], "Invalid");
+        assert_eq!(
+            https_programmed["reason"], "Invalid",
+            "an invalid listener of a served Gateway is not programmed"
+        );
         let https_refs = gw["listeners"][1]["conditions"]
             .as_array()
             .unwrap()

@@ -1023,6 +1023,22 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
         web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
         1.0
     );
+    // A proxy serves the Gateway's generation: Programmed, on the Gateway and its
+    // listener.
+    let gw = wait::until("the Gateway programmed", wait::T, || async {
+        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
+        let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+        Ok((programmed["status"] == "True").then_some(gw))
+    })
+    .await?;
+    let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+    assert_eq!(programmed["reason"], "Programmed");
+    assert_eq!(
+        programmed["observedGeneration"],
+        gw["metadata"]["generation"]
+    );
+    let listener = find_condition(&gw["status"]["listeners"][0]["conditions"], "Programmed");
+    assert_eq!(listener["status"], "True", "{gw}");
 
     // The Gateway goes: its listener is closed; the Ingress routes stay.
     s.cluster
