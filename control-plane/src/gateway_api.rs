@@ -111,7 +111,7 @@ pub const DEFAULT_CONTROLLER_NAME: &str = "holdfast.dev/gateway-controller";
 /// (`sigs.k8s.io/gateway-api/pkg/features`), sorted: what `status.supportedFeatures` of
 /// an accepted GatewayClass lists. It grows as each feature is served and passes the
 /// suite's tests for it; nothing is listed that is not.
-pub const SUPPORTED_FEATURES: &[&str] = &[];
+pub const SUPPORTED_FEATURES: &[&str] = &["Gateway", "HTTPRoute", "ReferenceGrant"];
 
 /// The status to write for `class` if it is ours (its `spec.controllerName` is
 /// `controller`) and its status is not already this: Accepted (at its generation), with

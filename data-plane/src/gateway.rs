@@ -217,7 +217,7 @@ pub struct Redirect {
     pub hostname: Option<String>,
     /// None: the request's port, or the new scheme's default when the scheme changes.
     pub port: Option<u16>,
-    /// 301 or 302.
+    /// 301, 302, 303, 307 or 308.
     pub status: u16,
 }
 

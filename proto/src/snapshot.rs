@@ -485,8 +485,8 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
             ));
         }
         if let Some(redirect) = &r.redirect {
-            if !matches!(redirect.status_code, 301 | 302) {
-                return Err(bad("a redirect's status is not 301 or 302"));
+            if !matches!(redirect.status_code, 301 | 302 | 303 | 307 | 308) {
+                return Err(bad("a redirect's status is not 301, 302, 303, 307 or 308"));
             }
             if !matches!(redirect.scheme.as_str(), "" | "http" | "https") {
                 return Err(bad("a redirect's scheme is not http or https"));
@@ -825,11 +825,11 @@ mod tests {
         assert!(r.contains("header match"), "{r}");
         let r = refused(&|s| {
             s.gateway_hosts[0].routes[0].redirect = Some(crate::v1::RequestRedirect {
-                status_code: 307,
+                status_code: 304,
                 ..Default::default()
             })
         });
-        assert!(r.contains("301 or 302"), "{r}");
+        assert!(r.contains("307 or 308"), "{r}");
         let r = refused(&|s| s.gateway_hosts.push(s.gateway_hosts[0].clone()));
         assert!(r.contains("twice"), "{r}");
         // An unresolved reference ("") is not a missing backend: its share answers 500.

@@ -140,7 +140,7 @@ pub struct Redirect {
     pub hostname: Option<String>,
     /// Port (None: the scheme's default when the scheme changes, else the request's).
     pub port: Option<u16>,
-    /// 301 or 302.
+    /// 301, 302, 303, 307 or 308.
     pub status: u16,
 }
 
@@ -433,9 +433,12 @@ fn action(
                     return Err("a redirect's path is not served yet".into());
                 }
                 let status = match r.status_code.unwrap_or(302) {
-                    301 => 301,
-                    302 => 302,
-                    other => return Err(format!("redirect status {other} is not 301 or 302")),
+                    s @ (301 | 302 | 303 | 307 | 308) => s as u16,
+                    other => {
+                        return Err(format!(
+                            "redirect status {other} is not 301, 302, 303, 307 or 308"
+                        ));
+                    }
                 };
                 let scheme = match r.scheme.as_deref() {
                     None => None,

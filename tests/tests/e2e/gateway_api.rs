@@ -604,12 +604,9 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
     };
     let class = accepted_at(1).await?;
     assert_eq!(
-        class["status"]["supportedFeatures"]
-            .as_array()
-            .map(Vec::len)
-            .unwrap_or(0),
-        0,
-        "no feature is claimed before it is served: {class}"
+        class["status"]["supportedFeatures"],
+        serde_json::json!([{ "name": "Gateway" }, { "name": "HTTPRoute" }, { "name": "ReferenceGrant" }]),
+        "exactly the GATEWAY-HTTP core features are claimed: {class}"
     );
     cluster.kubectl_run(&[
         "patch",

@@ -20,6 +20,7 @@
 //!
 //! Every wait has the one deadline [`holdfast_tests::wait::T`].
 
+mod conformance;
 mod control_plane;
 mod data_plane;
 mod data_plane_e2e;

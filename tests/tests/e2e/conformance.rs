@@ -1,0 +1,160 @@
+//! The Gateway API conformance suite (`sigs.k8s.io/gateway-api/conformance`, pinned in
+//! deploy/local/versions.env and built unmodified by `k8s.sh ensure`), run against holdfast
+//! on a local cluster that runs the suite's workloads: the GATEWAY-HTTP profile, with the
+//! features holdfast's GatewayClass claims (`status.supportedFeatures`), and the tests
+//! listed in docs/conformance/skip-tests.txt skipped (each with its reason there).
+//!
+//! The report the suite writes is checked here (core: `success`) and kept with the test's
+//! logs; with `HOLDFAST_CONFORMANCE_REPORT=<file>` it is also copied there, which is how
+//! `deploy/local/conformance.sh` makes the committed report in docs/conformance/.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::Context as _;
+use holdfast_tests::cluster::{LocalCluster, tools_bin};
+use holdfast_tests::control_plane::ControlPlane;
+use holdfast_tests::proxy::ProxyProc;
+use holdfast_tests::wait;
+
+/// The GatewayClass the suite runs with.
+const CLASS: &str = "holdfast";
+
+/// The tests to skip: the first word of each line of docs/conformance/skip-tests.txt that
+/// is not blank or a `#` comment (the rest of the line is the reason).
+fn skipped_tests() -> anyhow::Result<Vec<String>> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/conformance/skip-tests.txt");
+    let text = std::fs::read_to_string(&file).with_context(|| format!("{}", file.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, reason) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        anyhow::ensure!(
+            !reason.trim().is_empty(),
+            "{}: skipped test {name} has no reason",
+            file.display()
+        );
+        out.push(name.to_owned());
+    }
+    Ok(out)
+}
+
+/// The `result` of one part (`core` or `extended`) of a profile in a ConformanceReport.
+fn profile_result(report: &serde_json::Value, profile: &str, part: &str) -> Option<String> {
+    report["profiles"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == profile)?[part]["result"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[tokio::test]
+async fn the_gateway_api_conformance_suite_passes_gateway_http_core() -> anyhow::Result<()> {
+    let suite = tools_bin()?.join("gateway-conformance");
+    let version = std::fs::read_to_string(tools_bin()?.join("gateway-conformance.version"))?;
+    let skipped = skipped_tests()?;
+
+    let cluster = LocalCluster::start_with_workloads()?;
+    let _agent = cluster.start_pod_agent()?;
+    cluster.install_gateway_api()?;
+    let class = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": { "name": CLASS },
+        "spec": { "controllerName": "holdfast.dev/gateway-controller" },
+    });
+    let file = cluster.dir().join("gatewayclass.json");
+    std::fs::write(&file, class.to_string())?;
+    cluster.kubectl_run(&["create", "-f", &file.to_string_lossy()])?;
+
+    let logs = holdfast_tests::e2e_logs("conformance")?;
+    let cp = ControlPlane::start(
+        "control-plane",
+        &cluster.kubeconfig(),
+        &logs,
+        &[
+            "--ingress-class",
+            "holdfast-conformance",
+            "--debounce",
+            "20ms",
+            "--max-delay",
+            "200ms",
+            "--gateway-address-pool",
+            "127.90.0.0/16",
+        ],
+    )?;
+    let state = tempfile::tempdir()?;
+    let _proxy = ProxyProc::start("proxy-0", &[cp.grpc_url()], state.path(), &logs, &[])?;
+    // The suite reads the features to test from the class's status: wait for it.
+    wait::until(
+        "our GatewayClass accepted with its features",
+        wait::T,
+        || async {
+            let out = cluster
+                .kubectl_run(&["get", "gatewayclass", CLASS, "-o", "json"])
+                .map_err(|e| e.to_string())?;
+            let class: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            let features = class["status"]["supportedFeatures"]
+                .as_array()
+                .map_or(0, Vec::len);
+            Ok((features > 0).then_some(()))
+        },
+    )
+    .await?;
+
+    let report = logs.join("conformance-report.yaml");
+    let mut args: Vec<String> = [
+        "-test.run=^TestConformance$",
+        "-test.v",
+        "-test.timeout=40m",
+        "-gateway-class=holdfast",
+        "-conformance-profiles=GATEWAY-HTTP",
+        "-organization=holdfast",
+        "-project=holdfast",
+        "-url=https://github.com/holdfast-ingress/holdfast",
+        "-contact=https://github.com/holdfast-ingress/holdfast/issues",
+        "-allow-crds-mismatch=false",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(format!("-version={}", env!("CARGO_PKG_VERSION")));
+    args.push(format!("-report-output={}", report.display()));
+    if !skipped.is_empty() {
+        args.push(format!("-skip-tests={}", skipped.join(",")));
+    }
+    let out_file = std::fs::File::create(logs.join("conformance.log"))?;
+    let status = Command::new(&suite)
+        .args(&args)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .current_dir(cluster.dir())
+        .stdout(out_file.try_clone()?)
+        .stderr(out_file)
+        .status()
+        .with_context(|| format!("running {}", suite.display()))?;
+    let text = std::fs::read_to_string(&report).with_context(|| {
+        format!(
+            "the suite ({}, exit {status}) wrote no report; see {}",
+            version.trim(),
+            logs.join("conformance.log").display()
+        )
+    })?;
+    let parsed: serde_json::Value = serde_yaml::from_str(&text)?;
+    if let Ok(target) = std::env::var("HOLDFAST_CONFORMANCE_REPORT") {
+        std::fs::write(&target, &text).with_context(|| format!("writing {target}"))?;
+    }
+    assert_eq!(
+        profile_result(&parsed, "GATEWAY-HTTP", "core").as_deref(),
+        Some("success"),
+        "GATEWAY-HTTP core did not pass (suite exit {status}); see {} and {}",
+        report.display(),
+        logs.join("conformance.log").display()
+    );
+    assert!(
+        status.success(),
+        "the suite failed: see {}",
+        logs.join("conformance.log").display()
+    );
+    Ok(())
+}
