@@ -47,6 +47,8 @@ pub struct GatewayListeners {
     stopping: watch::Receiver<bool>,
     metrics: Metrics,
     bound: HashMap<String, Bound>,
+    /// Listeners whose last bind failed (logged once, at warn, until one succeeds).
+    failing: std::collections::HashSet<String>,
 }
 
 impl GatewayListeners {
@@ -67,6 +69,7 @@ impl GatewayListeners {
             stopping,
             metrics,
             bound: HashMap::new(),
+            failing: std::collections::HashSet::new(),
         }
     }
 
@@ -89,6 +92,8 @@ impl GatewayListeners {
             }
             keep
         });
+        self.failing
+            .retain(|name| wanted.contains_key(name.as_str()));
         let mut unbound = 0;
         for (name, (addr, tls)) in wanted {
             if self.bound.contains_key(name) {
@@ -97,12 +102,18 @@ impl GatewayListeners {
             match self.start(name, addr, tls) {
                 Ok(b) => {
                     tracing::info!(listener = %name, tls, "gateway listener bound");
+                    self.failing.remove(name);
                     self.bound.insert(name.to_owned(), b);
                 }
                 Err(error) => {
                     unbound += 1;
                     self.metrics.gateway_bind_failures.inc();
-                    tracing::warn!(listener = %name, error = %holdfast_process::error_chain(&*error), "could not bind a gateway listener; trying again");
+                    let error = holdfast_process::error_chain(&*error);
+                    if self.failing.insert(name.to_owned()) {
+                        tracing::warn!(listener = %name, %error, "could not bind a gateway listener; trying again every few seconds");
+                    } else {
+                        tracing::debug!(listener = %name, %error, "could not bind a gateway listener");
+                    }
                 }
             }
         }

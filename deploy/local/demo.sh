@@ -80,13 +80,21 @@ start_echo-b
 PKI=$DIR/pki
 OPERATOR=$("$BIN/holdfast-dev-certs" --out "$PKI" --proxy proxy-1 --proxy proxy-2 --host secure.demo.test)
 
-"$KUBECTL" apply -f "$REPO/deploy/kubernetes/ingressclass.yaml" -f "$REPO/deploy/examples/demo.yaml" >"$DIR/apply.log"
-"$KUBECTL" -n demo create secret tls site-tls --cert "$PKI/site.crt" --key "$PKI/site.key" >>"$DIR/apply.log"
+{
+  "$KUBECTL" apply -f "$REPO/deploy/kubernetes/ingressclass.yaml" -f "$REPO/deploy/examples/demo.yaml"
+  "$KUBECTL" -n demo create secret tls site-tls --cert "$PKI/site.crt" --key "$PKI/site.key"
+  # Gateway API: the standard channel CRDs, then the demo's Gateway and HTTPRoute.
+  "$KUBECTL" apply --server-side -f "$(bash "$K8S" gateway-api-crds)"
+  "$KUBECTL" wait --for=condition=Established --timeout=60s crd/gateways.gateway.networking.k8s.io \
+    crd/httproutes.gateway.networking.k8s.io crd/gatewayclasses.gateway.networking.k8s.io
+  "$KUBECTL" apply -f "$REPO/deploy/examples/gateway.yaml"
+} >"$DIR/apply.log"
 
 CP=$(free_port); CPA=$(free_port)
 start_control-plane() {
   RUST_LOG=${RUST_LOG:-info} "$BIN/holdfast-control-plane" --grpc-listen "127.0.0.1:$CP" --admin-listen "127.0.0.1:$CPA" \
     --ingress-class holdfast --publish-address 127.0.0.1 --lease-namespace default \
+    --gateway-address-pool 127.10.0.0/24 \
     --tls-cert "$PKI/control-plane.crt" --tls-key "$PKI/control-plane.key" --client-ca "$PKI/ca.crt" \
     --admin-identities "$OPERATOR" --proxy-identities 'proxy-*' \
     >>"$DIR/control-plane.log" 2>&1 &
@@ -114,6 +122,13 @@ for i in 0 1; do
   until_ok "proxy-$((i + 1)) over HTTPS" curl -sf --cacert "$PKI/ca.crt" \
     --resolve "secure.demo.test:${S[$i]}:127.0.0.1" "https://secure.demo.test:${S[$i]}/"
 done
+# The Gateway's address, from its status; one proxy serves it (two proxies on one host
+# cannot both bind it; in a cluster each has its own).
+gateway_address() { "$KUBECTL" -n demo get gateway demo -o jsonpath='{.status.addresses[0].value}'; }
+has_gateway_address() { [[ -n $(gateway_address) ]]; }
+until_ok "the Gateway's address" has_gateway_address
+GW=$(gateway_address)
+until_ok "the Gateway" curl -sf -H 'Host: gateway.demo.test' "http://$GW:8080/"
 GRPCURL="grpcurl -cacert $PKI/ca.crt -cert $PKI/operator.crt -key $PKI/operator.key"
 
 cat <<TXT
@@ -129,6 +144,9 @@ holdfast demo ready. Logs: $DIR/*.log. Paste these into another shell (as root):
   $ curl -s --cacert $PKI/ca.crt --resolve secure.demo.test:${S[0]}:127.0.0.1 https://secure.demo.test:${S[0]}/
   $ curl -s -i -H 'Host: secure.demo.test' http://127.0.0.1:${P[0]}/
   $ curl -s 'http://127.0.0.1:${D[0]}/debug/explain?host=api.demo.test&path=/v1/users'
+  $ curl -s -H 'Host: gateway.demo.test' http://$GW:8080/
+  $ curl -s -H 'Host: gateway.demo.test' -H 'x-canary: yes' http://$GW:8080/canary
+  $ kubectl -n demo get gateway demo
   $ $GRPCURL 127.0.0.1:$CP list
   $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/GetSnapshot
   $ $GRPCURL 127.0.0.1:$CP holdfast.v1.Admin/ListProxies

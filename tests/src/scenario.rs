@@ -99,6 +99,19 @@ pub fn base_cp_args(class: &str) -> Vec<String> {
     .collect()
 }
 
+/// Control-plane flags for a scenario with Gateways: addresses from `pool` (a CIDR no other
+/// test uses), and the Gateway API CRDs (installed after the start) looked for every second.
+pub fn gateway_cp_args(pool: &str) -> Vec<String> {
+    [
+        "--gateway-address-pool",
+        pool,
+        "--gateway-api-rediscover-interval",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 impl Scenario {
     /// Starts everything and waits until every proxy serves every host.
     pub async fn start(name: &str, opts: Options) -> Result<Self> {

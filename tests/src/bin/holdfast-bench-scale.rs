@@ -12,6 +12,10 @@
 //! that cluster revision or newer, how far the last subscriber trails the first on each
 //! version, and the control plane's CPU over the churn.
 //!
+//! With `--http-routes`, the N routes are HTTPRoutes (hostname `app-<i>.<ns>.test`, each to
+//! its own Service) on one Gateway instead of Ingresses, and each round adds a rule to
+//! HTTPRoute `app-0`: the same measurement for the Gateway API.
+//!
 //! With `--inventory-streams N`, it then opens N more streams, each stating a real inventory
 //! (every resource of the published snapshot, as a proxy that held an older snapshot
 //! states it when it reconnects) and never ACKing, so the control plane keeps each stated
@@ -74,6 +78,46 @@ struct Args {
     /// Streams opened at the end stating a real inventory (0: none).
     #[arg(long, default_value_t = 0)]
     inventory_streams: usize,
+    /// HTTPRoutes on one Gateway instead of Ingresses.
+    #[arg(long)]
+    http_routes: bool,
+}
+
+/// The GatewayClass, Gateway and HTTPRoute kinds' group and version.
+const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
+
+/// HTTPRoute `name` for `host` on Gateway `gw`, with a rule per path of `paths` to
+/// Service `name` port 80.
+fn http_route(name: &str, host: &str, paths: &[String]) -> serde_json::Value {
+    let rules: Vec<serde_json::Value> = paths
+        .iter()
+        .map(|p| {
+            serde_json::json!({ "matches": [{ "path": { "type": "PathPrefix", "value": p } }],
+                "backendRefs": [{ "name": name, "port": 80 }] })
+        })
+        .collect();
+    serde_json::json!({ "apiVersion": GATEWAY_API, "kind": "HTTPRoute",
+        "metadata": { "name": name },
+        "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": [host], "rules": rules } })
+}
+
+/// Creates `object` (any kind) in `ns` (None: cluster-scoped) through the dynamic API.
+async fn create_dynamic(
+    client: &kube::Client,
+    ns: Option<&str>,
+    kind: &str,
+    plural: &str,
+    object: serde_json::Value,
+) -> anyhow::Result<()> {
+    let gvk = kube::api::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", kind);
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+    let api: Api<kube::api::DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let object: kube::api::DynamicObject = serde_json::from_value(object)?;
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
 }
 
 /// What the subscribers ACKed.
@@ -152,6 +196,31 @@ async fn main() -> anyhow::Result<()> {
     let class = format!("hf-{ns}");
     create_class(&client, &class).await?;
     let marker = format!("app-0.{ns}.test");
+    if args.http_routes {
+        // kubectl, once: blocking this runtime thread for it is fine here.
+        cluster.install_gateway_api()?;
+        create_dynamic(
+            &client,
+            None,
+            "GatewayClass",
+            "gatewayclasses",
+            serde_json::json!({ "apiVersion": GATEWAY_API, "kind": "GatewayClass",
+                "metadata": { "name": format!("hf-{ns}") },
+                "spec": { "controllerName": "holdfast.dev/gateway-controller" } }),
+        )
+        .await?;
+        create_dynamic(
+            &client,
+            Some(&ns),
+            "Gateway",
+            "gateways",
+            serde_json::json!({ "apiVersion": GATEWAY_API, "kind": "Gateway",
+                "metadata": { "name": "gw" },
+                "spec": { "gatewayClassName": format!("hf-{ns}"),
+                          "listeners": [{ "name": "http", "port": 8080, "protocol": "HTTP" }] } }),
+        )
+        .await?;
+    }
 
     let started = Instant::now();
     let (svcs, slices, ings): (Api<Service>, Api<EndpointSlice>, Api<Ingress>) = (
@@ -168,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
                 class.clone(),
                 ns.clone(),
             );
+            let (client, http_routes) = (client.clone(), args.http_routes);
             async move {
                 let name = format!("app-{i}");
                 let ip = format!("10.{}.{}.{}", 100 + (i >> 16), (i >> 8) & 255, i & 255);
@@ -186,11 +256,14 @@ async fn main() -> anyhow::Result<()> {
                         &objects::endpoint_slice(&format!("{name}-1"), &name, 8080, &[&ip]),
                     )
                     .await?;
-                ings.create(
-                    &pp,
-                    &objects::ingress(&name, &class, &format!("{name}.{ns}.test"), &name, 80),
-                )
-                .await?;
+                let host = format!("{name}.{ns}.test");
+                if http_routes {
+                    let route = http_route(&name, &host, &["/".to_string()]);
+                    create_dynamic(&client, Some(&ns), "HTTPRoute", "httproutes", route).await?;
+                } else {
+                    ings.create(&pp, &objects::ingress(&name, &class, &host, &name, 80))
+                        .await?;
+                }
                 Ok::<_, anyhow::Error>(())
             }
         })
@@ -200,8 +273,13 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
     let load = started.elapsed();
+    let kind = if args.http_routes {
+        "HTTPRoute"
+    } else {
+        "Ingress"
+    };
     eprintln!(
-        "loaded {} Ingresses/Services/EndpointSlices in {load:?}",
+        "loaded {} {kind}s/Services/EndpointSlices in {load:?}",
         args.ingresses
     );
 
@@ -214,6 +292,12 @@ async fn main() -> anyhow::Result<()> {
         class.clone(),
         "--insecure-plaintext".to_string(),
     ];
+    if args.http_routes {
+        cp_args.extend([
+            "--gateway-address-pool".to_string(),
+            "127.91.0.0/16".to_string(),
+        ]);
+    }
     cp_args.extend(args.cp_arg.iter().cloned());
     let cp_refs: Vec<&str> = cp_args.iter().map(String::as_str).collect();
     let cp_started = Instant::now();
@@ -239,6 +323,7 @@ async fn main() -> anyhow::Result<()> {
     for sub in 0..args.subscribers {
         let channel = channels[sub / args.streams_per_connection].clone();
         let (seen, marker, stopping) = (seen.clone(), marker.clone(), stopping.clone());
+        let http_routes = args.http_routes;
         let reconnects = reconnects.clone();
         tokio::spawn(async move {
             // As a proxy does, a subscriber whose stream ends opens a new one (and, holding
@@ -246,7 +331,14 @@ async fn main() -> anyhow::Result<()> {
             // plane stops after the run.
             for attempt in 0u64.. {
                 let result = if sub == 0 {
-                    decoding_subscriber(channel.clone(), seen.clone(), marker.clone(), deltas).await
+                    decoding_subscriber(
+                        channel.clone(),
+                        seen.clone(),
+                        marker.clone(),
+                        deltas,
+                        http_routes,
+                    )
+                    .await
                 } else {
                     light_subscriber(channel.clone(), sub, seen.clone(), deltas).await
                 };
@@ -308,10 +400,31 @@ async fn main() -> anyhow::Result<()> {
                     "backend": { "service": { "name": "app-0", "port": { "number": 80 } } } })
             })
             .collect();
-        let patch = serde_json::json!({ "spec": { "rules": [{ "host": marker, "http": { "paths": paths } }] } });
         let t0 = Instant::now();
-        ings.patch("app-0", &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        if args.http_routes {
+            let paths: Vec<String> = (0..=round + 1)
+                .map(|p| {
+                    if p == 0 {
+                        "/".to_string()
+                    } else {
+                        format!("/r{p}")
+                    }
+                })
+                .collect();
+            let route = http_route("app-0", &marker, &paths);
+            let gvk =
+                kube::api::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute");
+            let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "httproutes");
+            let api: Api<kube::api::DynamicObject> =
+                Api::namespaced_with(client.clone(), &ns, &resource);
+            let patch = serde_json::json!({ "spec": route["spec"] });
+            api.patch("app-0", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        } else {
+            let patch = serde_json::json!({ "spec": { "rules": [{ "host": marker, "http": { "paths": paths } }] } });
+            ings.patch("app-0", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
         let done = wait_for(format!("round {round}"), Duration::from_secs(60), round + 2).await?;
         times.push(done.saturating_duration_since(t0));
     }
@@ -332,7 +445,7 @@ async fn main() -> anyhow::Result<()> {
     println!("| metric | value |");
     println!("| --- | --- |");
     println!(
-        "| Ingresses / Services / EndpointSlices | {} each (loaded in {:.1} s) |",
+        "| {kind}s / Services / EndpointSlices | {} each (loaded in {:.1} s) |",
         args.ingresses,
         load.as_secs_f64()
     );
@@ -356,12 +469,12 @@ async fn main() -> anyhow::Result<()> {
         first.as_secs_f64()
     );
     println!(
-        "| one Ingress change → all ACKed, p50 ({} rounds) | {:.0} ms |",
+        "| one {kind} change → all ACKed, p50 ({} rounds) | {:.0} ms |",
         args.rounds,
         percentile(&times, 0.5).as_secs_f64() * 1e3
     );
     println!(
-        "| one Ingress change → all ACKed, p99 | {:.0} ms |",
+        "| one {kind} change → all ACKed, p99 | {:.0} ms |",
         percentile(&times, 0.99).as_secs_f64() * 1e3
     );
     println!(
@@ -497,6 +610,7 @@ async fn decoding_subscriber(
     seen: Arc<Mutex<Seen>>,
     marker: String,
     deltas: bool,
+    http_routes: bool,
 ) -> anyhow::Result<()> {
     let (node, tx, requests) = open(0, deltas).await;
     let mut stream = client::route_discovery(channel)
@@ -514,11 +628,17 @@ async fn decoding_subscriber(
                 .context("response without a snapshot")?,
         };
         held = Some(snap.clone());
-        let paths = snap
-            .virtual_hosts
-            .iter()
-            .find(|v| v.host == marker)
-            .map_or(0, |v| v.routes.len());
+        let paths = if http_routes {
+            snap.gateway_hosts
+                .iter()
+                .find(|g| g.host == marker)
+                .map_or(0, |g| g.routes.len())
+        } else {
+            snap.virtual_hosts
+                .iter()
+                .find(|v| v.host == marker)
+                .map_or(0, |v| v.routes.len())
+        };
         let rev = snap.cluster_revision;
         tx.send(ack(&node, snap.version, nonce)).await?;
         let mut s = seen.lock().expect("lock");

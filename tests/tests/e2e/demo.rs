@@ -79,6 +79,23 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
     assert!(redirect.starts_with("HTTP/1.1 308"), "{redirect}");
     let explain = run(curls.iter().find(|c| c.contains("/debug/explain")).unwrap())?;
     assert!(explain.contains("\"matched\": true"), "{explain}");
+    // The Gateway: its HTTPRoute through the Gateway's own address; the header match
+    // takes the canary to api (echo-b only).
+    let gateway = run(curls
+        .iter()
+        .find(|c| c.contains("gateway.demo.test") && !c.contains("x-canary"))
+        .unwrap())?;
+    assert!(gateway.starts_with("echo-"), "{gateway}");
+    let canary = run(curls.iter().find(|c| c.contains("x-canary")).unwrap())?;
+    assert_eq!(canary.trim(), "echo-b");
+    let get_gateway = commands
+        .iter()
+        .find(|c| c.contains("get gateway"))
+        .expect("the demo prints how to see its Gateway");
+    wait::until_blocking("the demo's Gateway to be programmed", T, || {
+        let out = run(get_gateway).map_err(|e| e.to_string())?;
+        Ok(out.contains("True").then_some(()))
+    })?;
 
     let grpcurls: Vec<&&str> = commands
         .iter()
@@ -98,7 +115,10 @@ fn the_demo_serves_the_examples_answers_its_grpcurl_commands_survives_a_killed_c
     assert!(listed.contains("holdfast.v1.Admin"), "{listed}");
     let proxies = run(commands.iter().find(|c| c.contains("ListProxies")).unwrap())?;
     assert_eq!(proxies.matches("\"ackedVersion\"").count(), 2, "{proxies}");
-    let ingresses = run(commands.iter().find(|c| c.starts_with("kubectl")).unwrap())?;
+    let ingresses = run(commands
+        .iter()
+        .find(|c| c.starts_with("kubectl get ingress"))
+        .unwrap())?;
     assert!(ingresses.contains("shop.demo.test"), "{ingresses}");
 
     let dir = text

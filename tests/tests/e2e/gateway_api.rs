@@ -920,16 +920,11 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
             ingresses: 2,
             proxies: 1,
             cp_args: [
-                "--gateway-address-pool",
-                "127.78.0.0/16",
-                "--gateway-api-rediscover-interval",
-                "1s",
+                holdfast_tests::scenario::gateway_cp_args("127.78.0.0/16"),
                 // Removing the Gateway removes most routes: let it through.
-                "--max-removal-share",
-                "1",
+                vec!["--max-removal-share".into(), "1".into()],
             ]
-            .map(String::from)
-            .to_vec(),
+            .concat(),
             ..Options::default()
         },
     )

@@ -525,3 +525,135 @@ async fn s16_a_silent_partition_from_the_api_server_is_noticed_and_a_later_chang
     assert_clean(&report);
     Ok(())
 }
+
+/// Gateways and HTTPRoutes through the faults the Ingress scenarios see: the API server
+/// refuses every connection (s01's incident, shorter), then every connection the control
+/// plane holds is cut silently while a new HTTPRoute is created. Traffic through the
+/// proxy's own listener (Ingress hosts) and through the Gateway's address (HTTPRoute
+/// hostnames) sees zero failed requests, nothing is published during the refusals, and
+/// the HTTPRoute created during the cut is served once it is read.
+#[tokio::test]
+async fn s20_refusals_and_a_silent_cut_while_gateways_and_httproutes_exist_fail_no_request()
+-> anyhow::Result<()> {
+    let s = Scenario::start(
+        "s20",
+        Options {
+            // One proxy: two on one host cannot both bind the Gateway's address and port
+            // (in a cluster each proxy has its own network namespace).
+            proxies: 1,
+            cp_args: holdfast_tests::scenario::gateway_cp_args("127.79.0.0/16"),
+            ..Options::default()
+        },
+    )
+    .await?;
+    s.cluster.install_gateway_api()?;
+    let ns = &s.ns;
+    let group = "gateway.networking.k8s.io/v1";
+    let class = format!("{ns}-gw");
+    let route = |i: usize| {
+        json!({ "apiVersion": group, "kind": "HTTPRoute",
+                "metadata": { "name": format!("r{i}"), "namespace": ns },
+                "spec": { "parentRefs": [{ "name": "gw" }],
+                          "hostnames": [format!("gw{i}.{ns}.test")],
+                          "rules": [{ "backendRefs": [{ "name": format!("app{i}"), "port": 80 }] }] } })
+    };
+    let mut objects = vec![
+        json!({ "apiVersion": group, "kind": "GatewayClass", "metadata": { "name": class },
+                "spec": { "controllerName": "holdfast.dev/gateway-controller" } }),
+        json!({ "apiVersion": group, "kind": "Gateway", "metadata": { "name": "gw", "namespace": ns },
+                "spec": { "gatewayClassName": class,
+                          "listeners": [{ "name": "http", "port": 80, "protocol": "HTTP" }] } }),
+    ];
+    let routes = 5;
+    objects.extend((0..routes).map(route));
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": objects });
+    let file = s.cluster.dir().join("s20-gateway.json");
+    std::fs::write(&file, list.to_string())?;
+    s.cluster
+        .kubectl_run(&["create", "-f", &file.to_string_lossy()])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let address = wait::until("the Gateway's address", T, || async {
+        let out = s
+            .cluster
+            .kubectl_run(&["get", "gateway", "-n", ns, "gw", "-o", "json"])
+            .map_err(|e| e.to_string())?;
+        let gw: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+        Ok(gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(str::to_owned))
+    })
+    .await?;
+    let gateway: std::net::SocketAddr = format!("{address}:80").parse()?;
+    let gateway_hosts: Vec<String> = (0..routes).map(|i| format!("gw{i}.{ns}.test")).collect();
+    for host in &gateway_hosts {
+        wait::until(&format!("{host} served on the Gateway"), T, || async {
+            let ok = matches!(
+                holdfast_tests::http::get(gateway, host, "/").await,
+                Ok((200, _))
+            );
+            Ok(ok.then_some(()))
+        })
+        .await?;
+    }
+    let hash = s.published_hash()?;
+    let published = s.published_total().await?;
+    let ingress_traffic = s.traffic(RATE);
+    let gateway_traffic =
+        holdfast_tests::traffic::Traffic::start(&[gateway], gateway_hosts.clone(), RATE);
+
+    // Refused.
+    s.api_fault.set(Mode::Refuse);
+    s.api_fault.reset_existing();
+    s.wait_cp_watch_error(T).await?;
+    outage(Duration::from_secs(10)).await;
+    assert_eq!(
+        s.published_total().await?,
+        published,
+        "a snapshot was published while the API server refused"
+    );
+    s.api_fault.set(Mode::Pass);
+    s.wait_cp_synced().await?;
+    assert_eq!(
+        s.published_hash()?,
+        hash,
+        "content changed across the refusals"
+    );
+
+    // Cut silently, then a new HTTPRoute (made directly, not through the fault proxy), to
+    // an app whose Service exists.
+    s.api_fault.set(Mode::StallExisting);
+    let new = routes;
+    assert!(new < s.ingresses, "app{new} exists");
+    let list = json!({ "apiVersion": "v1", "kind": "List", "items": [route(new)] });
+    let file = s.cluster.dir().join("s20-new-route.json");
+    std::fs::write(&file, list.to_string())?;
+    s.cluster
+        .kubectl_run(&["create", "-f", &file.to_string_lossy()])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let new_host = format!("gw{new}.{ns}.test");
+    wait::until(
+        "the HTTPRoute created during the cut to be served",
+        T,
+        || async {
+            let ok = matches!(
+                holdfast_tests::http::get(gateway, &new_host, "/").await,
+                Ok((200, _))
+            );
+            Ok(ok.then_some(()))
+        },
+    )
+    .await?;
+    s.api_fault.set(Mode::Pass);
+
+    let report = gateway_traffic.stop().await?;
+    assert_clean(&report);
+    for host in &gateway_hosts {
+        assert!(
+            report.count(host, 200) > 0,
+            "no answer for {host}: {}",
+            report.summary()
+        );
+    }
+    assert_clean(&ingress_traffic.stop().await?);
+    Ok(())
+}
