@@ -44,30 +44,37 @@ pub(super) struct GatewayPart {
     pub(super) routes: RouteCounts,
 }
 
-/// A fingerprint of the Gateway API objects (every GatewayClass, Gateway, HTTPRoute,
-/// ReferenceGrant and Namespace, by identity and resourceVersion): equal fingerprints,
-/// same routes (given the same Services and Secrets).
+/// A fingerprint of what the routes are made from among the Gateway API objects and
+/// Namespaces: each GatewayClass, Gateway, HTTPRoute and ReferenceGrant by identity and
+/// `generation` (which moves with its spec, not its status), each Gateway's status
+/// addresses (an address is kept from there), and each Namespace by resourceVersion (its
+/// labels). Equal fingerprints, same routes (given the same Services and Secrets): the
+/// leader's own status writes on thousands of HTTPRoutes rebuild nothing.
 fn inputs(state: &ClusterState, opts: &Options) -> u64 {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let mut h = std::hash::DefaultHasher::new();
     opts.gateway_controller.hash(&mut h);
     opts.gateway_pool.map(|p| format!("{p:?}")).hash(&mut h);
-    let mut meta = |kind: u8, m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-        (kind, &m.namespace, &m.name, &m.uid, &m.resource_version).hash(&mut h);
+    let mut spec = |kind: u8, m: &ObjectMeta| {
+        (kind, &m.namespace, &m.name, &m.uid, m.generation).hash(&mut h);
     };
     for o in &state.gateway_classes {
-        meta(0, &o.metadata);
+        spec(0, &o.metadata);
     }
     for o in &state.gateways {
-        meta(1, &o.metadata);
+        spec(1, &o.metadata);
     }
     for o in &state.http_routes {
-        meta(2, &o.metadata);
+        spec(2, &o.metadata);
     }
     for o in &state.reference_grants {
-        meta(3, &o.metadata);
+        spec(3, &o.metadata);
+    }
+    for o in &state.gateways {
+        o.status["addresses"].to_string().hash(&mut h);
     }
     for o in &state.namespaces {
-        meta(4, &o.metadata);
+        (&o.metadata.name, &o.metadata.resource_version).hash(&mut h);
     }
     h.finish()
 }

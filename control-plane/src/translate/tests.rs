@@ -2317,7 +2317,8 @@ fn gw_state(weight: u32) -> ClusterState {
         ] }
     }))];
     st.http_routes = vec![gw_object(json!({
-        "metadata": { "name": "r", "namespace": "default", "creationTimestamp": "2026-01-02T00:00:00Z" },
+        "metadata": { "name": "r", "namespace": "default", "generation": weight,
+                      "creationTimestamp": "2026-01-02T00:00:00Z" },
         "spec": {
             "parentRefs": [{ "name": "gw", "namespace": "infra" }],
             "hostnames": ["gw.example.com"],
@@ -2428,4 +2429,27 @@ fn a_gateway_change_rebuilds_only_what_it_touches_and_a_long_lived_translator_ag
     );
     assert!(s.backends.iter().all(|b| b.name != "default/web:80"));
     assert_eq!(s, translate(&st, &opts).snapshot());
+}
+
+#[test]
+fn a_status_write_on_a_route_rebuilds_no_gateway_resource() {
+    let opts = gw_options();
+    let mut warm = Translator::default();
+    let first = warm.translate(&gw_state(3), &opts);
+    // The leader writes the route's status: a new resourceVersion, the same generation.
+    let mut st = gw_state(3);
+    let mut route = (*st.http_routes[0]).clone();
+    route.metadata.resource_version = Some("99".into());
+    route.status = serde_json::json!({ "parents": [] });
+    st.http_routes = vec![Arc::new(route)];
+    let second = warm.translate(&st, &opts);
+    assert_eq!(second.since.as_ref().unwrap().changed, Changed::default());
+    assert_eq!(second.snapshot(), first.snapshot());
+    // A new generation (its spec changed) is rebuilt.
+    let mut route = (*gw_state(7).http_routes[0]).clone();
+    route.metadata.resource_version = Some("100".into());
+    st.http_routes = vec![Arc::new(route)];
+    let third = warm.translate(&st, &opts);
+    assert_eq!(third.since.as_ref().unwrap().changed.gateway_hosts.len(), 2);
+    assert_eq!(third.snapshot(), translate(&st, &opts).snapshot());
 }

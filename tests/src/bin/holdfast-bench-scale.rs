@@ -86,19 +86,18 @@ struct Args {
 /// The GatewayClass, Gateway and HTTPRoute kinds' group and version.
 const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
 
-/// HTTPRoute `name` for `host` on Gateway `gw`, with a rule per path of `paths` to
-/// Service `name` port 80.
+/// HTTPRoute `name` for `host` on Gateway `gw`: one rule to Service `name` port 80 with a
+/// PathPrefix match per path of `paths` (a rule takes up to 64 matches; a route only 16
+/// rules).
 fn http_route(name: &str, host: &str, paths: &[String]) -> serde_json::Value {
-    let rules: Vec<serde_json::Value> = paths
+    let matches: Vec<serde_json::Value> = paths
         .iter()
-        .map(|p| {
-            serde_json::json!({ "matches": [{ "path": { "type": "PathPrefix", "value": p } }],
-                "backendRefs": [{ "name": name, "port": 80 }] })
-        })
+        .map(|p| serde_json::json!({ "path": { "type": "PathPrefix", "value": p } }))
         .collect();
     serde_json::json!({ "apiVersion": GATEWAY_API, "kind": "HTTPRoute",
         "metadata": { "name": name },
-        "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": [host], "rules": rules } })
+        "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": [host],
+                  "rules": [{ "matches": matches, "backendRefs": [{ "name": name, "port": 80 }] }] } })
 }
 
 /// Creates `object` (any kind) in `ns` (None: cluster-scoped) through the dynamic API.

@@ -906,7 +906,8 @@ async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their
 /// matches, a redirect, a rule whose backend does not exist answering 500) and nothing
 /// else; the Ingress hosts are not reachable on the Gateway's address and the route's
 /// hostname is not reachable on the proxy's own listener. When the Gateway goes, its
-/// listener is closed and the Ingress routes are still served.
+/// listener is closed, another Gateway's listener is left alone (its open connection
+/// included), and the Ingress routes are still served.
 #[tokio::test]
 async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_nothing_else()
 -> anyhow::Result<()> {
@@ -961,7 +962,16 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
                                       "requestRedirect": { "hostname": "new.test", "statusCode": 301 } }] },
                       { "matches": [{ "path": { "type": "PathPrefix", "value": "/missing" } }],
                         "backendRefs": [{ "name": "nosuch", "port": 80 }] }
-                  ] } }
+                  ] } },
+            // A second Gateway, whose listener must not be touched when the first goes.
+            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+              "metadata": { "name": "other", "namespace": ns },
+              "spec": { "gatewayClassName": class, "listeners": [
+                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "other", "namespace": ns },
+              "spec": { "parentRefs": [{ "name": "other" }], "hostnames": ["other.test"],
+                        "rules": [{ "backendRefs": [{ "name": "app1", "port": 80 }] }] } }
         ]),
     )?;
     let address = wait::until("the Gateway's address", wait::T, || async {
@@ -1010,10 +1020,28 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
     let proxy = s.proxies[0].addr;
     assert_eq!(web::get(proxy, "gw.test", "/a/x").await?.0, 404);
     assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
+    let other_address = wait::until("the other Gateway's address", wait::T, || async {
+        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "other"])?;
+        Ok(gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(str::to_owned))
+    })
+    .await?;
+    assert_ne!(other_address, address);
+    let other: std::net::SocketAddr = format!("{other_address}:80").parse()?;
+    wait::until("the other Gateway served", wait::T, || async {
+        Ok(matches!(web::get(other, "other.test", "/").await, Ok((200, _))).then_some(()))
+    })
+    .await?;
+    // Isolation between Gateways: neither serves the other's hostname.
+    assert_eq!(web::get(other, "gw.test", "/a/x").await?.0, 404);
+    assert_eq!(web::get(gateway, "other.test", "/").await?.0, 404);
+    // A connection to the other Gateway, kept open across the first one's removal.
+    let kept = tokio::net::TcpStream::connect(other).await?;
     let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
     assert_eq!(
         web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
-        1.0
+        2.0
     );
     // A proxy serves the Gateway's generation: Programmed, on the Gateway and its
     // listener.
@@ -1044,10 +1072,24 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
     })
     .await?;
     assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
+    // The other Gateway's listener was left alone: new connections, and the one opened
+    // before, are served.
+    assert_eq!(web::get(other, "other.test", "/").await?.0, 200);
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(kept)).await?;
+    tokio::spawn(conn);
+    let answer = sender
+        .send_request(
+            ::http::Request::get("/")
+                .header("host", "other.test")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())?,
+        )
+        .await?;
+    assert_eq!(answer.status(), 200);
     let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
     assert_eq!(
         web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
-        0.0
+        1.0
     );
     Ok(())
 }
