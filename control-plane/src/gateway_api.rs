@@ -340,7 +340,7 @@ mod tests {
         assert_eq!(accepted["lastTransitionTime"], "t1");
         assert_eq!(
             status["supportedFeatures"],
-            serde_json::json!(SUPPORTED_FEATURES)
+            serde_json::json!([{ "name": "Gateway" }, { "name": "HTTPRoute" }, { "name": "ReferenceGrant" }])
         );
         // Written once: the same status is not written again, and its time is kept.
         let written = class(DEFAULT_CONTROLLER_NAME, 2, status.clone());

@@ -345,7 +345,9 @@ pub fn keep_held(
 /// certificates) is taken from `published` if the candidate dropped it too. The route
 /// goes after the candidate's routes of the same precedence class (Exact before
 /// PathPrefix, longer paths, more header matches): the order of the routes it was
-/// published beside, as far as the snapshot records it.
+/// published beside, as far as the snapshot records it. If the candidate's listener at
+/// that address and port belongs to another Gateway (the address went to a new Gateway),
+/// the route is not kept there: a Gateway never serves another's routes.
 fn keep_held_gateway_route(
     out: &mut Snapshot,
     published: &Snapshot,
@@ -362,6 +364,21 @@ fn keep_held_gateway_route(
     else {
         return;
     };
+    let owner = |s: &Snapshot| {
+        s.gateway_listeners
+            .iter()
+            .find(|l| l.name == before.listener)
+            .map(|l| {
+                l.gateway
+                    .as_ref()
+                    .map(|g| (g.namespace.clone(), g.name.clone()))
+            })
+    };
+    if let (Some(now), Some(then)) = (owner(out), owner(published))
+        && now != then
+    {
+        return;
+    }
     if !out
         .gateway_listeners
         .iter()
@@ -768,5 +785,77 @@ mod change_tests {
             s.backends.push(backend("bd".into()));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod gateway_hold_tests {
+    use holdfast_proto::v1::{
+        Backend, GatewayHost, GatewayListener, GatewayRef, GatewayRoute, MatchKind, WeightedBackend,
+    };
+
+    use super::*;
+
+    fn with_gateway(gateway: &str, routes: &[&str]) -> Snapshot {
+        let listener = "127.10.0.1:80".to_string();
+        Snapshot {
+            backends: vec![Backend {
+                name: "ns/b:80".into(),
+                ..Default::default()
+            }],
+            gateway_listeners: vec![GatewayListener {
+                name: listener.clone(),
+                address: "127.10.0.1".into(),
+                port: 80,
+                protocol: "HTTP".into(),
+                certificates: vec![],
+                gateway: Some(GatewayRef {
+                    namespace: "ns".into(),
+                    name: gateway.into(),
+                    generation: 1,
+                }),
+            }],
+            gateway_hosts: vec![GatewayHost {
+                name: holdfast_proto::snapshot::gateway_host_name(&listener, ""),
+                listener,
+                host: String::new(),
+                routes: routes
+                    .iter()
+                    .map(|p| GatewayRoute {
+                        match_kind: MatchKind::Prefix as i32,
+                        path: (*p).into(),
+                        backends: vec![WeightedBackend {
+                            backend: "ns/b:80".into(),
+                            weight: 1,
+                            unresolved: String::new(),
+                        }],
+                        ..Default::default()
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// A held route of a deleted Gateway is kept on its listener while the address is
+    /// still that Gateway's, and never on a new Gateway that took the address.
+    #[test]
+    fn a_held_gateway_route_is_never_kept_on_another_gateways_listener() {
+        let published = with_gateway("old", &["/a", "/b"]);
+        let held = removed_routes(&published, &with_gateway("old", &["/a"]));
+        assert_eq!(held.len(), 1);
+        let kept = keep_held(&with_gateway("old", &["/a"]), &published, &held);
+        assert_eq!(
+            kept.gateway_hosts[0].routes.len(),
+            2,
+            "kept on its own Gateway"
+        );
+        let taken_over = with_gateway("new", &["/a"]);
+        let kept = keep_held(&taken_over, &published, &held);
+        assert_eq!(
+            kept, taken_over,
+            "not kept on the Gateway that took the address"
+        );
+        assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
     }
 }

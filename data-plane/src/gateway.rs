@@ -215,7 +215,8 @@ pub struct Redirect {
     pub scheme: Option<String>,
     /// None: the request's host.
     pub hostname: Option<String>,
-    /// None: the request's port, or the new scheme's default when the scheme changes.
+    /// None: the scheme's well-known port when the redirect names a scheme, else the
+    /// listener's port (Gateway API `RequestRedirect.port`).
     pub port: Option<u16>,
     /// 301, 302, 303, 307 or 308.
     pub status: u16,
@@ -229,8 +230,8 @@ impl Redirect {
         let default = |s: &str| if s == "https" { 443 } else { 80 };
         let new_port = match (self.port, self.scheme.as_deref()) {
             (Some(p), _) => p,
-            (None, Some(s)) if s != scheme => default(s),
-            _ => port,
+            (None, Some(s)) => default(s),
+            (None, None) => port,
         };
         let host = self.hostname.as_deref().unwrap_or(host);
         if new_port == default(new_scheme) {
@@ -672,6 +673,11 @@ mod tests {
         assert_eq!(
             r(Some("http"), None, Some(80)).location("https", "a.test", 443, "/"),
             "http://a.test/"
+        );
+        // A scheme named, even the request's own: its well-known port, not the listener's.
+        assert_eq!(
+            r(Some("http"), Some("b.test"), None).location("http", "a.test", 8080, "/"),
+            "http://b.test/"
         );
     }
 }

@@ -231,6 +231,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics.clone(),
     )));
     let hooked = gateway_listeners.clone();
+    let draining_gateways = gateway_listeners.clone();
     applier.on_install(Box::new(move |t| {
         hooked
             .lock()
@@ -267,6 +268,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .copied()
         .unwrap_or_else(tokio::time::Instant::now)
         + listen.shutdown_grace;
+    // The Gateway listeners drain as the proxy's own do, within the same grace period.
+    let gateway_tasks = draining_gateways
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take_tasks();
+    for task in gateway_tasks {
+        let _ = tokio::time::timeout_at(deadline, task).await;
+    }
     forwarder.finish_tunnels(deadline).await;
     workers.stop().await;
     subscriber.abort();

@@ -5,7 +5,9 @@
 //! [`GatewayListeners::reconcile`] runs with each snapshot applied, before it is ACKed:
 //! it binds the listeners the snapshot has and the proxy does not serve yet, and stops
 //! those it no longer has (or whose protocol changed), which then drain as the proxy's own
-//! listeners do on shutdown. The listeners that did not change are left alone. A listener
+//! listeners do on shutdown (and at shutdown they drain with the proxy's own, within
+//! `--shutdown-grace`). Their connections count together against `--max-connections`, as
+//! one listening address's do. The listeners that did not change are left alone. A listener
 //! that cannot be bound (its address is not on this host, its port is taken) is counted
 //! and tried again every [`RETRY_EVERY`], never fatal: the other listeners and every
 //! Ingress route keep being served.
@@ -47,6 +49,12 @@ pub struct GatewayListeners {
     stopping: watch::Receiver<bool>,
     metrics: Metrics,
     bound: HashMap<String, Bound>,
+    /// The connections of every Gateway listener together, held to `--max-connections`
+    /// as one listening address is: how many Gateways tenants make does not multiply it.
+    open: Arc<AtomicUsize>,
+    /// Every Gateway listener's serving task on every worker (finished ones pruned), for
+    /// the drain at shutdown.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Listeners whose last bind failed (logged once, at warn, until one succeeds).
     failing: std::collections::HashSet<String>,
 }
@@ -69,6 +77,8 @@ impl GatewayListeners {
             stopping,
             metrics,
             bound: HashMap::new(),
+            open: Arc::new(AtomicUsize::new(0)),
+            tasks: Vec::new(),
             failing: std::collections::HashSet::new(),
         }
     }
@@ -121,9 +131,15 @@ impl GatewayListeners {
         self.metrics.gateway_listeners_unbound.set(unbound);
     }
 
+    /// The serving tasks of every Gateway listener, to await at shutdown (they drain
+    /// once the proxy stops accepting); none are started afterwards.
+    pub fn take_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+        std::mem::take(&mut self.tasks)
+    }
+
     /// Binds `addr` on every worker and serves it there.
     fn start(
-        &self,
+        &mut self,
         name: &str,
         addr: SocketAddr,
         tls: bool,
@@ -138,22 +154,22 @@ impl GatewayListeners {
         };
         let (tx, rx) = watch::channel(false);
         let stop = Arc::new(tx);
-        let open = Arc::new(AtomicUsize::new(0));
         let listener: Arc<str> = Arc::from(name);
+        self.tasks.retain(|t| !t.is_finished());
         for (socket, worker) in sockets.into_iter().zip(&self.workers) {
             let socket = {
                 let _entered = worker.enter();
                 TcpListener::from_std(socket)?
             };
-            worker.spawn(server::serve(
+            self.tasks.push(worker.spawn(server::serve(
                 socket,
                 self.forwarder.clone(),
                 self.settings.clone(),
                 acceptor.clone(),
-                open.clone(),
+                self.open.clone(),
                 rx.clone(),
                 Some(listener.clone()),
-            ));
+            )));
         }
         // Shutdown stops it too.
         let (mut stopping, forward) = (self.stopping.clone(), stop.clone());

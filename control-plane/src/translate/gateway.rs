@@ -42,6 +42,8 @@ pub(super) struct GatewayPart {
     pub(super) unsummed_hosts: Vec<String>,
     /// The routes of the hosts (what the guard counts).
     pub(super) routes: RouteCounts,
+    /// How many times the resources were built (for tests of when they are not).
+    pub(super) builds: u64,
 }
 
 /// A fingerprint of what the routes are made from among the Gateway API objects and
@@ -216,6 +218,7 @@ impl Translator {
             return;
         }
         self.gateway.inputs = Some(fingerprint);
+        self.gateway.builds += 1;
         let secrets = &self.secrets_by_key;
         let resolved = model::resolve(
             state,
@@ -313,6 +316,12 @@ impl Translator {
                 },
             );
         }
+    }
+
+    /// How many times the Gateway API resources have been built.
+    #[cfg(test)]
+    pub(super) fn gateway_builds(&self) -> u64 {
+        self.gateway.builds
     }
 
     /// The certificates of the HTTPS Gateway listeners (those the snapshot does not carry

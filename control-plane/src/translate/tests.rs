@@ -2435,14 +2435,18 @@ fn a_gateway_change_rebuilds_only_what_it_touches_and_a_long_lived_translator_ag
 fn a_status_write_on_a_route_rebuilds_no_gateway_resource() {
     let opts = gw_options();
     let mut warm = Translator::default();
-    let first = warm.translate(&gw_state(3), &opts);
-    // The leader writes the route's status: a new resourceVersion, the same generation.
-    let mut st = gw_state(3);
+    let start = gw_state(3);
+    let first = warm.translate(&start, &opts);
+    // The leader writes the route's status: a new resourceVersion, the same generation;
+    // every other object is the same.
+    let mut st = start.clone();
     let mut route = (*st.http_routes[0]).clone();
     route.metadata.resource_version = Some("99".into());
     route.status = serde_json::json!({ "parents": [] });
     st.http_routes = vec![Arc::new(route)];
+    let builds = warm.gateway_builds();
     let second = warm.translate(&st, &opts);
+    assert_eq!(warm.gateway_builds(), builds, "rebuilt for a status write");
     assert_eq!(second.since.as_ref().unwrap().changed, Changed::default());
     assert_eq!(second.snapshot(), first.snapshot());
     // A new generation (its spec changed) is rebuilt.
@@ -2450,6 +2454,7 @@ fn a_status_write_on_a_route_rebuilds_no_gateway_resource() {
     route.metadata.resource_version = Some("100".into());
     st.http_routes = vec![Arc::new(route)];
     let third = warm.translate(&st, &opts);
+    assert_eq!(warm.gateway_builds(), builds + 1);
     assert_eq!(third.since.as_ref().unwrap().changed.gateway_hosts.len(), 2);
     assert_eq!(third.snapshot(), translate(&st, &opts).snapshot());
 }
