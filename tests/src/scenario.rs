@@ -28,7 +28,7 @@ pub struct Options {
     pub ingresses: usize,
     /// Proxy replicas.
     pub proxies: usize,
-    /// Extra control-plane flags.
+    /// Extra control-plane flags; one the base also gives replaces the base's.
     pub cp_args: Vec<String>,
     /// The control plane keeps its default API timeouts (the suite shortens them).
     pub default_api_timeouts: bool,
@@ -142,6 +142,12 @@ impl Scenario {
                 if let Some(i) = args.iter().position(|a| a == flag) {
                     args.drain(i..i + 2);
                 }
+            }
+        }
+        // A flag in `opts.cp_args` replaces the base's (each is given once).
+        for flag in opts.cp_args.iter().filter(|a| a.starts_with("--")) {
+            if let Some(i) = args.iter().position(|a| a == flag) {
+                args.drain(i..i + 2);
             }
         }
         args.extend(opts.cp_args.iter().cloned());
