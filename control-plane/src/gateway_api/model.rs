@@ -70,6 +70,19 @@ fn slot(s: &str) -> u32 {
     h
 }
 
+/// Our Gateways (oldest first, with their addresses) and what attaching a route to them
+/// needs: made once from the Gateway API objects other than routes, then used for each
+/// HTTPRoute ([`Gateways::attach`]).
+#[derive(Debug, Clone, Default)]
+pub struct Gateways {
+    /// Gateways of our classes.
+    pub gateways: Vec<OurGateway>,
+    /// `namespace/name` → index into `gateways`.
+    index: HashMap<String, usize>,
+    /// Every cached namespace's labels (none: an empty map, which a selector can match).
+    labels: HashMap<String, BTreeMap<String, String>>,
+}
+
 /// Resolves our Gateways (class `spec.controllerName` = `controller`), their listeners and
 /// addresses, and every HTTPRoute `parentRef` to them. `secret` says what a listener's
 /// Secret reference is.
@@ -79,6 +92,33 @@ pub fn resolve(
     pool: Option<&Pool>,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Resolved {
+    let gateways = resolve_gateways(state, controller, pool, secret);
+    let mut attachments = Vec::new();
+    for route in &state.http_routes {
+        if let Some(spec) = parse_route(route) {
+            attachments.extend(gateways.attach(route, &spec));
+        }
+    }
+    Resolved {
+        gateways: gateways.gateways,
+        attachments,
+    }
+}
+
+/// An HTTPRoute's spec, parsed (None: it does not parse, and attaches nowhere).
+pub fn parse_route(route: &HttpRoute) -> Option<Arc<HttpRouteSpec>> {
+    serde_json::from_value::<HttpRouteSpec>(route.spec.clone())
+        .ok()
+        .map(Arc::new)
+}
+
+/// Our Gateways, their listeners and addresses (see [`resolve`]).
+pub fn resolve_gateways(
+    state: &ClusterState,
+    controller: &str,
+    pool: Option<&Pool>,
+    secret: impl Fn(&str, &str) -> SecretCheck,
+) -> Gateways {
     let classes: BTreeSet<&str> = state
         .gateway_classes
         .iter()
@@ -119,36 +159,40 @@ pub fn resolve(
     if let Some(pool) = pool {
         assign(pool, &mut gateways);
     }
-    let index: HashMap<String, usize> = gateways
+    let index = gateways
         .iter()
         .enumerate()
         .map(|(i, g)| (key(&g.namespace, &g.name), i))
         .collect();
-    // Every cached namespace, with no labels as an empty map (a selector can match it).
-    let no_labels = BTreeMap::new();
-    let labels: HashMap<&str, &BTreeMap<String, String>> = state
+    let labels = state
         .namespaces
         .iter()
         .filter_map(|n| {
             Some((
-                n.metadata.name.as_deref()?,
-                n.metadata.labels.as_ref().unwrap_or(&no_labels),
+                n.metadata.name.clone()?,
+                n.metadata.labels.clone().unwrap_or_default(),
             ))
         })
         .collect();
-    let mut attachments = Vec::new();
-    for route in &state.http_routes {
-        let Ok(spec) = serde_json::from_value::<HttpRouteSpec>(route.spec.clone()) else {
-            continue;
-        };
-        let spec = Arc::new(spec);
+    Gateways {
+        gateways,
+        index,
+        labels,
+    }
+}
+
+impl Gateways {
+    /// Each `parentRef` of `route` (its spec parsed: `spec`) that names one of our
+    /// Gateways, attached or with why not.
+    pub fn attach(&self, route: &Arc<HttpRoute>, spec: &Arc<HttpRouteSpec>) -> Vec<Attachment> {
         let Some(route_ns) = route.metadata.namespace.as_deref() else {
-            continue;
+            return Vec::new();
         };
         let written: Vec<Value> = route.spec["parentRefs"]
             .as_array()
             .cloned()
             .unwrap_or_default();
+        let mut attachments = Vec::new();
         for (parent, as_written) in spec.parent_refs.iter().zip(written) {
             if parent.group.as_deref().unwrap_or(GROUP) != GROUP
                 || parent.kind.as_deref().unwrap_or("Gateway") != "Gateway"
@@ -156,10 +200,10 @@ pub fn resolve(
                 continue;
             }
             let gw_ns = parent.namespace.as_deref().unwrap_or(route_ns);
-            let Some(&i) = index.get(&key(gw_ns, &parent.name)) else {
+            let Some(&i) = self.index.get(&key(gw_ns, &parent.name)) else {
                 continue;
             };
-            let g = &gateways[i];
+            let g = &self.gateways[i];
             let result = attach::attach(
                 parent,
                 route_ns,
@@ -167,7 +211,7 @@ pub fn resolve(
                 gw_ns,
                 &g.spec,
                 &g.listeners,
-                labels.get(route_ns).copied(),
+                self.labels.get(route_ns),
             )
             .map(|on| {
                 on.into_iter()
@@ -185,10 +229,7 @@ pub fn resolve(
                 result,
             });
         }
-    }
-    Resolved {
-        gateways,
-        attachments,
+        attachments
     }
 }
 

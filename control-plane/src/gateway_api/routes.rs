@@ -18,13 +18,13 @@
 //! port, status code). A match or filter it cannot serve is refused with the reason and
 //! the entry is left out, never served more broadly than written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
 use serde::Deserialize;
 
 use super::attach::{self, Hostnames, ObjectRef, Unresolved};
-use super::model::Resolved;
+use super::model::{Attachment, OurGateway, Resolved};
 use crate::translate::ClusterState;
 
 /// A rule of an HTTPRoute, as far as this version serves it.
@@ -208,32 +208,49 @@ pub struct Refused {
     pub reason: String,
 }
 
-/// Every Gateway address and port with its routes, and what was left out.
-pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
-    // Every (namespace, Service, port), indexed once: each backendRef is one look-up.
-    let service_ports: std::collections::HashSet<(&str, &str, i64)> = state
-        .services
-        .iter()
-        .filter_map(|s| {
-            Some((
-                s.metadata.namespace.as_deref()?,
-                s.metadata.name.as_deref()?,
-                s,
-            ))
-        })
-        .flat_map(|(ns, name, s)| {
-            s.spec
+/// Every `(namespace, Service, port)`: what a `backendRef` resolves against.
+#[derive(Debug, Clone, Default)]
+pub struct ServicePorts(HashMap<String, HashMap<String, Vec<i64>>>);
+
+impl ServicePorts {
+    /// The Services of `state`, indexed once: each `backendRef` is one look-up.
+    pub fn of(state: &ClusterState) -> Self {
+        let mut by_ns: HashMap<String, HashMap<String, Vec<i64>>> = HashMap::new();
+        for s in &state.services {
+            let (Some(ns), Some(name)) = (&s.metadata.namespace, &s.metadata.name) else {
+                continue;
+            };
+            let ports = s
+                .spec
                 .iter()
                 .flat_map(|spec| spec.ports.iter().flatten())
-                .map(move |p| (ns, name, i64::from(p.port)))
-        })
-        .collect();
-    let service_port =
-        |ns: &str, name: &str, port: i64| -> bool { service_ports.contains(&(ns, name, port)) };
+                .map(|p| i64::from(p.port));
+            by_ns
+                .entry(ns.clone())
+                .or_default()
+                .entry(name.clone())
+                .or_default()
+                .extend(ports);
+        }
+        ServicePorts(by_ns)
+    }
+
+    fn has(&self, ns: &str, name: &str, port: i64) -> bool {
+        self.0
+            .get(ns)
+            .and_then(|n| n.get(name))
+            .is_some_and(|ports| ports.contains(&port))
+    }
+}
+
+/// A hostname table: a Gateway address and port, and a hostname ("" any).
+pub type HostKey = (Ipv4Addr, u16, String);
+
+/// Every address and port that our Gateways' usable listeners serve, with its protocol
+/// and certificates, and no routes yet.
+pub fn listeners(gateways: &[OurGateway]) -> BTreeMap<(Ipv4Addr, u16), PortRoutes> {
     let mut ports: BTreeMap<(Ipv4Addr, u16), PortRoutes> = BTreeMap::new();
-    let mut refused = Vec::new();
-    // Every listener of a Gateway with an address, even without routes.
-    for g in &resolved.gateways {
+    for g in gateways {
         let Some(address) = g.address else { continue };
         for l in g.listeners.iter().filter(|l| l.usable()) {
             let Ok(port) = u16::try_from(l.port) else {
@@ -254,101 +271,155 @@ pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Ve
             }
         }
     }
-    for a in &resolved.attachments {
-        let Ok(on) = &a.result else { continue };
-        let g = &resolved.gateways[a.gateway];
-        let Some(address) = g.address else { continue };
-        let route_ns = a.route.metadata.namespace.as_deref().unwrap_or_default();
-        let route_name = a.route.metadata.name.as_deref().unwrap_or_default();
-        let source = format!("{route_ns}/{route_name}");
-        let created = a
-            .route
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.to_string());
-        let rules: Vec<Rule> = a.route.spec["rules"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| serde_json::from_value(r.clone()).unwrap_or_default())
-            .collect();
-        let mut entries = Vec::new();
-        for (ri, rule) in rules.iter().enumerate() {
-            let action = match action(rule, route_ns, &state.reference_grants, &service_port) {
-                Ok(a) => a,
-                Err(reason) => {
-                    refused.push(Refused {
-                        route: source.clone(),
-                        rule: ri,
-                        reason,
+    ports
+}
+
+/// What one HTTPRoute adds, from its `attachments` (all of one route): its entries per
+/// hostname table (only tables in `served`), and what was left out.
+pub fn route_entries(
+    attachments: &[Attachment],
+    gateways: &[OurGateway],
+    served: &impl Fn(Ipv4Addr, u16) -> bool,
+    grants: &[std::sync::Arc<super::ReferenceGrant>],
+    services: &ServicePorts,
+) -> (BTreeMap<HostKey, Vec<Entry>>, Vec<Refused>) {
+    let mut tables: BTreeMap<HostKey, Vec<Entry>> = BTreeMap::new();
+    let mut refused = Vec::new();
+    let Some(first) = attachments.first() else {
+        return (tables, refused);
+    };
+    let route = &first.route;
+    let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
+    let route_name = route.metadata.name.as_deref().unwrap_or_default();
+    let source = format!("{route_ns}/{route_name}");
+    let created = route
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string());
+    let rules: Vec<Rule> = route.spec["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| serde_json::from_value(r.clone()).unwrap_or_default())
+        .collect();
+    let service_port = |ns: &str, name: &str, port: i64| services.has(ns, name, port);
+    let mut entries = Vec::new();
+    for (ri, rule) in rules.iter().enumerate() {
+        let action = match action(rule, route_ns, grants, &service_port) {
+            Ok(a) => a,
+            Err(reason) => {
+                refused.push(Refused {
+                    route: source.clone(),
+                    rule: ri,
+                    reason,
+                });
+                continue;
+            }
+        };
+        let matches = if rule.matches.is_empty() {
+            vec![Match::default()]
+        } else {
+            rule.matches.clone()
+        };
+        for (mi, m) in matches.iter().enumerate() {
+            match entry(m) {
+                Ok((path, headers)) => {
+                    let kind = u8::from(matches!(path, PathMatch::Prefix(_)));
+                    let len = match &path {
+                        PathMatch::Exact(p) | PathMatch::Prefix(p) => p.len(),
+                    };
+                    let order = (
+                        kind,
+                        std::cmp::Reverse(len),
+                        std::cmp::Reverse(headers.len()),
+                        created.clone(),
+                        source.clone(),
+                        ri,
+                        mi,
+                    );
+                    entries.push(Entry {
+                        path,
+                        headers,
+                        action: action.clone(),
+                        source: (source.clone(), ri),
+                        order,
                     });
-                    continue;
                 }
-            };
-            let matches = if rule.matches.is_empty() {
-                vec![Match::default()]
-            } else {
-                rule.matches.clone()
-            };
-            for (mi, m) in matches.iter().enumerate() {
-                match entry(m) {
-                    Ok((path, headers)) => {
-                        let kind = u8::from(matches!(path, PathMatch::Prefix(_)));
-                        let len = match &path {
-                            PathMatch::Exact(p) | PathMatch::Prefix(p) => p.len(),
-                        };
-                        let order = (
-                            kind,
-                            std::cmp::Reverse(len),
-                            std::cmp::Reverse(headers.len()),
-                            created.clone(),
-                            source.clone(),
-                            ri,
-                            mi,
-                        );
-                        entries.push(Entry {
-                            path,
-                            headers,
-                            action: action.clone(),
-                            source: (source.clone(), ri),
-                            order,
-                        });
-                    }
-                    Err(reason) => refused.push(Refused {
-                        route: source.clone(),
-                        rule: ri,
-                        reason,
-                    }),
-                }
+                Err(reason) => refused.push(Refused {
+                    route: source.clone(),
+                    rule: ri,
+                    reason,
+                }),
             }
         }
+    }
+    for a in attachments {
+        let Ok(on) = &a.result else { continue };
+        let g = &gateways[a.gateway];
+        let Some(address) = g.address else { continue };
         for (li, hostnames) in on {
-            let l = &g.listeners[*li];
-            let Ok(port) = u16::try_from(l.port) else {
+            let Ok(port) = u16::try_from(g.listeners[*li].port) else {
                 continue;
             };
-            let Some(table) = ports.get_mut(&(address, port)) else {
+            if !served(address, port) {
                 continue;
-            };
+            }
             let names = match hostnames {
                 Hostnames::Any => vec![String::new()],
                 Hostnames::Some(names) => names.clone(),
                 Hostnames::None => continue,
             };
             for name in names {
-                let list = table.hosts.entry(name).or_default();
-                for e in &entries {
-                    if !list.contains(e) {
-                        list.push(e.clone());
-                    }
-                }
+                tables
+                    .entry((address, port, name))
+                    .or_default()
+                    .extend(entries.iter().cloned());
+            }
+        }
+    }
+    for list in tables.values_mut() {
+        in_precedence(list);
+    }
+    (tables, refused)
+}
+
+/// Puts a hostname table's entries in precedence order, each once (an entry's order is
+/// its route, rule and match, so equal orders are equal entries).
+pub fn in_precedence(list: &mut Vec<Entry>) {
+    list.sort_by(|a, b| a.order.cmp(&b.order));
+    list.dedup();
+}
+
+/// Every Gateway address and port with its routes, and what was left out.
+pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
+    let services = ServicePorts::of(state);
+    let mut ports = listeners(&resolved.gateways);
+    let served: std::collections::BTreeSet<(Ipv4Addr, u16)> = ports.keys().copied().collect();
+    let served = |a: Ipv4Addr, p: u16| served.contains(&(a, p));
+    let mut refused = Vec::new();
+    // The attachments of one route are consecutive.
+    for group in resolved
+        .attachments
+        .chunk_by(|a, b| std::sync::Arc::ptr_eq(&a.route, &b.route))
+    {
+        let (tables, left_out) = route_entries(
+            group,
+            &resolved.gateways,
+            &served,
+            &state.reference_grants,
+            &services,
+        );
+        refused.extend(left_out);
+        for ((address, port, host), entries) in tables {
+            if let Some(p) = ports.get_mut(&(address, port)) {
+                p.hosts.entry(host).or_default().extend(entries);
             }
         }
     }
     for p in ports.values_mut() {
         for list in p.hosts.values_mut() {
-            list.sort_by(|a, b| a.order.cmp(&b.order));
+            in_precedence(list);
         }
     }
     (ports.into_values().collect(), refused)

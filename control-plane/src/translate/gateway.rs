@@ -5,12 +5,17 @@
 //! use counts and dirty-Service tracking), and the certificates of HTTPS listeners join
 //! the snapshot's certificates.
 //!
-//! The routes are made again only when an object they are made from changed (a Gateway
-//! API kind, a Namespace, a Service or a TLS Secret); resources equal to the last build's
-//! keep their shared copy, so only the changed ones are hashed and sent.
+//! Work is in proportion to the change. Our Gateways and their listeners are resolved
+//! again only when an object they are made from changed (a GatewayClass, Gateway,
+//! ReferenceGrant or Namespace, a Service or a TLS Secret: then every route is attached
+//! again). Otherwise only the HTTPRoutes whose `generation` moved (or that came or went)
+//! are attached again, and only the hostname tables they touch, now or before, are
+//! rebuilt. Resources equal to the last build's keep their shared copy, so only the
+//! changed ones are hashed and sent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use holdfast_proto::snapshot::{gateway_host_name, listener_name};
@@ -20,8 +25,9 @@ use holdfast_proto::v1::{
 };
 
 use super::*;
+use crate::gateway_api::HttpRoute;
 use crate::gateway_api::attach::SecretCheck;
-use crate::gateway_api::routes::{Action, PathMatch, PortRoutes};
+use crate::gateway_api::routes::{Action, HostKey, PathMatch, PortRoutes};
 use crate::gateway_api::{model, routes};
 
 /// One built Gateway host and the backends its routes use.
@@ -30,11 +36,28 @@ pub(super) struct GatewayHostEntry {
     pub(super) backends: Vec<Arc<BackendRef>>,
 }
 
-/// The Gateway API resources of the last build.
+/// One HTTPRoute's part of the hostname tables, as last made.
+struct RouteMemo {
+    generation: Option<i64>,
+    tables: BTreeMap<HostKey, Vec<routes::Entry>>,
+}
+
+/// The Gateway API resources of the last build, and what they were made from.
 #[derive(Default)]
 pub(super) struct GatewayPart {
-    /// What the last build was made from (see [`inputs`]); None before the first.
-    inputs: Option<u64>,
+    /// What our Gateways were resolved from (see [`environment`]); None before the first
+    /// build.
+    environment: Option<u64>,
+    /// Our Gateways, as last resolved.
+    gateways: model::Gateways,
+    /// The Services, as last indexed.
+    services: routes::ServicePorts,
+    /// The addresses and ports served.
+    served: BTreeSet<(Ipv4Addr, u16)>,
+    /// Each HTTPRoute's part (by uid, else `namespace/name`).
+    routes_made: HashMap<String, RouteMemo>,
+    /// Which HTTPRoutes have entries in each hostname table.
+    tables: BTreeMap<HostKey, BTreeSet<String>>,
     pub(super) listeners: BTreeMap<String, Arc<GatewayListener>>,
     pub(super) hosts: BTreeMap<String, GatewayHostEntry>,
     /// Listeners and hosts changed since the last build's content sum.
@@ -42,21 +65,24 @@ pub(super) struct GatewayPart {
     pub(super) unsummed_hosts: Vec<String>,
     /// The routes of the hosts (what the guard counts).
     pub(super) routes: RouteCounts,
-    /// How many times the resources were built (for tests of when they are not).
+    /// How many builds made anything again, and how many HTTPRoutes' parts were made (for
+    /// tests of when they are not).
     pub(super) builds: u64,
+    pub(super) route_builds: u64,
 }
 
-/// A fingerprint of what the routes are made from among the Gateway API objects and
-/// Namespaces: each GatewayClass, Gateway, HTTPRoute and ReferenceGrant by identity and
-/// `generation` (which moves with its spec, not its status), each Gateway's status
-/// addresses (an address is kept from there), and each Namespace by resourceVersion (its
-/// labels). Equal fingerprints, same routes (given the same Services and Secrets): the
-/// leader's own status writes on thousands of HTTPRoutes rebuild nothing.
-fn inputs(state: &ClusterState, opts: &Options) -> u64 {
+/// A fingerprint of what our Gateways are made from, besides Services and Secrets: each
+/// GatewayClass, Gateway and ReferenceGrant by identity and `generation` (which moves
+/// with its spec, not its status), each Gateway's status addresses (an address is kept
+/// from there), and each Namespace by resourceVersion (its labels). HTTPRoutes are not in
+/// it: each is followed on its own, by `generation`, so the leader's own status writes on
+/// thousands of HTTPRoutes make nothing again.
+fn environment(state: &ClusterState, opts: &Options) -> u64 {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let mut h = std::hash::DefaultHasher::new();
     opts.gateway_controller.hash(&mut h);
     opts.gateway_pool.map(|p| format!("{p:?}")).hash(&mut h);
+    opts.allow_certificates.hash(&mut h);
     let mut spec = |kind: u8, m: &ObjectMeta| {
         (kind, &m.namespace, &m.name, &m.uid, m.generation).hash(&mut h);
     };
@@ -65,9 +91,6 @@ fn inputs(state: &ClusterState, opts: &Options) -> u64 {
     }
     for o in &state.gateways {
         spec(1, &o.metadata);
-    }
-    for o in &state.http_routes {
-        spec(2, &o.metadata);
     }
     for o in &state.reference_grants {
         spec(3, &o.metadata);
@@ -79,6 +102,18 @@ fn inputs(state: &ClusterState, opts: &Options) -> u64 {
         (&o.metadata.name, &o.metadata.resource_version).hash(&mut h);
     }
     h.finish()
+}
+
+/// An HTTPRoute's identity: its uid, else (objects made in tests) `namespace/name`.
+fn route_id(r: &HttpRoute) -> std::borrow::Cow<'_, str> {
+    match &r.metadata.uid {
+        Some(uid) => std::borrow::Cow::Borrowed(uid),
+        None => std::borrow::Cow::Owned(format!(
+            "{}/{}",
+            r.metadata.namespace.as_deref().unwrap_or_default(),
+            r.metadata.name.as_deref().unwrap_or_default()
+        )),
+    }
 }
 
 /// The backend `namespace/service:port` (as [`routes`] names it).
@@ -163,16 +198,15 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
     r
 }
 
-/// The resources of one address and port.
-fn resources_of(
+/// The listener of one address and port.
+fn listener_of(
     p: &PortRoutes,
     gateway: Option<GatewayRef>,
     certificates_allowed: bool,
-) -> (GatewayListener, Vec<GatewayHost>) {
+) -> GatewayListener {
     let address = p.address.to_string();
-    let name = listener_name(&address, u32::from(p.port));
-    let listener = GatewayListener {
-        name: name.clone(),
+    GatewayListener {
+        name: listener_name(&address, u32::from(p.port)),
         address,
         port: u32::from(p.port),
         protocol: p.protocol.clone(),
@@ -188,24 +222,31 @@ fn resources_of(
             Vec::new()
         },
         gateway,
-    };
-    let hosts = p
-        .hosts
-        .iter()
-        .map(|(host, entries)| GatewayHost {
-            name: gateway_host_name(&name, host),
-            listener: name.clone(),
-            host: host.clone(),
-            routes: entries.iter().map(route_of).collect(),
-        })
-        .collect();
-    (listener, hosts)
+    }
+}
+
+/// The snapshot name of a hostname table.
+fn host_name_of((address, port, host): &HostKey) -> String {
+    gateway_host_name(&listener_name(&address.to_string(), u32::from(*port)), host)
+}
+
+/// The Gateway host of a hostname table with `entries` (in precedence order).
+fn host_of((address, port, host): &HostKey, entries: &[routes::Entry]) -> GatewayHost {
+    let listener = listener_name(&address.to_string(), u32::from(*port));
+    GatewayHost {
+        name: gateway_host_name(&listener, host),
+        listener,
+        host: host.clone(),
+        routes: entries.iter().map(route_of).collect(),
+    }
 }
 
 impl Translator {
-    /// Builds the Gateway API resources again if what they are made from changed
-    /// (`others_changed`: a Service or TLS Secret did), releasing the backends of the
-    /// hosts that changed or went and acquiring those of the new ones (noted in `new`).
+    /// Brings the Gateway API resources up to date: everything again if what our Gateways
+    /// are made from changed (`others_changed`: a Service or TLS Secret did), else only the
+    /// HTTPRoutes that changed and the hostname tables they touch. Releases the backends
+    /// of the hosts that changed or went and acquires those of the new ones (noted in
+    /// `new`).
     pub(super) fn rebuild_gateways(
         &mut self,
         state: &ClusterState,
@@ -213,14 +254,119 @@ impl Translator {
         others_changed: bool,
         new: &mut Vec<Arc<BackendRef>>,
     ) {
-        let fingerprint = inputs(state, opts);
-        if !others_changed && self.gateway.inputs == Some(fingerprint) {
+        let environment = environment(state, opts);
+        let everything = others_changed || self.gateway.environment != Some(environment);
+        let mut dirty: BTreeSet<HostKey> = BTreeSet::new();
+        let mut gone_hosts: Vec<String> = Vec::new();
+        if everything {
+            self.gateway.environment = Some(environment);
+            self.resolve_gateways(state, opts);
+            let part = &mut self.gateway;
+            part.routes_made.clear();
+            part.tables.clear();
+            gone_hosts = part.hosts.keys().cloned().collect();
+        }
+        let part = &mut self.gateway;
+        // The HTTPRoutes made again: new, gone, or at another generation.
+        let mut changed: Vec<(String, Option<&Arc<HttpRoute>>)> = Vec::new();
+        let mut known = 0;
+        for r in &state.http_routes {
+            let id = route_id(r);
+            match part.routes_made.get(id.as_ref()) {
+                Some(m) if m.generation == r.metadata.generation => known += 1,
+                Some(_) => {
+                    known += 1;
+                    changed.push((id.into_owned(), Some(r)));
+                }
+                None => changed.push((id.into_owned(), Some(r))),
+            }
+        }
+        if part.routes_made.len() > known {
+            let present: HashSet<std::borrow::Cow<'_, str>> =
+                state.http_routes.iter().map(|r| route_id(r)).collect();
+            changed.extend(
+                part.routes_made
+                    .keys()
+                    .filter(|id| !present.contains(id.as_str()))
+                    .map(|id| (id.clone(), None)),
+            );
+        }
+        if !everything && changed.is_empty() {
             return;
         }
-        self.gateway.inputs = Some(fingerprint);
-        self.gateway.builds += 1;
+        part.builds += 1;
+        let served = |a: Ipv4Addr, p: u16| part.served.contains(&(a, p));
+        let made: Vec<(String, Option<RouteMemo>)> = changed
+            .into_iter()
+            .map(|(id, route)| {
+                let memo = route.map(|r| {
+                    let attachments = model::parse_route(r)
+                        .map(|spec| part.gateways.attach(r, &spec))
+                        .unwrap_or_default();
+                    let (tables, _refused) = routes::route_entries(
+                        &attachments,
+                        &part.gateways.gateways,
+                        &served,
+                        &state.reference_grants,
+                        &part.services,
+                    );
+                    RouteMemo {
+                        generation: r.metadata.generation,
+                        tables,
+                    }
+                });
+                (id, memo)
+            })
+            .collect();
+        for (id, memo) in made {
+            if let Some(old) = part.routes_made.remove(&id) {
+                for key in old.tables.into_keys() {
+                    if let Some(ids) = part.tables.get_mut(&key) {
+                        ids.remove(&id);
+                        if ids.is_empty() {
+                            part.tables.remove(&key);
+                        }
+                    }
+                    dirty.insert(key);
+                }
+            }
+            if let Some(memo) = memo {
+                part.route_builds += 1;
+                for key in memo.tables.keys() {
+                    part.tables
+                        .entry(key.clone())
+                        .or_default()
+                        .insert(id.clone());
+                    dirty.insert(key.clone());
+                }
+                part.routes_made.insert(id, memo);
+            }
+        }
+        // The dirty tables, made again from the parts of the routes in them.
+        let mut hosts: BTreeMap<String, Option<GatewayHost>> =
+            gone_hosts.into_iter().map(|name| (name, None)).collect();
+        for key in &dirty {
+            let mut entries: Vec<routes::Entry> = part
+                .tables
+                .get(key)
+                .into_iter()
+                .flatten()
+                .filter_map(|id| part.routes_made.get(id)?.tables.get(key))
+                .flatten()
+                .cloned()
+                .collect();
+            routes::in_precedence(&mut entries);
+            let host = (!entries.is_empty()).then(|| host_of(key, &entries));
+            hosts.insert(host_name_of(key), host);
+        }
+        self.install_gateway_hosts(hosts, new);
+    }
+
+    /// Resolves our Gateways and their listeners again, keeping the shared copy of each
+    /// unchanged listener.
+    fn resolve_gateways(&mut self, state: &ClusterState, opts: &Options) {
         let secrets = &self.secrets_by_key;
-        let resolved = model::resolve(
+        let gateways = model::resolve_gateways(
             state,
             &opts.gateway_controller,
             opts.gateway_pool.as_ref(),
@@ -230,7 +376,7 @@ impl Translator {
                 Some(_) => SecretCheck::Invalid,
             },
         );
-        let by_address: BTreeMap<std::net::Ipv4Addr, GatewayRef> = resolved
+        let by_address: BTreeMap<Ipv4Addr, GatewayRef> = gateways
             .gateways
             .iter()
             .filter_map(|g| {
@@ -244,20 +390,22 @@ impl Translator {
                 ))
             })
             .collect();
-        let (ports, _refused) = routes::routes(&resolved, state);
-        let mut listeners: BTreeMap<String, Arc<GatewayListener>> = BTreeMap::new();
-        let mut hosts: BTreeMap<String, GatewayHost> = BTreeMap::new();
-        for p in &ports {
-            let (l, hs) = resources_of(
-                p,
-                by_address.get(&p.address).cloned(),
-                opts.allow_certificates,
-            );
-            hosts.extend(hs.into_iter().map(|g| (g.name.clone(), g)));
-            listeners.insert(l.name.clone(), Arc::new(l));
-        }
+        let ports = routes::listeners(&gateways.gateways);
+        let mut listeners: BTreeMap<String, Arc<GatewayListener>> = ports
+            .values()
+            .map(|p| {
+                let l = listener_of(
+                    p,
+                    by_address.get(&p.address).cloned(),
+                    opts.allow_certificates,
+                );
+                (l.name.clone(), Arc::new(l))
+            })
+            .collect();
         let part = &mut self.gateway;
-        // Listeners: keep the shared copy of an unchanged one.
+        part.served = ports.keys().copied().collect();
+        part.gateways = gateways;
+        part.services = routes::ServicePorts::of(state);
         for (name, old) in &part.listeners {
             match listeners.get(name) {
                 Some(new) if new == old => {}
@@ -272,28 +420,31 @@ impl Translator {
             }
         }
         part.listeners = listeners;
-        // Hosts: release what went or changed, acquire what came or changed.
-        let gone: Vec<String> = part
-            .hosts
-            .iter()
-            .filter(|(name, old)| hosts.get(*name).is_none_or(|new| *new != *old.host))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in gone {
-            if let Some(old) = part.hosts.remove(&name) {
+    }
+
+    /// Installs the hosts made again (None: gone), keeping the shared copy of an unchanged
+    /// one: releases what went or changed, acquires what came or changed.
+    fn install_gateway_hosts(
+        &mut self,
+        hosts: BTreeMap<String, Option<GatewayHost>>,
+        new: &mut Vec<Arc<BackendRef>>,
+    ) {
+        let part = &mut self.gateway;
+        for (name, host) in hosts {
+            if let Some(old) = part.hosts.get(&name) {
+                if host.as_ref() == Some(&*old.host) {
+                    continue;
+                }
+                let old = part.hosts.remove(&name).expect("present");
                 let c = RouteCounts::of_gateway_host(&old.host);
                 part.routes.routes -= c.routes;
                 part.routes.keys -= c.keys;
                 for b in &old.backends {
                     self.backends.release(b);
                 }
+                part.unsummed_hosts.push(name.clone());
             }
-            part.unsummed_hosts.push(name);
-        }
-        for (name, host) in hosts {
-            if part.hosts.contains_key(&name) {
-                continue;
-            }
+            let Some(host) = host else { continue };
             let mut backends: Vec<Arc<BackendRef>> =
                 holdfast_proto::snapshot::gateway_host_backends(&host)
                     .filter_map(backend_ref_of)

@@ -6,6 +6,7 @@ use holdfast_proto::v1::MatchKind;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::gateway_api::HttpRoute;
 
 fn class(name: &str, controller: &str, default: bool) -> Arc<IngressClass> {
     let mut v = json!({
@@ -2457,4 +2458,177 @@ fn a_status_write_on_a_route_rebuilds_no_gateway_resource() {
     assert_eq!(warm.gateway_builds(), builds + 1);
     assert_eq!(third.since.as_ref().unwrap().changed.gateway_hosts.len(), 2);
     assert_eq!(third.snapshot(), translate(&st, &opts).snapshot());
+}
+
+/// An HTTPRoute for the long-lived translator's walk: `step` is its generation (a spec
+/// change moves it, as the API server does) and `life` its incarnation (its uid).
+fn random_http_route(rng: &mut Rng, i: usize, life: usize, step: usize) -> Arc<HttpRoute> {
+    let parents = match rng.below(4) {
+        0 => json!([{ "name": "gw", "namespace": "infra" }]),
+        1 => json!([{ "name": "gw2", "namespace": "infra" }]),
+        2 => json!([{ "name": "gw", "namespace": "infra", "sectionName": "http" },
+                    { "name": "gw2", "namespace": "infra" }]),
+        _ => json!([{ "name": "gw", "namespace": "infra", "sectionName": "https" }]),
+    };
+    let hostnames: Vec<&str> = (0..rng.below(3))
+        .map(|_| {
+            rng.pick(&[
+                "a.example.com",
+                "b.example.com",
+                "*.example.com",
+                "c.other.org",
+            ])
+        })
+        .collect();
+    let rules: Vec<Value> = (0..1 + rng.below(2))
+        .map(|_| {
+            let path = rng.pick(&["/", "/api", "/api/v1", "/x"]);
+            let kind = rng.pick(&["Exact", "PathPrefix"]);
+            let backend = rng.pick(&["web", "api", "gone"]);
+            let mut m = json!({ "path": { "type": kind, "value": path } });
+            if rng.below(3) == 0 {
+                m["headers"] = json!([{ "name": "v", "value": rng.pick(&["1", "2"]) }]);
+            }
+            json!({ "matches": [m],
+                    "backendRefs": [{ "name": backend, "port": 80, "weight": rng.below(3) }] })
+        })
+        .collect();
+    let ns = ["default", "other"][i % 2];
+    gw_object(json!({
+        "metadata": { "name": format!("r{i}"), "namespace": ns,
+                      "uid": format!("uid-{i}-{life}"), "generation": step,
+                      "creationTimestamp": format!("2026-01-0{}T00:00:00Z", 1 + rng.below(3)) },
+        "spec": { "parentRefs": parents, "hostnames": hostnames, "rules": rules }
+    }))
+}
+
+#[test]
+fn a_long_lived_translator_keeps_gateway_routes_exactly_as_a_fresh_one_makes_them() {
+    let opts = gw_options();
+    let mut rng = Rng(0x5eed_cafe);
+    let mut st = gw_state(3);
+    let gw2 = |hostname: &str, generation: u32| {
+        gw_object(json!({
+            "metadata": { "name": "gw2", "namespace": "infra", "generation": generation,
+                          "creationTimestamp": "2026-01-03T00:00:00Z" },
+            "spec": { "gatewayClassName": "c", "listeners": [
+                { "name": "wild", "port": 8080, "protocol": "HTTP", "hostname": hostname,
+                  "allowedRoutes": { "namespaces": { "from": "All" } } }
+            ] }
+        }))
+    };
+    st.gateways.push(gw2("*.example.com", 1));
+    let (api_svc, api_eps) = web("default");
+    let rename = |mut s: Service| {
+        s.metadata.name = Some("api".into());
+        Arc::new(s)
+    };
+    let api_svc = rename((*api_svc).clone());
+    let _ = api_eps;
+    let mut lives = [0usize; 12];
+    st.http_routes = (0..12)
+        .map(|i| random_http_route(&mut rng, i, 0, 1))
+        .collect();
+    let mut warm = Translator::default();
+    let mut previous: Option<Snapshot> = None;
+    for step in 0..300 {
+        match rng.below(10) {
+            // A route's spec changes.
+            0..=3 => {
+                let i = rng.below(st.http_routes.len());
+                let n: usize = st.http_routes[i].metadata.name.as_deref().unwrap()[1..]
+                    .parse()
+                    .unwrap();
+                st.http_routes[i] = random_http_route(&mut rng, n, lives[n], step + 2);
+            }
+            // A route goes, or comes back as a new object.
+            4 | 5 => {
+                let n = rng.below(12);
+                let name = format!("r{n}");
+                if let Some(at) = st
+                    .http_routes
+                    .iter()
+                    .position(|r| r.metadata.name.as_deref() == Some(&name))
+                {
+                    st.http_routes.remove(at);
+                } else {
+                    lives[n] += 1;
+                    st.http_routes
+                        .push(random_http_route(&mut rng, n, lives[n], 1));
+                }
+            }
+            // The leader writes a route's status: nothing to make again.
+            6 => {
+                if !st.http_routes.is_empty() {
+                    let i = rng.below(st.http_routes.len());
+                    let mut r = (*st.http_routes[i]).clone();
+                    r.status = json!({ "parents": [{ "step": step }] });
+                    st.http_routes[i] = Arc::new(r);
+                }
+            }
+            // The second Gateway's listener hostname changes.
+            7 => {
+                let host = rng.pick(&["*.example.com", "a.example.com", "*.other.org"]);
+                st.gateways[1] = gw2(host, step as u32 + 2);
+            }
+            // Service `api` comes or goes.
+            _ => {
+                if let Some(at) = st
+                    .services
+                    .iter()
+                    .position(|s| s.metadata.name.as_deref() == Some("api"))
+                {
+                    st.services.remove(at);
+                } else {
+                    st.services.push(api_svc.clone());
+                }
+            }
+        }
+        let t = warm.translate(&st, &opts);
+        check_incremental(previous.as_ref(), &t, step);
+        let now = t.snapshot();
+        assert_eq!(now, translate(&st, &opts).snapshot(), "step {step}");
+        previous = Some(now);
+    }
+    let hosts = previous.map_or(0, |s| s.gateway_hosts.len());
+    assert!(hosts > 0, "the walk ended with no Gateway host to compare");
+}
+
+#[test]
+fn one_changed_http_route_of_many_makes_only_itself_and_its_hostnames_again() {
+    let opts = gw_options();
+    let route = |i: usize, generation: usize, path: &str| -> Arc<HttpRoute> {
+        gw_object(json!({
+            "metadata": { "name": format!("r{i}"), "namespace": "default",
+                          "uid": format!("uid-{i}"), "generation": generation },
+            "spec": { "parentRefs": [{ "name": "gw", "namespace": "infra", "sectionName": "http" }],
+                      "hostnames": [format!("app-{i}.example.com")],
+                      "rules": [{ "matches": [{ "path": { "type": "PathPrefix", "value": path } }],
+                                  "backendRefs": [{ "name": "web", "port": 80 }] }] }
+        }))
+    };
+    let mut st = gw_state(3);
+    st.http_routes = (0..40).map(|i| route(i, 1, "/")).collect();
+    let mut warm = Translator::default();
+    let first = warm.translate(&st, &opts);
+    assert_eq!(first.snapshot().gateway_hosts.len(), 40);
+    let (builds, routes_made) = (warm.gateway_builds(), warm.gateway.route_builds);
+    st.http_routes[7] = route(7, 2, "/v2");
+    let second = warm.translate(&st, &opts);
+    check_incremental(Some(&first.snapshot()), &second, 1);
+    assert_eq!(warm.gateway_builds(), builds + 1);
+    assert_eq!(
+        warm.gateway.route_builds,
+        routes_made + 1,
+        "only r7 is made again"
+    );
+    let changed = &second.since.as_ref().unwrap().changed;
+    assert_eq!(changed.gateway_hosts.len(), 1);
+    assert!(changed.gateway_hosts[0].ends_with(" app-7.example.com"));
+    assert_eq!(second.snapshot(), translate(&st, &opts).snapshot());
+    // A Service appearing makes every route again (backends resolve against Services).
+    let (svc, _) = web("other");
+    st.services.push(svc);
+    warm.translate(&st, &opts);
+    assert_eq!(warm.gateway.route_builds, routes_made + 1 + 40);
 }
