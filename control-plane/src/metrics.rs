@@ -38,6 +38,15 @@ pub struct ReleaseLabel {
     pub by: &'static str,
 }
 
+/// Label of the status writes: the kind written and whether the API server took it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusWriteLabel {
+    /// "Ingress", "GatewayClass", "Gateway" or "HTTPRoute".
+    pub kind: &'static str,
+    /// "ok", or "failed" (refused, a conflict, or no answer).
+    pub result: &'static str,
+}
+
 /// Every control-plane metric. Cheap to clone (metrics are shared handles).
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -85,6 +94,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Times this replica acquired the leader Lease.
     pub leader_acquisitions: Counter,
+    /// Status writes by the leader, by kind and result.
+    pub status_writes: Family<StatusWriteLabel, Counter>,
     /// Host claims the leader could not record because the ledger is full.
     pub host_claims_waiting: Gauge,
     /// notAfter of each certificate in the published snapshot.
@@ -126,6 +137,7 @@ impl Metrics {
             skipped_rules: Gauge::default(),
             leader: Gauge::default(),
             leader_acquisitions: Counter::default(),
+            status_writes: Family::default(),
             host_claims_waiting: Gauge::default(),
             certificate_expiry: Family::default(),
             problems: Family::default(),
@@ -260,6 +272,11 @@ impl Metrics {
             "leader_acquisitions",
             "Times this replica acquired the leader Lease (became the one recording host claims and writing Ingress status)",
             m.leader_acquisitions.clone(),
+        );
+        r.register(
+            "status_writes",
+            "Status writes by the leader, by kind (Ingress, GatewayClass, Gateway, HTTPRoute) and result (ok, failed)",
+            m.status_writes.clone(),
         );
         r.register(
             "host_claims_waiting",

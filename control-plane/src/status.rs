@@ -188,6 +188,9 @@ pub async fn run(
     };
     let (mut leader, task) = manager.watch().await;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // A pass that took long (thousands of status writes) is not followed by a burst of
+    // the ticks it missed: the next is a second after it.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ledger = LedgerWriter::default();
     let mut gateway_writer = GatewayWriter::default();
     loop {
@@ -210,13 +213,14 @@ pub async fn run(
                     if let Some(c) = &settings.claims {
                         ledger.step(&client, &progress, &state, c, &settings.translate, &shared).await;
                     }
+                    let writes = &shared.metrics().status_writes;
                     if let Some(publish) = &settings.publish {
-                        sync_state(&client, &state, publish, &settings.translate).await;
+                        sync_state(&client, &state, publish, &settings.translate, writes).await;
                     }
                     let served = served_gateways(&shared);
                     if gateway_writer.due(&progress, &served) {
-                        sync_gateway_classes(&client, &state, &settings.gateway_controller).await;
-                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref(), &served).await;
+                        sync_gateway_classes(&client, &state, &settings.gateway_controller, writes).await;
+                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref(), &served, writes).await;
                         gateway_writer.done(&progress, &served, written);
                     }
                 }
@@ -369,6 +373,21 @@ async fn record_claims(
     Ok(waiting)
 }
 
+/// The status-write counters (`holdfast_status_writes_total`).
+type StatusWrites = prometheus_client::metrics::family::Family<
+    crate::metrics::StatusWriteLabel,
+    prometheus_client::metrics::counter::Counter,
+>;
+
+fn count(writes: &StatusWrites, kind: &'static str, ok: bool) {
+    writes
+        .get_or_create(&crate::metrics::StatusWriteLabel {
+            kind,
+            result: if ok { "ok" } else { "failed" },
+        })
+        .inc();
+}
+
 /// Patches the status of every Ingress of ours in `state` whose addresses are not the
 /// desired ones: one status PATCH each, nothing for those already right.
 async fn sync_state(
@@ -376,6 +395,7 @@ async fn sync_state(
     state: &ClusterState,
     publish: &Publish,
     opts: &translate::Options,
+    writes: &StatusWrites,
 ) {
     let Some(desired) = desired(publish, &state.services) else {
         tracing::debug!("no address to publish yet");
@@ -394,8 +414,12 @@ async fn sync_state(
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => tracing::info!(ingress = %format!("{ns}/{name}"), "updated Ingress status"),
+            Ok(_) => {
+                count(writes, "Ingress", true);
+                tracing::info!(ingress = %format!("{ns}/{name}"), "updated Ingress status")
+            }
             Err(error) => {
+                count(writes, "Ingress", false);
                 tracing::warn!(ingress = %format!("{ns}/{name}"), %error, "could not update Ingress status")
             }
         }
@@ -403,7 +427,12 @@ async fn sync_state(
 }
 
 /// Patches the status of every GatewayClass of ours whose status is not the desired one.
-async fn sync_gateway_classes(client: &Client, state: &ClusterState, controller: &str) {
+async fn sync_gateway_classes(
+    client: &Client,
+    state: &ClusterState,
+    controller: &str,
+    writes: &StatusWrites,
+) {
     let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     for class in &state.gateway_classes {
         let Some(status) = gateway_api::gateway_class_status(class, controller, &now) else {
@@ -421,8 +450,12 @@ async fn sync_gateway_classes(client: &Client, state: &ClusterState, controller:
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => tracing::info!(gateway_class = %name, "GatewayClass accepted"),
+            Ok(_) => {
+                count(writes, "GatewayClass", true);
+                tracing::info!(gateway_class = %name, "GatewayClass accepted")
+            }
             Err(error) => {
+                count(writes, "GatewayClass", false);
                 tracing::warn!(gateway_class = %name, %error, "could not update GatewayClass status")
             }
         }
@@ -458,25 +491,33 @@ async fn sync_gateways(
     controller: &str,
     pool: Option<&gateway_api::status::Pool>,
     served: &Served,
+    writes: &StatusWrites,
 ) -> bool {
     let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-    let desired =
+    // O(Gateway API objects): off the runtime, so the proxies' streams are not held up.
+    let desired = crate::off_runtime(|| {
         gateway_api::status::desired(state, controller, pool, served, &now, |ns, name| {
             secret_check(state, ns, name)
-        });
+        })
+    });
     let mut all = true;
     for w in &desired.gateways {
         let api: Api<gateway_api::Gateway> = Api::namespaced(client.clone(), &w.namespace);
-        all &= write_status(&api, w, "Gateway").await;
+        all &= write_status(&api, w, "Gateway", writes).await;
     }
     for w in &desired.routes {
         let api: Api<gateway_api::HttpRoute> = Api::namespaced(client.clone(), &w.namespace);
-        all &= write_status(&api, w, "HTTPRoute").await;
+        all &= write_status(&api, w, "HTTPRoute", writes).await;
     }
     all
 }
 
-async fn write_status<K>(api: &Api<K>, w: &gateway_api::status::Write, kind: &str) -> bool
+async fn write_status<K>(
+    api: &Api<K>,
+    w: &gateway_api::status::Write,
+    kind: &'static str,
+    writes: &StatusWrites,
+) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -490,11 +531,13 @@ where
         .await
     {
         Ok(_) => {
+            count(writes, kind, true);
             tracing::info!(kind, object = %object, "status updated");
             true
         }
         // A conflict: the cache is behind; the next tick computes it again.
         Err(error) => {
+            count(writes, kind, false);
             tracing::warn!(kind, object = %object, %error, "could not update status");
             false
         }
@@ -601,8 +644,17 @@ mod tests {
     async fn a_sync_patches_the_status_of_each_stale_ingress_once_and_nothing_else() {
         let (client, mut api) = crate::fixtures::client();
         let publish = Publish::Addresses(vec!["203.0.113.7".into()]);
+        let writes = StatusWrites::default();
+        let counted = writes.clone();
         let sync = tokio::spawn(async move {
-            sync_state(&client, &state(), &publish, &translate::Options::default()).await
+            sync_state(
+                &client,
+                &state(),
+                &publish,
+                &translate::Options::default(),
+                &counted,
+            )
+            .await
         });
         for name in ["old", "none"] {
             let patch = api
@@ -625,5 +677,10 @@ mod tests {
             .await
             .expect("the sync made no other request")
             .expect("the sync task");
+        let ok = crate::metrics::StatusWriteLabel {
+            kind: "Ingress",
+            result: "ok",
+        };
+        assert_eq!(writes.get_or_create(&ok).get(), 2, "each write is counted");
     }
 }

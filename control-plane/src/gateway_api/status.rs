@@ -223,12 +223,13 @@ pub fn desired(
     }
 
     // A route that no longer names a Gateway of ours loses our entries.
+    let attached_routes: std::collections::HashSet<*const super::HttpRoute> = resolved
+        .attachments
+        .iter()
+        .map(|a| Arc::as_ptr(&a.route))
+        .collect();
     for route in &state.http_routes {
-        if resolved
-            .attachments
-            .iter()
-            .any(|a| Arc::ptr_eq(&a.route, route))
-        {
+        if attached_routes.contains(&Arc::as_ptr(route)) {
             continue;
         }
         let current = route.status["parents"]

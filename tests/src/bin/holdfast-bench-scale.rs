@@ -189,6 +189,12 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Each round adds a match to one rule; the HTTPRoute CRD allows 64 matches a rule.
+    anyhow::ensure!(
+        !args.http_routes || args.rounds <= 62,
+        "--rounds {} with --http-routes: at most 62 (an HTTPRoute rule takes 64 matches)",
+        args.rounds
+    );
     let cluster = tokio::task::spawn_blocking(LocalCluster::start).await??;
     let client = cluster.client().await?;
     let ns = cluster.namespace(&client, "scale").await?;
@@ -384,9 +390,38 @@ async fn main() -> anyhow::Result<()> {
         })
         .unwrap_or_default();
 
+    // The leader writes every HTTPRoute's first status (one PATCH each, so thousands of
+    // watch events): measured once that is done, the steady state a change meets.
+    let mut status_settled = None;
+    if args.http_routes {
+        let series = r#"holdfast_status_writes_total{kind="HTTPRoute",result="ok"}"#;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let written = cp.metric_value(series).await.unwrap_or(0.0);
+            if written >= args.ingresses as f64 {
+                status_settled = Some(cp_started.elapsed());
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the leader wrote {written} of {} HTTPRoute statuses in 600 s",
+                args.ingresses
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     // Each round adds one path to the marker Ingress and waits for every subscriber.
     let sent_before = cp.metric_value("holdfast_sent_bytes_total").await?;
     let mut times = Vec::new();
+    // The API server's part (the PATCH answered) and what follows (watch, build, send,
+    // ACKs): the two parts of each round, reported apart.
+    let (mut api_times, mut after_times) = (Vec::new(), Vec::new());
+    let builds = "holdfast_snapshot_build_duration_seconds";
+    let build_before = (
+        cp.metric_value(&format!("{builds}_sum")).await?,
+        cp.metric_value(&format!("{builds}_count")).await?,
+    );
     for round in 0..args.rounds {
         let paths: Vec<serde_json::Value> = (0..=round + 1)
             .map(|p| {
@@ -424,10 +459,21 @@ async fn main() -> anyhow::Result<()> {
             ings.patch("app-0", &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }
+        let answered = Instant::now();
         let done = wait_for(format!("round {round}"), Duration::from_secs(60), round + 2).await?;
         times.push(done.saturating_duration_since(t0));
+        api_times.push(answered.saturating_duration_since(t0));
+        after_times.push(done.saturating_duration_since(answered));
     }
+    let build_after = (
+        cp.metric_value(&format!("{builds}_sum")).await?,
+        cp.metric_value(&format!("{builds}_count")).await?,
+    );
+    let build_count = build_after.1 - build_before.1;
+    let build_mean = (build_after.0 - build_before.0) / build_count.max(1.0);
     times.sort();
+    api_times.sort();
+    after_times.sort();
     let sent = cp.metric_value("holdfast_sent_bytes_total").await? - sent_before;
     let churn = if args.churn_per_second > 0 {
         Some(churn(&args, &slices, pid, &seen).await?)
@@ -475,6 +521,26 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "| one {kind} change → all ACKed, p99 | {:.0} ms |",
         percentile(&times, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "| of which the API server answering the PATCH, p50 / p99 | {:.0} / {:.0} ms |",
+        percentile(&api_times, 0.5).as_secs_f64() * 1e3,
+        percentile(&api_times, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "| PATCH answered → all ACKed, p50 / p99 | {:.0} / {:.0} ms |",
+        percentile(&after_times, 0.5).as_secs_f64() * 1e3,
+        percentile(&after_times, 0.99).as_secs_f64() * 1e3
+    );
+    if let Some(t) = status_settled {
+        println!(
+            "| control-plane start to every HTTPRoute's first status written (rounds start then) | {:.1} s |",
+            t.as_secs_f64()
+        );
+    }
+    println!(
+        "| builds during the rounds, and their mean time | {build_count:.0}, {:.1} ms |",
+        build_mean * 1e3
     );
     println!(
         "| control-plane RSS now / peak | {} MiB / {} MiB |",

@@ -768,7 +768,7 @@ async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their
     )?;
 
     let logs = holdfast_tests::e2e_logs(&ns)?;
-    let _cp = ControlPlane::start(
+    let cp = ControlPlane::start(
         "control-plane-gateway-status",
         &cluster.kubeconfig(),
         &logs,
@@ -868,6 +868,12 @@ async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their
         "NotAllowedByListeners",
         "{elsewhere}"
     );
+    // The leader counts its writes: the three routes' and the two Gateways' at least.
+    for (kind, least) in [("HTTPRoute", 3.0), ("Gateway", 2.0), ("GatewayClass", 1.0)] {
+        let series = format!("holdfast_status_writes_total{{kind=\"{kind}\",result=\"ok\"}}");
+        let n = cp.metric_value(&series).await?;
+        assert!(n >= least, "{series} = {n}");
+    }
 
     // The listener's Secret appears: its references resolve and the Gateway is accepted
     // whole, at the same address.
