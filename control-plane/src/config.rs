@@ -189,6 +189,33 @@ pub struct Args {
     /// Gateways get no address (Programmed False, AddressNotAssigned).
     #[arg(long, env = "HOLDFAST_GATEWAY_ADDRESS_POOL")]
     pub gateway_address_pool: Option<String>,
+    /// In a cluster: give each Gateway of ours a Service in this namespace (the proxies'),
+    /// selecting the proxies' pods (--gateway-service-selector). Its ports are the
+    /// Gateway's listener ports, each mapped to a container port of the Gateway's own
+    /// (--gateway-port-range) that the proxies bind; the Gateway's status.addresses are
+    /// the Service's. Exclusive with --gateway-address-pool.
+    #[arg(long, env = "HOLDFAST_GATEWAY_SERVICE_NAMESPACE")]
+    pub gateway_service_namespace: Option<String>,
+    /// The proxies' pod labels, `key=value[,key=value]`: each Gateway Service's selector.
+    #[arg(long, env = "HOLDFAST_GATEWAY_SERVICE_SELECTOR")]
+    pub gateway_service_selector: Option<String>,
+    /// The type of the Gateway Services: ClusterIP, NodePort or LoadBalancer.
+    #[arg(
+        long,
+        env = "HOLDFAST_GATEWAY_SERVICE_TYPE",
+        default_value = "LoadBalancer"
+    )]
+    pub gateway_service_type: String,
+    /// The container ports Gateways get (`first-last`), one per Gateway listener port.
+    #[arg(
+        long,
+        env = "HOLDFAST_GATEWAY_PORT_RANGE",
+        default_value = "20000-29999"
+    )]
+    pub gateway_port_range: String,
+    /// What the proxies bind the Gateways' container ports on.
+    #[arg(long, env = "HOLDFAST_GATEWAY_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub gateway_bind_address: std::net::Ipv4Addr,
     /// How often a Gateway API kind that API discovery says does not exist (its
     /// CustomResourceDefinition is not installed) is looked for again: installing the
     /// CRDs later needs no restart. A discovery request gets --api-read-timeout; one that
@@ -406,6 +433,34 @@ impl Args {
             .map(crate::gateway_api::status::Pool::parse)
             .transpose()
             .map_err(|e| ConfigError::new("gateway-address-pool", e))?;
+        let gateway_services = match (&self.gateway_service_namespace, &gateway_pool) {
+            (None, _) => None,
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "gateway-service-namespace",
+                    "is exclusive with --gateway-address-pool",
+                ));
+            }
+            (Some(namespace), None) => {
+                use crate::gateway_api::services::ServiceMode;
+                let selector = ServiceMode::parse_selector(
+                    self.gateway_service_selector.as_deref().unwrap_or_default(),
+                )
+                .map_err(|e| ConfigError::new("gateway-service-selector", e))?;
+                let (first_port, port_count) =
+                    ServiceMode::parse_port_range(&self.gateway_port_range)
+                        .map_err(|e| ConfigError::new("gateway-port-range", e))?;
+                Some(ServiceMode {
+                    namespace: namespace.clone(),
+                    selector,
+                    service_type: ServiceMode::parse_type(&self.gateway_service_type)
+                        .map_err(|e| ConfigError::new("gateway-service-type", e))?,
+                    bind_address: self.gateway_bind_address,
+                    first_port,
+                    port_count,
+                })
+            }
+        };
         let translate = translate::Options {
             controller: self.controller_name.clone(),
             ingress_class: self.ingress_class.clone(),
@@ -429,6 +484,7 @@ impl Args {
             },
             gateway_controller: self.gateway_controller_name.clone(),
             gateway_pool,
+            gateway_services,
         };
         let publish = match (publish_service, self.publish_addresses.is_empty()) {
             (Some(service), _) => Some(service),
@@ -575,6 +631,58 @@ mod tests {
             bare(&[&tls[..], &["--allow-plaintext-secrets"]].concat())
                 .unwrap_err()
                 .contains("--allow-plaintext-secrets")
+        );
+    }
+
+    #[test]
+    fn gateway_services_are_configured_whole_or_refused_with_the_flag_named() {
+        let c = parse(&[
+            "--gateway-service-namespace",
+            "holdfast",
+            "--gateway-service-selector",
+            "app=holdfast-proxy",
+            "--gateway-port-range",
+            "21000-21099",
+            "--gateway-service-type",
+            "ClusterIP",
+        ])
+        .unwrap();
+        let mode = c.status.translate.gateway_services.expect("service mode");
+        assert_eq!(mode.namespace, "holdfast");
+        assert_eq!((mode.first_port, mode.port_count), (21000, 100));
+        assert_eq!(mode.service_type, "ClusterIP");
+        assert_eq!(mode.bind_address, std::net::Ipv4Addr::UNSPECIFIED);
+        let err = |extra: &[&str]| parse(extra).unwrap_err();
+        assert!(err(&["--gateway-service-namespace", "h"]).contains("--gateway-service-selector"));
+        assert!(
+            err(&[
+                "--gateway-service-namespace",
+                "h",
+                "--gateway-service-selector",
+                "a=b",
+                "--gateway-address-pool",
+                "127.10.0.0/16"
+            ])
+            .contains("exclusive")
+        );
+        assert!(
+            err(&[
+                "--gateway-service-namespace",
+                "h",
+                "--gateway-service-selector",
+                "a=b",
+                "--gateway-port-range",
+                "10-20"
+            ])
+            .contains("--gateway-port-range")
+        );
+        assert!(
+            parse(&[])
+                .unwrap()
+                .status
+                .translate
+                .gateway_services
+                .is_none()
         );
     }
 

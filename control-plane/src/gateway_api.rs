@@ -17,6 +17,7 @@ use std::borrow::Cow;
 pub mod attach;
 pub mod model;
 pub mod routes;
+pub mod services;
 pub mod status;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};

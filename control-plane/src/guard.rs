@@ -814,6 +814,7 @@ mod gateway_hold_tests {
                     name: gateway.into(),
                     generation: 1,
                 }),
+                public_port: 0,
             }],
             gateway_hosts: vec![GatewayHost {
                 name: holdfast_proto::snapshot::gateway_host_name(&listener, ""),

@@ -41,7 +41,7 @@ pub struct ReleaseLabel {
 /// Label of the status writes: the kind written and whether the API server took it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusWriteLabel {
-    /// "Ingress", "GatewayClass", "Gateway" or "HTTPRoute".
+    /// "Ingress", "GatewayClass", "Gateway", "HTTPRoute" or "Service" (a Gateway's).
     pub kind: &'static str,
     /// "ok", or "failed" (refused, a conflict, or no answer).
     pub result: &'static str,

@@ -220,7 +220,12 @@ pub async fn run(
                     let served = served_gateways(&shared);
                     if gateway_writer.due(&progress, &served) {
                         sync_gateway_classes(&client, &state, &settings.gateway_controller, writes).await;
-                        let written = sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref(), &served, writes).await;
+                        let services = settings.translate.gateway_services.as_ref();
+                        let mut written = true;
+                        if let Some(mode) = services {
+                            written &= sync_gateway_services(&client, &state, &settings.gateway_controller, mode, writes).await;
+                        }
+                        written &= sync_gateways(&client, &state, &settings.gateway_controller, settings.gateway_pool.as_ref(), services, &served, writes).await;
                         gateway_writer.done(&progress, &served, written);
                     }
                 }
@@ -462,6 +467,75 @@ async fn sync_gateway_classes(
     }
 }
 
+/// Creates, corrects and deletes the Services of our Gateways (`--gateway-service-namespace`)
+/// as [`gateway_api::services::desired`] says. True when every write succeeded.
+async fn sync_gateway_services(
+    client: &Client,
+    state: &ClusterState,
+    controller: &str,
+    mode: &gateway_api::services::ServiceMode,
+    writes: &StatusWrites,
+) -> bool {
+    use k8s_openapi::api::core::v1::Service;
+    use kube::api::{DeleteParams, PostParams};
+    let gateways =
+        gateway_api::model::resolve_gateways(state, controller, None, Some(mode), |ns, name| {
+            secret_check(state, ns, name)
+        });
+    let changes = gateway_api::services::desired(mode, &gateways.gateways, state);
+    let api: Api<Service> = Api::namespaced(client.clone(), &mode.namespace);
+    let mut all = true;
+    for object in changes.create {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let result = match serde_json::from_value::<Service>(object) {
+            Ok(svc) => api.create(&PostParams::default(), &svc).await.map(|_| ()),
+            Err(error) => {
+                tracing::error!(%error, service = %name, "a Gateway Service did not serialize");
+                continue;
+            }
+        };
+        all &= service_write(writes, "created", &name, result);
+    }
+    for (name, patch) in changes.patch {
+        let result = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ());
+        all &= service_write(writes, "corrected", &name, result);
+    }
+    for name in changes.delete {
+        let result = api
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map(|_| ());
+        all &= service_write(writes, "deleted (its Gateway is gone)", &name, result);
+    }
+    all
+}
+
+fn service_write(
+    writes: &StatusWrites,
+    what: &str,
+    name: &str,
+    result: Result<(), kube::Error>,
+) -> bool {
+    match result {
+        Ok(()) => {
+            count(writes, "Service", true);
+            tracing::info!(service = %name, "Gateway Service {what}");
+            true
+        }
+        Err(error) => {
+            count(writes, "Service", false);
+            tracing::warn!(service = %name, %error, "could not write a Gateway Service");
+            false
+        }
+    }
+}
+
 /// What a TLS certificate reference of a Gateway listener resolves to in the cache of
 /// `kubernetes.io/tls` Secrets.
 fn secret_check(state: &ClusterState, ns: &str, name: &str) -> gateway_api::attach::SecretCheck {
@@ -490,15 +564,22 @@ async fn sync_gateways(
     state: &ClusterState,
     controller: &str,
     pool: Option<&gateway_api::status::Pool>,
+    services: Option<&gateway_api::services::ServiceMode>,
     served: &Served,
     writes: &StatusWrites,
 ) -> bool {
     let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     // O(Gateway API objects): off the runtime, so the proxies' streams are not held up.
     let desired = crate::off_runtime(|| {
-        gateway_api::status::desired(state, controller, pool, served, &now, |ns, name| {
-            secret_check(state, ns, name)
-        })
+        gateway_api::status::desired(
+            state,
+            controller,
+            pool,
+            services,
+            served,
+            &now,
+            |ns, name| secret_check(state, ns, name),
+        )
     });
     let mut all = true;
     for w in &desired.gateways {

@@ -161,6 +161,8 @@ pub struct Options {
     /// The addresses our Gateways get (`--gateway-address-pool`); None: Gateways get none,
     /// and no Gateway listener is served.
     pub gateway_pool: Option<crate::gateway_api::status::Pool>,
+    /// Or: a Service per Gateway (`--gateway-service-namespace` and the flags with it).
+    pub gateway_services: Option<crate::gateway_api::services::ServiceMode>,
 }
 
 /// Who may add rules to a host.
@@ -191,6 +193,7 @@ impl Default for Options {
             proxy_service: None,
             gateway_controller: crate::gateway_api::DEFAULT_CONTROLLER_NAME.into(),
             gateway_pool: None,
+            gateway_services: None,
         }
     }
 }

@@ -298,6 +298,8 @@ pub struct Listener {
     pub address: IpAddr,
     /// The port to bind.
     pub port: u16,
+    /// The port clients reach the listener on (its Gateway's Service maps it to `port`).
+    pub public_port: u16,
     /// HTTPS (else plain HTTP).
     pub tls: bool,
     /// `namespace/name` and generation of its Gateway.
@@ -436,10 +438,15 @@ impl Listener {
             entries += list.len();
             table.push((h.host.clone(), list));
         }
+        let public_port = match l.public_port {
+            0 => port,
+            p => u16::try_from(p).map_err(|_| bad("public port"))?,
+        };
         Ok(Listener {
             name: l.name.clone(),
             address,
             port,
+            public_port,
             tls: l.protocol == "HTTPS",
             gateway: l
                 .gateway
@@ -598,6 +605,29 @@ mod tests {
             Some("ab-one-header"),
             "any of repeated values"
         );
+    }
+
+    #[test]
+    fn a_listener_binds_its_port_and_keeps_the_port_clients_reach_for_redirects() {
+        let compile = |public_port: u32| {
+            let l = GatewayListener {
+                name: "0.0.0.0:20001".into(),
+                address: "0.0.0.0".into(),
+                port: 20001,
+                protocol: "HTTP".into(),
+                public_port,
+                ..Default::default()
+            };
+            Listener::compile(&l, [], |_| unreachable!("no backend"), |_| None)
+        };
+        let behind_a_service = compile(80).expect("compiles");
+        assert_eq!(
+            (behind_a_service.port, behind_a_service.public_port),
+            (20001, 80)
+        );
+        let direct = compile(0).expect("compiles");
+        assert_eq!((direct.port, direct.public_port), (20001, 20001));
+        assert!(compile(70_000).is_err());
     }
 
     #[test]

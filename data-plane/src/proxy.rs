@@ -843,7 +843,7 @@ impl Forwarder {
                     .as_ref()
                     .or(uri.path_and_query())
                     .map_or("/", PathAndQuery::as_str);
-                let answer = gateway_redirect(redirect, scheme, host, l.port, target);
+                let answer = gateway_redirect(redirect, scheme, host, l.public_port, target);
                 return Err((answer, None));
             }
         };

@@ -402,6 +402,12 @@ pub fn validate_gateway_listener(l: &GatewayListener) -> Result<(), InvalidSnaps
     if l.port == 0 || l.port > u32::from(u16::MAX) {
         return Err(bad_listener(l, format!("port {} is out of range", l.port)));
     }
+    if l.public_port > u32::from(u16::MAX) {
+        return Err(bad_listener(
+            l,
+            format!("public port {} is out of range", l.public_port),
+        ));
+    }
     if l.name != listener_name(&l.address, l.port) {
         return Err(bad_listener(l, "name is not <address>:<port>".into()));
     }
@@ -809,6 +815,8 @@ mod tests {
         assert!(r.contains("listener"), "{r}");
         let r = refused(&|s| s.gateway_listeners[0].address = "nowhere".into());
         assert!(r.contains("not an IP address"), "{r}");
+        let r = refused(&|s| s.gateway_listeners[0].public_port = 70_000);
+        assert!(r.contains("public port"), "{r}");
         let r = refused(&|s| s.gateway_listeners[0].protocol = "TCP".into());
         assert!(r.contains("protocol"), "{r}");
         let r = refused(&|s| {

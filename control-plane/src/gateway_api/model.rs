@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::attach::{
     self, GatewaySpec, Hostnames, HttpRouteSpec, Listener, NotAttached, SecretCheck,
 };
+use super::services::ServiceMode;
 use super::status::Pool;
 use super::{GROUP, Gateway, HttpRoute};
 use crate::translate::ClusterState;
@@ -28,8 +29,24 @@ pub struct OurGateway {
     pub spec: GatewaySpec,
     /// Its listeners, checked (same order as the spec's).
     pub listeners: Vec<Listener>,
-    /// Its address from the pool, if it has one.
+    /// The address the proxies bind its listeners on: its own from the pool, or the bind
+    /// address when Gateways have Services; None: not served.
     pub address: Option<Ipv4Addr>,
+    /// With Services: each listener port's container port (a port missing: not served).
+    /// None: the listeners' own ports are bound.
+    pub ports: Option<BTreeMap<u16, u16>>,
+    /// Its `status.addresses`: its pool address, or its Service's addresses.
+    pub addresses: Vec<Value>,
+}
+
+impl OurGateway {
+    /// The port the proxies bind for listener port `port` (None: not served).
+    pub fn bind_port(&self, port: u16) -> Option<u16> {
+        match &self.ports {
+            None => Some(port),
+            Some(mapped) => mapped.get(&port).copied(),
+        }
+    }
 }
 
 /// One `parentRef` of an HTTPRoute that names a Gateway of ours.
@@ -90,9 +107,10 @@ pub fn resolve(
     state: &ClusterState,
     controller: &str,
     pool: Option<&Pool>,
+    services: Option<&ServiceMode>,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Resolved {
-    let gateways = resolve_gateways(state, controller, pool, secret);
+    let gateways = resolve_gateways(state, controller, pool, services, secret);
     let mut attachments = Vec::new();
     for route in &state.http_routes {
         if let Some(spec) = parse_route(route) {
@@ -112,11 +130,13 @@ pub fn parse_route(route: &HttpRoute) -> Option<Arc<HttpRouteSpec>> {
         .map(Arc::new)
 }
 
-/// Our Gateways, their listeners and addresses (see [`resolve`]).
+/// Our Gateways, their listeners and addresses (see [`resolve`]): from `pool`, or (with
+/// `services`) a Service each.
 pub fn resolve_gateways(
     state: &ClusterState,
     controller: &str,
     pool: Option<&Pool>,
+    services: Option<&ServiceMode>,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Gateways {
     let classes: BTreeSet<&str> = state
@@ -143,6 +163,8 @@ pub fn resolve_gateways(
                 spec,
                 listeners,
                 address: None,
+                ports: None,
+                addresses: Vec::new(),
             })
         })
         .collect();
@@ -158,6 +180,8 @@ pub fn resolve_gateways(
     });
     if let Some(pool) = pool {
         assign(pool, &mut gateways);
+    } else if let Some(mode) = services {
+        super::services::assign(mode, state, &mut gateways);
     }
     let index = gateways
         .iter()
@@ -249,6 +273,7 @@ fn assign(pool: &Pool, gateways: &mut [OurGateway]) {
             Some(ip) => {
                 taken.insert(ip);
                 g.address = Some(ip);
+                g.addresses = vec![ip_address(ip)];
             }
             None => waiting.push(i),
         }
@@ -262,6 +287,11 @@ fn assign(pool: &Pool, gateways: &mut [OurGateway]) {
         {
             taken.insert(ip);
             g.address = Some(ip);
+            g.addresses = vec![ip_address(ip)];
         }
     }
+}
+
+fn ip_address(ip: Ipv4Addr) -> Value {
+    serde_json::json!({ "type": "IPAddress", "value": ip.to_string() })
 }

@@ -184,10 +184,14 @@ pub struct Entry {
 /// The routes served on one Gateway address and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortRoutes {
-    /// The Gateway's address.
+    /// The address the proxies bind.
     pub address: Ipv4Addr,
-    /// The port.
+    /// The port the proxies bind.
     pub port: u16,
+    /// The listener's port as clients reach it (`port` unless a Service maps it).
+    pub public_port: u16,
+    /// Index of its Gateway in the resolved Gateways.
+    pub gateway: usize,
     /// `HTTP` or `HTTPS`.
     pub protocol: String,
     /// Per hostname (lower case; `*.example.com` covers one or more labels; "" any), the
@@ -250,15 +254,20 @@ pub type HostKey = (Ipv4Addr, u16, String);
 /// and certificates, and no routes yet.
 pub fn listeners(gateways: &[OurGateway]) -> BTreeMap<(Ipv4Addr, u16), PortRoutes> {
     let mut ports: BTreeMap<(Ipv4Addr, u16), PortRoutes> = BTreeMap::new();
-    for g in gateways {
+    for (gi, g) in gateways.iter().enumerate() {
         let Some(address) = g.address else { continue };
         for l in g.listeners.iter().filter(|l| l.usable()) {
-            let Ok(port) = u16::try_from(l.port) else {
+            let Some((public_port, port)) = u16::try_from(l.port)
+                .ok()
+                .and_then(|p| Some((p, g.bind_port(p)?)))
+            else {
                 continue;
             };
             let entry = ports.entry((address, port)).or_insert_with(|| PortRoutes {
                 address,
                 port,
+                public_port,
+                gateway: gi,
                 protocol: l.protocol.clone(),
                 hosts: BTreeMap::new(),
                 certificates: BTreeMap::new(),
@@ -359,7 +368,10 @@ pub fn route_entries(
         let g = &gateways[a.gateway];
         let Some(address) = g.address else { continue };
         for (li, hostnames) in on {
-            let Ok(port) = u16::try_from(g.listeners[*li].port) else {
+            let Some(port) = u16::try_from(g.listeners[*li].port)
+                .ok()
+                .and_then(|p| g.bind_port(p))
+            else {
                 continue;
             };
             if !served(address, port) {
@@ -614,7 +626,7 @@ mod tests {
 
     fn build(st: &ClusterState) -> (Vec<PortRoutes>, Vec<Refused>) {
         let pool = Pool::parse("127.10.0.0/16").unwrap();
-        let resolved = model::resolve(st, OURS, Some(&pool), |_, _| SecretCheck::Usable);
+        let resolved = model::resolve(st, OURS, Some(&pool), None, |_, _| SecretCheck::Usable);
         routes(&resolved, st)
     }
 

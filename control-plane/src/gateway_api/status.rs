@@ -30,6 +30,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::attach::{self, ObjectRef, SecretCheck};
+use super::services::ServiceMode;
 use super::{GROUP, condition, model};
 use crate::translate::ClusterState;
 
@@ -112,11 +113,12 @@ pub fn desired(
     state: &ClusterState,
     controller: &str,
     pool: Option<&Pool>,
+    services: Option<&ServiceMode>,
     served: &BTreeSet<(String, i64)>,
     now: &str,
     secret: impl Fn(&str, &str) -> SecretCheck,
 ) -> Desired {
-    let resolved = model::resolve(state, controller, pool, secret);
+    let resolved = model::resolve(state, controller, pool, services, secret);
     let services: BTreeSet<(&str, &str)> = state
         .services
         .iter()
@@ -290,6 +292,7 @@ pub fn desired(
             )
         };
         let is_served = address.is_some()
+            && !g.addresses.is_empty()
             && usable > 0
             && served.contains(&(format!("{ns}/{name}"), generation));
         let (programmed_status, programmed_reason, programmed_message) = if is_served {
@@ -302,7 +305,13 @@ pub fn desired(
             (
                 "False",
                 "AddressNotAssigned",
-                "no address: set --gateway-address-pool, with a free address",
+                "no address: set --gateway-address-pool (with a free address) or --gateway-service-namespace",
+            )
+        } else if g.addresses.is_empty() {
+            (
+                "False",
+                "AddressNotAssigned",
+                "its Service has no address yet",
             )
         } else if usable == 0 {
             ("False", "Invalid", "no listener is valid")
@@ -386,10 +395,7 @@ pub fn desired(
                 })
             })
             .collect();
-        let addresses: Vec<Value> = address
-            .map(|a| json!({ "type": "IPAddress", "value": a.to_string() }))
-            .into_iter()
-            .collect();
+        let addresses = &g.addresses;
         let status = json!({
             "addresses": addresses,
             "conditions": [accepted, programmed],
@@ -547,9 +553,15 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t", |_, _| {
-            SecretCheck::Usable
-        });
+        let d = desired(
+            &state,
+            OURS,
+            Some(&pool),
+            None,
+            &BTreeSet::new(),
+            "t",
+            |_, _| SecretCheck::Usable,
+        );
         let addr = |d: &Desired, name: &str| {
             d.gateways
                 .iter()
@@ -586,9 +598,15 @@ mod tests {
                 Arc::make_mut(g).status = s.clone();
             }
         }
-        let again = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t2", |_, _| {
-            SecretCheck::Usable
-        });
+        let again = desired(
+            &state,
+            OURS,
+            Some(&pool),
+            None,
+            &BTreeSet::new(),
+            "t2",
+            |_, _| SecretCheck::Usable,
+        );
         assert_eq!(again.gateways, vec![], "nothing changed");
     }
 
@@ -611,9 +629,15 @@ mod tests {
             ],
             ..Default::default()
         };
-        let d = desired(&state, OURS, Some(&pool), &BTreeSet::new(), "t", |_, _| {
-            SecretCheck::Usable
-        });
+        let d = desired(
+            &state,
+            OURS,
+            Some(&pool),
+            None,
+            &BTreeSet::new(),
+            "t",
+            |_, _| SecretCheck::Usable,
+        );
         let addr = |name: &str| {
             d.gateways
                 .iter()
@@ -697,7 +721,7 @@ mod tests {
         let at = |served: &[(&str, i64)]| {
             let served: BTreeSet<(String, i64)> =
                 served.iter().map(|(g, n)| ((*g).to_owned(), *n)).collect();
-            desired(&state, OURS, Some(&pool), &served, "t", |_, _| {
+            desired(&state, OURS, Some(&pool), None, &served, "t", |_, _| {
                 SecretCheck::Missing
             })
         };

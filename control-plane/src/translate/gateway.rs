@@ -82,6 +82,7 @@ fn environment(state: &ClusterState, opts: &Options) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     opts.gateway_controller.hash(&mut h);
     opts.gateway_pool.map(|p| format!("{p:?}")).hash(&mut h);
+    format!("{:?}", opts.gateway_services).hash(&mut h);
     opts.allow_certificates.hash(&mut h);
     let mut spec = |kind: u8, m: &ObjectMeta| {
         (kind, &m.namespace, &m.name, &m.uid, m.generation).hash(&mut h);
@@ -222,6 +223,11 @@ fn listener_of(
             Vec::new()
         },
         gateway,
+        public_port: if p.public_port == p.port {
+            0
+        } else {
+            u32::from(p.public_port)
+        },
     }
 }
 
@@ -370,35 +376,24 @@ impl Translator {
             state,
             &opts.gateway_controller,
             opts.gateway_pool.as_ref(),
+            opts.gateway_services.as_ref(),
             |ns, name| match secrets.get(&format!("{ns}/{name}")) {
                 None => SecretCheck::Missing,
                 Some(d) if d.certificate.is_ok() => SecretCheck::Usable,
                 Some(_) => SecretCheck::Invalid,
             },
         );
-        let by_address: BTreeMap<Ipv4Addr, GatewayRef> = gateways
-            .gateways
-            .iter()
-            .filter_map(|g| {
-                Some((
-                    g.address?,
-                    GatewayRef {
-                        namespace: g.namespace.clone(),
-                        name: g.name.clone(),
-                        generation: g.object.metadata.generation.unwrap_or_default(),
-                    },
-                ))
-            })
-            .collect();
         let ports = routes::listeners(&gateways.gateways);
         let mut listeners: BTreeMap<String, Arc<GatewayListener>> = ports
             .values()
             .map(|p| {
-                let l = listener_of(
-                    p,
-                    by_address.get(&p.address).cloned(),
-                    opts.allow_certificates,
-                );
+                let g = &gateways.gateways[p.gateway];
+                let gateway = GatewayRef {
+                    namespace: g.namespace.clone(),
+                    name: g.name.clone(),
+                    generation: g.object.metadata.generation.unwrap_or_default(),
+                };
+                let l = listener_of(p, Some(gateway), opts.allow_certificates);
                 (l.name.clone(), Arc::new(l))
             })
             .collect();

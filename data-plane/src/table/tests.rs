@@ -317,6 +317,7 @@ fn a_gateway_listener_picks_its_certificate_by_listener_hostname() {
             })
             .collect(),
         gateway: None,
+        public_port: 0,
     };
     s.gateway_listeners = vec![on(&[
         ("", "ns/any"),
@@ -704,6 +705,7 @@ fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
                 name: format!("gw-{port}"),
                 generation: 1,
             }),
+            public_port: 0,
         });
     }
     let host = ["", "g0.test", "g1.test", "*.gw.test"][w.below(4) as usize].to_owned();

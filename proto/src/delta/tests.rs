@@ -57,6 +57,7 @@ fn listener(i: u8, cert: Option<u8>) -> GatewayListener {
             .into_iter()
             .collect(),
         gateway: None,
+        public_port: 0,
     }
 }
 

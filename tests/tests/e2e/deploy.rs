@@ -234,6 +234,21 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         }
     }
 
+    // Gateway Services: written only in our namespace, and only these verbs.
+    let role = find(&objects, "Role", "holdfast-control-plane-gateway-services");
+    assert_eq!(role["metadata"]["namespace"], "holdfast-system");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{ "apiGroups": [""], "resources": ["services"],
+                             "verbs": ["create", "patch", "delete"] }])
+    );
+    let binding = find(
+        &objects,
+        "RoleBinding",
+        "holdfast-control-plane-gateway-services",
+    );
+    assert_eq!(binding["subjects"][0]["name"], "holdfast-control-plane");
+
     for name in ["holdfast-control-plane", "holdfast-proxy"] {
         let d = find(&objects, "Deployment", name);
         let pod = &d["spec"]["template"]["spec"];

@@ -1099,3 +1099,198 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
     );
     Ok(())
 }
+
+/// `n` consecutive ports free on 127.0.0.1 now (each bound once, then released): the
+/// container ports a test lets the control plane give Gateways.
+fn free_port_block(n: u16) -> anyhow::Result<u16> {
+    for _ in 0..50 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if first.checked_add(n).is_none() {
+            continue;
+        }
+        let held: Vec<_> = (first..first + n)
+            .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == usize::from(n) {
+            return Ok(first);
+        }
+    }
+    anyhow::bail!("no {n} consecutive free ports on 127.0.0.1")
+}
+
+/// In a cluster (`--gateway-service-namespace`): a Gateway gets a Service in the proxies'
+/// namespace, selecting the proxies, whose listener port maps to a container port of the
+/// Gateway's own that the proxy binds (here on 127.0.0.1, where a Service's traffic would
+/// arrive at the pod); the Gateway's address is the Service's cluster IP, it is
+/// Programmed, a redirect keeps the port clients use (80, not the container port), the
+/// leader puts back a Service someone deleted, at the same container port, and deletes
+/// it with its Gateway.
+#[tokio::test]
+async fn in_a_cluster_each_gateway_gets_a_service_whose_port_maps_to_a_container_port_the_proxy_binds()
+-> anyhow::Result<()> {
+    use holdfast_tests::http as web;
+    use holdfast_tests::scenario::{Options, Scenario};
+    use serde_json::json;
+
+    let first = free_port_block(10)?;
+    let range = format!("{first}-{}", first + 9);
+    // The Scenario's cluster is its own: the proxies' namespace is made once it runs
+    // (until then the leader's Service writes fail, and are made again).
+    let proxies_ns = "holdfast-gateways";
+    let cp_args: Vec<String> = [
+        "--gateway-api-rediscover-interval",
+        "1s",
+        "--gateway-service-namespace",
+        proxies_ns,
+        "--gateway-service-selector",
+        "app.kubernetes.io/name=holdfast-proxy",
+        "--gateway-service-type",
+        "ClusterIP",
+        "--gateway-bind-address",
+        "127.0.0.1",
+        "--gateway-port-range",
+        &range,
+        "--max-removal-share",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let s = Scenario::start(
+        "gwsvc",
+        Options {
+            ingresses: 1,
+            proxies: 1,
+            cp_args,
+            ..Options::default()
+        },
+    )
+    .await?;
+    s.cluster
+        .kubectl_run(&["create", "namespace", proxies_ns])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The proxies' own Service, which is no Gateway's.
+    s.cluster
+        .kubectl_run(&[
+            "create",
+            "service",
+            "clusterip",
+            "holdfast-proxy",
+            "-n",
+            proxies_ns,
+            "--tcp=80:8080",
+        ])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    s.cluster.install_gateway_api()?;
+    let ns = &s.ns;
+    let group = "gateway.networking.k8s.io";
+    let class = format!("{ns}-gw");
+    create_all(
+        &s.cluster,
+        "gateway",
+        json!([
+            { "apiVersion": format!("{group}/v1"), "kind": "GatewayClass",
+              "metadata": { "name": class }, "spec": { "controllerName": "holdfast.dev/gateway-controller" } },
+            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+              "metadata": { "name": "gw", "namespace": ns },
+              "spec": { "gatewayClassName": class, "listeners": [
+                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
+            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+              "metadata": { "name": "web", "namespace": ns },
+              "spec": {
+                  "parentRefs": [{ "name": "gw" }],
+                  "hostnames": ["gw.test"],
+                  "rules": [
+                      { "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "Exact", "value": "/old" } }],
+                        "filters": [{ "type": "RequestRedirect",
+                                      "requestRedirect": { "hostname": "new.test" } }] }
+                  ] } }
+        ]),
+    )?;
+    let name = holdfast_control_plane::gateway_api::services::service_name(ns, "gw");
+    let service = wait::until("the Gateway's Service", wait::T, || async {
+        Ok(get_json(&s.cluster, &["service", "-n", proxies_ns, &name]).ok())
+    })
+    .await?;
+    assert_eq!(service["spec"]["type"], "ClusterIP", "{service}");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({ "app.kubernetes.io/name": "holdfast-proxy" })
+    );
+    assert_eq!(service["spec"]["ports"][0]["port"], 80);
+    let target = service["spec"]["ports"][0]["targetPort"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .context("a numeric targetPort")?;
+    assert!((first..first + 10).contains(&target), "{target} in {range}");
+    let cluster_ip = service["spec"]["clusterIP"]
+        .as_str()
+        .context("a cluster IP")?;
+
+    // The Gateway: the Service's address, Programmed once the proxy serves it.
+    let gw = wait::until(
+        "the Gateway programmed with its Service's address",
+        wait::T,
+        || async {
+            let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
+            let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+            Ok((programmed["status"] == "True").then_some(gw))
+        },
+    )
+    .await?;
+    assert_eq!(
+        gw["status"]["addresses"],
+        json!([{ "type": "IPAddress", "value": cluster_ip }])
+    );
+    // The proxy binds the container port: what the Service sends to the pod is served.
+    let at: SocketAddr = ([127, 0, 0, 1], target).into();
+    let (status, headers, _) = web::get_full(at, "gw.test", "/x").await?;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-echo-path"], "/x");
+    // A redirect that keeps the port keeps the one clients use: 80, so none is written.
+    let (status, headers, _) = web::get_full(at, "gw.test", "/old").await?;
+    assert_eq!(status, 302);
+    assert_eq!(headers["location"], "http://new.test/old");
+
+    // Someone deletes the Service: the leader makes it again, at the same container port.
+    s.cluster
+        .kubectl_run(&["delete", "service", "-n", proxies_ns, &name])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let again = wait::until("the Service made again", wait::T, || async {
+        let svc = get_json(&s.cluster, &["service", "-n", proxies_ns, &name]).ok();
+        Ok(svc.filter(|svc| svc["metadata"]["uid"] != service["metadata"]["uid"]))
+    })
+    .await?;
+    assert_eq!(again["spec"]["ports"][0]["targetPort"], target);
+
+    // The Gateway goes: so do its Service and its listener.
+    s.cluster
+        .kubectl_run(&["delete", "gateway", "-n", ns, "gw"])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    wait::until("the Service deleted with its Gateway", wait::T, || async {
+        Ok(get_json(&s.cluster, &["service", "-n", proxies_ns, &name])
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+    wait::until("the container port closed", wait::T, || async {
+        Ok(tokio::net::TcpStream::connect(at)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+    // A Service of the proxies' namespace that is not a Gateway's is never touched.
+    let services =
+        get_json(&s.cluster, &["service", "-n", proxies_ns]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let names: Vec<&str> = services["items"]
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter_map(|i| i["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["holdfast-proxy"], "{services}");
+    Ok(())
+}
