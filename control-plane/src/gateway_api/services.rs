@@ -261,28 +261,22 @@ pub fn desired(mode: &ServiceMode, gateways: &[OurGateway], state: &ClusterState
             })),
             Some(s) => {
                 let current = serde_json::to_value(&s.spec).unwrap_or(Value::Null);
-                let same_ports = current["ports"].as_array().map(|list| {
-                    list.iter()
-                        .map(|p| {
-                            (
-                                p["port"].clone(),
-                                p["targetPort"].clone(),
-                                p["name"].clone(),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                }) == spec["ports"].as_array().map(|list| {
-                    list.iter()
-                        .map(|p| {
-                            (
-                                p["port"].clone(),
-                                p["targetPort"].clone(),
-                                p["name"].clone(),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                });
-                let same = same_ports
+                // What of a port we set (the API server adds the rest, nodePort say).
+                let ports_of = |spec: &Value| -> Option<Vec<(Value, Value, Value)>> {
+                    let list = spec["ports"].as_array()?;
+                    Some(
+                        list.iter()
+                            .map(|p| {
+                                (
+                                    p["port"].clone(),
+                                    p["targetPort"].clone(),
+                                    p["name"].clone(),
+                                )
+                            })
+                            .collect(),
+                    )
+                };
+                let same = ports_of(&current) == ports_of(&spec)
                     && current["selector"] == spec["selector"]
                     && current["type"] == spec["type"]
                     && s.metadata
