@@ -275,7 +275,7 @@ impl Metrics {
         );
         r.register(
             "status_writes",
-            "Status writes by the leader, by kind (Ingress, GatewayClass, Gateway, HTTPRoute) and result (ok, failed)",
+            "Writes by the leader: the status of Ingress, GatewayClass, Gateway and HTTPRoute objects, and the Gateways' Services (kind Service); result ok or failed",
             m.status_writes.clone(),
         );
         r.register(

@@ -482,7 +482,7 @@ async fn sync_gateway_services(
         gateway_api::model::resolve_gateways(state, controller, None, Some(mode), |ns, name| {
             secret_check(state, ns, name)
         });
-    let changes = gateway_api::services::desired(mode, &gateways.gateways, state);
+    let changes = gateway_api::services::desired(mode, controller, &gateways.gateways, state);
     let api: Api<Service> = Api::namespaced(client.clone(), &mode.namespace);
     let mut all = true;
     for object in changes.create {

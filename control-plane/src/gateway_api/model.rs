@@ -181,7 +181,7 @@ pub fn resolve_gateways(
     if let Some(pool) = pool {
         assign(pool, &mut gateways);
     } else if let Some(mode) = services {
-        super::services::assign(mode, state, &mut gateways);
+        super::services::assign(mode, controller, state, &mut gateways);
     }
     let index = gateways
         .iter()

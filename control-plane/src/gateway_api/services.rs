@@ -24,6 +24,9 @@ use crate::translate::ClusterState;
 pub const MANAGED_LABEL: &str = "holdfast.dev/gateway-service";
 /// The annotation naming a Service's Gateway (`namespace/name`).
 pub const GATEWAY_ANNOTATION: &str = "holdfast.dev/gateway";
+/// The annotation naming the controller (`--gateway-controller-name`) whose Service it is:
+/// installations sharing a namespace never take or delete each other's.
+pub const CONTROLLER_ANNOTATION: &str = "holdfast.dev/gateway-controller";
 
 /// How Gateways are given Services (the `--gateway-service-*` flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,26 +131,53 @@ pub fn service_name(namespace: &str, name: &str) -> String {
     format!("gw-{readable}-{:08x}", fnv(&format!("{namespace}/{name}")))
 }
 
+/// Whether `s` is a Gateway Service of `controller`'s (our label and annotation).
+fn is_ours(s: &Service, controller: &str) -> bool {
+    let label = s
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_LABEL));
+    let by = s
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONTROLLER_ANNOTATION));
+    label.is_some_and(|v| v == "true") && by.is_some_and(|c| c == controller)
+}
+
+/// The Service named for `g` in the proxies' namespace: Ok (ours, or none), or Err when a
+/// Service of that name is someone else's (never used, changed or deleted).
 fn service_of<'a>(
     mode: &ServiceMode,
+    controller: &str,
     state: &'a ClusterState,
     g: &OurGateway,
-) -> Option<&'a Service> {
+) -> Result<Option<&'a Service>, ()> {
     let name = service_name(&g.namespace, &g.name);
-    state.services.iter().map(|s| &**s).find(|s| {
+    let found = state.services.iter().map(|s| &**s).find(|s| {
         s.metadata.namespace.as_deref() == Some(&mode.namespace)
             && s.metadata.name.as_deref() == Some(&name)
-    })
+    });
+    match found {
+        Some(s) if !is_ours(s, controller) => Err(()),
+        found => Ok(found),
+    }
 }
 
 /// Gives each Gateway (oldest first) the bind address, a container port for each of its
 /// listener ports, and its Service's addresses.
-pub fn assign(mode: &ServiceMode, state: &ClusterState, gateways: &mut [OurGateway]) {
+pub fn assign(
+    mode: &ServiceMode,
+    controller: &str,
+    state: &ClusterState,
+    gateways: &mut [OurGateway],
+) {
     let mut taken: BTreeSet<u16> = BTreeSet::new();
     let mut waiting: Vec<(usize, u16)> = Vec::new();
     for (i, g) in gateways.iter_mut().enumerate() {
         g.address = Some(mode.bind_address);
-        let service = service_of(mode, state, g);
+        let service = service_of(mode, controller, state, g).ok().flatten();
         let held: BTreeMap<i32, i32> = service
             .and_then(|s| s.spec.as_ref()?.ports.as_ref())
             .into_iter()
@@ -211,7 +241,10 @@ fn addresses_of(s: &Service) -> Vec<Value> {
             _ => None,
         })
         .collect();
-    if !lb.is_empty() {
+    // A LoadBalancer's address is its load balancer's: its cluster IP is not one that
+    // clients outside the cluster reach.
+    let load_balancer = s.spec.as_ref().and_then(|sp| sp.type_.as_deref()) == Some("LoadBalancer");
+    if !lb.is_empty() || load_balancer {
         return lb;
     }
     s.spec
@@ -235,13 +268,22 @@ pub struct Changes {
 
 /// The Services our Gateways (with their ports assigned) should have, against the cached
 /// ones in the proxies' namespace.
-pub fn desired(mode: &ServiceMode, gateways: &[OurGateway], state: &ClusterState) -> Changes {
+pub fn desired(
+    mode: &ServiceMode,
+    controller: &str,
+    gateways: &[OurGateway],
+    state: &ClusterState,
+) -> Changes {
     let mut out = Changes::default();
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     for g in gateways {
         let Some(ports) = &g.ports else { continue };
         let name = service_name(&g.namespace, &g.name);
         wanted.insert(name.clone());
+        // No port could be given (the range is full): a Service needs one.
+        if ports.is_empty() {
+            continue;
+        }
         let ports: Vec<Value> = ports
             .iter()
             .map(|(port, target)| {
@@ -250,9 +292,15 @@ pub fn desired(mode: &ServiceMode, gateways: &[OurGateway], state: &ClusterState
             })
             .collect();
         let labels = json!({ MANAGED_LABEL: "true", "app.kubernetes.io/managed-by": "holdfast" });
-        let annotations = json!({ GATEWAY_ANNOTATION: format!("{}/{}", g.namespace, g.name) });
+        let annotations = json!({ GATEWAY_ANNOTATION: format!("{}/{}", g.namespace, g.name),
+                                  CONTROLLER_ANNOTATION: controller });
         let spec = json!({ "type": mode.service_type, "selector": mode.selector, "ports": ports });
-        match service_of(mode, state, g) {
+        let Ok(existing) = service_of(mode, controller, state, g) else {
+            // Someone else's Service has the name: left alone (the Gateway gets no
+            // address, so it is not Programmed).
+            continue;
+        };
+        match existing {
             None => out.create.push(json!({
                 "apiVersion": "v1", "kind": "Service",
                 "metadata": { "name": name, "namespace": mode.namespace,
@@ -278,13 +326,15 @@ pub fn desired(mode: &ServiceMode, gateways: &[OurGateway], state: &ClusterState
                 };
                 let same = ports_of(&current) == ports_of(&spec)
                     && current["selector"] == spec["selector"]
-                    && current["type"] == spec["type"]
-                    && s.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(MANAGED_LABEL))
-                        .is_some();
+                    && current["type"] == spec["type"];
                 if !same {
+                    // A merge patch merges maps: a selector key not ours is removed by name.
+                    let mut spec = spec;
+                    if let Some(extra) = current["selector"].as_object() {
+                        for key in extra.keys().filter(|k| !mode.selector.contains_key(*k)) {
+                            spec["selector"][key] = Value::Null;
+                        }
+                    }
                     out.patch.push((
                         name,
                         json!({
@@ -298,11 +348,8 @@ pub fn desired(mode: &ServiceMode, gateways: &[OurGateway], state: &ClusterState
         }
     }
     for s in &state.services {
-        let ours = s.metadata.namespace.as_deref() == Some(&mode.namespace)
-            && s.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.get(MANAGED_LABEL).is_some_and(|v| v == "true"));
+        let ours =
+            s.metadata.namespace.as_deref() == Some(&mode.namespace) && is_ours(s, controller);
         if let (true, Some(name)) = (ours, &s.metadata.name)
             && !wanted.contains(name)
         {
@@ -441,7 +488,7 @@ mod tests {
         // The new Gateway's Service maps 80 to 20003: kept, and its address is published.
         let svc = json!({
             "metadata": { "name": service_name("apps", "new"), "namespace": "holdfast",
-                          "labels": { MANAGED_LABEL: "true" } },
+                          "labels": { MANAGED_LABEL: "true" }, "annotations": { CONTROLLER_ANNOTATION: OURS } },
             "spec": { "type": "LoadBalancer", "clusterIP": "10.96.0.7", "selector": { "app": "proxy" },
                       "ports": [{ "name": "listener-80", "port": 80, "targetPort": 20003, "protocol": "TCP" }] },
             "status": { "loadBalancer": { "ingress": [{ "ip": "192.0.2.10" }] } }
@@ -457,10 +504,30 @@ mod tests {
         let old = gws.iter().find(|g| g.name == "old").unwrap();
         assert!(old.addresses.is_empty(), "no Service yet: no address");
         assert!(!old.ports.as_ref().unwrap().values().any(|p| *p == 20003));
+        // A LoadBalancer not yet given an address by its load balancer has none (its
+        // cluster IP is not one clients outside reach).
+        let mut pending = st.services[0].as_ref().clone();
+        if let Some(status) = pending.status.as_mut() {
+            status.load_balancer = None;
+        }
+        let st_pending = state(st.gateways.clone(), vec![json!(pending)]);
+        let gws = resolve(&m, &st_pending);
+        assert!(gws.iter().all(|g| g.addresses.is_empty()));
         // A full range leaves a port unmapped (not served), never shared.
         let gws = resolve(&mode(20000, 2), &st);
         let mapped: usize = gws.iter().map(|g| g.ports.as_ref().unwrap().len()).sum();
         assert_eq!(mapped, 2);
+        // A Gateway left with no port at all gets no Service (one needs a port).
+        let gws = resolve(&mode(20000, 1), &st);
+        let changes = desired(&mode(20000, 1), OURS, &gws, &st);
+        let made = changes.create.len() + changes.patch.len();
+        assert!(made <= 1, "{changes:?}");
+        assert!(
+            changes
+                .create
+                .iter()
+                .all(|c| !c["spec"]["ports"].as_array().unwrap().is_empty())
+        );
     }
 
     #[test]
@@ -494,7 +561,7 @@ mod tests {
         assert_eq!(programmed(&none)["reason"], "AddressNotAssigned");
         let svc = json!({
             "metadata": { "name": service_name("apps", "web"), "namespace": "holdfast",
-                          "labels": { MANAGED_LABEL: "true" } },
+                          "labels": { MANAGED_LABEL: "true" }, "annotations": { CONTROLLER_ANNOTATION: OURS } },
             "spec": { "type": "ClusterIP", "clusterIP": "10.96.0.9",
                       "ports": [{ "port": 80, "targetPort": 20001 }] }
         });
@@ -504,6 +571,35 @@ mod tests {
             json!([{ "type": "IPAddress", "value": "10.96.0.9" }])
         );
         assert_eq!(programmed(&with)["status"], "True");
+        // Two listener ports and one container port: the listener left without one is
+        // not Programmed.
+        let two = gateway("web", "2026-01-01T00:00:00Z", &[80, 443]);
+        let one_port = mode(20001, 1);
+        let svc = json!({
+            "metadata": { "name": service_name("apps", "web"), "namespace": "holdfast",
+                          "labels": { MANAGED_LABEL: "true" }, "annotations": { CONTROLLER_ANNOTATION: OURS } },
+            "spec": { "type": "ClusterIP", "clusterIP": "10.96.0.9",
+                      "ports": [{ "port": 80, "targetPort": 20001 }] }
+        });
+        let d = crate::gateway_api::status::desired(
+            &state(vec![two], vec![svc]),
+            OURS,
+            None,
+            Some(&one_port),
+            &served,
+            "t",
+            |_, _| SecretCheck::Usable,
+        );
+        let listeners = d.gateways[0].status["listeners"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let listener_programmed = |name: &str| {
+            let l = listeners.iter().find(|l| l["name"] == name).unwrap();
+            programmed(l)["status"].clone()
+        };
+        assert_eq!(listener_programmed("l80"), "True");
+        assert_eq!(listener_programmed("l443"), "False");
     }
 
     #[test]
@@ -511,7 +607,7 @@ mod tests {
         let m = mode(20000, 100);
         let st = state(vec![gateway("web", "2026-01-01T00:00:00Z", &[80])], vec![]);
         let gws = resolve(&m, &st);
-        let changes = desired(&m, &gws, &st);
+        let changes = desired(&m, OURS, &gws, &st);
         assert_eq!(changes.create.len(), 1);
         let svc = &changes.create[0];
         assert_eq!(svc["metadata"]["namespace"], "holdfast");
@@ -529,22 +625,36 @@ mod tests {
         existing["metadata"]["resourceVersion"] = json!("5");
         let st2 = state(st.gateways.clone(), vec![existing.clone()]);
         let gws2 = resolve(&m, &st2);
-        assert_eq!(desired(&m, &gws2, &st2), Changes::default());
-        // Someone changed its selector: patched back, with the cached resourceVersion.
-        existing["spec"]["selector"] = json!({ "app": "other" });
+        assert_eq!(desired(&m, OURS, &gws2, &st2), Changes::default());
+        // Someone changed its selector and added a key: patched back, the added key
+        // removed by name (a merge patch keeps what it does not name), with the cached
+        // resourceVersion.
+        existing["spec"]["selector"] = json!({ "app": "other", "tier": "x" });
         let st3 = state(st.gateways.clone(), vec![existing.clone()]);
-        let changes = desired(&m, &resolve(&m, &st3), &st3);
+        let changes = desired(&m, OURS, &resolve(&m, &st3), &st3);
         assert_eq!(changes.patch.len(), 1);
         assert_eq!(changes.patch[0].1["metadata"]["resourceVersion"], "5");
         assert_eq!(
             changes.patch[0].1["spec"]["selector"],
-            json!({ "app": "proxy" })
+            json!({ "app": "proxy", "tier": null })
         );
-        // The Gateway goes: its Service is deleted; a Service not ours is never touched.
+        // A Service of that name that is not ours (no annotation of this controller) is
+        // neither used, changed nor deleted, and the Gateway gets no address from it.
+        let mut squatter = existing.clone();
+        squatter["metadata"]["annotations"] = json!({ CONTROLLER_ANNOTATION: "someone/else" });
+        squatter["spec"]["clusterIP"] = json!("10.96.0.50");
+        let st5 = state(st.gateways.clone(), vec![squatter.clone()]);
+        let gws5 = resolve(&m, &st5);
+        assert!(gws5[0].addresses.is_empty());
+        assert_eq!(desired(&m, OURS, &gws5, &st5), Changes::default());
+        // The Gateway goes: its Service is deleted; a Service not ours (another's, or
+        // another controller's Gateway Service) is never touched.
         let foreign = json!({ "metadata": { "name": "other", "namespace": "holdfast" },
                               "spec": { "ports": [{ "port": 80 }] } });
-        let st4 = state(vec![], vec![existing, foreign]);
-        let changes = desired(&m, &resolve(&m, &st4), &st4);
+        let mut theirs = squatter;
+        theirs["metadata"]["name"] = json!("gw-theirs-00000000");
+        let st4 = state(vec![], vec![existing, foreign, theirs]);
+        let changes = desired(&m, OURS, &resolve(&m, &st4), &st4);
         assert_eq!(changes.delete, vec![service_name("apps", "web")]);
         assert!(changes.create.is_empty() && changes.patch.is_empty());
     }

@@ -360,8 +360,18 @@ pub fn desired(
                     })
                     .collect();
                 // A listener's Programmed reasons are Programmed, Invalid and Pending.
+                let bound = u16::try_from(l.port)
+                    .ok()
+                    .and_then(|p| g.bind_port(p))
+                    .is_some();
                 let (status, reason, message) = if !l.usable() {
                     ("False", "Invalid", "the listener is not valid")
+                } else if !bound {
+                    (
+                        "False",
+                        "Pending",
+                        "no container port is free in --gateway-port-range",
+                    )
                 } else if is_served {
                     ("True", "Programmed", "a proxy serves the listener")
                 } else {
