@@ -9,10 +9,10 @@
 //!   `a.b.example.com`, never `example.com`), and the longest wildcard is tried first.
 //! - Hostname levels fall through: the exact hostname's entries, then each wildcard's from
 //!   the longest, then the entries for any hostname; the first entry that matches wins.
-//! - Within a hostname, entries are tried Exact path first, then the longest PathPrefix
-//!   (element-wise on `/`, one hash look-up per boundary), and at one path in the order
-//!   the control plane gave them (most header matches first, then the oldest route).
-//!   Header matches are exact; names are case-insensitive.
+//! - Within a hostname, the path lookup is the one Ingress virtual hosts use
+//!   ([`crate::matching`]): Exact first, then the longest PathPrefix, and at one path the
+//!   entries in the order the control plane gave them (most header matches first, then
+//!   the oldest route). Header matches are exact; names are case-insensitive.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,83 +25,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::metrics::RouteCounters;
 use crate::table::{Backend, CompileError, Route, TlsCertificate};
 
-/// How an entry matches the path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathRule {
-    /// The whole path.
-    Exact(String),
-    /// Element-wise on `/`; no trailing `/` (except `/`).
-    Prefix(String),
-}
-
-/// One route entry: its path rule, its header matches and what it does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry<A> {
-    /// Path.
-    pub path: PathRule,
-    /// Header matches (all must hold).
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// What a match does.
-    pub action: A,
-}
-
-/// One hostname's entries, indexed by path.
-#[derive(Debug, Clone)]
-struct Paths<A> {
-    entries: Vec<Entry<A>>,
-    exact: HashMap<String, Vec<usize>>,
-    prefix: HashMap<String, Vec<usize>>,
-}
-
-impl<A> Paths<A> {
-    fn new(entries: Vec<Entry<A>>) -> Self {
-        let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut prefix: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, e) in entries.iter().enumerate() {
-            match &e.path {
-                PathRule::Exact(p) => exact.entry(p.clone()).or_default().push(i),
-                PathRule::Prefix(p) => prefix.entry(p.clone()).or_default().push(i),
-            }
-        }
-        Paths {
-            entries,
-            exact,
-            prefix,
-        }
-    }
-
-    fn first(&self, at: Option<&Vec<usize>>, headers: &HeaderMap) -> Option<&Entry<A>> {
-        at?.iter().map(|i| &self.entries[*i]).find(|e| {
-            e.headers
-                .iter()
-                .all(|(n, v)| headers.get_all(n).iter().any(|h| h == v))
-        })
-    }
-
-    fn lookup(&self, path: &str, headers: &HeaderMap) -> Option<&Entry<A>> {
-        if let Some(e) = self.first(self.exact.get(path), headers) {
-            return Some(e);
-        }
-        if self.prefix.is_empty() {
-            return None;
-        }
-        let trimmed = path.trim_end_matches('/');
-        if !trimmed.is_empty()
-            && let Some(e) = self.first(self.prefix.get(trimmed), headers)
-        {
-            return Some(e);
-        }
-        let bytes = trimmed.as_bytes();
-        for i in (1..bytes.len()).rev() {
-            if bytes[i] == b'/'
-                && let Some(e) = self.first(self.prefix.get(&trimmed[..i]), headers)
-            {
-                return Some(e);
-            }
-        }
-        self.first(self.prefix.get("/"), headers)
-    }
-}
+use crate::matching::Paths;
+pub use crate::matching::{Entry, PathRule};
 
 /// The routes of one Gateway address and port.
 #[derive(Debug, Clone)]
@@ -137,7 +62,11 @@ impl<A> HostTable<A> {
     /// The entry for a request to `host` (lower-case, without port) at `path` (normalised)
     /// with `headers`, if any.
     pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Entry<A>> {
-        if let Some(e) = self.exact.get(host).and_then(|p| p.lookup(path, headers)) {
+        if let Some(e) = self
+            .exact
+            .get(host)
+            .and_then(|p| p.lookup(path, Some(headers)))
+        {
             return Some(e);
         }
         if !self.wildcard.is_empty() {
@@ -148,13 +77,13 @@ impl<A> HostTable<A> {
                     && let Some(e) = self
                         .wildcard
                         .get(&host[i + 1..])
-                        .and_then(|p| p.lookup(path, headers))
+                        .and_then(|p| p.lookup(path, Some(headers)))
                 {
                     return Some(e);
                 }
             }
         }
-        self.any.as_ref()?.lookup(path, headers)
+        self.any.as_ref()?.lookup(path, Some(headers))
     }
 }
 
@@ -500,36 +429,7 @@ fn path_kind(p: &PathRule) -> MatchKind {
 mod tests {
     use super::*;
 
-    fn e(path: PathRule, headers: &[(&str, &str)], action: &'static str) -> Entry<&'static str> {
-        Entry {
-            path,
-            headers: headers
-                .iter()
-                .map(|(n, v)| {
-                    (
-                        HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                        HeaderValue::from_str(v).unwrap(),
-                    )
-                })
-                .collect(),
-            action,
-        }
-    }
-
-    fn p(s: &str) -> PathRule {
-        PathRule::Prefix(s.into())
-    }
-
-    fn headers(h: &[(&str, &str)]) -> HeaderMap {
-        let mut m = HeaderMap::new();
-        for (n, v) in h {
-            m.append(
-                HeaderName::from_bytes(n.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        m
-    }
+    use crate::matching::tests::{e, headers, p};
 
     #[test]
     fn hostnames_fall_through_exact_then_longest_wildcard_then_any() {
@@ -569,41 +469,6 @@ mod tests {
         assert_eq!(
             none.lookup("a.example.com", "/y", &h).map(|e| e.action),
             None
-        );
-    }
-
-    #[test]
-    fn paths_exact_then_longest_prefix_and_headers_in_the_given_order() {
-        let t = HostTable::new([(
-            String::new(),
-            vec![
-                e(PathRule::Exact("/a".into()), &[], "exact"),
-                e(p("/a/b"), &[("x-v", "2"), ("x-w", "1")], "ab-two-headers"),
-                e(p("/a/b"), &[("X-V", "2")], "ab-one-header"),
-                e(p("/a/b"), &[], "ab"),
-                e(p("/a"), &[], "a"),
-            ],
-        )]);
-        let at =
-            |path: &str, h: &[(&str, &str)]| t.lookup("host", path, &headers(h)).map(|e| e.action);
-        assert_eq!(at("/a", &[]), Some("exact"));
-        assert_eq!(at("/a/", &[]), Some("a"), "exact is the whole path");
-        assert_eq!(
-            at("/a/b/c", &[("x-v", "2"), ("x-w", "1")]),
-            Some("ab-two-headers")
-        );
-        assert_eq!(at("/a/b/c", &[("x-v", "2")]), Some("ab-one-header"));
-        assert_eq!(
-            at("/a/b", &[("x-v", "3")]),
-            Some("ab"),
-            "header values are exact"
-        );
-        assert_eq!(at("/a/bc", &[]), Some("a"), "element-wise");
-        assert_eq!(at("/b", &[]), None);
-        assert_eq!(
-            at("/a/b", &[("x-v", "1"), ("x-v", "2")]),
-            Some("ab-one-header"),
-            "any of repeated values"
         );
     }
 

@@ -32,6 +32,7 @@ pub mod framing;
 pub mod gateway;
 pub mod headers;
 pub mod listeners;
+pub mod matching;
 pub mod metrics;
 pub mod path;
 pub mod persist;

@@ -28,6 +28,7 @@ use holdfast_proto::v1::{MatchKind, Snapshot, SnapshotDelta, VirtualHost};
 use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
+use crate::matching::{Entry, PathRule, Paths};
 use crate::metrics::RouteCounters;
 
 /// A backend ready to forward to.
@@ -93,8 +94,9 @@ pub struct TlsCertificate {
 /// certificate) replaces, and what every other host's entry is shared with.
 #[derive(Debug, Default)]
 struct PathTable {
-    exact: HashMap<String, Arc<Route>>,
-    prefix: HashMap<String, Arc<Route>>,
+    /// Its routes, matched by the path lookup Gateway hostnames use too
+    /// ([`crate::matching`]).
+    paths: Paths<Arc<Route>>,
     /// The host's certificate.
     certificate: Option<Arc<TlsCertificate>>,
     /// Plain-HTTP requests get 308 to https.
@@ -105,29 +107,8 @@ struct PathTable {
 
 impl PathTable {
     fn lookup(&self, path: &str) -> Option<&Arc<Route>> {
-        if let Some(r) = self.exact.get(path) {
-            return Some(r);
-        }
-        if self.prefix.is_empty() {
-            return None;
-        }
-        // The whole path (a trailing '/' is not significant), then each '/' boundary from
-        // the longest prefix down to "/".
-        let trimmed = path.trim_end_matches('/');
-        if !trimmed.is_empty()
-            && let Some(r) = self.prefix.get(trimmed)
-        {
-            return Some(r);
-        }
-        let bytes = trimmed.as_bytes();
-        for i in (1..bytes.len()).rev() {
-            if bytes[i] == b'/'
-                && let Some(r) = self.prefix.get(&trimmed[..i])
-            {
-                return Some(r);
-            }
-        }
-        self.prefix.get("/")
+        // Ingress routes match on the path alone.
+        self.paths.lookup(path, None).map(|e| &e.action)
     }
 }
 
@@ -650,13 +631,23 @@ impl RouteTable {
                 label: format!("{}{}", vhost.host, r.path),
                 counters: RouteCounters::default(),
             });
-            let map = match kind {
-                MatchKind::Exact => &mut table.exact,
-                _ => &mut table.prefix,
-            };
-            map.entry(r.path.clone()).or_insert_with(|| route.clone());
             table.routes.push(route);
         }
+        // In snapshot order: at one path the first route wins.
+        table.paths = Paths::new(
+            table
+                .routes
+                .iter()
+                .map(|r| Entry {
+                    path: match r.kind {
+                        MatchKind::Exact => PathRule::Exact(r.path.clone()),
+                        _ => PathRule::Prefix(r.path.clone()),
+                    },
+                    headers: Vec::new(),
+                    action: r.clone(),
+                })
+                .collect(),
+        );
         self.remove_host(&vhost.host);
         self.host_routes += table.routes.len();
         let table = Arc::new(table);
