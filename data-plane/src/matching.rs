@@ -6,9 +6,9 @@
 //! on `/` (`/a` matches `/a`, `/a/` and `/a/b`, never `/ab`; a trailing `/` of the request
 //! is not significant), one hash look-up per `/` boundary; at one path, the entries in
 //! the order they were given, the first whose header matches all hold. Ingress entries
-//! have no header matches, so the first route given for a path wins (the control plane
-//! orders them: the oldest Ingress first); Gateway entries come most header matches
-//! first, then the oldest route.
+//! have no header matches (and the control plane sends one route per path and kind, the
+//! oldest Ingress's); Gateway entries come most header matches first, then the oldest
+//! route.
 //!
 //! What differs between the two APIs is above this, in how a hostname selects its
 //! `Paths` (the specifications differ): an Ingress wildcard covers exactly one label and

@@ -37,6 +37,10 @@ pub struct OurGateway {
     pub ports: Option<BTreeMap<u16, u16>>,
     /// Its `status.addresses`: its pool address, or its Service's addresses.
     pub addresses: Vec<Value>,
+    /// With Services: its Service maps every listener port to its container port, as
+    /// assigned (a write still to be made, or refused, leaves it false). Always true
+    /// without Services.
+    pub service_matches: bool,
 }
 
 impl OurGateway {
@@ -165,6 +169,7 @@ pub fn resolve_gateways(
                 address: None,
                 ports: None,
                 addresses: Vec::new(),
+                service_matches: true,
             })
         })
         .collect();

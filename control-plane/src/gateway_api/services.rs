@@ -175,6 +175,8 @@ pub fn assign(
 ) {
     let mut taken: BTreeSet<u16> = BTreeSet::new();
     let mut waiting: Vec<(usize, u16)> = Vec::new();
+    // What each Gateway's Service maps now (listener port → container port).
+    let mut serviced: Vec<BTreeMap<i32, i32>> = Vec::with_capacity(gateways.len());
     for (i, g) in gateways.iter_mut().enumerate() {
         g.address = Some(mode.bind_address);
         let service = service_of(mode, controller, state, g).ok().flatten();
@@ -210,6 +212,7 @@ pub fn assign(
         }
         g.ports = Some(mapped);
         g.addresses = service.map(addresses_of).unwrap_or_default();
+        serviced.push(held);
     }
     for (i, port) in waiting {
         let g = &mut gateways[i];
@@ -223,6 +226,16 @@ pub fn assign(
                 m.insert(port, t);
             }
         }
+    }
+    // Programmed needs the Service to send each listener port where the proxies listen.
+    for (g, held) in gateways.iter_mut().zip(serviced) {
+        let wanted: BTreeMap<i32, i32> = g
+            .ports
+            .iter()
+            .flatten()
+            .map(|(p, t)| (i32::from(*p), i32::from(*t)))
+            .collect();
+        g.service_matches = held == wanted;
     }
 }
 
@@ -575,14 +588,14 @@ mod tests {
         // not Programmed.
         let two = gateway("web", "2026-01-01T00:00:00Z", &[80, 443]);
         let one_port = mode(20001, 1);
-        let svc = json!({
+        let svc_80 = json!({
             "metadata": { "name": service_name("apps", "web"), "namespace": "holdfast",
                           "labels": { MANAGED_LABEL: "true" }, "annotations": { CONTROLLER_ANNOTATION: OURS } },
             "spec": { "type": "ClusterIP", "clusterIP": "10.96.0.9",
                       "ports": [{ "port": 80, "targetPort": 20001 }] }
         });
         let d = crate::gateway_api::status::desired(
-            &state(vec![two], vec![svc]),
+            &state(vec![two], vec![svc_80.clone()]),
             OURS,
             None,
             Some(&one_port),
@@ -600,6 +613,36 @@ mod tests {
         };
         assert_eq!(listener_programmed("l80"), "True");
         assert_eq!(listener_programmed("l443"), "False");
+        // Both ports get container ports, but the Service maps only 80 so far (its
+        // patch not yet made, or refused): not Programmed until it maps both.
+        let two = gateway("web", "2026-01-01T00:00:00Z", &[80, 443]);
+        let st = state(vec![two], vec![svc_80.clone()]);
+        let d =
+            crate::gateway_api::status::desired(&st, OURS, None, Some(&m), &served, "t", |_, _| {
+                SecretCheck::Usable
+            });
+        let p = programmed(&d.gateways[0].status);
+        assert_eq!(
+            (p["status"].as_str(), p["reason"].as_str()),
+            (Some("False"), Some("Pending"))
+        );
+        let gws = resolve(&m, &st);
+        let mut both = svc_80;
+        both["spec"]["ports"] = json!(
+            gws[0]
+                .ports
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|(p, t)| json!({ "port": p, "targetPort": t }))
+                .collect::<Vec<_>>()
+        );
+        let st = state(st.gateways.clone(), vec![both]);
+        let d =
+            crate::gateway_api::status::desired(&st, OURS, None, Some(&m), &served, "t", |_, _| {
+                SecretCheck::Usable
+            });
+        assert_eq!(programmed(&d.gateways[0].status)["status"], "True");
     }
 
     #[test]

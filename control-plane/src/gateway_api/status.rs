@@ -293,6 +293,7 @@ pub fn desired(
         };
         let is_served = address.is_some()
             && !g.addresses.is_empty()
+            && g.service_matches
             && usable > 0
             && served.contains(&(format!("{ns}/{name}"), generation));
         let (programmed_status, programmed_reason, programmed_message) = if is_served {
@@ -312,6 +313,12 @@ pub fn desired(
                 "False",
                 "AddressNotAssigned",
                 "its Service has no address yet",
+            )
+        } else if !g.service_matches {
+            (
+                "False",
+                "Pending",
+                "its Service does not map every listener port to the proxies' yet",
             )
         } else if usable == 0 {
             ("False", "Invalid", "no listener is valid")
