@@ -51,3 +51,22 @@ pub fn until_blocking<T>(
         std::thread::sleep(POLL);
     }
 }
+
+/// Waits (at most 10 minutes) until the leader of `cp` has written the status of at least
+/// `routes` HTTPRoutes (`holdfast_status_writes_total{kind="HTTPRoute",result="ok"}`): the
+/// steady state the benchmarks measure in. The series appears with the first write.
+pub async fn first_statuses_written(
+    cp: &crate::control_plane::ControlPlane,
+    routes: usize,
+) -> anyhow::Result<()> {
+    let series = r#"holdfast_status_writes_total{kind="HTTPRoute",result="ok"}"#;
+    until(
+        &format!("the leader writing {routes} HTTPRoute statuses"),
+        Duration::from_secs(600),
+        || async {
+            let written = cp.metric_value(series).await.map_err(|e| e.to_string())?;
+            Ok((written >= routes as f64).then_some(()))
+        },
+    )
+    .await
+}

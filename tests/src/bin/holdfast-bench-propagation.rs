@@ -168,19 +168,7 @@ async fn main() -> anyhow::Result<()> {
     // The leader writes every route's first status (one PATCH each, each a watch event
     // and a build): the probes start once that is done, in the steady state.
     let settling = Instant::now();
-    let series = r#"holdfast_status_writes_total{kind="HTTPRoute",result="ok"}"#;
-    loop {
-        let written = cp.metric_value(series).await.unwrap_or(0.0);
-        if written >= args.routes as f64 {
-            break;
-        }
-        anyhow::ensure!(
-            settling.elapsed() < Duration::from_secs(600),
-            "the leader wrote {written} of {} HTTPRoute statuses in 600 s",
-            args.routes
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    holdfast_tests::wait::first_statuses_written(&cp, args.routes).await?;
     let settled = settling.elapsed();
 
     let mut times = Vec::with_capacity(args.probes);

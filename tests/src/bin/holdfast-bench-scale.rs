@@ -394,21 +394,8 @@ async fn main() -> anyhow::Result<()> {
     // watch events): measured once that is done, the steady state a change meets.
     let mut status_settled = None;
     if args.http_routes {
-        let series = r#"holdfast_status_writes_total{kind="HTTPRoute",result="ok"}"#;
-        let deadline = Instant::now() + Duration::from_secs(600);
-        loop {
-            let written = cp.metric_value(series).await.unwrap_or(0.0);
-            if written >= args.ingresses as f64 {
-                status_settled = Some(cp_started.elapsed());
-                break;
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the leader wrote {written} of {} HTTPRoute statuses in 600 s",
-                args.ingresses
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        holdfast_tests::wait::first_statuses_written(&cp, args.ingresses).await?;
+        status_settled = Some(cp_started.elapsed());
     }
 
     // Each round adds one path to the marker Ingress and waits for every subscriber.
