@@ -581,6 +581,7 @@ mod change_tests {
                             ..Default::default()
                         })
                         .collect(),
+                    ..Default::default()
                 })
                 .collect(),
             virtual_hosts: hosts
@@ -833,6 +834,7 @@ mod gateway_hold_tests {
                         ..Default::default()
                     })
                     .collect(),
+                ..Default::default()
             }],
             ..Default::default()
         }

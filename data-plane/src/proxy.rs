@@ -1470,6 +1470,7 @@ mod gateway_tests {
                     broken,
                     forward("/", vec![to("ns/a:80", 1), to("ns/b:80", 0)]),
                 ],
+                ..Default::default()
             }],
             ..Default::default()
         };

@@ -224,17 +224,7 @@ impl Applier {
         held.commit(change, checked);
         let persist_error = self.persist(Some(change), || Arc::new(held.to_snapshot()));
         drop(served);
-        let hosts: Vec<&str> = change
-            .removed_virtual_hosts
-            .iter()
-            .map(String::as_str)
-            .chain(
-                change
-                    .upserted_virtual_hosts
-                    .iter()
-                    .map(|v| v.host.as_str()),
-            )
-            .collect();
+        let hosts: Vec<&str> = crate::table::ingress_hosts_touched(change).collect();
         self.install_table(table, Some(&hosts));
         Ok(persist_error)
     }

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use holdfast_proto::certificate::{self, Facts};
 use holdfast_proto::delta::Held;
-use holdfast_proto::v1::{MatchKind, Snapshot, SnapshotDelta, VirtualHost};
+use holdfast_proto::snapshot;
+use holdfast_proto::v1::{GatewayHost, MatchKind, Snapshot, SnapshotDelta, VirtualHost};
 use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
@@ -249,6 +250,29 @@ pub enum CompileError {
     },
 }
 
+/// The Ingress hosts (as a virtual host names them) that `delta` replaces or removes, in
+/// either form: virtual hosts, and Gateway hosts of listener `ingress`.
+pub fn ingress_hosts_touched(delta: &SnapshotDelta) -> impl Iterator<Item = &str> {
+    delta
+        .removed_virtual_hosts
+        .iter()
+        .map(String::as_str)
+        .chain(delta.upserted_virtual_hosts.iter().map(|v| v.host.as_str()))
+        .chain(
+            delta
+                .removed_gateway_hosts
+                .iter()
+                .filter_map(|n| snapshot::ingress_host_of(n)),
+        )
+        .chain(
+            delta
+                .upserted_gateway_hosts
+                .iter()
+                .filter(|g| snapshot::is_ingress_host(g))
+                .map(|g| g.host.as_str()),
+        )
+}
+
 /// Lower-cases a Host header value and drops its port.
 pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
     let host = if let Some(rest) = host.strip_prefix('[') {
@@ -382,7 +406,11 @@ impl RouteTable {
             .transpose()?;
         let mut by_listener: HashMap<&str, Vec<&holdfast_proto::v1::GatewayHost>> = HashMap::new();
         for h in &snapshot.gateway_hosts {
-            by_listener.entry(h.listener.as_str()).or_default().push(h);
+            if snapshot::is_ingress_host(h) {
+                t.put_ingress_host(h)?;
+            } else {
+                by_listener.entry(h.listener.as_str()).or_default().push(h);
+            }
         }
         let mut gateways = HashMap::new();
         for l in &snapshot.gateway_listeners {
@@ -418,6 +446,7 @@ impl RouteTable {
             host_name.split_once(' ').map(|(l, _)| l.to_owned())
         };
         let mut affected: BTreeSet<String> = BTreeSet::new();
+        let gateway = |listener: &String| listener != snapshot::INGRESS_LISTENER;
         affected.extend(delta.removed_gateway_listeners.iter().cloned());
         affected.extend(
             delta
@@ -429,19 +458,22 @@ impl RouteTable {
             delta
                 .upserted_gateway_hosts
                 .iter()
-                .map(|h| h.listener.clone()),
+                .map(|h| h.listener.clone())
+                .filter(gateway),
         );
         affected.extend(
             delta
                 .removed_gateway_hosts
                 .iter()
-                .filter_map(|h| listener_of(h)),
+                .filter_map(|h| listener_of(h))
+                .filter(gateway),
         );
         for b in &delta.upserted_backends {
             affected.extend(
                 held.hosts_using_backend(&b.name)
                     .filter(|h| h.contains(' '))
-                    .filter_map(listener_of),
+                    .filter_map(listener_of)
+                    .filter(gateway),
             );
         }
         for c in &delta.upserted_certificates {
@@ -531,13 +563,10 @@ impl RouteTable {
         }
         t.default_certificate = t.certificate_named("", &t.default_certificate_name.clone())?;
 
-        let touched: HashSet<&str> = delta
-            .removed_virtual_hosts
-            .iter()
-            .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host))
-            .map(String::as_str)
-            .collect();
-        // Hosts the delta leaves alone whose backend or certificate it replaces.
+        // The Ingress hosts the delta replaces or removes, in either form.
+        let touched: HashSet<&str> = ingress_hosts_touched(delta).collect();
+        // Ingress hosts the delta leaves alone whose backend or certificate it replaces,
+        // by the name `held` knows them by (a virtual host's host, or `ingress <host>`).
         let mut affected: BTreeSet<&str> = BTreeSet::new();
         for b in &delta.upserted_backends {
             affected.extend(held.hosts_using_backend(&b.name));
@@ -548,12 +577,37 @@ impl RouteTable {
         for host in &delta.removed_virtual_hosts {
             t.remove_host(host);
         }
+        for host in delta
+            .removed_gateway_hosts
+            .iter()
+            .filter_map(|n| snapshot::ingress_host_of(n))
+        {
+            t.remove_host(host);
+        }
         for vhost in &delta.upserted_virtual_hosts {
             t.put_host(vhost)?;
         }
-        for host in affected.into_iter().filter(|h| !touched.contains(h)) {
-            if let Some(vhost) = held.virtual_host(host) {
-                t.put_host(vhost)?;
+        for g in delta
+            .upserted_gateway_hosts
+            .iter()
+            .filter(|g| snapshot::is_ingress_host(g))
+        {
+            t.put_ingress_host(g)?;
+        }
+        for name in affected {
+            match snapshot::ingress_host_of(name) {
+                Some(host) if !touched.contains(host) => {
+                    if let Some(g) = held.gateway_host(name) {
+                        t.put_ingress_host(g)?;
+                    }
+                }
+                Some(_) => {}
+                None if touched.contains(name) => {}
+                None => {
+                    if let Some(vhost) = held.virtual_host(name) {
+                        t.put_host(vhost)?;
+                    }
+                }
             }
         }
         let default_backend = if delta.default_backend_changed {
@@ -610,6 +664,16 @@ impl RouteTable {
             label: "(default backend)".into(),
             counters: RouteCounters::default(),
         }))
+    }
+
+    /// Compiles Ingress host `g` (a Gateway host of listener `ingress`), as the virtual
+    /// host it stands for.
+    fn put_ingress_host(&mut self, g: &GatewayHost) -> Result<(), CompileError> {
+        let vhost = snapshot::ingress_virtual_host(g).map_err(|e| CompileError::Gateway {
+            name: g.name.clone(),
+            reason: e.to_string(),
+        })?;
+        self.put_host(&vhost)
     }
 
     /// Compiles `vhost` against this table's backends and certificates, in place of the

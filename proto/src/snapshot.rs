@@ -23,7 +23,10 @@ use std::collections::HashSet;
 
 use foldhash::fast::RandomState;
 
-use crate::v1::{GatewayHost, GatewayListener, KindProgress, MatchKind, Snapshot, VirtualHost};
+use crate::v1::{
+    GatewayHost, GatewayListener, GatewayRoute, KindProgress, MatchKind, Route, Snapshot,
+    VirtualHost, WeightedBackend,
+};
 
 /// Why a snapshot is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -327,7 +330,13 @@ pub fn validate_structure(snapshot: &Snapshot) -> Result<(), InvalidSnapshot> {
             return Err(bad_gateway_host(g, "appears twice".into()));
         }
         validate_gateway_host(g)?;
-        if !listeners.contains(g.listener.as_str()) {
+        if is_ingress_host(g) {
+            // One form per Ingress host: a VirtualHost or a Gateway host, never both.
+            if hosts.contains(g.host.as_str()) {
+                return Err(InvalidSnapshot::DuplicateHost(g.host.clone()));
+            }
+            certificate_known(&g.host, &g.certificate)?;
+        } else if !listeners.contains(g.listener.as_str()) {
             return Err(bad_gateway_host(
                 g,
                 format!("listener {:?} is not in the snapshot", g.listener),
@@ -383,6 +392,92 @@ pub fn listener_name(address: &str, port: u32) -> String {
 /// The name of a Gateway host: its listener's name and its host.
 pub fn gateway_host_name(listener: &str, host: &str) -> String {
     format!("{listener} {host}")
+}
+
+/// The listener of Ingress hosts given as Gateway hosts: the proxy's own listeners
+/// (`--listen`, `--listen-https`). No Gateway listener has this name (theirs are
+/// `<address>:<port>`).
+pub const INGRESS_LISTENER: &str = "ingress";
+
+/// Whether `g` is an Ingress host (listener [`INGRESS_LISTENER`]).
+pub fn is_ingress_host(g: &GatewayHost) -> bool {
+    g.listener == INGRESS_LISTENER
+}
+
+/// The Ingress host (as a virtual host names it) of a Gateway host's name, when the name
+/// is an Ingress host's: `"ingress a.example.com"` → `"a.example.com"`.
+pub fn ingress_host_of(name: &str) -> Option<&str> {
+    name.strip_prefix(INGRESS_LISTENER)?.strip_prefix(' ')
+}
+
+/// An Ingress virtual host in the one route model: the Gateway host of listener
+/// [`INGRESS_LISTENER`] whose entries are its routes, each to its one backend.
+pub fn ingress_gateway_host(v: &VirtualHost) -> GatewayHost {
+    GatewayHost {
+        name: gateway_host_name(INGRESS_LISTENER, &v.host),
+        listener: INGRESS_LISTENER.to_owned(),
+        host: v.host.clone(),
+        routes: v
+            .routes
+            .iter()
+            .map(|r| GatewayRoute {
+                match_kind: r.match_kind,
+                path: r.path.clone(),
+                backends: vec![WeightedBackend {
+                    backend: r.backend.clone(),
+                    weight: 1,
+                    unresolved: String::new(),
+                }],
+                ingress: r.source.clone(),
+                ..GatewayRoute::default()
+            })
+            .collect(),
+        certificate: v.certificate.clone(),
+        ssl_redirect: v.ssl_redirect,
+    }
+}
+
+/// The virtual host an Ingress host stands for ([`ingress_gateway_host`] inverted), or
+/// why `g` is not one: another listener, or an entry that is not one Ingress path to one
+/// backend (a header match, a filter, a weight, an unresolved or second backend, an
+/// HTTPRoute source).
+pub fn ingress_virtual_host(g: &GatewayHost) -> Result<VirtualHost, InvalidSnapshot> {
+    if !is_ingress_host(g) {
+        return Err(bad_gateway_host(g, "is not an Ingress host".into()));
+    }
+    let routes = g
+        .routes
+        .iter()
+        .map(|r| {
+            let bad = |reason: &str| {
+                bad_gateway_host(g, format!("route {}: an Ingress route {reason}", r.path))
+            };
+            let [b] = r.backends.as_slice() else {
+                return Err(bad("has one backend"));
+            };
+            if b.backend.is_empty() || !b.unresolved.is_empty() || b.weight != 1 {
+                return Err(bad("names its backend, with weight 1"));
+            }
+            if !r.headers.is_empty() || r.request_headers.is_some() || r.redirect.is_some() {
+                return Err(bad("has no header matches and no filters"));
+            }
+            if r.source.is_some() {
+                return Err(bad("comes from an Ingress, not an HTTPRoute"));
+            }
+            Ok(Route {
+                match_kind: r.match_kind,
+                path: r.path.clone(),
+                backend: b.backend.clone(),
+                source: r.ingress.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(VirtualHost {
+        host: g.host.clone(),
+        routes,
+        certificate: g.certificate.clone(),
+        ssl_redirect: g.ssl_redirect,
+    })
 }
 
 /// Is `host` a lower-case DNS name, `*.` + such a name, or "" (Gateway API hostnames: a
@@ -450,6 +545,22 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
         return Err(bad_gateway_host(
             g,
             "name is not \"<listener> <host>\"".into(),
+        ));
+    }
+    if is_ingress_host(g) {
+        // The Ingress rules, checked once: as the virtual host it stands for.
+        return validate_virtual_host(&ingress_virtual_host(g)?);
+    }
+    if !g.certificate.is_empty() || g.ssl_redirect {
+        return Err(bad_gateway_host(
+            g,
+            "a Gateway listener's host names a certificate (its listener does)".into(),
+        ));
+    }
+    if g.routes.iter().any(|r| r.ingress.is_some()) {
+        return Err(bad_gateway_host(
+            g,
+            "a Gateway listener's route names an Ingress".into(),
         ));
     }
     for r in &g.routes {
@@ -643,6 +754,89 @@ mod tests {
     }
 
     #[test]
+    fn an_ingress_host_given_as_a_gateway_host_is_held_to_the_ingress_rules() {
+        use crate::v1::{HeaderMatch, HeaderModifier, IngressRef, RequestRedirect, RouteRef};
+        let mut s = sample();
+        s.virtual_hosts[0].routes[0].source = Some(IngressRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        });
+        let v = s.virtual_hosts[0].clone();
+        let g = ingress_gateway_host(&v);
+        assert_eq!(g.name, "ingress a.example.com");
+        assert_eq!(ingress_virtual_host(&g), Ok(v.clone()));
+        assert_eq!(ingress_host_of(&g.name), Some("a.example.com"));
+        assert_eq!(ingress_host_of("127.0.0.1:80 a.example.com"), None);
+        // `s` with its one virtual host given as `edit` makes its Gateway host.
+        let one = |edit: &dyn Fn(&mut GatewayHost)| {
+            let mut t = s.clone();
+            t.virtual_hosts.clear();
+            let mut g = ingress_gateway_host(&v);
+            edit(&mut g);
+            g.name = gateway_host_name(&g.listener, &g.host);
+            t.gateway_hosts.push(g);
+            seal(&mut t, 42);
+            validate(&t)
+        };
+        assert_eq!(one(&|_| {}), Ok(()));
+        type Edit = dyn Fn(&mut GatewayHost);
+        let refused: [(&str, &Edit); 10] = [
+            ("a second backend", &|g| {
+                let b = g.routes[0].backends[0].clone();
+                g.routes[0].backends.push(b);
+            }),
+            ("no backend", &|g| g.routes[0].backends.clear()),
+            ("a weight", &|g| g.routes[0].backends[0].weight = 3),
+            ("an unresolved backend", &|g| {
+                g.routes[0].backends[0].backend.clear();
+                g.routes[0].backends[0].unresolved = "not found".into();
+            }),
+            ("a header match", &|g| {
+                g.routes[0].headers.push(HeaderMatch {
+                    name: "x".into(),
+                    value: "1".into(),
+                })
+            }),
+            ("a header change", &|g| {
+                g.routes[0].request_headers = Some(HeaderModifier::default())
+            }),
+            ("a redirect", &|g| {
+                g.routes[0].redirect = Some(RequestRedirect {
+                    status_code: 302,
+                    ..Default::default()
+                })
+            }),
+            ("an HTTPRoute source", &|g| {
+                g.routes[0].source = Some(RouteRef::default())
+            }),
+            ("a redirect to https without a certificate", &|g| {
+                g.ssl_redirect = true
+            }),
+            ("a certificate not in the snapshot", &|g| {
+                g.certificate = "default/missing".into()
+            }),
+        ];
+        for (what, edit) in refused {
+            assert!(one(edit).is_err(), "an Ingress host with {what} is refused");
+        }
+        // A Gateway listener's host names neither a certificate nor an Ingress.
+        let mut gw = ingress_gateway_host(&v);
+        gw.listener = "127.10.0.1:80".into();
+        gw.name = gateway_host_name(&gw.listener, &gw.host);
+        assert!(
+            validate_gateway_host(&gw).is_err(),
+            "a route that names an Ingress"
+        );
+        gw.routes[0].ingress = None;
+        assert_eq!(validate_gateway_host(&gw), Ok(()));
+        gw.certificate = "default/tls".into();
+        assert!(
+            validate_gateway_host(&gw).is_err(),
+            "a host that names a certificate"
+        );
+    }
+
+    #[test]
     fn identical_content_has_identical_hash_whatever_the_identity_fields() {
         let a = sample();
         let mut b = sample();
@@ -792,6 +986,7 @@ mod tests {
                 }],
                 ..Default::default()
             }],
+            ..Default::default()
         }];
         seal(&mut s, 1);
         s

@@ -244,6 +244,7 @@ fn host_of((address, port, host): &HostKey, entries: &[routes::Entry]) -> Gatewa
         listener,
         host: host.clone(),
         routes: entries.iter().map(route_of).collect(),
+        ..Default::default()
     }
 }
 

@@ -63,6 +63,42 @@ use MatchKind::{Exact, Prefix};
 
 /// The table in the Kubernetes Ingress documentation ("Examples" under path types), with
 /// Prefix paths as the control plane sends them (trailing '/' removed).
+/// `s` with each virtual host given instead as the Gateway host of listener `ingress`:
+/// the one route model the control plane sends.
+fn unified(s: &Snapshot) -> Snapshot {
+    let mut out = s.clone();
+    out.gateway_hosts.extend(
+        std::mem::take(&mut out.virtual_hosts)
+            .iter()
+            .map(holdfast_proto::snapshot::ingress_gateway_host),
+    );
+    out.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Compiles `s` with its Ingress hosts in both forms (virtual hosts, as older control
+/// planes send them, and Gateway hosts of listener `ingress`), checks that both are
+/// valid alike and serve the same, and returns the one model's table: every Ingress
+/// matching test here runs on it.
+fn compile(s: &Snapshot) -> RouteTable {
+    use holdfast_proto::snapshot::validate;
+    let one = unified(s);
+    assert!(
+        !s.virtual_hosts.is_empty() && one.virtual_hosts.is_empty(),
+        "a snapshot with Ingress hosts, moved to the one model"
+    );
+    assert_eq!(
+        validate(s).is_ok(),
+        validate(&one).is_ok(),
+        "{:?}",
+        validate(&one)
+    );
+    let legacy = RouteTable::compile(s).unwrap();
+    let table = RouteTable::compile(&one).unwrap();
+    assert_eq!(served(&legacy), served(&table));
+    table
+}
+
 #[test]
 fn ingress_spec_path_examples() {
     /// (rules, request path, matching rule).
@@ -117,7 +153,7 @@ fn ingress_spec_path_examples() {
             .iter()
             .map(|(h, k, p, b)| (*h, *k, *p, b.as_str()))
             .collect();
-        let t = RouteTable::compile(&snapshot(&owned, None)).unwrap();
+        let t = compile(&snapshot(&owned, None));
         assert_eq!(
             backend_for(&t, "a.example.com", request).as_deref(),
             *expected,
@@ -128,7 +164,7 @@ fn ingress_spec_path_examples() {
 
 #[test]
 fn exact_is_case_sensitive() {
-    let t = RouteTable::compile(&snapshot(&[("a.example.com", Exact, "/Foo", "b")], None)).unwrap();
+    let t = compile(&snapshot(&[("a.example.com", Exact, "/Foo", "b")], None));
     assert_eq!(
         backend_for(&t, "a.example.com", "/Foo").as_deref(),
         Some("b")
@@ -138,15 +174,14 @@ fn exact_is_case_sensitive() {
 
 #[test]
 fn host_precedence_exact_then_wildcard_then_no_host_then_default() {
-    let t = RouteTable::compile(&snapshot(
+    let t = compile(&snapshot(
         &[
             ("a.example.com", Prefix, "/", "exact"),
             ("*.example.com", Prefix, "/", "wildcard"),
             ("", Prefix, "/", "no-host"),
         ],
         Some("default"),
-    ))
-    .unwrap();
+    ));
     assert_eq!(
         backend_for(&t, "a.example.com", "/").as_deref(),
         Some("exact")
@@ -160,11 +195,10 @@ fn host_precedence_exact_then_wildcard_then_no_host_then_default() {
         Some("no-host")
     );
 
-    let without_no_host = RouteTable::compile(&snapshot(
+    let without_no_host = compile(&snapshot(
         &[("a.example.com", Prefix, "/x", "exact")],
         Some("default"),
-    ))
-    .unwrap();
+    ));
     assert_eq!(
         backend_for(&without_no_host, "other.test", "/").as_deref(),
         Some("default")
@@ -175,8 +209,7 @@ fn host_precedence_exact_then_wildcard_then_no_host_then_default() {
         "host matched, path did not"
     );
 
-    let nothing =
-        RouteTable::compile(&snapshot(&[("a.example.com", Prefix, "/x", "exact")], None)).unwrap();
+    let nothing = compile(&snapshot(&[("a.example.com", Prefix, "/x", "exact")], None));
     assert_eq!(nothing.lookup("other.test", "/").err(), Some(Miss::NoHost));
     assert_eq!(
         nothing.lookup("a.example.com", "/y").err(),
@@ -188,7 +221,7 @@ fn host_precedence_exact_then_wildcard_then_no_host_then_default() {
 
 #[test]
 fn wildcards_match_exactly_one_label() {
-    let t = RouteTable::compile(&snapshot(&[("*.example.com", Prefix, "/", "w")], None)).unwrap();
+    let t = compile(&snapshot(&[("*.example.com", Prefix, "/", "w")], None));
     assert_eq!(backend_for(&t, "a.example.com", "/").as_deref(), Some("w"));
     assert_eq!(backend_for(&t, "a.b.example.com", "/"), None);
     assert_eq!(backend_for(&t, "example.com", "/"), None);
@@ -217,7 +250,7 @@ fn round_robin_and_unavailable_backends() {
     });
     s.backends[1].endpoints.clear();
     s.backends[1].unavailable_reason = "service x/empty not found".into();
-    let t = RouteTable::compile(&s).unwrap();
+    let t = compile(&s);
     let b = t.backend("b").unwrap();
     assert_eq!(b.endpoints.len(), 2);
     assert_ne!(b.next_index() % 2, b.next_index() % 2);
@@ -355,7 +388,7 @@ fn a_gateway_listener_picks_its_certificate_by_listener_hostname() {
 
 #[test]
 fn sni_picks_the_exact_hosts_certificate_over_the_wildcard_and_the_wildcard_covers_one_label() {
-    let t = RouteTable::compile(&tls_snapshot()).unwrap();
+    let t = compile(&tls_snapshot());
     assert_eq!(cert_name(&t, Some("a.test")).as_deref(), Some("ns/a"));
     assert_eq!(
         cert_name(&t, Some("x.example.test")).as_deref(),
@@ -388,14 +421,14 @@ fn an_exact_host_without_a_certificate_never_gets_the_wildcards() {
         ..Default::default()
     });
     s.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
-    let t = RouteTable::compile(&s).unwrap();
+    let t = compile(&s);
     assert_eq!(cert_name(&t, Some("z.example.test")), None);
     assert_eq!(
         cert_name(&t, Some("y.example.test")).as_deref(),
         Some("ns/wild")
     );
     s.default_certificate = "ns/a".into();
-    let t = RouteTable::compile(&s).unwrap();
+    let t = compile(&s);
     assert_eq!(
         cert_name(&t, Some("z.example.test")).as_deref(),
         Some("ns/a")
@@ -406,14 +439,14 @@ fn an_exact_host_without_a_certificate_never_gets_the_wildcards() {
 fn the_default_certificate_answers_unknown_and_missing_sni() {
     let mut s = tls_snapshot();
     s.default_certificate = "ns/a".into();
-    let t = RouteTable::compile(&s).unwrap();
+    let t = compile(&s);
     assert_eq!(cert_name(&t, Some("nope.test")).as_deref(), Some("ns/a"));
     assert_eq!(cert_name(&t, None).as_deref(), Some("ns/a"));
 }
 
 #[test]
 fn only_hosts_with_a_certificate_and_the_redirect_flag_redirect_plain_http() {
-    let t = RouteTable::compile(&tls_snapshot()).unwrap();
+    let t = compile(&tls_snapshot());
     assert!(t.redirects_to_https("x.example.test"));
     assert!(t.redirects_to_https("y.example.test"));
     assert!(!t.redirects_to_https("a.test"));
@@ -593,17 +626,44 @@ fn random_change(s: &mut Snapshot, w: &mut Walk, certs: &[holdfast_proto::v1::Ce
             } else {
                 String::new()
             };
-            s.virtual_hosts.retain(|v| v.host != host);
-            s.virtual_hosts.push(VirtualHost {
+            let vhost = VirtualHost {
                 host,
                 routes,
                 ssl_redirect: !certificate.is_empty() && w.below(2) == 0,
                 certificate,
-            });
+            };
+            // Either form of an Ingress host: a virtual host (older control planes) or
+            // the Gateway host of listener `ingress` (the one model).
+            remove_ingress_host(s, &vhost.host);
+            if w.below(2) == 0 {
+                s.virtual_hosts.push(vhost);
+            } else {
+                s.gateway_hosts
+                    .push(holdfast_proto::snapshot::ingress_gateway_host(&vhost));
+            }
         }
-        2 if !s.virtual_hosts.is_empty() => {
-            let i = w.below(s.virtual_hosts.len() as u64) as usize;
-            s.virtual_hosts.remove(i);
+        2 if !ingress_hosts(s).is_empty() => {
+            let hosts = ingress_hosts(s);
+            let host = hosts[w.below(hosts.len() as u64) as usize].clone();
+            remove_ingress_host(s, &host);
+        }
+        7 if !ingress_hosts(s).is_empty() => {
+            // An Ingress host moved from one form to the other, unchanged.
+            let hosts = ingress_hosts(s);
+            let host = hosts[w.below(hosts.len() as u64) as usize].clone();
+            if let Some(i) = s.virtual_hosts.iter().position(|v| v.host == host) {
+                let v = s.virtual_hosts.remove(i);
+                s.gateway_hosts
+                    .push(holdfast_proto::snapshot::ingress_gateway_host(&v));
+            } else if let Some(i) = s
+                .gateway_hosts
+                .iter()
+                .position(|g| holdfast_proto::snapshot::is_ingress_host(g) && g.host == host)
+            {
+                let g = s.gateway_hosts.remove(i);
+                s.virtual_hosts
+                    .push(holdfast_proto::snapshot::ingress_virtual_host(&g).unwrap());
+            }
         }
         3 if !s.backends.is_empty() => {
             let i = w.below(s.backends.len() as u64) as usize;
@@ -671,6 +731,27 @@ fn random_change(s: &mut Snapshot, w: &mut Walk, certs: &[holdfast_proto::v1::Ce
     s.certificates.sort_by(|a, b| a.name.cmp(&b.name));
     s.gateway_listeners.sort_by(|a, b| a.name.cmp(&b.name));
     s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// The Ingress hosts of `s`, in either form.
+fn ingress_hosts(s: &Snapshot) -> Vec<String> {
+    s.virtual_hosts
+        .iter()
+        .map(|v| v.host.clone())
+        .chain(
+            s.gateway_hosts
+                .iter()
+                .filter(|g| holdfast_proto::snapshot::is_ingress_host(g))
+                .map(|g| g.host.clone()),
+        )
+        .collect()
+}
+
+/// Removes Ingress host `host` from `s`, in whichever form it is.
+fn remove_ingress_host(s: &mut Snapshot, host: &str) {
+    s.virtual_hosts.retain(|v| v.host != host);
+    s.gateway_hosts
+        .retain(|g| !(holdfast_proto::snapshot::is_ingress_host(g) && g.host == host));
 }
 
 /// A Gateway host upserted on one of two listeners (made if missing: HTTPS with a
@@ -772,6 +853,7 @@ fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
         listener,
         host,
         routes,
+        ..Default::default()
     });
 }
 
@@ -810,12 +892,7 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
                 .difference(&labels(&changed))
                 .cloned()
                 .collect();
-            let hosts: Vec<&str> = delta
-                .removed_virtual_hosts
-                .iter()
-                .map(String::as_str)
-                .chain(delta.upserted_virtual_hosts.iter().map(|v| v.host.as_str()))
-                .collect();
+            let hosts: Vec<&str> = ingress_hosts_touched(&delta).collect();
             assert_eq!(
                 table.labels_gone(&changed, Some(&hosts)),
                 gone,

@@ -51,8 +51,9 @@ pub struct Held {
     /// Backend name → the virtual hosts and Gateway hosts with a route to it (a Gateway
     /// host's name has a space, a virtual host's never does).
     backend_users: HashMap<String, HashSet<String>>,
-    /// Certificate name → the virtual hosts and Gateway listeners that serve it (a
-    /// listener's name has a `:`, a virtual host's never does).
+    /// Certificate name → the virtual hosts, Ingress hosts given as Gateway hosts
+    /// (`ingress <host>`) and Gateway listeners that serve it (a listener's name has a
+    /// `:`, a host's never does).
     certificate_users: HashMap<String, HashSet<String>>,
     /// Gateway listener name → its Gateway hosts.
     listener_hosts: HashMap<String, HashSet<String>>,
@@ -261,11 +262,24 @@ impl Held {
             &delta.removed_certificates,
             |c| &c.name,
         )?;
+        let gateway_hosts = names(
+            "gateway host",
+            &self.gateway_hosts,
+            &delta.upserted_gateway_hosts,
+            &delta.removed_gateway_hosts,
+            |g| &g.name,
+        )?;
         let backend_after = |name: &str| backends.after(name, &self.backends);
         let certificate_after =
             |name: &str| name.is_empty() || certificates.after(name, &self.certificates);
         for vhost in &delta.upserted_virtual_hosts {
             snapshot::validate_virtual_host(vhost)?;
+            // One form per Ingress host (see `snapshot::validate`).
+            let as_gateway_host =
+                snapshot::gateway_host_name(snapshot::INGRESS_LISTENER, &vhost.host);
+            if gateway_hosts.after(&as_gateway_host, &self.gateway_hosts) {
+                return Err(InvalidSnapshot::DuplicateHost(vhost.host.clone()).into());
+            }
             if !certificate_after(&vhost.certificate) {
                 return Err(InvalidSnapshot::MissingCertificate {
                     host: vhost.host.clone(),
@@ -291,13 +305,6 @@ impl Held {
             &delta.removed_gateway_listeners,
             |l| &l.name,
         )?;
-        let gateway_hosts = names(
-            "gateway host",
-            &self.gateway_hosts,
-            &delta.upserted_gateway_hosts,
-            &delta.removed_gateway_hosts,
-            |g| &g.name,
-        )?;
         for l in &delta.upserted_gateway_listeners {
             snapshot::validate_gateway_listener(l)?;
             if let Some(c) = snapshot::listener_certificates(l).find(|c| !certificate_after(c)) {
@@ -311,7 +318,18 @@ impl Held {
         }
         for g in &delta.upserted_gateway_hosts {
             snapshot::validate_gateway_host(g)?;
-            if !listeners.after(&g.listener, &self.gateway_listeners) {
+            if snapshot::is_ingress_host(g) {
+                if hosts.after(&g.host, &self.virtual_hosts) {
+                    return Err(InvalidSnapshot::DuplicateHost(g.host.clone()).into());
+                }
+                if !certificate_after(&g.certificate) {
+                    return Err(InvalidSnapshot::MissingCertificate {
+                        host: g.host.clone(),
+                        certificate: g.certificate.clone(),
+                    }
+                    .into());
+                }
+            } else if !listeners.after(&g.listener, &self.gateway_listeners) {
                 return Err(bad_gateway(
                     "host",
                     &g.name,
@@ -397,7 +415,7 @@ impl Held {
                     .into());
                 }
                 return Err(InvalidSnapshot::MissingCertificate {
-                    host: host.clone(),
+                    host: snapshot::ingress_host_of(host).unwrap_or(host).to_owned(),
                     certificate: gone.clone(),
                 }
                 .into());
@@ -671,6 +689,12 @@ impl Held {
                 .or_default()
                 .insert(g.name.clone());
         }
+        if !g.certificate.is_empty() {
+            self.certificate_users
+                .entry(g.certificate.clone())
+                .or_default()
+                .insert(g.name.clone());
+        }
         self.listener_hosts
             .entry(g.listener.clone())
             .or_default()
@@ -686,6 +710,7 @@ impl Held {
         for b in snapshot::gateway_host_backends(&g) {
             unuse(&mut self.backend_users, b, name);
         }
+        unuse(&mut self.certificate_users, &g.certificate, name);
         unuse(&mut self.listener_hosts, &g.listener, name);
     }
 }

@@ -85,6 +85,7 @@ fn gateway_host(i: u8, listener_index: u8, backend: u8) -> GatewayHost {
             ],
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 
@@ -174,6 +175,22 @@ fn build_with(
     s
 }
 
+/// `s` with some Ingress hosts in the one model (Gateway hosts of listener `ingress`),
+/// the others as virtual hosts (as older control planes send them): those to an odd
+/// backend. A host whose backend changes between two snapshots changes form too.
+fn mixed(mut s: Snapshot) -> Snapshot {
+    let (legacy, one): (Vec<VirtualHost>, Vec<VirtualHost>) = std::mem::take(&mut s.virtual_hosts)
+        .into_iter()
+        .partition(|v| v.routes[0].backend.ends_with(['0', '2', '4']));
+    s.virtual_hosts = legacy;
+    s.gateway_hosts
+        .extend(one.iter().map(snapshot::ingress_gateway_host));
+    s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    let revision = s.cluster_revision;
+    snapshot::seal(&mut s, revision);
+    s
+}
+
 prop_compose! {
     fn arb_snapshot(revision: u64)(
         hosts in prop::collection::btree_map(0u8..12, (0u8..6, prop::option::of(0u8..4)), 0..10),
@@ -182,7 +199,7 @@ prop_compose! {
         default in prop::option::of(0u8..6),
         gateways in arb_gateways(),
     ) -> Snapshot {
-        build_with(&hosts, &backends, &certs, default, &gateways, revision)
+        mixed(build_with(&hosts, &backends, &certs, default, &gateways, revision))
     }
 }
 
@@ -511,8 +528,8 @@ prop_compose! {
         edit(&mut next.4.0, &listener_edits);
         edit(&mut next.4.1, &gateway_host_edits);
         (
-            build_with(&base.0, &base.1, &base.2, base.3, &base.4, 1),
-            build_with(&next.0, &next.1, &next.2, next.3, &next.4, 2),
+            mixed(build_with(&base.0, &base.1, &base.2, base.3, &base.4, 1)),
+            mixed(build_with(&next.0, &next.1, &next.2, next.3, &next.4, 2)),
         )
     }
 }
@@ -581,4 +598,132 @@ proptest! {
             ),
         }
     }
+}
+
+/// `delta` restamped with the hash and version of what it makes from `base`, as a buggy
+/// control plane would send it: only the references can catch what is wrong with it.
+fn restamped(mut delta: SnapshotDelta, base: &Snapshot) -> SnapshotDelta {
+    delta.content_hash = hash_edit(&Hashed::of(base), &delta).sum.content_hash();
+    delta.version = snapshot::version_string(delta.cluster_revision, &delta.content_hash);
+    delta
+}
+
+/// Both ways of checking a delta (the whole result validated, and [`Held`] in
+/// O(change)) refuse `delta` with the same error.
+fn both_refuse(base: &Snapshot, delta: &SnapshotDelta) -> InvalidDelta {
+    let whole = apply(base, delta).expect_err("apply refuses it");
+    let held = Held::new(base.clone(), Hashed::of(base));
+    let by_held = held.check(delta).expect_err("Held refuses it");
+    assert_eq!(whole, by_held);
+    whole
+}
+
+#[test]
+fn an_ingress_host_is_given_in_one_form_only() {
+    let backends = BTreeMap::from([(0, 1)]);
+    let base = build(
+        &BTreeMap::from([(0, (0, None))]),
+        &backends,
+        &BTreeMap::new(),
+        None,
+        1,
+    );
+    assert_eq!(base.virtual_hosts.len(), 1);
+    // The same host again, as the Gateway host of listener `ingress`.
+    let mut both = base.clone();
+    both.gateway_hosts
+        .push(snapshot::ingress_gateway_host(&base.virtual_hosts[0]));
+    snapshot::seal(&mut both, 2);
+    assert_eq!(
+        snapshot::validate(&both),
+        Err(InvalidSnapshot::DuplicateHost("h0.test".into()))
+    );
+    let delta = restamped(diff(&base.version, &inventory(&base), &both), &base);
+    assert_eq!(delta.upserted_gateway_hosts.len(), 1);
+    assert_eq!(
+        both_refuse(&base, &delta),
+        InvalidDelta::Result(InvalidSnapshot::DuplicateHost("h0.test".into()))
+    );
+    // Moving it from one form to the other in one delta is fine, both ways.
+    let mut moved = both.clone();
+    moved.virtual_hosts.clear();
+    snapshot::seal(&mut moved, 2);
+    let to_one = diff(&base.version, &inventory(&base), &moved);
+    let mut held = Held::new(base.clone(), Hashed::of(&base));
+    let checked = held.check(&to_one).expect("moved to the one model");
+    held.commit(&to_one, checked);
+    assert_eq!(held.to_snapshot(), moved);
+    let back = diff(&moved.version, &inventory(&moved), &{
+        let mut b = base.clone();
+        snapshot::seal(&mut b, 3);
+        b
+    });
+    let checked = held.check(&back).expect("moved back");
+    held.commit(&back, checked);
+    assert_eq!(held.to_snapshot().virtual_hosts, base.virtual_hosts);
+}
+
+#[test]
+fn an_ingress_host_given_as_a_gateway_host_keeps_its_certificate_and_backends() {
+    let backends = BTreeMap::from([(1, 1)]);
+    let certs = BTreeMap::from([(0, 0)]);
+    let base = mixed(build(
+        &BTreeMap::from([(1, (1, Some(0)))]),
+        &backends,
+        &certs,
+        None,
+        1,
+    ));
+    let g = &base.gateway_hosts[0];
+    assert!(snapshot::is_ingress_host(g) && g.certificate == "c0");
+    let held = Held::new(base.clone(), Hashed::of(&base));
+    assert_eq!(
+        held.hosts_using_certificate("c0").collect::<Vec<_>>(),
+        vec!["ingress h1.test"]
+    );
+    assert_eq!(
+        held.hosts_using_backend("b1").collect::<Vec<_>>(),
+        vec!["ingress h1.test"]
+    );
+    // Its certificate removed, its backend removed, or a certificate it names missing.
+    let no_default = |mut s: Snapshot| {
+        s.default_certificate.clear();
+        s
+    };
+    let mut without_cert = no_default(base.clone());
+    without_cert.certificates.clear();
+    snapshot::seal(&mut without_cert, 2);
+    let base_nd = {
+        let mut b = no_default(base.clone());
+        snapshot::seal(&mut b, 1);
+        b
+    };
+    let delta = restamped(
+        diff(&base_nd.version, &inventory(&base_nd), &without_cert),
+        &base_nd,
+    );
+    assert_eq!(delta.removed_certificates, vec!["c0".to_string()]);
+    assert!(matches!(
+        both_refuse(&base_nd, &delta),
+        InvalidDelta::Result(InvalidSnapshot::MissingCertificate { .. })
+    ));
+    let mut without_backend = base.clone();
+    without_backend.backends.clear();
+    snapshot::seal(&mut without_backend, 2);
+    let delta = restamped(
+        diff(&base.version, &inventory(&base), &without_backend),
+        &base,
+    );
+    assert!(matches!(
+        both_refuse(&base, &delta),
+        InvalidDelta::Result(InvalidSnapshot::BadGateway { .. })
+    ));
+    let mut other_cert = base.clone();
+    other_cert.gateway_hosts[0].certificate = "c9".into();
+    snapshot::seal(&mut other_cert, 2);
+    let delta = restamped(diff(&base.version, &inventory(&base), &other_cert), &base);
+    assert!(matches!(
+        both_refuse(&base, &delta),
+        InvalidDelta::Result(InvalidSnapshot::MissingCertificate { .. })
+    ));
 }
