@@ -11,17 +11,20 @@
 //! removal joins it; either makes a new set, with a new name and a new period.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 
-use holdfast_proto::snapshot::{gateway_route_key, route_count};
+use holdfast_proto::snapshot::{
+    gateway_route_key, ingress_gateway_host, ingress_virtual_host, is_ingress_host, route_count,
+};
 use holdfast_proto::v1::{GatewayHost, Snapshot, VirtualHost};
 
 /// The identity of a route: host, match kind and path ("" host and "*" path for the
-/// default backend). A Gateway route's "host" is its Gateway host's name
-/// (`<address>:<port> <hostname>`, which no virtual host's can be) and its "path" its
-/// [`gateway_route_key`] (path and header matches).
+/// default backend). An Ingress route has the same key in either form of its host (a
+/// virtual host, or the Gateway host of listener `ingress`). A Gateway route's "host" is
+/// its Gateway host's name (`<address>:<port> <hostname>`, which no Ingress host can be)
+/// and its "path" its [`gateway_route_key`] (path and header matches).
 fn route_keys(s: &Snapshot) -> HashSet<(Cow<'_, str>, i32, Cow<'_, str>)> {
     let mut keys: HashSet<(Cow<'_, str>, i32, Cow<'_, str>)> = s
         .virtual_hosts
@@ -37,9 +40,11 @@ fn route_keys(s: &Snapshot) -> HashSet<(Cow<'_, str>, i32, Cow<'_, str>)> {
         })
         .collect();
     for g in &s.gateway_hosts {
+        // An Ingress host is keyed alike in either form: by its host.
+        let host = if is_ingress_host(g) { &g.host } else { &g.name };
         for r in &g.routes {
             keys.insert((
-                Cow::Borrowed(g.name.as_str()),
+                Cow::Borrowed(host.as_str()),
                 r.match_kind,
                 Cow::Owned(gateway_route_key(r)),
             ));
@@ -123,23 +128,66 @@ pub fn assess_change<'a>(
     default_backend_removed: bool,
     max_removal_share: f64,
 ) -> Verdict {
-    let keys = |v: &'a VirtualHost| -> HashSet<(i32, &'a str)> {
+    // Ingress hosts by host, in either form (a host may change form in one change):
+    // the route keys before and after.
+    type Keys<'k> = HashSet<(i32, Cow<'k, str>)>;
+    let mut ingress: HashMap<&'a str, (Keys<'a>, Keys<'a>)> = HashMap::new();
+    let virtual_keys = |v: &'a VirtualHost| -> Keys<'a> {
         v.routes
             .iter()
-            .map(|r| (r.match_kind, r.path.as_str()))
+            .map(|r| (r.match_kind, Cow::Borrowed(r.path.as_str())))
+            .collect()
+    };
+    let owned = |g: &GatewayHost| -> Keys<'a> {
+        gateway_keys(g)
+            .into_iter()
+            .map(|(k, p)| (k, Cow::Owned(p)))
             .collect()
     };
     let mut removed = usize::from(default_backend_removed);
     for (before, after) in changed_hosts {
-        let Some(before) = before else { continue };
-        let after = after.map(keys).unwrap_or_default();
-        removed += keys(before).difference(&after).count();
+        if let Some(v) = before {
+            ingress
+                .entry(&v.host)
+                .or_default()
+                .0
+                .extend(virtual_keys(v));
+        }
+        if let Some(v) = after {
+            ingress
+                .entry(&v.host)
+                .or_default()
+                .1
+                .extend(virtual_keys(v));
+        }
     }
     for (before, after) in changed_gateway_hosts {
-        let Some(before) = before else { continue };
-        let after = after.map(gateway_keys).unwrap_or_default();
-        removed += gateway_keys(before).difference(&after).count();
+        match (before, after) {
+            (Some(g), _) | (None, Some(g)) if is_ingress_host(g) => {
+                for (side, g) in [(0, before), (1, after)] {
+                    let Some(g) = g.filter(|g| is_ingress_host(g)) else {
+                        continue;
+                    };
+                    let entry = ingress.entry(&g.host).or_default();
+                    if side == 0 {
+                        &mut entry.0
+                    } else {
+                        &mut entry.1
+                    }
+                    .extend(owned(g));
+                }
+            }
+            (Some(before), after) => {
+                let after = after.map(gateway_keys).unwrap_or_default();
+                removed += gateway_keys(before).difference(&after).count();
+            }
+            (None, _) => {}
+        }
     }
+    removed += ingress
+        .values()
+        .map(|(before, after)| before.difference(after).count())
+        .sum::<usize>();
     decide(sizes, removed, max_removal_share)
 }
 
@@ -264,6 +312,8 @@ pub fn keep_held(
             out.backends.push(b.clone());
         }
     };
+    let mut ingress_held: std::collections::BTreeMap<&str, Vec<(i32, &str)>> =
+        std::collections::BTreeMap::new();
     for key in held {
         if *key == default_key() {
             if let Some(d) = &published.default_backend {
@@ -288,30 +338,41 @@ pub fn keep_held(
             }
             continue;
         }
-        let Some(before) = published.virtual_hosts.iter().find(|v| v.host == *host) else {
+        // An Ingress route: put back per host, below.
+        ingress_held
+            .entry(host.as_str())
+            .or_default()
+            .push((*kind, path.as_str()));
+    }
+    for (host, routes) in ingress_held {
+        // Its host, in whichever form each snapshot gives it.
+        let Some((before, published_form)) = ingress_host(published, host) else {
             continue;
         };
-        let Some(route) = before
-            .routes
+        let routes: Vec<&holdfast_proto::v1::Route> = routes
             .iter()
-            .find(|r| r.match_kind == *kind && r.path == *path)
-        else {
+            .filter_map(|(kind, path)| {
+                before
+                    .routes
+                    .iter()
+                    .find(|r| r.match_kind == *kind && r.path == *path)
+            })
+            .collect();
+        if routes.is_empty() {
             continue;
-        };
-        let i = match out.virtual_hosts.iter().position(|v| v.host == *host) {
-            Some(i) => i,
-            None => {
-                out.virtual_hosts.push(VirtualHost {
-                    routes: Vec::new(),
-                    ..before.clone()
-                });
-                out.virtual_hosts.len() - 1
-            }
-        };
+        }
+        // The candidate's host, in its form, or the published one re-made without
+        // routes, in the form it was published in.
+        let (mut v, form) = ingress_host(&out, host).unwrap_or_else(|| {
+            let empty = VirtualHost {
+                routes: Vec::new(),
+                ..before.clone()
+            };
+            (empty, published_form)
+        });
         // A held route is served as it was published: over TLS with the host's
         // certificate, when the candidate's host has none (the Ingress that named it is
         // the one going; another Ingress without TLS keeps the host).
-        let v = &mut out.virtual_hosts[i];
         if v.certificate.is_empty() && !before.certificate.is_empty() {
             v.certificate.clone_from(&before.certificate);
             v.ssl_redirect |= before.ssl_redirect;
@@ -326,11 +387,12 @@ pub fn keep_held(
         {
             out.certificates.push(c.clone());
         }
-        out.virtual_hosts[i].routes.push(route.clone());
-        need_backend(&route.backend, &mut out);
-    }
-    for v in &mut out.virtual_hosts {
+        for route in routes {
+            v.routes.push(route.clone());
+            need_backend(&route.backend, &mut out);
+        }
         crate::translate::sort_routes(&mut v.routes);
+        put_ingress_host(&mut out, v, form);
     }
     out.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
     out.backends.sort_by(|a, b| a.name.cmp(&b.name));
@@ -338,6 +400,45 @@ pub fn keep_held(
     out.gateway_listeners.sort_by(|a, b| a.name.cmp(&b.name));
     out.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// The form an Ingress host is given in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// A virtual host (as older control planes send them).
+    Virtual,
+    /// The Gateway host of listener `ingress` (the one route model).
+    Gateway,
+}
+
+/// Ingress host `host` of `s` as a virtual host, and the form `s` gives it in.
+fn ingress_host(s: &Snapshot, host: &str) -> Option<(VirtualHost, Form)> {
+    if let Some(v) = s.virtual_hosts.iter().find(|v| v.host == host) {
+        return Some((v.clone(), Form::Virtual));
+    }
+    s.gateway_hosts
+        .iter()
+        .find(|g| is_ingress_host(g) && g.host == host)
+        .and_then(|g| ingress_virtual_host(g).ok())
+        .map(|v| (v, Form::Gateway))
+}
+
+/// Puts Ingress host `v` into `out` in `form`, in place of the host's entry if it has
+/// one.
+fn put_ingress_host(out: &mut Snapshot, v: VirtualHost, form: Form) {
+    match form {
+        Form::Virtual => match out.virtual_hosts.iter_mut().find(|x| x.host == v.host) {
+            Some(x) => *x = v,
+            None => out.virtual_hosts.push(v),
+        },
+        Form::Gateway => {
+            let g = ingress_gateway_host(&v);
+            match out.gateway_hosts.iter_mut().find(|x| x.name == g.name) {
+                Some(x) => *x = g,
+                None => out.gateway_hosts.push(g),
+            }
+        }
+    }
 }
 
 /// Puts the held Gateway route `key` of `published` back into `out`: into its Gateway
@@ -617,6 +718,28 @@ mod change_tests {
         route_keys(s).len()
     }
 
+    /// `s` with each virtual host `h<i>` whose bit `i` is set in `forms` given instead as
+    /// the Gateway host of listener `ingress` (the one route model).
+    fn in_forms(mut s: Snapshot, forms: u8) -> Snapshot {
+        let bit = |v: &VirtualHost| {
+            v.host
+                .trim_start_matches('h')
+                .parse::<u8>()
+                .is_ok_and(|i| forms & (1 << i) != 0)
+        };
+        let (one, legacy): (Vec<VirtualHost>, Vec<VirtualHost>) =
+            std::mem::take(&mut s.virtual_hosts)
+                .into_iter()
+                .partition(bit);
+        s.virtual_hosts = legacy;
+        s.gateway_hosts.extend(
+            one.iter()
+                .map(holdfast_proto::snapshot::ingress_gateway_host),
+        );
+        s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+        s
+    }
+
     proptest! {
         /// From the hosts that differ alone, the guard decides as it does comparing
         /// every route.
@@ -626,8 +749,13 @@ mod change_tests {
             after in prop::collection::btree_map(0u8..8, prop::collection::vec((any::<bool>(), 0u8..4), 0..4), 0..8),
             defaults in (any::<bool>(), any::<bool>()),
             share in 0.0f64..1.0,
+            forms in (any::<u8>(), any::<u8>()),
         ) {
-            let (published, candidate) = (build(&before, defaults.0), build(&after, defaults.1));
+            // Each Ingress host in either form, which may change between the two.
+            let (published, candidate) = (
+                in_forms(build(&before, defaults.0), forms.0),
+                in_forms(build(&after, defaults.1), forms.1),
+            );
             let host = |s: &Snapshot, h: &str| s.virtual_hosts.iter().find(|v| v.host == h).cloned();
             let names: std::collections::BTreeSet<String> = published
                 .virtual_hosts
@@ -676,8 +804,12 @@ mod change_tests {
             after in prop::collection::btree_map(0u8..8, prop::collection::vec((any::<bool>(), 0u8..4), 1..4), 0..8),
             defaults in (any::<bool>(), any::<bool>()),
             mask in prop::collection::vec(any::<bool>(), 40),
+            forms in (any::<u8>(), any::<u8>()),
         ) {
-            let (published, candidate) = (full(&before, defaults.0, 1), full(&after, defaults.1, 2));
+            let (published, candidate) = (
+                in_forms(full(&before, defaults.0, 1), forms.0),
+                in_forms(full(&after, defaults.1, 2), forms.1),
+            );
             let removed = removed_routes(&published, &candidate);
             let held: BTreeSet<RouteKey> = removed
                 .iter()
@@ -721,6 +853,47 @@ mod change_tests {
         assert_eq!(kept.virtual_hosts[0].certificate, "c2");
         assert_eq!(kept.certificates, published.certificates);
         assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
+    }
+
+    /// The same in the one route model: the host, its certificate and the held route
+    /// come back as the Gateway host of listener `ingress`.
+    #[test]
+    fn a_held_route_of_an_ingress_host_in_the_one_model_keeps_its_certificate_too() {
+        let published = in_forms(
+            full(
+                &std::collections::BTreeMap::from([(2u8, vec![(false, 0u8), (false, 1)])]),
+                false,
+                1,
+            ),
+            0xff,
+        );
+        assert!(published.virtual_hosts.is_empty());
+        assert_eq!(published.gateway_hosts[0].certificate, "c2");
+        let mut candidate = published.clone();
+        candidate.gateway_hosts[0].routes.remove(0);
+        candidate.gateway_hosts[0].certificate.clear();
+        candidate.certificates.clear();
+        let held = removed_routes(&published, &candidate);
+        assert_eq!(held.len(), 1);
+        assert_eq!(held.first().map(|k| k.0.as_str()), Some("h2"));
+        let kept = keep_held(&candidate, &published, &held);
+        assert!(
+            kept.virtual_hosts.is_empty(),
+            "kept in the form it was published in"
+        );
+        assert_eq!(kept.gateway_hosts, published.gateway_hosts);
+        assert_eq!(kept.certificates, published.certificates);
+        assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
+        // All its routes gone: the host comes back whole.
+        let mut gone = published.clone();
+        gone.gateway_hosts.clear();
+        gone.certificates.clear();
+        let held = removed_routes(&published, &gone);
+        assert_eq!(held.len(), 2);
+        assert_eq!(
+            keep_held(&gone, &published, &held).gateway_hosts,
+            published.gateway_hosts
+        );
     }
 
     /// As [`build`], with what the routes name: backend `b<h>` per host (its endpoint
