@@ -206,8 +206,8 @@ impl Published {
         }
     }
 
-    /// Checks the build as a proxy would: each changed virtual host well formed and what
-    /// it names present (O(change)); a build with no change list (or, in debug builds,
+    /// Checks the build as a proxy would: each changed host (virtual, Ingress in the one
+    /// model, or Gateway) well formed and what it names present (O(change)); a build with no change list (or, in debug builds,
     /// every build) is checked whole.
     pub fn validate(&self) -> Result<(), InvalidSnapshot> {
         let Some(since) = &self.since else {
@@ -253,7 +253,17 @@ impl Published {
                 continue;
             };
             holdfast_proto::snapshot::validate_gateway_host(g)?;
-            let missing = if c.gateway_listener(&g.listener).is_none() {
+            let ingress = holdfast_proto::snapshot::is_ingress_host(g);
+            if ingress && c.virtual_host(&g.host).is_some() {
+                return Err(InvalidSnapshot::DuplicateHost(g.host.clone()));
+            }
+            if ingress && !g.certificate.is_empty() && c.certificate(&g.certificate).is_none() {
+                return Err(InvalidSnapshot::MissingCertificate {
+                    host: g.host.clone(),
+                    certificate: g.certificate.clone(),
+                });
+            }
+            let missing = if !ingress && c.gateway_listener(&g.listener).is_none() {
                 Some(format!("listener {:?} is not in the snapshot", g.listener))
             } else {
                 holdfast_proto::snapshot::gateway_host_backends(g)
@@ -1006,6 +1016,44 @@ mod tests {
         assert!(matches!(
             built.validate(),
             Err(InvalidSnapshot::MissingBackend { .. })
+        ));
+    }
+
+    /// The same for an Ingress host in the one route model (the Gateway host of listener
+    /// `ingress`, which has no Gateway listener): a missing certificate or backend is
+    /// refused, and a valid change passes.
+    #[test]
+    fn a_changed_ingress_host_in_the_one_model_is_checked_against_what_it_names() {
+        let hosts = BTreeMap::from([(1u8, (0u8, Some(0u8))), (2, (0, None))]);
+        let ports = BTreeMap::from([(0u8, 1u16)]);
+        let certs = BTreeMap::from([(0u8, 0u8)]);
+        let mut before = build(&hosts, &ports, &certs, false, 1);
+        before.gateway_hosts = std::mem::take(&mut before.virtual_hosts)
+            .iter()
+            .map(holdfast_proto::snapshot::ingress_gateway_host)
+            .collect();
+        seal(&mut before, 1);
+        let check = |edit: &dyn Fn(&mut Snapshot)| {
+            let mut after = before.clone();
+            edit(&mut after);
+            seal(&mut after, 2);
+            let since = Since {
+                content_hash: before.content_hash.clone(),
+                changed: Changed::between(&before, &after),
+            };
+            Published::built(Content::of(&after), Some(since), 2).validate()
+        };
+        assert_eq!(
+            check(&|s| s.gateway_hosts[0].routes[0].path = "/x".into()),
+            Ok(())
+        );
+        assert!(matches!(
+            check(&|s| s.gateway_hosts[0].certificate = "c9".into()),
+            Err(InvalidSnapshot::MissingCertificate { .. })
+        ));
+        assert!(matches!(
+            check(&|s| s.gateway_hosts[1].routes[0].backends[0].backend = "b9".into()),
+            Err(InvalidSnapshot::BadGateway { .. })
         ));
     }
 

@@ -1150,9 +1150,13 @@ impl Translator {
         });
         self.built = true;
 
-        // Pointers to the shared resources, in order.
-        let virtual_hosts: Vec<Arc<VirtualHost>> =
-            self.hosts.values().map(|e| e.vhost.clone()).collect();
+        // Pointers to the shared resources, in order. Ingress hosts travel in the one
+        // route model: as Gateway hosts (of listener `ingress`), among the Gateway API's,
+        // by name.
+        let gateway_hosts = merge_by_name(
+            self.hosts.values().map(|e| e.wire.clone()),
+            self.gateway.hosts.values().map(|e| e.host.clone()),
+        );
         let backends_out: Vec<Arc<Backend>> = self
             .backends
             .entries
@@ -1177,24 +1181,41 @@ impl Translator {
         Translation {
             content: Content {
                 content_hash,
-                virtual_hosts,
+                virtual_hosts: Vec::new(),
                 backends: backends_out,
                 default_backend,
                 certificates: tls.certificates,
                 default_certificate: tls.default_certificate,
                 gateway_listeners: self.gateway.listeners.values().cloned().collect(),
-                gateway_hosts: self
-                    .gateway
-                    .hosts
-                    .values()
-                    .map(|e| e.host.clone())
-                    .collect(),
+                gateway_hosts,
                 resources_len: self.sum.resources_len,
                 routes: self.routes.plus(self.gateway.routes),
             },
             since,
             problems: problems.into_iter().collect(),
             certificate_users: tls.users,
+        }
+    }
+}
+
+/// Two lists of Gateway hosts, each sorted by name, as one sorted list: O(n), pointers
+/// only.
+fn merge_by_name(
+    a: impl Iterator<Item = Arc<GatewayHost>>,
+    b: impl Iterator<Item = Arc<GatewayHost>>,
+) -> Vec<Arc<GatewayHost>> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    let mut out = Vec::with_capacity(a.size_hint().0 + b.size_hint().0);
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.name <= y.name => a.next(),
+            (Some(_), Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, _) => b.next(),
+        };
+        match next {
+            Some(h) => out.push(h),
+            None => return out,
         }
     }
 }

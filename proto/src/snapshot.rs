@@ -480,6 +480,25 @@ pub fn ingress_virtual_host(g: &GatewayHost) -> Result<VirtualHost, InvalidSnaps
     })
 }
 
+/// The Ingress hosts of `snapshot` as virtual hosts, in either form, sorted by host (a
+/// Gateway host of listener `ingress` that is not a valid one is left out).
+pub fn ingress_hosts(snapshot: &Snapshot) -> Vec<VirtualHost> {
+    let mut out: Vec<VirtualHost> = snapshot
+        .virtual_hosts
+        .iter()
+        .cloned()
+        .chain(
+            snapshot
+                .gateway_hosts
+                .iter()
+                .filter(|g| is_ingress_host(g))
+                .filter_map(|g| ingress_virtual_host(g).ok()),
+        )
+        .collect();
+    out.sort_by(|a, b| a.host.cmp(&b.host));
+    out
+}
+
 /// Is `host` a lower-case DNS name, `*.` + such a name, or "" (Gateway API hostnames: a
 /// wildcard covers one or more labels)?
 fn is_valid_gateway_host(host: &str) -> bool {

@@ -41,3 +41,18 @@ pub fn call(addr: SocketAddr, method: &str, data: &str) -> Result<serde_json::Va
     let out = grpcurl(addr, Some(data), &[method])?;
     Ok(serde_json::from_str(&out)?)
 }
+
+/// The Ingress hosts of a snapshot (or of a delta's `field`, e.g. `upsertedGatewayHosts`)
+/// as grpcurl shows them: the Gateway hosts of listener `ingress` (the one route model).
+/// A missing field is no hosts.
+pub fn ingress_hosts<'a>(
+    snapshot: &'a serde_json::Value,
+    field: &str,
+) -> Vec<&'a serde_json::Value> {
+    snapshot[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|h| h["listener"] == holdfast_proto::snapshot::INGRESS_LISTENER)
+        .collect()
+}

@@ -212,9 +212,9 @@ impl Subscriber {
     }
 }
 
-/// Routes of a snapshot as `(host, path, backend)`.
+/// Routes of a snapshot's Ingress hosts (in either form) as `(host, path, backend)`.
 pub fn routes(s: &Snapshot) -> Vec<(String, String, String)> {
-    s.virtual_hosts
+    holdfast_proto::snapshot::ingress_hosts(s)
         .iter()
         .flat_map(|v| {
             v.routes

@@ -209,8 +209,8 @@ impl Translator {
                 parallel_map(&hosts, |h| {
                     host_map.get(h).map(|e| {
                         (
-                            hash_of(ResourceKind::VirtualHost, &*e.vhost),
-                            encoded_len(VIRTUAL_HOSTS_TAG, &*e.vhost),
+                            hash_of(ResourceKind::GatewayHost, &*e.wire),
+                            encoded_len(GATEWAY_HOSTS_TAG, &*e.wire),
                         )
                     })
                 })
@@ -229,7 +229,13 @@ impl Translator {
         let s = &mut self.sum;
         for (name, new) in hosts.into_iter().zip(host_hashes) {
             if Summed::set(&mut s.sum, &mut s.resources_len, &mut s.hosts, &name, new) {
-                changed.virtual_hosts.push(name);
+                // Sent as the Gateway host of listener `ingress`.
+                changed
+                    .gateway_hosts
+                    .push(holdfast_proto::snapshot::gateway_host_name(
+                        holdfast_proto::snapshot::INGRESS_LISTENER,
+                        &name,
+                    ));
             }
         }
         for (name, new) in backends.into_iter().zip(backend_hashes) {
@@ -283,6 +289,7 @@ impl Translator {
                 changed.gateway_hosts.push(name);
             }
         }
+        changed.gateway_hosts.sort_unstable();
         let current: FastSet<&str> = tls.certificates.iter().map(|c| c.name.as_str()).collect();
         let gone: Vec<String> = s
             .certificates

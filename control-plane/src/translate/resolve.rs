@@ -5,15 +5,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use holdfast_proto::certificate;
-use holdfast_proto::v1::{Backend, Certificate, Endpoint, IngressRef, Route, VirtualHost};
+use holdfast_proto::v1::{
+    Backend, Certificate, Endpoint, GatewayHost, IngressRef, Route, VirtualHost,
+};
 
 use super::*;
 
 /// One virtual host as built: the message, the conflicts decided in it, and the
 /// backends its routes use.
 pub(super) struct HostEntry {
-    /// Shared with the snapshots published from it (changed only by copy on write).
+    /// The host as the translator keeps it (changed only by copy on write).
     pub(super) vhost: Arc<VirtualHost>,
+    /// The same host as snapshots carry it, in the one route model: the Gateway host of
+    /// listener `ingress` (`snapshot::ingress_gateway_host`). Shared with the snapshots
+    /// published from it; kept equal to `vhost` by [`HostEntry::new`] and
+    /// [`HostEntry::set_tls`], the only places either is made or changed.
+    pub(super) wire: Arc<GatewayHost>,
     /// The namespace that owns the host ([`crate::claims::owner`]); with
     /// `HostOwnership::Shared`, the namespace of its oldest Ingress.
     pub(super) owner: String,
@@ -22,13 +29,31 @@ pub(super) struct HostEntry {
 }
 
 impl HostEntry {
-    /// Sets the host's certificate and redirect, copying the shared virtual host only if
-    /// they change.
+    pub(super) fn new(
+        vhost: VirtualHost,
+        owner: String,
+        problems: Vec<Problem>,
+        backends: Vec<Arc<BackendRef>>,
+    ) -> Self {
+        HostEntry {
+            wire: Arc::new(holdfast_proto::snapshot::ingress_gateway_host(&vhost)),
+            vhost: Arc::new(vhost),
+            owner,
+            problems,
+            backends,
+        }
+    }
+
+    /// Sets the host's certificate and redirect, copying the shared hosts only if they
+    /// change.
     pub(super) fn set_tls(&mut self, certificate: &str, redirect: bool) {
         if self.vhost.certificate != certificate || self.vhost.ssl_redirect != redirect {
             let v = Arc::make_mut(&mut self.vhost);
             certificate.clone_into(&mut v.certificate);
             v.ssl_redirect = redirect;
+            let g = Arc::make_mut(&mut self.wire);
+            certificate.clone_into(&mut g.certificate);
+            g.ssl_redirect = redirect;
         }
     }
 }
@@ -264,12 +289,7 @@ pub(super) fn build_host(
         routes,
         ..Default::default()
     };
-    HostEntry {
-        vhost: Arc::new(vhost),
-        owner,
-        problems,
-        backends,
-    }
+    HostEntry::new(vhost, owner, problems, backends)
 }
 
 /// What resolving a backend refused, besides the backend itself.

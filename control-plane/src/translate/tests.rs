@@ -135,8 +135,7 @@ fn run_with(state: &ClusterState, opts: &Options) -> Translation {
 
 /// (host, kind, path, backend) of every route, in snapshot order.
 fn routes(t: &Translation) -> Vec<(String, MatchKind, String, String)> {
-    t.snapshot()
-        .virtual_hosts
+    holdfast_proto::snapshot::ingress_hosts(&t.snapshot())
         .iter()
         .flat_map(|v| {
             v.routes.iter().map(move |r| {
@@ -504,8 +503,7 @@ fn ingress_class_selection() {
     all.push(Arc::new(legacy));
 
     let hosts = |t: &Translation| {
-        t.snapshot()
-            .virtual_hosts
+        holdfast_proto::snapshot::ingress_hosts(&t.snapshot())
             .iter()
             .map(|v| v.host.clone())
             .collect::<Vec<_>>()
@@ -544,10 +542,7 @@ fn ingress_class_selection() {
         ..Options::default()
     };
     assert!(
-        translate(&st, &narrowed)
-            .snapshot()
-            .virtual_hosts
-            .is_empty()
+        holdfast_proto::snapshot::ingress_hosts(&translate(&st, &narrowed).snapshot()).is_empty()
     );
 }
 
@@ -564,13 +559,22 @@ fn hosts_are_lower_cased_and_wildcards_and_hostless_rules_kept() {
                 "backend": { "service": { "name": "web", "port": { "number": 80 } } } }] } }
         ]),
     )]));
+    // Sent in the one route model: Gateway hosts of listener `ingress`.
+    assert!(t.content.virtual_hosts.is_empty());
     let hosts: Vec<_> = t
         .content
-        .virtual_hosts
+        .gateway_hosts
         .iter()
-        .map(|v| v.host.as_str())
+        .map(|g| (g.listener.as_str(), g.host.as_str()))
         .collect();
-    assert_eq!(hosts, ["", "*.example.com", "a.example.com"]);
+    assert_eq!(
+        hosts,
+        [
+            ("ingress", ""),
+            ("ingress", "*.example.com"),
+            ("ingress", "a.example.com")
+        ]
+    );
 }
 
 #[test]
@@ -705,8 +709,11 @@ fn rules_for_one_host_merge_across_ingresses() {
             )]),
         ),
     ]));
-    assert_eq!(t.snapshot().virtual_hosts.len(), 1);
-    let sources: Vec<_> = t.snapshot().virtual_hosts[0]
+    assert_eq!(
+        holdfast_proto::snapshot::ingress_hosts(&t.snapshot()).len(),
+        1
+    );
+    let sources: Vec<_> = holdfast_proto::snapshot::ingress_hosts(&t.snapshot())[0]
         .routes
         .iter()
         .map(|r| r.source.clone().unwrap().name)
@@ -808,7 +815,7 @@ fn a_true_conflict_goes_to_the_oldest_ingress_and_the_loser_gets_a_problem() {
     ]);
     let t = run(&st);
     assert_eq!(
-        t.snapshot().virtual_hosts[0].routes[0]
+        holdfast_proto::snapshot::ingress_hosts(&t.snapshot())[0].routes[0]
             .source
             .as_ref()
             .unwrap()
@@ -1333,7 +1340,8 @@ fn long_lived_builds_what_fresh_builds(opts: Options) {
             Ok(()),
             "step {step}"
         );
-        with_routes += usize::from(!warm.snapshot().virtual_hosts.is_empty());
+        with_routes +=
+            usize::from(!holdfast_proto::snapshot::ingress_hosts(&warm.snapshot()).is_empty());
         with_problems += usize::from(!warm.problems.is_empty());
         check_incremental(previous.as_ref(), &warm, step);
         previous = Some(warm.snapshot());
@@ -1447,8 +1455,7 @@ fn with_secrets(ingresses: Vec<Arc<Ingress>>, secrets: Vec<Arc<Secret>>) -> Clus
 
 /// (host, certificate, redirect) of every virtual host.
 fn tls_of(t: &Translation) -> Vec<(String, String, bool)> {
-    t.snapshot()
-        .virtual_hosts
+    holdfast_proto::snapshot::ingress_hosts(&t.snapshot())
         .iter()
         .map(|v| (v.host.clone(), v.certificate.clone(), v.ssl_redirect))
         .collect()
@@ -2261,8 +2268,7 @@ fn a_long_lived_translators_content_hash_is_its_snapshots_through_tls_changes() 
             &Options::default(),
         );
         with_tls += usize::from(
-            t.snapshot()
-                .virtual_hosts
+            holdfast_proto::snapshot::ingress_hosts(&t.snapshot())
                 .iter()
                 .any(|v| !v.certificate.is_empty()),
         );

@@ -714,7 +714,16 @@ async fn decoding_subscriber(
                 .find(|g| g.host == marker)
                 .map_or(0, |g| g.routes.len())
         } else {
-            snap.virtual_host(&marker).map_or(0, |v| v.routes.len())
+            // Ingress hosts come in the one route model (a Gateway host of listener
+            // `ingress`); an older control plane's as a virtual host.
+            let name = holdfast_proto::snapshot::gateway_host_name(
+                holdfast_proto::snapshot::INGRESS_LISTENER,
+                &marker,
+            );
+            snap.gateway_host(&name)
+                .map(|g| g.routes.len())
+                .or_else(|| snap.virtual_host(&marker).map(|v| v.routes.len()))
+                .unwrap_or(0)
         };
         let rev = snap.cluster_revision();
         let version = snap.version().to_owned();

@@ -178,7 +178,10 @@ async fn subscriber_gets_a_snapshot_of_created_objects_and_a_new_version_per_cha
         .map(|e| (e.address.as_str(), e.port))
         .collect();
     assert_eq!(eps, [("10.200.0.10", 8080)]);
-    let source = first.virtual_hosts[0].routes[0].source.clone().unwrap();
+    let source = holdfast_proto::snapshot::ingress_hosts(&first)[0].routes[0]
+        .source
+        .clone()
+        .unwrap();
     assert_eq!(
         (source.namespace.as_str(), source.name.as_str()),
         (s.ns.as_str(), "a")
@@ -253,7 +256,7 @@ async fn subscriber_gets_a_snapshot_of_created_objects_and_a_new_version_per_cha
     let got = call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;
     assert_eq!(got["version"], fifth.version.as_str());
     assert_eq!(
-        got["virtualHosts"][0]["routes"][1]["matchKind"],
+        holdfast_tests::grpcurl::ingress_hosts(&got, "gatewayHosts")[0]["routes"][1]["matchKind"],
         "MATCH_KIND_PREFIX"
     );
     Ok(())
@@ -566,7 +569,7 @@ async fn a_conflicting_rule_is_skipped_with_an_event_and_other_routes_are_unaffe
     let snap = sub
         .wait_for("both paths", T, |snap| routes(snap).len() == 2)
         .await?;
-    let sources: Vec<_> = snap.virtual_hosts[0]
+    let sources: Vec<_> = holdfast_proto::snapshot::ingress_hosts(&snap)[0]
         .routes
         .iter()
         .map(|r| (r.path.clone(), r.source.clone().unwrap().name))
@@ -807,8 +810,8 @@ async fn another_namespace_cannot_take_a_path_on_a_host_and_external_names_are_o
         .await?;
     let default = snap.default_backend.as_ref().expect("a default backend");
     assert_eq!(default.backend, format!("{}/web:80", s.ns), "{default:?}");
-    let site = snap
-        .virtual_hosts
+    let hosts = holdfast_proto::snapshot::ingress_hosts(&snap);
+    let site = hosts
         .iter()
         .find(|v| v.host == s.host("site"))
         .expect("site");
@@ -1070,8 +1073,14 @@ async fn a_nacked_delta_is_answered_with_the_complete_snapshot() -> anyhow::Resu
         .clone()
         .expect("a delta, not the complete snapshot");
     assert_eq!(change.base_version, held.version);
-    assert_eq!(change.upserted_virtual_hosts.len(), 1, "{change:?}");
-    assert!(change.removed_virtual_hosts.is_empty());
+    // The new Ingress host, in the one route model.
+    assert_eq!(change.upserted_gateway_hosts.len(), 1, "{change:?}");
+    assert_eq!(
+        change.upserted_gateway_hosts[0].listener,
+        holdfast_proto::snapshot::INGRESS_LISTENER
+    );
+    assert!(change.upserted_virtual_hosts.is_empty() && change.removed_virtual_hosts.is_empty());
+    assert!(change.removed_gateway_hosts.is_empty());
     sub.nack(&response, "delta to a base I do not have").await?;
 
     let full = sub.next(T).await?.expect("the resync");
@@ -1241,9 +1250,9 @@ async fn get_changes_shows_the_delta_from_a_recent_version_with_grpcurl() -> any
     let second = wait::until("a version with host b", T, || async {
         let snap =
             call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}").map_err(|e| e.to_string())?;
-        let has_b = snap["virtualHosts"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|h| h["host"] == s.host("b").as_str()));
+        let has_b = holdfast_tests::grpcurl::ingress_hosts(&snap, "gatewayHosts")
+            .iter()
+            .any(|h| h["host"] == s.host("b").as_str());
         Ok(has_b.then(|| snap["version"].as_str().unwrap_or_default().to_owned()))
     })
     .await?;
@@ -1256,10 +1265,10 @@ async fn get_changes_shows_the_delta_from_a_recent_version_with_grpcurl() -> any
     )?;
     assert_eq!(changes["baseVersion"], first.as_str(), "{changes}");
     assert_eq!(changes["version"], second.as_str(), "{changes}");
-    let hosts: Vec<&str> = changes["upsertedVirtualHosts"]
-        .as_array()
-        .map(|v| v.iter().filter_map(|h| h["host"].as_str()).collect())
-        .unwrap_or_default();
+    let hosts: Vec<&str> = holdfast_tests::grpcurl::ingress_hosts(&changes, "upsertedGatewayHosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str())
+        .collect();
     assert_eq!(
         hosts,
         [s.host("b").as_str()],
@@ -1283,6 +1292,7 @@ async fn get_changes_shows_the_delta_from_a_recent_version_with_grpcurl() -> any
         "holdfast.v1.Admin/GetChanges",
         &json!({ "fromVersion": second }).to_string(),
     )?;
+    assert!(none.get("upsertedGatewayHosts").is_none(), "{none}");
     assert!(none.get("upsertedVirtualHosts").is_none(), "{none}");
     assert_eq!(none["version"], second.as_str());
 
@@ -1447,10 +1457,8 @@ async fn a_tenant_editing_an_older_ingress_cannot_take_another_namespaces_host()
     .await?;
     // What the control plane publishes now (it built from the edited Ingress: the Event).
     let published = call(cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")?;
-    let vhost = published["virtualHosts"]
-        .as_array()
+    let vhost = holdfast_tests::grpcurl::ingress_hosts(&published, "gatewayHosts")
         .into_iter()
-        .flatten()
         .find(|v| v["host"] == host.as_str())
         .cloned()
         .expect("the victim's host is published");
@@ -1461,7 +1469,10 @@ async fn a_tenant_editing_an_older_ingress_cannot_take_another_namespaces_host()
         .map(|r| {
             (
                 r["path"].as_str().unwrap_or_default().to_owned(),
-                r["backend"].as_str().unwrap_or_default().to_owned(),
+                r["backends"][0]["backend"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             )
         })
         .collect();

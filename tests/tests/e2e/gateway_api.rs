@@ -662,10 +662,8 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         Ok(at.is_some_and(|at| at >= created).then_some(snapshot))
     })
     .await?;
-    let hosts: Vec<&str> = snapshot["virtualHosts"]
-        .as_array()
+    let hosts: Vec<&str> = holdfast_tests::grpcurl::ingress_hosts(&snapshot, "gatewayHosts")
         .into_iter()
-        .flatten()
         .filter_map(|v| v["host"].as_str())
         .collect();
     assert!(

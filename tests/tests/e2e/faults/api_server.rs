@@ -131,7 +131,10 @@ async fn s02_lists_cut_mid_response_during_a_relist_never_publish_a_partial_snap
             .expect("the observer is running")?;
         published.push(snapshot);
         let last = published.last().expect("just pushed");
-        if last.virtual_hosts.iter().any(|v| v.host == new_host) {
+        if holdfast_proto::snapshot::ingress_hosts(last)
+            .iter()
+            .any(|v| v.host == new_host)
+        {
             break last.clone();
         }
     };
@@ -175,8 +178,7 @@ fn incomplete(s: &Scenario, snapshot: &holdfast_proto::v1::Snapshot, apps: usize
     let mut out = Vec::new();
     for i in 0..apps {
         let (host, backend) = (s.host(i), format!("{}/app{i}:80", s.ns));
-        let routed = snapshot
-            .virtual_hosts
+        let routed = holdfast_proto::snapshot::ingress_hosts(snapshot)
             .iter()
             .any(|v| v.host == host && v.routes.iter().any(|r| r.backend == backend));
         if !routed {
@@ -306,8 +308,8 @@ async fn s05_control_plane_cold_start_while_the_api_server_is_unreachable() -> a
     );
     let snap = s.published()?;
     assert_eq!(
-        snap["virtualHosts"].as_array().map(Vec::len),
-        Some(10),
+        holdfast_tests::grpcurl::ingress_hosts(&snap, "gatewayHosts").len(),
+        10,
         "incomplete first snapshot"
     );
     let report = traffic.stop().await?;

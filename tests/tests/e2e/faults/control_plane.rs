@@ -332,14 +332,11 @@ async fn s17_a_held_removal_holds_only_its_routes_while_other_namespaces_change(
             assert_eq!(p.get(host, "/").await?.0, 200, "{host}");
         }
     }
-    let mut published: Vec<String> = s.published()?["virtualHosts"]
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(|h| h["host"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let snap = s.published()?;
+    let mut published: Vec<String> = holdfast_tests::grpcurl::ingress_hosts(&snap, "gatewayHosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str().map(String::from))
+        .collect();
     published.sort();
     let mut expected: Vec<String> = b_hosts.iter().chain([&c_host]).cloned().collect();
     expected.sort();

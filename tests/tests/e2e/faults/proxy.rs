@@ -97,11 +97,23 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
 
     let fake = FakeControlPlane::start(None).await?;
     let mut newer = real.clone();
-    newer.virtual_hosts.push(holdfast_proto::v1::VirtualHost {
-        host: format!("extra.{}.test", s.ns),
-        routes: newer.virtual_hosts[0].routes.clone(),
-        ..Default::default()
-    });
+    // Ingress hosts come in the one route model: Gateway hosts of listener `ingress`.
+    let first_ingress = |s: &holdfast_proto::v1::Snapshot| {
+        s.gateway_hosts
+            .iter()
+            .position(holdfast_proto::snapshot::is_ingress_host)
+            .expect("an Ingress host in the real snapshot")
+    };
+    let mut extra = newer.gateway_hosts[first_ingress(&newer)].clone();
+    extra.host = format!("extra.{}.test", s.ns);
+    extra.name = holdfast_proto::snapshot::gateway_host_name(
+        holdfast_proto::snapshot::INGRESS_LISTENER,
+        &extra.host,
+    );
+    extra.certificate.clear();
+    extra.ssl_redirect = false;
+    newer.gateway_hosts.push(extra);
+    newer.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     // Ahead of the real control plane for every kind.
     for p in &mut newer.progress {
         p.resource_version += 1000;
@@ -115,7 +127,8 @@ async fn s09_invalid_snapshot_is_nacked_old_routes_keep_serving_and_list_proxies
 
     // Invalid: a route to a backend that is not there.
     let mut bad = newer.clone();
-    bad.virtual_hosts[0].routes[0].backend = "nowhere/none:80".into();
+    let i = first_ingress(&bad);
+    bad.gateway_hosts[i].routes[0].backends[0].backend = "nowhere/none:80".into();
     holdfast_proto::snapshot::seal(&mut bad, real.cluster_revision + 1001);
     fake.push(bad);
     let nack = wait::until("the NACK", T, || async {

@@ -171,7 +171,7 @@ async fn s19_a_burst_of_changes_is_read_through_the_watches_alone() -> anyhow::R
     wait::until("the last round published", T, || async {
         let snap = s.published().map_err(|e| e.to_string())?;
         let backends = snap["backends"].as_array().cloned().unwrap_or_default();
-        let done = snap["virtualHosts"].as_array().map_or(0, Vec::len) == APPS
+        let done = holdfast_tests::grpcurl::ingress_hosts(&snap, "gatewayHosts").len() == APPS
             && backends.len() == APPS
             && backends.iter().all(|b| {
                 b["endpoints"]
