@@ -832,6 +832,46 @@ mod change_tests {
         }
     }
 
+    /// An Ingress host given in the other form (a virtual host, or the Gateway host of
+    /// listener `ingress`) has the same routes: nothing is removed, and with no removal
+    /// allowed at all the change is still published, whole or from the change alone.
+    #[test]
+    fn an_ingress_host_that_changes_form_alone_removes_no_route() {
+        let hosts = std::collections::BTreeMap::from([
+            (0u8, vec![(false, 0u8), (true, 1)]),
+            (1, vec![(false, 0)]),
+        ]);
+        let legacy = build(&hosts, false);
+        let one = in_forms(legacy.clone(), 0xff);
+        assert!(one.virtual_hosts.is_empty() && one.gateway_hosts.len() == 2);
+        assert!(removed_routes(&legacy, &one).is_empty());
+        assert!(removed_routes(&one, &legacy).is_empty());
+        assert_eq!(assess(Some(&legacy), &one, 0.0), Verdict::Publish);
+        let sizes = Sizes {
+            keys_before: keys(&legacy),
+            keys_after: keys(&one),
+            routes_published: route_count(&legacy),
+            routes_held: route_count(&one),
+        };
+        assert_eq!(sizes.keys_before, 3);
+        let verdict = assess_change(
+            sizes,
+            legacy.virtual_hosts.iter().map(|v| (Some(v), None)),
+            one.gateway_hosts.iter().map(|g| (None, Some(g))),
+            false,
+            0.0,
+        );
+        assert_eq!(verdict, Verdict::Publish);
+        // A real removal (a host gone) is held at this share: the verdicts above are
+        // not vacuous.
+        let mut gone = one.clone();
+        gone.gateway_hosts.truncate(1);
+        assert!(matches!(
+            assess(Some(&legacy), &gone, 0.0),
+            Verdict::Hold { .. }
+        ));
+    }
+
     /// A host two Ingresses share, one with TLS: when the TLS one goes and its route is
     /// held, the held route keeps being served over TLS with the published certificate.
     #[test]

@@ -61,8 +61,6 @@ fn backend_for(t: &RouteTable, host: &str, path: &str) -> Option<String> {
 
 use MatchKind::{Exact, Prefix};
 
-/// The table in the Kubernetes Ingress documentation ("Examples" under path types), with
-/// Prefix paths as the control plane sends them (trailing '/' removed).
 /// `s` with each virtual host given instead as the Gateway host of listener `ingress`:
 /// the one route model the control plane sends.
 fn unified(s: &Snapshot) -> Snapshot {
@@ -99,6 +97,8 @@ fn compile(s: &Snapshot) -> RouteTable {
     table
 }
 
+/// The table in the Kubernetes Ingress documentation ("Examples" under path types), with
+/// Prefix paths as the control plane sends them (trailing '/' removed).
 #[test]
 fn ingress_spec_path_examples() {
     /// (rules, request path, matching rule).

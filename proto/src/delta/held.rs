@@ -695,10 +695,13 @@ impl Held {
                 .or_default()
                 .insert(g.name.clone());
         }
-        self.listener_hosts
-            .entry(g.listener.clone())
-            .or_default()
-            .insert(g.name.clone());
+        // An Ingress host has no Gateway listener to keep it with.
+        if !snapshot::is_ingress_host(&g) {
+            self.listener_hosts
+                .entry(g.listener.clone())
+                .or_default()
+                .insert(g.name.clone());
+        }
         self.gateway_hosts.insert(g.name.clone(), g);
     }
 
