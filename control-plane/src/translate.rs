@@ -695,8 +695,12 @@ impl RouteCounts {
         }
     }
 
-    fn remove(&mut self, vhost: &VirtualHost) {
-        let c = RouteCounts::of(vhost);
+    fn add_host(&mut self, host: &GatewayHost) {
+        *self = self.plus(RouteCounts::of_gateway_host(host));
+    }
+
+    fn remove(&mut self, host: &GatewayHost) {
+        let c = RouteCounts::of_gateway_host(host);
         self.routes -= c.routes;
         self.keys -= c.keys;
     }
@@ -964,7 +968,7 @@ impl Translator {
         self.unsummed_hosts.extend(dirty_hosts.iter().cloned());
         for host in &dirty_hosts {
             if let Some(old) = self.hosts.remove(host) {
-                self.routes.remove(&old.vhost);
+                self.routes.remove(&old.wire);
                 for b in &old.backends {
                     self.backends.release(b);
                 }
@@ -989,7 +993,7 @@ impl Translator {
             if !entry.problems.is_empty() {
                 self.hosts_with_problems.insert(host.clone());
             }
-            self.routes.add(&entry.vhost);
+            self.routes.add_host(&entry.wire);
             new_hosts.push((host, entry));
         }
         if self.hosts.is_empty() {

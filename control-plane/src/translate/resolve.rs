@@ -14,12 +14,9 @@ use super::*;
 /// One virtual host as built: the message, the conflicts decided in it, and the
 /// backends its routes use.
 pub(super) struct HostEntry {
-    /// The host as the translator keeps it (changed only by copy on write).
-    pub(super) vhost: Arc<VirtualHost>,
-    /// The same host as snapshots carry it, in the one route model: the Gateway host of
+    /// The host as snapshots carry it, in the one route model: the Gateway host of
     /// listener `ingress` (`snapshot::ingress_gateway_host`). Shared with the snapshots
-    /// published from it; kept equal to `vhost` by [`HostEntry::new`] and
-    /// [`HostEntry::set_tls`], the only places either is made or changed.
+    /// published from it (changed only by copy on write).
     pub(super) wire: Arc<GatewayHost>,
     /// The namespace that owns the host ([`crate::claims::owner`]); with
     /// `HostOwnership::Shared`, the namespace of its oldest Ingress.
@@ -37,20 +34,16 @@ impl HostEntry {
     ) -> Self {
         HostEntry {
             wire: Arc::new(holdfast_proto::snapshot::ingress_gateway_host(&vhost)),
-            vhost: Arc::new(vhost),
             owner,
             problems,
             backends,
         }
     }
 
-    /// Sets the host's certificate and redirect, copying the shared hosts only if they
+    /// Sets the host's certificate and redirect, copying the shared host only if they
     /// change.
     pub(super) fn set_tls(&mut self, certificate: &str, redirect: bool) {
-        if self.vhost.certificate != certificate || self.vhost.ssl_redirect != redirect {
-            let v = Arc::make_mut(&mut self.vhost);
-            certificate.clone_into(&mut v.certificate);
-            v.ssl_redirect = redirect;
+        if self.wire.certificate != certificate || self.wire.ssl_redirect != redirect {
             let g = Arc::make_mut(&mut self.wire);
             certificate.clone_into(&mut g.certificate);
             g.ssl_redirect = redirect;
@@ -461,9 +454,10 @@ impl Translator {
             return;
         }
         for entry in self.hosts.values() {
-            for route in &entry.vhost.routes {
-                let (Some(e), Some(src)) = (refused.get(route.backend.as_str()), &route.source)
-                else {
+            for route in &entry.wire.routes {
+                // An Ingress entry has one backend.
+                let backend = route.backends.first().map_or("", |b| b.backend.as_str());
+                let (Some(e), Some(src)) = (refused.get(backend), &route.ingress) else {
                     continue;
                 };
                 let mut tell = |reason: ProblemReason, message: String| {
@@ -478,8 +472,7 @@ impl Translator {
                     tell(
                         ProblemReason::ExternalNameDisabled,
                         format!(
-                            "backend {} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
-                            route.backend
+                            "backend {backend} is an ExternalName Service, and ExternalName backends are off (--allow-external-name): it answers 503",
                         ),
                     );
                 }
@@ -487,8 +480,8 @@ impl Translator {
                     tell(
                         ProblemReason::RefusedEndpointAddress,
                         format!(
-                            "backend {}: endpoint addresses {:?} left out: loopback, link-local, unspecified or multicast addresses, and the proxies' own pods, point at the proxy itself or at the node",
-                            route.backend, e.refused_addresses
+                            "backend {backend}: endpoint addresses {:?} left out: loopback, link-local, unspecified or multicast addresses, and the proxies' own pods, point at the proxy itself or at the node",
+                            e.refused_addresses
                         ),
                     );
                 }
@@ -508,7 +501,7 @@ impl Translator {
             .tls_hosts
             .iter()
             .filter_map(|h| {
-                let v = &self.hosts.get(h)?.vhost;
+                let v = &self.hosts.get(h)?.wire;
                 Some((h.clone(), v.certificate.clone(), v.ssl_redirect))
             })
             .collect();
@@ -517,7 +510,7 @@ impl Translator {
         let had: FastSet<&str> = before.iter().map(|(h, _, _)| h.as_str()).collect();
         for (host, certificate, redirect) in &before {
             if self.hosts.get(host).is_some_and(|e| {
-                e.vhost.certificate != *certificate || e.vhost.ssl_redirect != *redirect
+                e.wire.certificate != *certificate || e.wire.ssl_redirect != *redirect
             }) {
                 self.unsummed_hosts.push(host.clone());
             }
