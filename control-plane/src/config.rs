@@ -149,8 +149,10 @@ pub struct Args {
     /// it such handshakes fail.
     #[arg(long, env = "HOLDFAST_DEFAULT_CERTIFICATE")]
     pub default_certificate: Option<String>,
-    /// Quiet period before building after a change (bursts coalesce). Short by default:
-    /// a build and its delta cost O(change), so waiting longer saves little.
+    /// Quiet period that makes a burst: a change after a quiet period is built at once; a
+    /// change within this long of the last build waits until none has come for this long
+    /// (bursts coalesce). Short by default: a build and its delta cost O(change), so
+    /// waiting longer saves little.
     #[arg(long, env = "HOLDFAST_DEBOUNCE", default_value = "20ms", value_parser = humantime::parse_duration)]
     pub debounce: Duration,
     /// Longest a burst of changes can delay a build: under steady churn (changes closer

@@ -372,6 +372,7 @@ async fn serve_stream(
         connected_since: Some(SystemTime::now().into()),
         acked_version: first.version_info.clone(),
         persist_error: first.persist_error.clone(),
+        unbound_listeners: reported_unbound(&first),
         ..Default::default()
     });
     tracing::info!(proxy.id = %node.id, %peer, holds = %first.version_info, "proxy connected");
@@ -512,8 +513,12 @@ async fn serve_stream(
                     let Some(InFlight { hash, nonce: sent_nonce, version, published: sent, delta: was_delta }) = in_flight.clone() else {
                         // The nonce last answered ("" before any): a repeat of that answer.
                         if req.response_nonce == answered {
-                            tracing::info!(proxy.id = %node.id, persist_error = %req.persist_error, "proxy updated its persist state");
-                            shared.update_proxy(id, |p| p.persist_error = req.persist_error);
+                            tracing::info!(proxy.id = %node.id, persist_error = %req.persist_error, unbound_listeners = ?req.unbound_listeners, "proxy updated its persist or listener state");
+                            let unbound = reported_unbound(&req);
+                            shared.update_proxy(id, |p| {
+                                p.persist_error = req.persist_error;
+                                p.unbound_listeners = unbound;
+                            });
                         } else {
                             tracing::debug!(proxy.id = %node.id, "request with no response outstanding; ignored");
                         }
@@ -528,6 +533,7 @@ async fn serve_stream(
                     if !req.persist_error.is_empty() {
                         tracing::warn!(proxy.id = %node.id, %version, error = %req.persist_error, "proxy serves the snapshot but could not persist it");
                     }
+                    let unbound = reported_unbound(&req);
                     match req.error_detail {
                         Some(error) => {
                             if error.not_newer {
@@ -548,6 +554,7 @@ async fn serve_stream(
                             tracing::warn!(proxy.id = %node.id, %version, error = %error.message, "proxy NACKed snapshot");
                             shared.update_proxy(id, |p| {
                                 p.persist_error = req.persist_error.clone();
+                                p.unbound_listeners = unbound;
                                 p.acked_version = req.version_info.clone();
                                 p.last_nack_version = version;
                                 p.last_nack_error = error.message;
@@ -564,6 +571,7 @@ async fn serve_stream(
                             shared.update_proxy(id, |p| {
                                 p.acked_version = req.version_info;
                                 p.persist_error = req.persist_error;
+                                p.unbound_listeners = unbound;
                             });
                         }
                     }
@@ -581,6 +589,27 @@ async fn serve_stream(
     tracing::info!(proxy.id = %node.id, %peer, "proxy disconnected");
     end
 }
+
+/// Most Gateway listeners a proxy's report of those it could not bind is kept for.
+const MAX_UNBOUND_REPORTED: usize = 1024;
+
+/// The Gateway listeners a request says the proxy could not bind, as kept for
+/// `ListProxies` and the Gateways' `Programmed`: a listener name (`<address>:<port>`) is
+/// at most 64 bytes, and at most [`MAX_UNBOUND_REPORTED`] are kept. A report past those
+/// bounds (no listener is named so) is kept as [`UNBOUND_UNKNOWN`] alone: the proxy then
+/// counts as serving no Gateway.
+pub fn reported_unbound(req: &DiscoveryRequest) -> Vec<String> {
+    let sane = req.unbound_listeners.len() <= MAX_UNBOUND_REPORTED
+        && req.unbound_listeners.iter().all(|n| n.len() <= 64);
+    if sane {
+        req.unbound_listeners.clone()
+    } else {
+        vec![UNBOUND_UNKNOWN.to_owned()]
+    }
+}
+
+/// What [`reported_unbound`] keeps of a report past its bounds.
+pub const UNBOUND_UNKNOWN: &str = "(report too large)";
 
 #[cfg(test)]
 mod tests {

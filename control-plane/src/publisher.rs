@@ -32,7 +32,8 @@ pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
 pub struct Settings {
     /// What makes an Ingress ours.
     pub translate: translate::Options,
-    /// Quiet period: build once no change has arrived for this long.
+    /// Quiet period: a change this soon after the last build waits until no change has
+    /// arrived for this long; a change after a quiet period is built at once.
     pub debounce: Duration,
     /// Build at the latest this long after the first change of a burst.
     pub max_delay: Duration,
@@ -273,6 +274,9 @@ pub async fn run(
     let builder = Arc::new(std::sync::Mutex::new((Translator::default(), reporter)));
     // Certificates near expiry are noticed without any cluster change.
     let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
+    // When the last build for a change ended: a change within `debounce` of it is part of
+    // a burst.
+    let mut last_build: Option<Instant> = None;
     expiry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -283,11 +287,23 @@ pub async fn run(
                 return;
             }
             _ = expiry_tick.tick() => {
-                rebuild_off_runtime(&caches, &shared, &settings, &builder).await;
+                rebuild_off_runtime(&caches, &shared, &settings, &builder, Removals::Guard).await;
             }
             _ = changed.notified() => {
-                coalesce(&changed, settings.debounce, settings.max_delay).await;
-                rebuild_off_runtime(&caches, &shared, &settings, &builder).await;
+                // A lone change is built at once, and published then only if it takes no
+                // route away; any removal waits for the burst it may begin, so the guard
+                // judges a mass deletion whole, however its events arrive.
+                let lone = !in_burst(last_build, Instant::now(), settings.debounce);
+                let deferred = lone
+                    && rebuild_off_runtime(&caches, &shared, &settings, &builder, Removals::Defer)
+                        .await
+                        == Built::Deferred;
+                if !lone || deferred {
+                    coalesce(&changed, settings.debounce, settings.max_delay).await;
+                    rebuild_off_runtime(&caches, &shared, &settings, &builder, Removals::Guard)
+                        .await;
+                }
+                last_build = Some(Instant::now());
             }
             _ = confirm_tick.tick() => {
                 if confirming.as_ref().is_some_and(|task| !task.is_finished()) {
@@ -309,6 +325,17 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Whether a change noticed at `now` is part of a burst, and so waits for it to settle
+/// ([`coalesce`]) before the build: it is when the last build for a change ended less than
+/// `debounce` before. A change after a quiet period is built at once: a lone change (one
+/// `kubectl apply`) is the common case, and waiting for a burst that never comes would add
+/// the whole quiet period to its propagation. That build is published only if it removes
+/// nothing ([`Removals::Defer`]). The change after it, if it comes soon, starts the
+/// coalescing, so a burst costs one extra build, never one build per change.
+fn in_burst(last_build: Option<Instant>, now: Instant, debounce: Duration) -> bool {
+    last_build.is_some_and(|t| now.saturating_duration_since(t) < debounce)
 }
 
 /// Waits until no change has arrived for `debounce`, or `max_delay` has passed.
@@ -333,7 +360,8 @@ async fn rebuild_off_runtime(
     shared: &Shared,
     settings: &Settings,
     builder: &Arc<std::sync::Mutex<(Translator, ProblemReporter)>>,
-) {
+    removals: Removals,
+) -> Built {
     let (caches, shared, settings, builder) = (
         caches.clone(),
         shared.clone(),
@@ -349,11 +377,39 @@ async fn rebuild_off_runtime(
             guard
         });
         let (translator, reporter) = &mut *guard;
-        rebuild(&caches, &shared, &settings, reporter, translator);
+        rebuild(&caches, &shared, &settings, reporter, translator, removals)
     });
-    if let Err(error) = build.await {
+    build.await.unwrap_or_else(|error| {
         tracing::error!(%error, "a build panicked; the next one starts from scratch");
-    }
+        Built::Done
+    })
+}
+
+/// What a build may do with a candidate that takes routes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removals {
+    /// Offer it: the guard decides (publish, or hold what it removes).
+    Guard,
+    /// Offer only a candidate that removes nothing and while nothing is held; otherwise
+    /// leave it for the build after the quiet period ([`Built::Deferred`]).
+    Defer,
+}
+
+/// What a build did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Built {
+    /// Offered its candidate, or had none to offer (caches incomplete, invalid).
+    Done,
+    /// Left a candidate that removes routes for the build after the quiet period.
+    Deferred,
+}
+
+/// Whether offering `candidate` now could take a route away: it removes a route of the
+/// published snapshot (the guard at a share of 0), or routes are held already (then
+/// every candidate is judged route by route). A first snapshot removes nothing.
+fn takes_routes_away(shared: &Shared, candidate: &Published) -> bool {
+    shared.held().is_some()
+        || guard(shared.published().as_deref(), candidate, 0.0) != Verdict::Publish
 }
 
 #[cfg(test)]
@@ -368,12 +424,13 @@ fn rebuild(
     settings: &Settings,
     reporter: &mut ProblemReporter,
     translator: &mut Translator,
-) {
+    removals: Removals,
+) -> Built {
     #[cfg(test)]
     BUILDS_ON_THIS_THREAD.with(|n| n.set(n.get() + 1));
     if !shared.all_synced() {
         tracing::debug!(unsynced = ?shared.unsynced(), "not building: caches incomplete");
-        return;
+        return Built::Done;
     }
     let started = Instant::now();
     // Each kind's store with its progress, read together.
@@ -397,7 +454,7 @@ fn rebuild(
             // changes since this one.
             tracing::error!(%error, "built snapshot failed validation; not publishing");
             *translator = Translator::default();
-            return;
+            return Built::Done;
         }
     };
     record_problems(shared, &problems, &candidate);
@@ -405,7 +462,10 @@ fn rebuild(
     // The caches may have started a re-list while we read them; the stores still held the
     // last complete lists, but stay conservative and wait for the next InitDone.
     if !shared.all_synced() {
-        return;
+        return Built::Done;
+    }
+    if removals == Removals::Defer && takes_routes_away(shared, &candidate) {
+        return Built::Deferred;
     }
     offer(
         shared,
@@ -413,6 +473,7 @@ fn rebuild(
         settings.max_removal_share,
         settings.max_snapshot_bytes,
     );
+    Built::Done
 }
 
 /// Makes the last build's problems and certificates visible: metrics and `GetStatus`.
@@ -999,22 +1060,48 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let shared = Shared::new(crate::metrics::Metrics::new(
-            &mut prometheus_client::registry::Registry::default(),
-        ));
-        for kind in crate::state::KINDS {
-            shared.set_synced(kind, true);
-        }
-        let changed = Arc::new(Notify::new());
-        let settings = Settings {
-            translate: translate::Options::default(),
-            debounce: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-            max_removal_share: 0.5,
-            confirm_after: Duration::from_secs(3600),
-            max_snapshot_bytes: usize::MAX,
-        };
         let published = rt.block_on(async {
+            let running = Running::start(Duration::from_millis(1), Duration::from_millis(5));
+            let mut published = running.shared.subscribe();
+            running.changed.notify_one();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), published.wait_for(Option::is_some))
+                    .await;
+            running.stop().await.published()
+        });
+        assert!(published.is_some(), "nothing was built");
+        assert_eq!(
+            BUILDS_ON_THIS_THREAD.with(std::cell::Cell::get),
+            0,
+            "a build ran on the runtime's thread"
+        );
+    }
+
+    /// The reconcile loop on empty, complete caches, spawned on the current runtime.
+    struct Running {
+        shared: Shared,
+        changed: Arc<Notify>,
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Running {
+        fn start(debounce: Duration, max_delay: Duration) -> Running {
+            let shared = Shared::new(crate::metrics::Metrics::new(
+                &mut prometheus_client::registry::Registry::default(),
+            ));
+            for kind in crate::state::KINDS {
+                shared.set_synced(kind, true);
+            }
+            let changed = Arc::new(Notify::new());
+            let settings = Settings {
+                translate: translate::Options::default(),
+                debounce,
+                max_delay,
+                max_removal_share: 0.5,
+                confirm_after: Duration::from_secs(3600),
+                max_snapshot_bytes: usize::MAX,
+            };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(run(
                 Caches::empty(),
@@ -1027,20 +1114,95 @@ mod tests {
                     let _ = stopped.await;
                 },
             ));
-            let mut published = shared.subscribe();
-            changed.notify_one();
-            let _ =
-                tokio::time::timeout(Duration::from_secs(10), published.wait_for(Option::is_some))
-                    .await;
-            let _ = stop.send(());
-            let _ = task.await;
-            shared.published()
-        });
-        assert!(published.is_some(), "nothing was built");
+            Running {
+                shared,
+                changed,
+                stop,
+                task,
+            }
+        }
+
+        /// Stops the loop and waits for it: its shared state.
+        async fn stop(self) -> Shared {
+            let _ = self.stop.send(());
+            let _ = self.task.await;
+            self.shared
+        }
+    }
+
+    /// A change after a quiet period is built at once; one within the quiet period of the
+    /// last build waits for the burst to settle.
+    #[test]
+    fn only_a_change_soon_after_a_build_waits_for_the_burst() {
+        let debounce = Duration::from_millis(20);
+        let t0 = Instant::now();
+        assert!(!in_burst(None, t0, debounce), "the first change");
+        assert!(in_burst(Some(t0), t0 + Duration::from_millis(5), debounce));
+        assert!(!in_burst(Some(t0), t0 + debounce, debounce));
+        assert!(!in_burst(Some(t0), t0 + Duration::from_secs(3), debounce));
+        // A clock reading before the build (threads race to read it) is within the burst.
+        assert!(in_burst(Some(t0 + Duration::from_millis(1)), t0, debounce));
+    }
+
+    /// A lone change's build is published before the quiet period only when it takes no
+    /// route away: a removal, even one the guard would let through, waits for the burst it
+    /// may begin (else a mass deletion arriving in pieces would pass piece by piece).
+    #[test]
+    fn only_a_candidate_that_removes_nothing_skips_the_quiet_period() {
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let ip = ["10.0.0.1"];
+        assert!(
+            !takes_routes_away(&shared, &build_of(&["a", "b"], &ip, 1)),
+            "a first snapshot"
+        );
+        offer(&shared, build_of(&["a", "b"], &ip, 1), 0.5, usize::MAX);
+        assert!(
+            !takes_routes_away(&shared, &build_of(&["a", "b", "c"], &ip, 2)),
+            "an added host"
+        );
+        assert!(
+            !takes_routes_away(&shared, &build_of(&["a", "b"], &["10.0.0.2"], 2)),
+            "new endpoints"
+        );
+        assert!(
+            takes_routes_away(&shared, &build_of(&["a"], &ip, 2)),
+            "one host of two goes (within the guard's share, still a removal)"
+        );
+        // Every route goes: held. While anything is held, every candidate waits.
+        offer(&shared, build_of(&[], &ip, 3), 0.5, usize::MAX);
+        assert!(shared.held().is_some(), "removing every route is held");
+        assert!(
+            takes_routes_away(&shared, &build_of(&["a", "b", "c"], &ip, 4)),
+            "a candidate while routes are held"
+        );
+    }
+
+    /// The reconcile loop does not hold a lone change for the quiet period: with a quiet
+    /// period and a longest delay of an hour, the first change is still published.
+    #[tokio::test]
+    async fn a_lone_change_is_built_without_waiting_for_the_quiet_period() {
+        let hour = Duration::from_secs(3600);
+        let running = Running::start(hour, hour);
+        let shared = running.shared.clone();
+        // The loop's first build (at start, for certificate expiry) publishes.
+        let mut published = shared.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), published.wait_for(Option::is_some))
+            .await
+            .expect("the build at start")
+            .expect("publication channel");
+        // A change then builds again, to the same content: counted as unchanged.
+        running.changed.notify_one();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while shared.metrics().unchanged.get() == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let built = shared.metrics().unchanged.get();
+        running.stop().await;
         assert_eq!(
-            BUILDS_ON_THIS_THREAD.with(std::cell::Cell::get),
-            0,
-            "a build ran on the runtime's thread"
+            built, 1,
+            "a lone change waited for the quiet period (an hour) before its build"
         );
     }
 

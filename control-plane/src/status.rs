@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::caches::{Caches, ClaimsConfigMap};
 use crate::claims;
+use crate::discovery::UNBOUND_UNKNOWN;
 use crate::gateway_api;
 use crate::state::Shared;
 use crate::translate::{self, ClusterState};
@@ -267,29 +268,52 @@ impl GatewayWriter {
 
 /// The Gateways (`namespace/name`, generation) that the proxies connected to this replica
 /// serve: those of the listeners of each snapshot a proxy has ACKed (among the recently
-/// published ones). Proxies connected to other replicas are not counted, so a Gateway is
-/// never called Programmed before a proxy serves it.
+/// published ones), when that proxy has bound every listener of the Gateway there.
+/// Proxies connected to other replicas are not counted, so a Gateway is never called
+/// Programmed before a proxy serves it.
 fn served_gateways(shared: &Shared) -> Served {
-    let mut versions: Vec<String> = shared
-        .proxies()
-        .into_iter()
-        .map(|p| p.acked_version)
-        .filter(|v| !v.is_empty())
-        .collect();
-    versions.sort();
-    versions.dedup();
-    versions
-        .iter()
-        .filter_map(|v| shared.recently_published(v))
-        .flat_map(|p| {
-            p.content
-                .gateway_listeners
-                .iter()
-                .filter_map(|l| l.gateway.as_ref())
-                .map(|g| (format!("{}/{}", g.namespace, g.name), g.generation))
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    let mut served = Served::new();
+    let mut snapshots = std::collections::HashMap::new();
+    for proxy in shared.proxies() {
+        if proxy.acked_version.is_empty()
+            || proxy.unbound_listeners.iter().any(|n| n == UNBOUND_UNKNOWN)
+        {
+            continue;
+        }
+        let Some(published) = snapshots
+            .entry(proxy.acked_version.clone())
+            .or_insert_with(|| shared.recently_published(&proxy.acked_version))
+            .clone()
+        else {
+            continue;
+        };
+        served.extend(gateways_bound(
+            &published.content.gateway_listeners,
+            &proxy.unbound_listeners,
+        ));
+    }
+    served
+}
+
+/// The Gateways (`namespace/name`, generation) of `listeners` none of whose listeners is
+/// among `unbound`.
+fn gateways_bound(
+    listeners: &[Arc<holdfast_proto::v1::GatewayListener>],
+    unbound: &[String],
+) -> Served {
+    let mut all = Served::new();
+    let mut missing = Served::new();
+    for l in listeners {
+        let Some(g) = l.gateway.as_ref() else {
+            continue;
+        };
+        let key = (format!("{}/{}", g.namespace, g.name), g.generation);
+        if unbound.iter().any(|n| *n == l.name) {
+            missing.insert(key.clone());
+        }
+        all.insert(key);
+    }
+    all.difference(&missing).cloned().collect()
 }
 
 /// How often an unchanged ledger is checked again (a claim's grace period may end).
@@ -630,6 +654,49 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A Gateway is served through a proxy only when that proxy bound every listener of
+    /// it; a listener without a Gateway counts for none.
+    #[test]
+    fn a_gateway_is_served_only_with_every_listener_bound() {
+        use holdfast_proto::v1::{GatewayListener, GatewayRef};
+        let listener = |name: &str, gateway: Option<(&str, i64)>| {
+            Arc::new(GatewayListener {
+                name: name.into(),
+                gateway: gateway.map(|(g, generation)| GatewayRef {
+                    namespace: "infra".into(),
+                    name: g.into(),
+                    generation,
+                }),
+                ..Default::default()
+            })
+        };
+        let listeners = [
+            listener("127.10.0.1:80", Some(("a", 3))),
+            listener("127.10.0.1:443", Some(("a", 3))),
+            listener("127.10.0.2:80", Some(("b", 1))),
+            listener("127.10.0.3:80", None),
+        ];
+        let names = |served: Served| -> Vec<String> {
+            served
+                .into_iter()
+                .map(|(g, n)| format!("{g}@{n}"))
+                .collect()
+        };
+        assert_eq!(
+            names(gateways_bound(&listeners, &[])),
+            ["infra/a@3", "infra/b@1"]
+        );
+        assert_eq!(
+            names(gateways_bound(&listeners, &["127.10.0.1:443".to_owned()])),
+            ["infra/b@1"],
+            "one unbound listener of a"
+        );
+        assert_eq!(
+            names(gateways_bound(&listeners, &["127.10.0.3:80".to_owned()])),
+            ["infra/a@3", "infra/b@1"]
+        );
+    }
 
     fn svc(v: serde_json::Value) -> Arc<Service> {
         Arc::new(serde_json::from_value(v).unwrap())

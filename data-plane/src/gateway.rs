@@ -1,20 +1,20 @@
-//! Gateway API routing on one Gateway address and port: the hostname and route lookup,
-//! the weighted choice of a backend, the request header changes and the redirect
-//! location (pure functions), and [`Listener`], one `GatewayListener` of a snapshot with
-//! its `GatewayHost`s compiled for them.
+//! Gateway API routing on one Gateway address and port: the weighted choice of a
+//! backend, the request header changes and the redirect location (pure functions), and
+//! [`Listener`], one `GatewayListener` of a snapshot with its `GatewayHost`s compiled for
+//! them.
 //!
-//! Lookup differs from Ingress's ([`crate::table`]) where the Gateway API specification
-//! says so:
+//! A listener's routes are looked up by the same [`crate::matching::Hosts`] as the
+//! Ingress routes, with [`Selection::Gateway`], which differs from Ingress's where the
+//! Gateway API specification says so:
 //! - A hostname wildcard `*.example.com` covers one or more labels (`a.example.com` and
 //!   `a.b.example.com`, never `example.com`), and the longest wildcard is tried first.
 //! - Hostname levels fall through: the exact hostname's entries, then each wildcard's from
 //!   the longest, then the entries for any hostname; the first entry that matches wins.
 //! - Within a hostname, the path lookup is the one Ingress virtual hosts use
-//!   ([`crate::matching`]): Exact first, then the longest PathPrefix, and at one path the
-//!   entries in the order the control plane gave them (most header matches first, then
-//!   the oldest route). Header matches are exact; names are case-insensitive.
+//!   ([`crate::matching::Paths`]): Exact first, then the longest PathPrefix, and at one
+//!   path the entries in the order the control plane gave them (most header matches
+//!   first, then the oldest route). Header matches are exact; names are case-insensitive.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,67 +25,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::metrics::RouteCounters;
 use crate::table::{Backend, CompileError, Route, TlsCertificate};
 
-use crate::matching::Paths;
 pub use crate::matching::{Entry, PathRule};
-
-/// The routes of one Gateway address and port.
-#[derive(Debug, Clone)]
-pub struct HostTable<A> {
-    exact: HashMap<String, Paths<A>>,
-    /// By the wildcard's suffix (`example.com` for `*.example.com`).
-    wildcard: HashMap<String, Paths<A>>,
-    any: Option<Paths<A>>,
-}
-
-impl<A> HostTable<A> {
-    /// A table from each hostname's entries, in precedence order (lower-case hostnames;
-    /// `*.suffix` a wildcard; "" any hostname).
-    pub fn new(hosts: impl IntoIterator<Item = (String, Vec<Entry<A>>)>) -> Self {
-        let mut t = HostTable {
-            exact: HashMap::new(),
-            wildcard: HashMap::new(),
-            any: None,
-        };
-        for (host, entries) in hosts {
-            let paths = Paths::new(entries);
-            if host.is_empty() {
-                t.any = Some(paths);
-            } else if let Some(suffix) = host.strip_prefix("*.") {
-                t.wildcard.insert(suffix.to_owned(), paths);
-            } else {
-                t.exact.insert(host, paths);
-            }
-        }
-        t
-    }
-
-    /// The entry for a request to `host` (lower-case, without port) at `path` (normalised)
-    /// with `headers`, if any.
-    pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Entry<A>> {
-        if let Some(e) = self
-            .exact
-            .get(host)
-            .and_then(|p| p.lookup(path, Some(headers)))
-        {
-            return Some(e);
-        }
-        if !self.wildcard.is_empty() {
-            // Each suffix after a '.', longest first: a.b.example.com tries b.example.com,
-            // then example.com, then com.
-            for (i, b) in host.bytes().enumerate() {
-                if b == b'.'
-                    && let Some(e) = self
-                        .wildcard
-                        .get(&host[i + 1..])
-                        .and_then(|p| p.lookup(path, Some(headers)))
-                {
-                    return Some(e);
-                }
-            }
-        }
-        self.any.as_ref()?.lookup(path, Some(headers))
-    }
-}
+use crate::matching::{Hosts, Paths, Selection};
 
 /// The backend to use for the `n`-th request, by weight: over every `sum` consecutive
 /// requests each backend gets exactly its `weight`, in a spread order (request `n` takes
@@ -235,7 +176,7 @@ pub struct Listener {
     pub gateway: Option<(String, i64)>,
     /// Per listener hostname ("" any; `*.suffix` a wildcard), its certificates.
     certificates: Vec<(String, Vec<Arc<TlsCertificate>>)>,
-    table: HostTable<Arc<Matched>>,
+    table: Hosts<Paths<Arc<Matched>>>,
     /// Route entries served.
     pub entries: usize,
 }
@@ -382,7 +323,13 @@ impl Listener {
                 .as_ref()
                 .map(|g| (format!("{}/{}", g.namespace, g.name), g.generation)),
             certificates,
-            table: HostTable::new(table),
+            table: {
+                let mut hosts = Hosts::new(Selection::Gateway);
+                for (host, list) in table {
+                    hosts.insert(&host, Paths::new(list));
+                }
+                hosts
+            },
             entries,
         })
     }
@@ -390,7 +337,10 @@ impl Listener {
     /// The entry for a request to `host` (normalised) at `path` (normalised) with
     /// `headers`.
     pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Arc<Matched>> {
-        self.table.lookup(host, path, headers).map(|e| &e.action)
+        self.table
+            .lookup(host, path, Some(headers))
+            .ok()
+            .map(|e| &e.action)
     }
 
     /// The certificate for a TLS client that sent `sni` (lower case): that of the listener
@@ -429,48 +379,7 @@ fn path_kind(p: &PathRule) -> MatchKind {
 mod tests {
     use super::*;
 
-    use crate::matching::tests::{e, headers, p};
-
-    #[test]
-    fn hostnames_fall_through_exact_then_longest_wildcard_then_any() {
-        let t = HostTable::new([
-            (
-                "a.example.com".to_owned(),
-                vec![e(p("/only-exact"), &[], "exact")],
-            ),
-            ("*.example.com".to_owned(), vec![e(p("/w"), &[], "wild")]),
-            (
-                "*.b.example.com".to_owned(),
-                vec![e(p("/w"), &[], "longer-wild")],
-            ),
-            (String::new(), vec![e(p("/"), &[], "any")]),
-        ]);
-        let h = HeaderMap::new();
-        let at = |host: &str, path: &str| t.lookup(host, path, &h).map(|e| e.action);
-        assert_eq!(at("a.example.com", "/only-exact"), Some("exact"));
-        assert_eq!(
-            at("a.example.com", "/w"),
-            Some("wild"),
-            "falls through to the wildcard"
-        );
-        assert_eq!(at("x.b.example.com", "/w"), Some("longer-wild"));
-        assert_eq!(
-            at("x.y.example.com", "/w"),
-            Some("wild"),
-            "more than one label"
-        );
-        assert_eq!(
-            at("example.com", "/w"),
-            Some("any"),
-            "the bare suffix is not covered"
-        );
-        assert_eq!(at("a.example.com", "/elsewhere"), Some("any"));
-        let none = HostTable::new([("a.example.com".to_owned(), vec![e(p("/x"), &[], "x")])]);
-        assert_eq!(
-            none.lookup("a.example.com", "/y", &h).map(|e| e.action),
-            None
-        );
-    }
+    use crate::matching::tests::headers;
 
     #[test]
     fn a_listener_binds_its_port_and_keeps_the_port_clients_reach_for_redirects() {

@@ -4,8 +4,9 @@
 //!
 //! # Layout
 //! - [`table`]: a snapshot compiled into an immutable lookup structure (pure).
-//! - [`gateway`]: Gateway API lookup, weighted choice, header changes and redirects
-//!   (pure; not yet fed by snapshots).
+//! - [`matching`]: the one route lookup of both APIs, host selection then path (pure).
+//! - [`gateway`]: Gateway API listeners, weighted choice, header changes and redirects
+//!   (pure).
 //! - [`headers`]: request framing checks and header rewriting (pure).
 //! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
 //!   request-smuggling shapes hyper would otherwise normalise silently (pure).
@@ -38,6 +39,7 @@ pub mod path;
 pub mod persist;
 pub mod proxy;
 pub mod server;
+mod shards;
 pub mod subscriber;
 pub mod table;
 pub mod tls;
@@ -230,6 +232,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         listen.clone(),
         stop_accepting.clone(),
         metrics.clone(),
+        applier.unbound_listeners().clone(),
     )));
     let hooked = gateway_listeners.clone();
     let draining_gateways = gateway_listeners.clone();

@@ -8,7 +8,8 @@
 //! listeners do on shutdown (and at shutdown they drain with the proxy's own, within
 //! `--shutdown-grace`). Their connections count together against `--max-connections`, as
 //! one listening address's do. The listeners that did not change are left alone. A listener
-//! that cannot be bound (its address is not on this host, its port is taken) is counted
+//! that cannot be bound (its address is not on this host, its port is taken) is counted,
+//! reported with the ACKs (so its Gateway is not called Programmed through this proxy)
 //! and tried again every [`RETRY_EVERY`], never fatal: the other listeners and every
 //! Ingress route keep being served.
 
@@ -57,6 +58,9 @@ pub struct GatewayListeners {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Listeners whose last bind failed (logged once, at warn, until one succeeds).
     failing: std::collections::HashSet<String>,
+    /// Where the listeners not bound are reported (sorted), for the ACKs
+    /// ([`crate::subscriber::Applier::unbound_listeners`]).
+    unbound: watch::Sender<Vec<String>>,
 }
 
 impl GatewayListeners {
@@ -68,6 +72,7 @@ impl GatewayListeners {
         settings: ListenSettings,
         stopping: watch::Receiver<bool>,
         metrics: Metrics,
+        unbound: watch::Sender<Vec<String>>,
     ) -> Self {
         GatewayListeners {
             workers,
@@ -80,6 +85,7 @@ impl GatewayListeners {
             open: Arc::new(AtomicUsize::new(0)),
             tasks: Vec::new(),
             failing: std::collections::HashSet::new(),
+            unbound,
         }
     }
 
@@ -129,6 +135,13 @@ impl GatewayListeners {
         }
         self.metrics.gateway_listeners.set(self.bound.len() as i64);
         self.metrics.gateway_listeners_unbound.set(unbound);
+        let mut names: Vec<String> = self.failing.iter().cloned().collect();
+        names.sort();
+        self.unbound.send_if_modified(|old| {
+            let changed = *old != names;
+            *old = names;
+            changed
+        });
     }
 
     /// The serving tasks of every Gateway listener, to await at shutdown (they drain

@@ -1,24 +1,28 @@
-//! The path lookup of one hostname, shared by Ingress virtual hosts ([`crate::table`]) and
-//! Gateway API hostnames ([`crate::gateway`]): both compile their routes into [`Entry`]s
-//! of a [`Paths`], and a request is matched by the one [`Paths::lookup`]. Pure.
+//! The one route lookup of both APIs, pure: [`Hosts`] selects a request's hostname entry,
+//! and [`Paths`] the route within it. Ingress virtual hosts ([`crate::table`]) and Gateway
+//! API hostnames ([`crate::gateway`]) both compile into them, and every request is matched
+//! by [`Hosts::lookup`].
 //!
-//! Precedence: an `Exact` path first; then `Prefix` paths from the longest, element-wise
-//! on `/` (`/a` matches `/a`, `/a/` and `/a/b`, never `/ab`; a trailing `/` of the request
-//! is not significant), one hash look-up per `/` boundary; at one path, the entries in
-//! the order they were given, the first whose header matches all hold. Ingress entries
-//! have no header matches (and the control plane sends one route per path and kind, the
-//! oldest Ingress's); Gateway entries come most header matches first, then the oldest
-//! route.
+//! Path precedence: an `Exact` path first; then `Prefix` paths from the longest,
+//! element-wise on `/` (`/a` matches `/a`, `/a/` and `/a/b`, never `/ab`; a trailing `/`
+//! of the request is not significant), one hash look-up per `/` boundary; at one path, the
+//! entries in the order they were given, the first whose header matches all hold. Ingress
+//! entries have no header matches (and the control plane sends one route per path and
+//! kind, the oldest Ingress's); Gateway entries come most header matches first, then the
+//! oldest route.
 //!
-//! What differs between the two APIs is above this, in how a hostname selects its
-//! `Paths` (the specifications differ): an Ingress wildcard covers exactly one label and
-//! a host without a matching path answers 404 (or the default backend); a Gateway API
-//! wildcard covers one or more labels and the hostname levels fall through (exact, the
-//! longest wildcard, any).
+//! Host selection is where the two specifications differ, and the one place the lookup
+//! asks which API it serves ([`Selection`]): an Ingress wildcard covers exactly one label
+//! and the host selected is final (a host without a matching path answers 404, or the
+//! default backend); a Gateway API wildcard covers one or more labels and the hostname
+//! levels fall through (exact, each wildcard from the longest, any).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::shards::Shards;
 
 /// How an entry matches the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +120,197 @@ impl<A> Paths<A> {
     }
 }
 
+/// How a request's host selects among the hostnames of a [`Hosts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Ingress: the exact host; else the wildcard `*.suffix` when the host is one label
+    /// followed by `.suffix`; else the rules without a host. The first of these that
+    /// exists is the only one tried: when none of its paths match, the lookup misses.
+    Ingress,
+    /// Gateway API: the exact hostname, then each wildcard covering the host (one or more
+    /// labels) from the longest, then any hostname; the first whose paths match wins.
+    Gateway,
+}
+
+/// A hostname level of a [`Hosts`] that a request's host selected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level<'a> {
+    /// The host itself.
+    Exact(&'a str),
+    /// A wildcard, by its suffix (`example.com` for `*.example.com`).
+    Wildcard(&'a str),
+    /// The entry for any host ("").
+    Any,
+}
+
+impl Level<'_> {
+    /// The hostname as a snapshot names it: the host, `*.suffix`, or "" for any.
+    pub fn name(&self) -> String {
+        match self {
+            Level::Exact(h) => (*h).to_owned(),
+            Level::Wildcard(suffix) => format!("*.{suffix}"),
+            Level::Any => String::new(),
+        }
+    }
+}
+
+/// What a hostname's entry in a [`Hosts`] holds: its routes, indexed by path.
+pub trait HostEntry {
+    /// What a route does.
+    type Action;
+    /// The hostname's routes.
+    fn paths(&self) -> &Paths<Self::Action>;
+}
+
+impl<A> HostEntry for Paths<A> {
+    type Action = A;
+    fn paths(&self) -> &Paths<A> {
+        self
+    }
+}
+
+impl<T: HostEntry> HostEntry for Arc<T> {
+    type Action = T::Action;
+    fn paths(&self) -> &Paths<T::Action> {
+        (**self).paths()
+    }
+}
+
+/// Why [`Hosts::lookup`] found no route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostMiss<'a> {
+    /// A hostname was selected (the first, for Gateway API), and no path of it matched.
+    NoPath(Level<'a>),
+    /// No hostname covers the host.
+    NoHost,
+}
+
+/// The hostnames of one Ingress route table or one Gateway listener, each with its entry.
+/// A copy shares every entry and copies only what a change touches ([`Shards`]).
+#[derive(Debug, Clone)]
+pub struct Hosts<V> {
+    selection: Selection,
+    exact: Shards<V>,
+    /// By the wildcard's suffix (`example.com` for `*.example.com`).
+    wildcard: Shards<V>,
+    any: Option<V>,
+}
+
+impl<V: Clone> Hosts<V> {
+    /// No hostnames, selected as `selection` says.
+    pub fn new(selection: Selection) -> Self {
+        Hosts {
+            selection,
+            exact: Shards::default(),
+            wildcard: Shards::default(),
+            any: None,
+        }
+    }
+
+    /// Sets the entry of `host` (lower case, as a snapshot names it: `*.suffix` a
+    /// wildcard, "" any host), returning the one it replaces.
+    pub fn insert(&mut self, host: &str, entry: V) -> Option<V> {
+        if host.is_empty() {
+            self.any.replace(entry)
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            self.wildcard.insert(suffix.to_owned(), entry)
+        } else {
+            self.exact.insert(host.to_owned(), entry)
+        }
+    }
+
+    /// Removes the entry of `host` (as [`insert`](Self::insert) names it).
+    pub fn remove(&mut self, host: &str) -> Option<V> {
+        if host.is_empty() {
+            self.any.take()
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            self.wildcard.remove(suffix)
+        } else {
+            self.exact.remove(host)
+        }
+    }
+
+    /// The entry of `host` (as [`insert`](Self::insert) names it).
+    pub fn get(&self, host: &str) -> Option<&V> {
+        if host.is_empty() {
+            self.any.as_ref()
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            self.wildcard.get(suffix)
+        } else {
+            self.exact.get(host)
+        }
+    }
+
+    /// Every entry: any host's, the exact hosts', the wildcards' (in no particular order
+    /// within each).
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.any
+            .iter()
+            .chain(self.exact.values())
+            .chain(self.wildcard.values())
+    }
+
+    /// The hostname levels that cover a request's `host` (lower case, without port), in
+    /// the order they are tried, with their entries.
+    fn levels<'s, 'h>(&'s self, host: &'h str) -> impl Iterator<Item = (Level<'h>, &'s V)> {
+        let exact = self.exact.get(host).map(|v| (Level::Exact(host), v));
+        // Ingress: the text after the first label, if both are non-empty.
+        let one_label = (self.selection == Selection::Ingress)
+            .then(|| host.split_once('.'))
+            .flatten()
+            .filter(|(first, rest)| !first.is_empty() && !rest.is_empty())
+            .and_then(|(_, rest)| self.wildcard.get(rest).map(|v| (Level::Wildcard(rest), v)));
+        // Gateway API: the text after each '.', longest first (a.b.example.com tries
+        // b.example.com, then example.com, then com).
+        let any_labels = (self.selection == Selection::Gateway && !self.wildcard.is_empty())
+            .then(|| {
+                host.match_indices('.').filter_map(move |(i, _)| {
+                    let suffix = &host[i + 1..];
+                    self.wildcard
+                        .get(suffix)
+                        .map(|v| (Level::Wildcard(suffix), v))
+                })
+            })
+            .into_iter()
+            .flatten();
+        exact
+            .into_iter()
+            .chain(one_label)
+            .chain(any_labels)
+            .chain(self.any.as_ref().map(|v| (Level::Any, v)))
+    }
+
+    /// The first hostname level covering `host` (normalised), with its entry: for
+    /// Ingress, the one its requests use.
+    pub fn select<'s, 'h>(&'s self, host: &'h str) -> Option<(Level<'h>, &'s V)> {
+        self.levels(host).next()
+    }
+}
+
+impl<V: HostEntry + Clone> Hosts<V> {
+    /// The route for a request to `host` (normalised: lower case, no port) at `path`
+    /// (normalised) with `headers` (None: an entry with header matches never matches):
+    /// the one lookup of both APIs.
+    pub fn lookup<'s, 'h>(
+        &'s self,
+        host: &'h str,
+        path: &str,
+        headers: Option<&HeaderMap>,
+    ) -> Result<&'s Entry<V::Action>, HostMiss<'h>> {
+        let mut first = None;
+        for (level, entry) in self.levels(host) {
+            if let Some(e) = entry.paths().lookup(path, headers) {
+                return Ok(e);
+            }
+            first.get_or_insert(level);
+            if self.selection == Selection::Ingress {
+                break;
+            }
+        }
+        Err(first.map_or(HostMiss::NoHost, HostMiss::NoPath))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -205,5 +400,129 @@ pub(crate) mod tests {
         assert_eq!(at("/apix"), Some("root"));
         assert_eq!(at("/"), Some("root"));
         assert_eq!(Paths::<&str>::default().lookup("/", None), None);
+    }
+
+    /// One set of hostnames, looked up under each API's selection: what the two share
+    /// (exact first, then a wildcard, then any host) and where they differ (how many labels
+    /// a wildcard covers; whether a path miss falls through).
+    fn both(selection: Selection) -> Hosts<Paths<&'static str>> {
+        let mut t = Hosts::new(selection);
+        for (host, entries) in [
+            ("a.example.com", vec![e(p("/only-exact"), &[], "exact")]),
+            ("*.example.com", vec![e(p("/w"), &[], "wild")]),
+            ("*.b.example.com", vec![e(p("/w"), &[], "longer-wild")]),
+            ("", vec![e(p("/"), &[], "any")]),
+        ] {
+            assert!(t.insert(host, Paths::new(entries)).is_none());
+        }
+        t
+    }
+
+    #[test]
+    fn gateway_hostnames_fall_through_exact_then_longest_wildcard_then_any() {
+        let t = both(Selection::Gateway);
+        let h = HeaderMap::new();
+        let at = |host: &str, path: &str| t.lookup(host, path, Some(&h)).ok().map(|e| e.action);
+        assert_eq!(at("a.example.com", "/only-exact"), Some("exact"));
+        assert_eq!(
+            at("a.example.com", "/w"),
+            Some("wild"),
+            "falls through to the wildcard"
+        );
+        assert_eq!(at("x.b.example.com", "/w"), Some("longer-wild"));
+        assert_eq!(
+            at("x.y.example.com", "/w"),
+            Some("wild"),
+            "more than one label"
+        );
+        assert_eq!(
+            at("example.com", "/w"),
+            Some("any"),
+            "the bare suffix is not covered"
+        );
+        assert_eq!(at("a.example.com", "/elsewhere"), Some("any"));
+        let mut none = Hosts::new(Selection::Gateway);
+        none.insert("a.example.com", Paths::new(vec![e(p("/x"), &[], "x")]));
+        assert_eq!(
+            none.lookup("a.example.com", "/y", Some(&h))
+                .map(|e| e.action),
+            Err(HostMiss::NoPath(Level::Exact("a.example.com")))
+        );
+        assert_eq!(
+            none.lookup("b.example.com", "/x", Some(&h))
+                .map(|e| e.action),
+            Err(HostMiss::NoHost)
+        );
+    }
+
+    #[test]
+    fn ingress_hosts_select_one_level_and_a_wildcard_covers_one_label() {
+        let t = both(Selection::Ingress);
+        // The action, or the name of the host selected when no path matched (None: no
+        // host covers the request's).
+        let at = |host: &str, path: &str| {
+            t.lookup(host, path, None)
+                .map(|e| e.action)
+                .map_err(|miss| match miss {
+                    HostMiss::NoPath(level) => Some(level.name()),
+                    HostMiss::NoHost => None,
+                })
+        };
+        let selected = |name: &str| Err(Some(name.to_owned()));
+        assert_eq!(at("a.example.com", "/only-exact"), Ok("exact"));
+        assert_eq!(
+            at("a.example.com", "/w"),
+            selected("a.example.com"),
+            "the exact host is final: no fall-through to the wildcard"
+        );
+        assert_eq!(at("x.example.com", "/w"), Ok("wild"));
+        assert_eq!(
+            at("x.example.com", "/elsewhere"),
+            selected("*.example.com"),
+            "nor from the wildcard to any host"
+        );
+        assert_eq!(at("x.b.example.com", "/w"), Ok("longer-wild"));
+        assert_eq!(
+            at("x.y.example.com", "/w"),
+            Ok("any"),
+            "a wildcard covers one label only: x.y.example.com is any host's"
+        );
+        assert_eq!(at("example.com", "/"), Ok("any"));
+        assert_eq!(
+            t.select(".example.com").map(|(l, _)| l),
+            Some(Level::Any),
+            "an empty first label is not covered"
+        );
+        let mut no_any = Hosts::new(Selection::Ingress);
+        no_any.insert("a.example.com", Paths::new(vec![e(p("/"), &[], "a")]));
+        assert_eq!(
+            no_any.lookup("b.example.com", "/", None).map(|e| e.action),
+            Err(HostMiss::NoHost)
+        );
+    }
+
+    #[test]
+    fn hosts_are_named_as_a_snapshot_names_them_and_replaced_in_place() {
+        let mut t = both(Selection::Ingress);
+        assert_eq!(Level::Wildcard("example.com").name(), "*.example.com");
+        assert_eq!(Level::Exact("a.example.com").name(), "a.example.com");
+        assert_eq!(Level::Any.name(), "");
+        for host in ["a.example.com", "*.example.com", ""] {
+            assert!(t.get(host).is_some(), "{host:?}");
+        }
+        assert_eq!(t.values().count(), 4);
+        let old = t.insert("*.example.com", Paths::new(vec![e(p("/"), &[], "new")]));
+        assert_eq!(old.map(|o| o.entries()[0].action), Some("wild"));
+        assert_eq!(
+            t.lookup("x.example.com", "/w", None).map(|e| e.action),
+            Ok("new")
+        );
+        assert!(t.remove("*.example.com").is_some());
+        assert!(t.remove("*.example.com").is_none());
+        assert_eq!(
+            t.lookup("x.example.com", "/w", None).map(|e| e.action),
+            Ok("any")
+        );
+        assert_eq!(t.values().count(), 3);
     }
 }

@@ -25,7 +25,7 @@ use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, Snapshot
 use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -107,6 +107,9 @@ pub struct Applier {
     /// Called with each table installed, before it is ACKed (binds the Gateway
     /// listeners it has).
     on_install: std::sync::Mutex<Option<InstallHook>>,
+    /// The served table's Gateway listeners that could not be bound (yet), sorted: sent
+    /// with each ACK, and again whenever it changes.
+    unbound_listeners: watch::Sender<Vec<String>>,
 }
 
 /// What [`Applier::on_install`] calls.
@@ -129,7 +132,14 @@ impl Applier {
             served: std::sync::Mutex::new(None),
             max_snapshot_bytes,
             on_install: std::sync::Mutex::new(None),
+            unbound_listeners: watch::channel(Vec::new()).0,
         }
+    }
+
+    /// Where the Gateway listeners that could not be bound are reported (sorted), for
+    /// the ACKs.
+    pub fn unbound_listeners(&self) -> &watch::Sender<Vec<String>> {
+        &self.unbound_listeners
     }
 
     /// Calls `hook` with the table served now (if any) and with each table installed
@@ -601,11 +611,16 @@ async fn stream_once(
         .max_decoding_message_size(limit);
     let (tx, rx) = mpsc::channel(4);
     let (version_info, content_hash) = applier.serving().unwrap_or_default();
+    // Each request states the listeners not bound as it is built; a change after that is
+    // sent as a repeat of the last request.
+    let mut unbound = applier.unbound_listeners.subscribe();
+    let unbound_now = unbound.borrow_and_update().clone();
     tx.send(DiscoveryRequest {
         node: Some(node.clone()),
         version_info,
         content_hash,
         persist_error: applier.persist_error(),
+        unbound_listeners: unbound_now.clone(),
         max_snapshot_bytes: applier.max_snapshot_bytes as u64,
         accepts_deltas: true,
         inventory: applier.inventory(),
@@ -625,6 +640,7 @@ async fn stream_once(
         node: Some(node.clone()),
         version_info: applier.serving().unwrap_or_default().0,
         content_hash: applier.serving().unwrap_or_default().1,
+        unbound_listeners: unbound_now,
         ..Default::default()
     });
     let mut retry = tokio::time::interval(PERSIST_RETRY);
@@ -648,6 +664,17 @@ async fn stream_once(
                     && let Some(mut again) = last.clone()
                 {
                     again.persist_error = String::new();
+                    tx.send(again).await?;
+                }
+                continue;
+            }
+            changed = unbound.changed() => {
+                // The Applier (and so the sender) outlives the stream.
+                if changed.is_ok()
+                    && let Some(last) = last.as_mut()
+                {
+                    last.unbound_listeners = unbound.borrow_and_update().clone();
+                    let again = last.clone();
                     tx.send(again).await?;
                 }
                 continue;
@@ -697,6 +724,7 @@ async fn stream_once(
                 Some(ErrorDetail { message, not_newer })
             }
         };
+        let unbound_now = unbound.borrow_and_update().clone();
         let request = DiscoveryRequest {
             node: Some(node.clone()),
             version_info,
@@ -704,6 +732,7 @@ async fn stream_once(
             error_detail,
             content_hash,
             persist_error: applier.persist_error(),
+            unbound_listeners: unbound_now,
             // Read from the first request only.
             accepts_deltas: true,
             inventory: Vec::new(),

@@ -1,7 +1,8 @@
 //! The route table: a snapshot compiled into an immutable lookup structure.
 //!
-//! Lookup is two hash steps and a walk over the request path's `/` boundaries; it never
-//! scans the routes:
+//! Lookup is [`crate::matching::Hosts::lookup`], the one lookup Gateway listeners use too,
+//! here with Ingress host selection: two hash steps and a walk over the request path's
+//! `/` boundaries; it never scans the routes:
 //! 1. **Host** (lower-cased, port dropped): the exact virtual host if there is one; else
 //!    the one-label wildcard (`a.example.com` → `*.example.com`; not `a.b.example.com`,
 //!    not `example.com`); else the virtual host of rules without a host. The first that
@@ -29,8 +30,9 @@ use holdfast_proto::v1::{GatewayHost, MatchKind, Snapshot, SnapshotDelta, Virtua
 use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
-use crate::matching::{Entry, PathRule, Paths};
+use crate::matching::{Entry, HostEntry, HostMiss, Hosts, Level, PathRule, Paths, Selection};
 use crate::metrics::RouteCounters;
+use crate::shards::Shards;
 
 /// A backend ready to forward to.
 #[derive(Debug)]
@@ -106,66 +108,10 @@ struct PathTable {
     routes: Vec<Arc<Route>>,
 }
 
-impl PathTable {
-    fn lookup(&self, path: &str) -> Option<&Arc<Route>> {
-        // Ingress routes match on the path alone.
-        self.paths.lookup(path, None).map(|e| &e.action)
-    }
-}
-
-/// Number of shards of a [`Shards`] map.
-const SHARDS: usize = 256;
-
-/// A map by name whose copy shares everything with the original until changed, and
-/// then copies only the shard (1/256 of the entries) a change touches: what lets a delta
-/// make a new table in O(change) while requests in flight keep the old one.
-#[derive(Debug, Clone)]
-struct Shards<V> {
-    shards: Arc<Vec<Arc<HashMap<String, V>>>>,
-    len: usize,
-}
-
-impl<V: Clone> Default for Shards<V> {
-    fn default() -> Self {
-        Shards {
-            shards: Arc::new((0..SHARDS).map(|_| Arc::default()).collect()),
-            len: 0,
-        }
-    }
-}
-
-impl<V: Clone> Shards<V> {
-    /// The shard of `key` (FNV-1a; the maps inside use the standard keyed hasher).
-    fn shard(key: &str) -> usize {
-        let mut h: u32 = 0x811c_9dc5;
-        for b in key.bytes() {
-            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-        }
-        h as usize % SHARDS
-    }
-
-    fn get(&self, key: &str) -> Option<&V> {
-        self.shards[Self::shard(key)].get(key)
-    }
-
-    fn shard_mut(&mut self, key: &str) -> &mut HashMap<String, V> {
-        Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[Self::shard(key)])
-    }
-
-    fn insert(&mut self, key: String, value: V) -> Option<V> {
-        let old = self.shard_mut(&key).insert(key, value);
-        self.len += usize::from(old.is_none());
-        old
-    }
-
-    fn remove(&mut self, key: &str) -> Option<V> {
-        let old = self.shard_mut(key).remove(key);
-        self.len -= usize::from(old.is_some());
-        old
-    }
-
-    fn values(&self) -> impl Iterator<Item = &V> {
-        self.shards.iter().flat_map(|s| s.values())
+impl HostEntry for PathTable {
+    type Action = Arc<Route>;
+    fn paths(&self) -> &Paths<Arc<Route>> {
+        &self.paths
     }
 }
 
@@ -184,9 +130,8 @@ pub struct RouteTable {
     certificates: Shards<Arc<TlsCertificate>>,
     default_certificate_name: String,
     default_certificate: Option<Arc<TlsCertificate>>,
-    exact_hosts: Shards<Arc<PathTable>>,
-    wildcard_hosts: Shards<Arc<PathTable>>,
-    no_host: Option<Arc<PathTable>>,
+    /// The Ingress virtual hosts, selected as the Ingress specification says.
+    hosts: Hosts<Arc<PathTable>>,
     default_route: Option<Arc<Route>>,
     /// Routes of all hosts (the default backend not counted).
     host_routes: usize,
@@ -380,9 +325,7 @@ impl RouteTable {
             certificates: Shards::default(),
             default_certificate_name: snapshot.default_certificate.clone(),
             default_certificate: None,
-            exact_hosts: Shards::default(),
-            wildcard_hosts: Shards::default(),
-            no_host: None,
+            hosts: Hosts::new(Selection::Ingress),
             default_route: None,
             host_routes: 0,
             gateways: Arc::default(),
@@ -714,26 +657,12 @@ impl RouteTable {
         );
         self.remove_host(&vhost.host);
         self.host_routes += table.routes.len();
-        let table = Arc::new(table);
-        if vhost.host.is_empty() {
-            self.no_host = Some(table);
-        } else if let Some(suffix) = vhost.host.strip_prefix("*.") {
-            self.wildcard_hosts.insert(suffix.to_owned(), table);
-        } else {
-            self.exact_hosts.insert(vhost.host.clone(), table);
-        }
+        self.hosts.insert(&vhost.host, Arc::new(table));
         Ok(())
     }
 
     fn remove_host(&mut self, host: &str) {
-        let old = if host.is_empty() {
-            self.no_host.take()
-        } else if let Some(suffix) = host.strip_prefix("*.") {
-            self.wildcard_hosts.remove(suffix)
-        } else {
-            self.exact_hosts.remove(host)
-        };
-        if let Some(old) = old {
+        if let Some(old) = self.hosts.remove(host) {
             self.host_routes -= old.routes.len();
         }
     }
@@ -750,7 +679,7 @@ impl RouteTable {
 
     /// Number of backends.
     pub fn backend_count(&self) -> usize {
-        self.backends.len
+        self.backends.len()
     }
 
     /// Every certificate, by name.
@@ -763,10 +692,8 @@ impl RouteTable {
     /// Every route: each host's in snapshot order (hosts in no particular order), then
     /// the default backend's.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
-        self.no_host
-            .iter()
-            .chain(self.exact_hosts.values())
-            .chain(self.wildcard_hosts.values())
+        self.hosts
+            .values()
             .flat_map(|t| t.routes.iter())
             .chain(self.default_route.iter())
     }
@@ -774,13 +701,7 @@ impl RouteTable {
     /// The entry of virtual host `host` as a snapshot names it ("" for rules without a
     /// host, `*.suffix` for a wildcard).
     fn entry(&self, host: &str) -> Option<&PathTable> {
-        if host.is_empty() {
-            self.no_host.as_deref()
-        } else if let Some(suffix) = host.strip_prefix("*.") {
-            self.wildcard_hosts.get(suffix).map(|t| &**t)
-        } else {
-            self.exact_hosts.get(host).map(|t| &**t)
-        }
+        self.hosts.get(host).map(|t| &**t)
     }
 
     /// The metric labels of this table's routes that `next` has no route for: among the
@@ -822,35 +743,23 @@ impl RouteTable {
             .collect()
     }
 
-    /// The virtual host a (normalised) host selects, and its name.
-    fn vhost(&self, host: &str) -> Option<(&PathTable, String)> {
-        if let Some(t) = self.exact_hosts.get(host) {
-            return Some((&**t, host.to_owned()));
-        }
-        if let Some((first, rest)) = host.split_once('.')
-            && !first.is_empty()
-            && !rest.is_empty()
-            && let Some(t) = self.wildcard_hosts.get(rest)
-        {
-            return Some((&**t, format!("*.{rest}")));
-        }
-        self.no_host.as_deref().map(|t| (t, String::new()))
-    }
-
-    /// The route for a request to `host` (normalised: lower case, no port) and `path`.
+    /// The route for a request to `host` (normalised: lower case, no port) and `path`:
+    /// the one lookup ([`Hosts::lookup`]) with Ingress host selection, then the default
+    /// backend.
     pub fn lookup(&self, host: &str, path: &str) -> Result<&Route, Miss> {
-        let found = self.vhost(host);
-        if let Some((table, _)) = &found
-            && let Some(r) = table.lookup(path)
-        {
-            return Ok(r);
-        }
+        // Ingress routes match on the path alone.
+        let miss = match self.hosts.lookup(host, path, None) {
+            Ok(e) => return Ok(&e.action),
+            Err(miss) => miss,
+        };
         if let Some(d) = &self.default_route {
             return Ok(d);
         }
-        Err(match found {
-            Some((_, vhost)) => Miss::NoPath { vhost },
-            None => Miss::NoHost,
+        Err(match miss {
+            HostMiss::NoPath(level) => Miss::NoPath {
+                vhost: level.name(),
+            },
+            HostMiss::NoHost => Miss::NoHost,
         })
     }
 
@@ -860,13 +769,13 @@ impl RouteTable {
     /// exact virtual host without a certificate never gets the wildcard's: the two hosts
     /// may have different owners (docs/design.md, Tenancy). None fails the handshake.
     pub fn certificate_for(&self, sni: Option<&str>) -> Option<&TlsCertificate> {
-        let by_host = sni.and_then(|name| {
-            if let Some(t) = self.exact_hosts.get(name) {
-                return t.certificate.as_deref();
+        let by_host = sni.and_then(|name| match self.hosts.select(name)? {
+            (Level::Exact(_), t) => t.certificate.as_deref(),
+            (Level::Wildcard(_), t) => {
+                let c = t.certificate.as_deref()?;
+                certificate::covers(&c.facts.dns_names, name).then_some(c)
             }
-            let (_, rest) = name.split_once('.')?;
-            let c = self.wildcard_hosts.get(rest)?.certificate.as_deref()?;
-            certificate::covers(&c.facts.dns_names, name).then_some(c)
+            (Level::Any, _) => None,
         });
         by_host.or(self.default_certificate.as_deref())
     }
@@ -874,8 +783,8 @@ impl RouteTable {
     /// Whether a plain-HTTP request for `host` (normalised) is redirected to https: its
     /// exact or wildcard virtual host has a certificate and redirects.
     pub fn redirects_to_https(&self, host: &str) -> bool {
-        match self.vhost(host) {
-            Some((t, name)) if !name.is_empty() => t.ssl_redirect,
+        match self.hosts.select(host) {
+            Some((Level::Exact(_) | Level::Wildcard(_), t)) => t.ssl_redirect,
             _ => false,
         }
     }

@@ -326,7 +326,7 @@ pub fn desired(
             (
                 "False",
                 "Pending",
-                "no proxy has applied this generation of the Gateway yet",
+                "no proxy serves this generation of the Gateway with every listener bound yet",
             )
         };
         let programmed = condition(
@@ -385,7 +385,7 @@ pub fn desired(
                     (
                         "False",
                         "Pending",
-                        "no proxy has applied this generation of the Gateway yet",
+                        "no proxy serves this generation of the Gateway with every listener bound yet",
                     )
                 };
                 conditions.push(condition(

@@ -4,9 +4,10 @@
 //! features holdfast's GatewayClass claims (`status.supportedFeatures`), and the tests
 //! listed in docs/conformance/skip-tests.txt skipped (each with its reason there).
 //!
-//! The report the suite writes is checked here (core: `success`) and kept with the test's
-//! logs; with `HOLDFAST_CONFORMANCE_REPORT=<file>` it is also copied there, which is how
-//! `deploy/local/conformance.sh` makes the committed report in docs/conformance/.
+//! The report the suite writes is checked here (core: `success`, none failed or skipped)
+//! and kept with the test's logs; with `HOLDFAST_CONFORMANCE_REPORT=<file>` it is also
+//! copied there, which is how `deploy/local/conformance.sh` makes the committed report in
+//! docs/conformance/ (its `implementation.version` names the commit it was made from).
 
 use std::path::Path;
 use std::process::Command;
@@ -49,6 +50,48 @@ fn profile_result(report: &serde_json::Value, profile: &str, part: &str) -> Opti
         .find(|p| p["name"] == profile)?[part]["result"]
         .as_str()
         .map(str::to_owned)
+}
+
+/// A count (`Passed`, `Failed`, `Skipped`) of a profile's core tests in a ConformanceReport.
+fn profile_core_count(report: &serde_json::Value, profile: &str, counted: &str) -> Option<u64> {
+    report["profiles"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == profile)?["core"]["statistics"][counted]
+        .as_u64()
+}
+
+/// The version the report names: the crate's, and the commit it was built from
+/// (`0.1.0+<commit>`, `-dirty` when the work tree has uncommitted changes to tracked files
+/// besides the committed reports), so a committed report says what it was made from.
+fn implementation_version() -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(&repo)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return env!("CARGO_PKG_VERSION").to_owned();
+    };
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":(exclude)docs/conformance",
+    ])
+    .is_some_and(|s| !s.is_empty());
+    format!(
+        "{}+{commit}{}",
+        env!("CARGO_PKG_VERSION"),
+        if dirty { "-dirty" } else { "" }
+    )
 }
 
 #[tokio::test]
@@ -119,7 +162,7 @@ async fn the_gateway_api_conformance_suite_passes_gateway_http_core() -> anyhow:
     ]
     .map(String::from)
     .to_vec();
-    args.push(format!("-version={}", env!("CARGO_PKG_VERSION")));
+    args.push(format!("-version={}", implementation_version()));
     args.push(format!("-report-output={}", report.display()));
     if !skipped.is_empty() {
         args.push(format!("-skip-tests={}", skipped.join(",")));
@@ -144,6 +187,21 @@ async fn the_gateway_api_conformance_suite_passes_gateway_http_core() -> anyhow:
     if let Ok(target) = std::env::var("HOLDFAST_CONFORMANCE_REPORT") {
         std::fs::write(&target, &text).with_context(|| format!("writing {target}"))?;
     }
+    // No core test failed or was skipped (the suite reports a skipped core test as a
+    // success of the rest).
+    for counted in ["Failed", "Skipped"] {
+        assert_eq!(
+            profile_core_count(&parsed, "GATEWAY-HTTP", counted),
+            Some(0),
+            "GATEWAY-HTTP core: {counted} is not 0; see {}",
+            report.display()
+        );
+    }
+    assert!(
+        profile_core_count(&parsed, "GATEWAY-HTTP", "Passed").is_some_and(|n| n > 0),
+        "GATEWAY-HTTP core: no test passed; see {}",
+        report.display()
+    );
     assert_eq!(
         profile_result(&parsed, "GATEWAY-HTTP", "core").as_deref(),
         Some("success"),

@@ -916,67 +916,49 @@ async fn our_gateways_get_addresses_and_listener_conditions_and_routes_get_their
 async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_nothing_else()
 -> anyhow::Result<()> {
     use holdfast_tests::http as web;
-    use holdfast_tests::scenario::{Options, Scenario};
     use serde_json::json;
 
-    let s = Scenario::start(
-        "gwserve",
-        Options {
-            ingresses: 2,
-            proxies: 1,
-            cp_args: [
-                holdfast_tests::scenario::gateway_cp_args("127.78.0.0/16"),
-                // Removing the Gateway removes most routes: let it through.
-                vec!["--max-removal-share".into(), "1".into()],
-            ]
-            .concat(),
-            ..Options::default()
-        },
-    )
-    .await?;
-    s.cluster.install_gateway_api()?;
+    // Removing the Gateway removes most routes: let it through.
+    let s = gateway_scenario("gwserve", 2, "127.78.0.0/16", &["--max-removal-share", "1"]).await?;
     let ns = &s.ns;
     let group = "gateway.networking.k8s.io";
     let class = format!("{ns}-gw");
     create_all(
         &s.cluster,
         "gateway",
-        json!([
-            { "apiVersion": format!("{group}/v1"), "kind": "GatewayClass",
-              "metadata": { "name": class }, "spec": { "controllerName": "holdfast.dev/gateway-controller" } },
-            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
-              "metadata": { "name": "gw", "namespace": ns },
-              "spec": { "gatewayClassName": class, "listeners": [
-                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
-            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
-              "metadata": { "name": "web", "namespace": ns },
-              "spec": {
-                  "parentRefs": [{ "name": "gw" }],
-                  "hostnames": ["gw.test"],
-                  "rules": [
-                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" } }],
-                        "backendRefs": [{ "name": "app0", "port": 80 }] },
-                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" },
-                                      "headers": [{ "name": "X-Version", "value": "two" }] }],
-                        "filters": [{ "type": "RequestHeaderModifier",
-                                      "requestHeaderModifier": { "set": [{ "name": "X-Added", "value": "yes" }] } }],
-                        "backendRefs": [{ "name": "app1", "port": 80 }] },
-                      { "matches": [{ "path": { "type": "Exact", "value": "/old" } }],
-                        "filters": [{ "type": "RequestRedirect",
-                                      "requestRedirect": { "hostname": "new.test", "statusCode": 301 } }] },
-                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/missing" } }],
-                        "backendRefs": [{ "name": "nosuch", "port": 80 }] }
-                  ] } },
-            // A second Gateway, whose listener must not be touched when the first goes.
-            { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
-              "metadata": { "name": "other", "namespace": ns },
-              "spec": { "gatewayClassName": class, "listeners": [
-                  { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
-            { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
-              "metadata": { "name": "other", "namespace": ns },
-              "spec": { "parentRefs": [{ "name": "other" }], "hostnames": ["other.test"],
-                        "rules": [{ "backendRefs": [{ "name": "app1", "port": 80 }] }] } }
-        ]),
+        class_and_gateway(
+            ns,
+            json!([
+                { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+                  "metadata": { "name": "web", "namespace": ns },
+                  "spec": {
+                      "parentRefs": [{ "name": "gw" }],
+                      "hostnames": ["gw.test"],
+                      "rules": [
+                          { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" } }],
+                            "backendRefs": [{ "name": "app0", "port": 80 }] },
+                          { "matches": [{ "path": { "type": "PathPrefix", "value": "/a" },
+                                          "headers": [{ "name": "X-Version", "value": "two" }] }],
+                            "filters": [{ "type": "RequestHeaderModifier",
+                                          "requestHeaderModifier": { "set": [{ "name": "X-Added", "value": "yes" }] } }],
+                            "backendRefs": [{ "name": "app1", "port": 80 }] },
+                          { "matches": [{ "path": { "type": "Exact", "value": "/old" } }],
+                            "filters": [{ "type": "RequestRedirect",
+                                          "requestRedirect": { "hostname": "new.test", "statusCode": 301 } }] },
+                          { "matches": [{ "path": { "type": "PathPrefix", "value": "/missing" } }],
+                            "backendRefs": [{ "name": "nosuch", "port": 80 }] }
+                      ] } },
+                // A second Gateway, whose listener must not be touched when the first goes.
+                { "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+                  "metadata": { "name": "other", "namespace": ns },
+                  "spec": { "gatewayClassName": class, "listeners": [
+                      { "name": "http", "port": 80, "protocol": "HTTP" } ] } },
+                { "apiVersion": format!("{group}/v1"), "kind": "HTTPRoute",
+                  "metadata": { "name": "other", "namespace": ns },
+                  "spec": { "parentRefs": [{ "name": "other" }], "hostnames": ["other.test"],
+                            "rules": [{ "backendRefs": [{ "name": "app1", "port": 80 }] }] } }
+            ]),
+        ),
     )?;
     let address = wait::until("the Gateway's address", wait::T, || async {
         let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
@@ -1064,38 +1046,243 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
     let listener = find_condition(&gw["status"]["listeners"][0]["conditions"], "Programmed");
     assert_eq!(listener["status"], "True", "{gw}");
 
-    // The Gateway goes: its listener is closed; the Ingress routes stay.
+    // A listener added beside the first is bound; the first, unchanged, is left alone (a
+    // connection opened before is still served); then the new one moves to another port:
+    // bound there, closed on the old one.
+    let on_80 = tokio::net::TcpStream::connect(gateway).await?;
+    let patch_listeners = |second_port: u16| {
+        let body = json!({ "spec": { "listeners": [
+            { "name": "http", "port": 80, "protocol": "HTTP" },
+            { "name": "second", "port": second_port, "protocol": "HTTP" } ] } });
+        s.cluster
+            .kubectl_run(&[
+                "patch",
+                "gateway",
+                "-n",
+                ns,
+                "gw",
+                "--type=merge",
+                "-p",
+                &body.to_string(),
+            ])
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let served_on = |port: u16| {
+        let to: std::net::SocketAddr = format!("{address}:{port}").parse().expect("address");
+        async move { matches!(web::get(to, "gw.test", "/a/x").await, Ok((200, _))) }
+    };
+    patch_listeners(8080)?;
+    wait::until("the added listener served", wait::T, || async {
+        Ok(served_on(8080).await.then_some(()))
+    })
+    .await?;
+    let moved_from: std::net::SocketAddr = format!("{address}:8080").parse()?;
+    patch_listeners(8081)?;
+    wait::until(
+        "the moved listener served on its new port",
+        wait::T,
+        || async { Ok(served_on(8081).await.then_some(())) },
+    )
+    .await?;
+    refused(moved_from).await?;
+    assert_eq!(
+        get_on(on_80, "gw.test", "/a/x").await?,
+        200,
+        "the unchanged listener's open connection"
+    );
+    let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+    assert_eq!(
+        web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
+        3.0,
+        "gw's two listeners and the other Gateway's"
+    );
+
+    // The Gateway goes: its listeners are closed; the Ingress routes stay.
     s.cluster
         .kubectl_run(&["delete", "gateway", "-n", ns, "gw"])
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    wait::until("the Gateway's listener closed", wait::T, || async {
-        Ok(tokio::net::TcpStream::connect(gateway)
-            .await
-            .is_err()
-            .then_some(()))
-    })
-    .await?;
+    refused(gateway).await?;
+    refused(format!("{address}:8081").parse()?).await?;
     assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
     // The other Gateway's listener was left alone: new connections, and the one opened
     // before, are served.
     assert_eq!(web::get(other, "other.test", "/").await?.0, 200);
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(kept)).await?;
-    tokio::spawn(conn);
-    let answer = sender
-        .send_request(
-            ::http::Request::get("/")
-                .header("host", "other.test")
-                .body(http_body_util::Empty::<bytes::Bytes>::new())?,
-        )
-        .await?;
-    assert_eq!(answer.status(), 200);
+    assert_eq!(get_on(kept, "other.test", "/").await?, 200);
     let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
     assert_eq!(
         web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
         1.0
     );
     Ok(())
+}
+
+/// A Gateway whose listener the proxy cannot bind (its address and port are taken) is not
+/// Programmed, though the proxy applied and ACKed the snapshot with it: the proxy reports
+/// the listener as unbound (ListProxies shows it), and the Gateway becomes Programmed once
+/// a retry binds it and serves its route.
+#[tokio::test]
+async fn a_gateway_is_programmed_only_once_a_proxy_has_bound_its_listeners() -> anyhow::Result<()> {
+    use holdfast_tests::grpcurl::call;
+    use holdfast_tests::http as web;
+    use serde_json::json;
+
+    // One address in the pool, so the test knows it in advance and takes its port 80
+    // first (a socket without SO_REUSEPORT: the proxy's bind fails).
+    let address = "127.79.0.9";
+    let taken = std::net::TcpListener::bind((address, 80))?;
+    let s = gateway_scenario("gwbound", 1, &format!("{address}/32"), &[]).await?;
+    let ns = &s.ns;
+    create_all(
+        &s.cluster,
+        "gateway",
+        class_and_gateway(
+            ns,
+            json!([
+                { "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                  "metadata": { "name": "web", "namespace": ns },
+                  "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": ["gw.test"],
+                            "rules": [{ "backendRefs": [{ "name": "app0", "port": 80 }] }] } }
+            ]),
+        ),
+    )?;
+    let listener = format!("{address}:80");
+    // The proxy applied the snapshot with the listener and reports it unbound.
+    let acked = wait::until("the unbound listener in ListProxies", wait::T, || async {
+        let list =
+            call(s.cp.grpc, "holdfast.v1.Admin/ListProxies", "{}").map_err(|e| e.to_string())?;
+        let proxy = list["proxies"][0].clone();
+        let unbound = proxy["unboundListeners"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        Ok(unbound.iter().any(|n| n == listener.as_str()).then(|| {
+            proxy["ackedVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        }))
+    })
+    .await?;
+    let snapshot = call(s.cp.grpc, "holdfast.v1.Admin/GetSnapshot", "{}")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(
+        snapshot["version"],
+        acked.as_str(),
+        "the proxy serves the newest snapshot"
+    );
+    assert!(
+        snapshot["gatewayListeners"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|l| l["name"] == listener.as_str())),
+        "{snapshot}"
+    );
+    // Two retries later (each 2 s; the leader recomputes Gateway status every second), the
+    // Gateway has its address but is not Programmed.
+    let metric = |body: &str| web::metric_value(body, "holdfast_proxy_gateway_bind_failures_total");
+    let failures = wait::until("two more failed binds", wait::T, || async {
+        let body = web::get(s.proxies[0].admin, "admin", "/metrics")
+            .await
+            .map_err(|e| e.to_string())?
+            .1;
+        Ok(metric(&body).ok().filter(|n| *n >= 3.0))
+    })
+    .await?;
+    assert!(failures >= 3.0);
+    let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"]).map_err(|e| anyhow::anyhow!(e))?;
+    assert_eq!(gw["status"]["addresses"][0]["value"], address, "{gw}");
+    let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+    assert_eq!(programmed["status"], "False", "{gw}");
+    assert_eq!(programmed["reason"], "Pending", "{gw}");
+
+    // The port is freed: the proxy binds on its next retry, says so, and the Gateway is
+    // Programmed and served.
+    drop(taken);
+    wait::until("the Gateway programmed", wait::T, || async {
+        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
+        let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+        Ok((programmed["status"] == "True").then_some(()))
+    })
+    .await?;
+    let list = call(s.cp.grpc, "holdfast.v1.Admin/ListProxies", "{}")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert!(
+        list["proxies"][0]["unboundListeners"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{list}"
+    );
+    let gateway: SocketAddr = listener.parse()?;
+    let (status, _) = web::get(gateway, "gw.test", "/").await?;
+    assert_eq!(status, 200);
+    Ok(())
+}
+
+/// The status of a GET of `path` for `host` on a connection opened before.
+async fn get_on(stream: tokio::net::TcpStream, host: &str, path: &str) -> anyhow::Result<u16> {
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let answer = sender
+        .send_request(
+            ::http::Request::get(path)
+                .header("host", host)
+                .body(http_body_util::Empty::<bytes::Bytes>::new())?,
+        )
+        .await?;
+    Ok(answer.status().as_u16())
+}
+
+/// Waits until connections to `addr` are refused (its listener closed).
+async fn refused(addr: SocketAddr) -> anyhow::Result<()> {
+    wait::until(&format!("{addr} closed"), wait::T, || async {
+        Ok(tokio::net::TcpStream::connect(addr)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await
+}
+
+/// A scenario with `ingresses` Ingresses and one proxy, the Gateway API CRDs installed,
+/// and a control plane that gives Gateways addresses from `pool` (and takes `more` flags).
+async fn gateway_scenario(
+    name: &str,
+    ingresses: usize,
+    pool: &str,
+    more: &[&str],
+) -> anyhow::Result<holdfast_tests::scenario::Scenario> {
+    use holdfast_tests::scenario::{Options, Scenario};
+    let mut cp_args = holdfast_tests::scenario::gateway_cp_args(pool);
+    cp_args.extend(more.iter().map(|a| (*a).to_owned()));
+    let s = Scenario::start(
+        name,
+        Options {
+            ingresses,
+            proxies: 1,
+            cp_args,
+            ..Options::default()
+        },
+    )
+    .await?;
+    s.cluster.install_gateway_api()?;
+    Ok(s)
+}
+
+/// Our GatewayClass `<ns>-gw` and a Gateway `gw` of it in `ns` with one HTTP listener on
+/// port 80, followed by `more` (a JSON array of objects).
+fn class_and_gateway(ns: &str, more: serde_json::Value) -> serde_json::Value {
+    let group = "gateway.networking.k8s.io";
+    let class = format!("{ns}-gw");
+    let mut all = vec![
+        serde_json::json!({ "apiVersion": format!("{group}/v1"), "kind": "GatewayClass",
+          "metadata": { "name": class }, "spec": { "controllerName": "holdfast.dev/gateway-controller" } }),
+        serde_json::json!({ "apiVersion": format!("{group}/v1"), "kind": "Gateway",
+          "metadata": { "name": "gw", "namespace": ns },
+          "spec": { "gatewayClassName": class, "listeners": [
+              { "name": "http", "port": 80, "protocol": "HTTP" } ] } }),
+    ];
+    all.extend(more.as_array().cloned().unwrap_or_default());
+    serde_json::Value::Array(all)
 }
 
 /// `n` consecutive ports free on 127.0.0.1 now (each bound once, then released): the
