@@ -250,64 +250,79 @@ impl<V: Clone> Hosts<V> {
             .chain(self.wildcard.values())
     }
 
-    /// The hostname levels that cover a request's `host` (lower case, without port), in
-    /// the order they are tried, with their entries.
-    fn levels<'s, 'h>(&'s self, host: &'h str) -> impl Iterator<Item = (Level<'h>, &'s V)> {
-        let exact = self.exact.get(host).map(|v| (Level::Exact(host), v));
-        // Ingress: the text after the first label, if both are non-empty.
-        let one_label = (self.selection == Selection::Ingress)
-            .then(|| host.split_once('.'))
-            .flatten()
-            .filter(|(first, rest)| !first.is_empty() && !rest.is_empty())
-            .and_then(|(_, rest)| self.wildcard.get(rest).map(|v| (Level::Wildcard(rest), v)));
-        // Gateway API: the text after each '.', longest first (a.b.example.com tries
-        // b.example.com, then example.com, then com).
-        let any_labels = (self.selection == Selection::Gateway && !self.wildcard.is_empty())
-            .then(|| {
-                host.match_indices('.').filter_map(move |(i, _)| {
-                    let suffix = &host[i + 1..];
-                    self.wildcard
-                        .get(suffix)
-                        .map(|v| (Level::Wildcard(suffix), v))
-                })
-            })
-            .into_iter()
-            .flatten();
-        exact
-            .into_iter()
-            .chain(one_label)
-            .chain(any_labels)
-            .chain(self.any.as_ref().map(|v| (Level::Any, v)))
+    /// The first hostname level covering `host` (normalised: lower case, without port),
+    /// with its entry: for Ingress, the only one its requests use. Exact, then a wildcard
+    /// (Ingress: the one for the text after the first label; Gateway API: the longest that
+    /// covers the host), then any host.
+    pub fn select<'s, 'h>(&'s self, host: &'h str) -> Option<(Level<'h>, &'s V)> {
+        if let Some(v) = self.exact.get(host) {
+            return Some((Level::Exact(host), v));
+        }
+        match self.selection {
+            Selection::Ingress => {
+                if let Some((first, rest)) = host.split_once('.')
+                    && !first.is_empty()
+                    && !rest.is_empty()
+                    && let Some(v) = self.wildcard.get(rest)
+                {
+                    return Some((Level::Wildcard(rest), v));
+                }
+            }
+            Selection::Gateway => {
+                if let Some(found) = self.wildcards(host).next() {
+                    return Some(found);
+                }
+            }
+        }
+        self.any.as_ref().map(|v| (Level::Any, v))
     }
 
-    /// The first hostname level covering `host` (normalised), with its entry: for
-    /// Ingress, the one its requests use.
-    pub fn select<'s, 'h>(&'s self, host: &'h str) -> Option<(Level<'h>, &'s V)> {
-        self.levels(host).next()
+    /// Gateway API: each wildcard covering `host`, longest first (a.b.example.com tries
+    /// b.example.com, then example.com, then com).
+    fn wildcards<'s, 'h>(&'s self, host: &'h str) -> impl Iterator<Item = (Level<'h>, &'s V)> {
+        let none = self.wildcard.is_empty();
+        host.match_indices('.')
+            .take_while(move |_| !none)
+            .filter_map(move |(i, _)| {
+                let suffix = &host[i + 1..];
+                self.wildcard
+                    .get(suffix)
+                    .map(|v| (Level::Wildcard(suffix), v))
+            })
     }
 }
 
 impl<V: HostEntry + Clone> Hosts<V> {
     /// The route for a request to `host` (normalised: lower case, no port) at `path`
     /// (normalised) with `headers` (None: an entry with header matches never matches):
-    /// the one lookup of both APIs.
+    /// the one lookup of both APIs. Ingress: the entry [`select`](Hosts::select) gives,
+    /// final. Gateway API: the first level, in that order, whose paths match.
     pub fn lookup<'s, 'h>(
         &'s self,
         host: &'h str,
         path: &str,
         headers: Option<&HeaderMap>,
     ) -> Result<&'s Entry<V::Action>, HostMiss<'h>> {
-        let mut first = None;
-        for (level, entry) in self.levels(host) {
-            if let Some(e) = entry.paths().lookup(path, headers) {
-                return Ok(e);
-            }
-            first.get_or_insert(level);
-            if self.selection == Selection::Ingress {
-                break;
-            }
+        if self.selection == Selection::Ingress {
+            let (level, entry) = self.select(host).ok_or(HostMiss::NoHost)?;
+            return entry
+                .paths()
+                .lookup(path, headers)
+                .ok_or(HostMiss::NoPath(level));
         }
-        Err(first.map_or(HostMiss::NoHost, HostMiss::NoPath))
+        let found = self
+            .exact
+            .get(host)
+            .and_then(|v| v.paths().lookup(path, headers))
+            .or_else(|| {
+                self.wildcards(host)
+                    .find_map(|(_, v)| v.paths().lookup(path, headers))
+            })
+            .or_else(|| self.any.as_ref()?.paths().lookup(path, headers));
+        found.ok_or_else(|| {
+            self.select(host)
+                .map_or(HostMiss::NoHost, |(l, _)| HostMiss::NoPath(l))
+        })
     }
 }
 
