@@ -112,7 +112,16 @@ pub const DEFAULT_CONTROLLER_NAME: &str = "holdfast.dev/gateway-controller";
 /// (`sigs.k8s.io/gateway-api/pkg/features`), sorted: what `status.supportedFeatures` of
 /// an accepted GatewayClass lists. It grows as each feature is served and passes the
 /// suite's tests for it; nothing is listed that is not.
-pub const SUPPORTED_FEATURES: &[&str] = &["Gateway", "HTTPRoute", "ReferenceGrant"];
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "Gateway",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+];
 
 /// The status to write for `class` if it is ours (its `spec.controllerName` is
 /// `controller`) and its status is not already this: Accepted (at its generation), with
@@ -341,7 +350,16 @@ mod tests {
         assert_eq!(accepted["lastTransitionTime"], "t1");
         assert_eq!(
             status["supportedFeatures"],
-            serde_json::json!([{ "name": "Gateway" }, { "name": "HTTPRoute" }, { "name": "ReferenceGrant" }])
+            serde_json::json!([
+                { "name": "Gateway" },
+                { "name": "HTTPRoute" },
+                { "name": "HTTPRoute303RedirectStatusCode" },
+                { "name": "HTTPRoute307RedirectStatusCode" },
+                { "name": "HTTPRoute308RedirectStatusCode" },
+                { "name": "HTTPRoutePortRedirect" },
+                { "name": "HTTPRouteSchemeRedirect" },
+                { "name": "ReferenceGrant" }
+            ])
         );
         // Written once: the same status is not written again, and its time is kept.
         let written = class(DEFAULT_CONTROLLER_NAME, 2, status.clone());
