@@ -21,7 +21,7 @@ use crate::guard::{
 };
 use crate::metrics::{CertificateLabel, ReasonLabel};
 use crate::state::{Held, Published, Shared};
-use crate::translate::{self, ClusterState, Content, Problem, ProblemReason, Translator};
+use crate::translate::{self, ClusterState, Content, Problem, ProblemReason, Since, Translator};
 
 /// A certificate this close to its notAfter gets a warning Event on the Ingresses it
 /// serves.
@@ -271,7 +271,11 @@ pub async fn run(
     let mut confirming: Option<tokio::task::JoinHandle<()>> = None;
     // The long-lived translator and the Event reporter, used by one build at a time on
     // tokio's blocking pool (see `rebuild_off_runtime`).
-    let builder = Arc::new(std::sync::Mutex::new((Translator::default(), reporter)));
+    let builder = Arc::new(std::sync::Mutex::new(Builder {
+        translator: Translator::default(),
+        reporter,
+        deferred: None,
+    }));
     // Certificates near expiry are noticed without any cluster change.
     let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
     // When the last build for a change ended: a change within `debounce` of it is part of
@@ -290,9 +294,10 @@ pub async fn run(
                 rebuild_off_runtime(&caches, &shared, &settings, &builder, Removals::Guard).await;
             }
             _ = changed.notified() => {
-                // A lone change is built at once, and published then only if it takes no
-                // route away; any removal waits for the burst it may begin, so the guard
-                // judges a mass deletion whole, however its events arrive.
+                // A lone change is built at once, and published then only if it takes
+                // nothing away; a removal waits for the burst it may begin, so the guard
+                // judges it with the rest of that burst (changes less than the quiet
+                // period apart, up to --max-delay), as before.
                 let lone = !in_burst(last_build, Instant::now(), settings.debounce);
                 let deferred = lone
                     && rebuild_off_runtime(&caches, &shared, &settings, &builder, Removals::Defer)
@@ -359,7 +364,7 @@ async fn rebuild_off_runtime(
     caches: &Caches,
     shared: &Shared,
     settings: &Settings,
-    builder: &Arc<std::sync::Mutex<(Translator, ProblemReporter)>>,
+    builder: &Arc<std::sync::Mutex<Builder>>,
     removals: Removals,
 ) -> Built {
     let (caches, shared, settings, builder) = (
@@ -372,17 +377,81 @@ async fn rebuild_off_runtime(
         let mut guard = builder.lock().unwrap_or_else(|poisoned| {
             // The build before panicked: start the next from scratch.
             let mut guard = poisoned.into_inner();
-            guard.0 = Translator::default();
+            guard.translator = Translator::default();
+            guard.deferred = None;
             builder.clear_poison();
             guard
         });
-        let (translator, reporter) = &mut *guard;
-        rebuild(&caches, &shared, &settings, reporter, translator, removals)
+        rebuild(&caches, &shared, &settings, &mut guard, removals)
     });
     build.await.unwrap_or_else(|error| {
         tracing::error!(%error, "a build panicked; the next one starts from scratch");
         Built::Done
     })
+}
+
+/// What builds keep from one to the next: the long-lived translator, the Event reporter,
+/// and the change list of a candidate left for later ([`Built::Deferred`]).
+struct Builder {
+    translator: Translator,
+    reporter: ProblemReporter,
+    /// The content hash of the candidate last deferred, and what it changed against the
+    /// build before it: the next build's change list is against the deferred candidate,
+    /// which was never published, and is joined to this one ([`carry_changes`]) so that
+    /// the guard and the delta stay O(change).
+    deferred: Option<(String, Since)>,
+}
+
+/// Joins the change lists across a deferred build: `candidate` was built right after the
+/// deferred build whose content hash is `deferred_hash`, and that build changed `older`
+/// against its own base. The result is the candidate's change list against that base:
+/// both lists, less the names neither `base` (the published build, when it is that base)
+/// nor the candidate has (added and gone again in between: a delta must not remove
+/// what its receiver never had). A candidate built after anything else keeps its own.
+pub fn carry_changes(
+    mut candidate: Published,
+    deferred_hash: &str,
+    older: Since,
+    base: Option<&Published>,
+) -> Published {
+    let Some(newer) = candidate
+        .since()
+        .filter(|s| s.content_hash == deferred_hash)
+    else {
+        return candidate;
+    };
+    let base = base.filter(|b| b.content_hash == older.content_hash);
+    let c = &candidate.content;
+    let join = |a: &[String], b: &[String], has: &dyn Fn(&Content, &str) -> bool| {
+        let all: BTreeSet<&String> = a.iter().chain(b).collect();
+        all.into_iter()
+            .filter(|n| base.is_none_or(|b| has(&b.content, n)) || has(c, n))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let (o, n) = (&older.changed, &newer.changed);
+    let changed = translate::Changed {
+        virtual_hosts: join(&o.virtual_hosts, &n.virtual_hosts, &|c, n| {
+            c.virtual_host(n).is_some()
+        }),
+        backends: join(&o.backends, &n.backends, &|c, n| c.backend(n).is_some()),
+        certificates: join(&o.certificates, &n.certificates, &|c, n| {
+            c.certificate(n).is_some()
+        }),
+        default_backend: o.default_backend || n.default_backend,
+        default_certificate: o.default_certificate || n.default_certificate,
+        gateway_listeners: join(&o.gateway_listeners, &n.gateway_listeners, &|c, n| {
+            c.gateway_listener(n).is_some()
+        }),
+        gateway_hosts: join(&o.gateway_hosts, &n.gateway_hosts, &|c, n| {
+            c.gateway_host(n).is_some()
+        }),
+    };
+    candidate.set_since(Some(Since {
+        content_hash: older.content_hash,
+        changed,
+    }));
+    candidate
 }
 
 /// What a build may do with a candidate that takes routes away.
@@ -404,12 +473,34 @@ enum Built {
     Deferred,
 }
 
-/// Whether offering `candidate` now could take a route away: it removes a route of the
-/// published snapshot (the guard at a share of 0), or routes are held already (then
-/// every candidate is judged route by route). A first snapshot removes nothing.
+/// Whether offering `candidate` now could take something away: it removes a route of the
+/// published snapshot (the guard at a share of 0), a backend that had endpoints has none
+/// left (its routes would answer 503: often the first piece of a namespace's deletion),
+/// or routes are held already (then every candidate is judged route by route). Without
+/// a change list against the published snapshot it is assumed to. A first snapshot
+/// takes nothing away.
 fn takes_routes_away(shared: &Shared, candidate: &Published) -> bool {
-    shared.held().is_some()
-        || guard(shared.published().as_deref(), candidate, 0.0) != Verdict::Publish
+    if shared.held().is_some() {
+        return true;
+    }
+    let Some(published) = shared.published() else {
+        return false;
+    };
+    let Some(changed) = candidate.changed_since(&published.content_hash) else {
+        return true;
+    };
+    let emptied = changed.backends.iter().any(|name| {
+        let had = published
+            .content
+            .backend(name)
+            .is_some_and(|b| !b.endpoints.is_empty());
+        let has = candidate
+            .content
+            .backend(name)
+            .is_some_and(|b| !b.endpoints.is_empty());
+        had && !has
+    });
+    emptied || guard(Some(&published), candidate, 0.0) != Verdict::Publish
 }
 
 #[cfg(test)]
@@ -422,10 +513,14 @@ fn rebuild(
     caches: &Caches,
     shared: &Shared,
     settings: &Settings,
-    reporter: &mut ProblemReporter,
-    translator: &mut Translator,
+    builder: &mut Builder,
     removals: Removals,
 ) -> Built {
+    let Builder {
+        translator,
+        reporter,
+        deferred,
+    } = builder;
     #[cfg(test)]
     BUILDS_ON_THIS_THREAD.with(|n| n.set(n.get() + 1));
     if !shared.all_synced() {
@@ -454,8 +549,15 @@ fn rebuild(
             // changes since this one.
             tracing::error!(%error, "built snapshot failed validation; not publishing");
             *translator = Translator::default();
+            *deferred = None;
             return Built::Done;
         }
+    };
+    let candidate = match deferred.take() {
+        Some((hash, older)) => {
+            carry_changes(candidate, &hash, older, shared.published().as_deref())
+        }
+        None => candidate,
     };
     record_problems(shared, &problems, &candidate);
     reporter.report(&problems, &state);
@@ -465,6 +567,9 @@ fn rebuild(
         return Built::Done;
     }
     if removals == Removals::Defer && takes_routes_away(shared, &candidate) {
+        *deferred = candidate
+            .since()
+            .map(|s| (candidate.content_hash.clone(), s.clone()));
         return Built::Deferred;
     }
     offer(
@@ -1144,37 +1249,96 @@ mod tests {
         assert!(in_burst(Some(t0 + Duration::from_millis(1)), t0, debounce));
     }
 
+    /// A build made right after a deferred one carries the deferred one's changes: its
+    /// change list is then against the published base, and exactly what differs between
+    /// the two (a host added and gone again in between is not in it); so the guard and
+    /// the delta of a deferred removal stay O(change).
+    #[test]
+    fn a_build_after_a_deferred_one_carries_its_changes_against_the_published_base() {
+        use crate::translate::Changed;
+        let ip = ["10.0.0.1"];
+        let since = |before: &Published, after: &Published| Since {
+            content_hash: before.content_hash.clone(),
+            changed: Changed::between(before.snapshot(), after.snapshot()),
+        };
+        let base = build_of(&["a", "b"], &ip, 1);
+        // Deferred: b goes, x comes. Then x goes again and c comes.
+        let mut deferred = build_of(&["a", "x"], &ip, 2);
+        deferred.set_since(Some(since(&base, &deferred)));
+        let mut next = build_of(&["a", "c"], &ip, 3);
+        next.set_since(Some(since(&deferred, &next)));
+        let older = deferred.since().expect("since").clone();
+        let carried = carry_changes(next, &deferred.content_hash, older.clone(), Some(&base));
+        let got = carried.since().expect("since");
+        assert_eq!(got.content_hash, base.content_hash);
+        let want = Changed::between(base.snapshot(), carried.snapshot());
+        assert_eq!(got.changed.virtual_hosts, ["b.test", "c.test"]);
+        assert_eq!(got.changed.virtual_hosts, want.virtual_hosts);
+        assert_eq!(got.changed.backends, want.backends);
+        assert!(carried.changed_since(&base.content_hash).is_some());
+
+        // A build made after anything else keeps its own list.
+        let mut other = build_of(&["a"], &ip, 4);
+        other.set_since(Some(since(&base, &other)));
+        let kept = carry_changes(other, &deferred.content_hash, older, Some(&base));
+        assert_eq!(
+            kept.since().expect("since").changed.virtual_hosts,
+            ["b.test"]
+        );
+    }
+
     /// A lone change's build is published before the quiet period only when it takes no
     /// route away: a removal, even one the guard would let through, waits for the burst it
     /// may begin (else a mass deletion arriving in pieces would pass piece by piece).
     #[test]
     fn only_a_candidate_that_removes_nothing_skips_the_quiet_period() {
+        use crate::translate::Changed;
         let shared = Shared::new(crate::metrics::Metrics::new(
             &mut prometheus_client::registry::Registry::default(),
         ));
         let ip = ["10.0.0.1"];
+        // A candidate with its change list against the published snapshot, as the
+        // translator makes it.
+        let candidate = |hosts: &[&str], endpoints: &[&str], revision| {
+            let mut c = build_of(hosts, endpoints, revision);
+            if let Some(p) = shared.published() {
+                c.set_since(Some(Since {
+                    content_hash: p.content_hash.clone(),
+                    changed: Changed::between(p.snapshot(), c.snapshot()),
+                }));
+            }
+            c
+        };
         assert!(
-            !takes_routes_away(&shared, &build_of(&["a", "b"], &ip, 1)),
+            !takes_routes_away(&shared, &candidate(&["a", "b"], &ip, 1)),
             "a first snapshot"
         );
         offer(&shared, build_of(&["a", "b"], &ip, 1), 0.5, usize::MAX);
         assert!(
-            !takes_routes_away(&shared, &build_of(&["a", "b", "c"], &ip, 2)),
+            !takes_routes_away(&shared, &candidate(&["a", "b", "c"], &ip, 2)),
             "an added host"
         );
         assert!(
-            !takes_routes_away(&shared, &build_of(&["a", "b"], &["10.0.0.2"], 2)),
+            !takes_routes_away(&shared, &candidate(&["a", "b"], &["10.0.0.2"], 2)),
             "new endpoints"
         );
         assert!(
-            takes_routes_away(&shared, &build_of(&["a"], &ip, 2)),
+            takes_routes_away(&shared, &candidate(&["a"], &ip, 2)),
             "one host of two goes (within the guard's share, still a removal)"
+        );
+        assert!(
+            takes_routes_away(&shared, &candidate(&["a", "b"], &[], 2)),
+            "the backend loses its last endpoint"
+        );
+        assert!(
+            takes_routes_away(&shared, &build_of(&["a", "b", "c"], &ip, 2)),
+            "no change list against the published snapshot"
         );
         // Every route goes: held. While anything is held, every candidate waits.
         offer(&shared, build_of(&[], &ip, 3), 0.5, usize::MAX);
         assert!(shared.held().is_some(), "removing every route is held");
         assert!(
-            takes_routes_away(&shared, &build_of(&["a", "b", "c"], &ip, 4)),
+            takes_routes_away(&shared, &candidate(&["a", "b", "c"], &ip, 4)),
             "a candidate while routes are held"
         );
     }

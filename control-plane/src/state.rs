@@ -335,6 +335,17 @@ impl Published {
         self.content.routes.routes + usize::from(self.content.default_backend.is_some())
     }
 
+    /// What differs from the build before it, as the translator said.
+    pub fn since(&self) -> Option<&Since> {
+        self.since.as_ref()
+    }
+
+    /// Replaces what it says differs from an earlier build (see
+    /// `publisher::carry_changes`).
+    pub fn set_since(&mut self, since: Option<Since>) {
+        self.since = since;
+    }
+
     /// What changed since the build whose content hash is `base`, if this build knows.
     pub fn changed_since(&self, base: &str) -> Option<&Changed> {
         self.since

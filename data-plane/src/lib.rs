@@ -247,11 +247,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let mut tick = tokio::time::interval(listeners::RETRY_EVERY);
         loop {
             tick.tick().await;
+            // The lock first, then the table: a table installed meanwhile is stored
+            // before its hook takes the lock, so this never reconciles an older one.
+            let mut listeners = gateway_listeners.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(t) = retry_table.load_full() {
-                gateway_listeners
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .reconcile(&t);
+                listeners.reconcile(&t);
             }
         }
     });

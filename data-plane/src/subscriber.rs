@@ -640,6 +640,7 @@ async fn stream_once(
         node: Some(node.clone()),
         version_info: applier.serving().unwrap_or_default().0,
         content_hash: applier.serving().unwrap_or_default().1,
+        persist_error: applier.persist_error(),
         unbound_listeners: unbound_now,
         ..Default::default()
     });
@@ -661,9 +662,11 @@ async fn stream_once(
                     return Ok(());
                 }
                 if applier.retry_persist()
-                    && let Some(mut again) = last.clone()
+                    && let Some(last) = last.as_mut()
                 {
-                    again.persist_error = String::new();
+                    // Repeated as it now stands (also later, when the listeners change).
+                    last.persist_error = applier.persist_error();
+                    let again = last.clone();
                     tx.send(again).await?;
                 }
                 continue;
@@ -674,6 +677,7 @@ async fn stream_once(
                     && let Some(last) = last.as_mut()
                 {
                     last.unbound_listeners = unbound.borrow_and_update().clone();
+                    last.persist_error = applier.persist_error();
                     let again = last.clone();
                     tx.send(again).await?;
                 }

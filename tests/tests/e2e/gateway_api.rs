@@ -605,8 +605,17 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
     let class = accepted_at(1).await?;
     assert_eq!(
         class["status"]["supportedFeatures"],
-        serde_json::json!([{ "name": "Gateway" }, { "name": "HTTPRoute" }, { "name": "ReferenceGrant" }]),
-        "exactly the GATEWAY-HTTP core features are claimed: {class}"
+        serde_json::json!([
+            { "name": "Gateway" },
+            { "name": "HTTPRoute" },
+            { "name": "HTTPRoute303RedirectStatusCode" },
+            { "name": "HTTPRoute307RedirectStatusCode" },
+            { "name": "HTTPRoute308RedirectStatusCode" },
+            { "name": "HTTPRoutePortRedirect" },
+            { "name": "HTTPRouteSchemeRedirect" },
+            { "name": "ReferenceGrant" }
+        ]),
+        "exactly the features served are claimed (the GATEWAY-HTTP core and the redirects): {class}"
     );
     cluster.kubectl_run(&[
         "patch",
