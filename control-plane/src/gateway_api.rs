@@ -118,6 +118,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
     "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteParentRefPort",
     "HTTPRoutePortRedirect",
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
@@ -356,6 +357,7 @@ mod tests {
                 { "name": "HTTPRoute303RedirectStatusCode" },
                 { "name": "HTTPRoute307RedirectStatusCode" },
                 { "name": "HTTPRoute308RedirectStatusCode" },
+                { "name": "HTTPRouteParentRefPort" },
                 { "name": "HTTPRoutePortRedirect" },
                 { "name": "HTTPRouteSchemeRedirect" },
                 { "name": "ReferenceGrant" }

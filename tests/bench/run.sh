@@ -12,7 +12,9 @@
 # nginx (wrk closed loop, oha open loop; holdfast-load in the smoke run); route discovery fan-out of 1 MB and 10 MB
 # snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
 # Ingresses, 1,000 ACKing subscribers; with deltas, then 100 EndpointSlice changes a
-# second for a minute); the proxy's apply of a one-host delta. Installs nginx, wrk and (but for
+# second for a minute; the same with 10,000 HTTPRoutes on one Gateway); route propagation
+# (a new HTTPRoute to its first 200 through a proxy, 1,000 routes present); the proxy's
+# apply of a one-host delta. Installs nginx, wrk and (but for
 # the smoke run) oha when missing; builds the pinned Kubernetes tools when missing (deploy/local/k8s.sh
 # ensure).
 set -euo pipefail
@@ -34,6 +36,7 @@ if $smoke; then
   SCALE=(--ingresses 30 --subscribers 20 --streams-per-connection 10 --rounds 2)
   CHURN=(--churn-per-second 20 --churn-seconds 2)
   INVENTORY_STREAMS=5
+  PROPAGATION=(--routes 20 --probes 5)
 else
   CRITERION=()
   PROXY=()
@@ -41,6 +44,7 @@ else
   SCALE=(--ingresses 10000 --subscribers 1000 --rounds 20)
   CHURN=(--churn-per-second 100 --churn-seconds 60)
   INVENTORY_STREAMS=100
+  PROPAGATION=(--routes 1000 --probes 100)
 fi
 step() { echo "tests/bench/run.sh: $* ($(date -u +%T))" >&2; }
 
@@ -126,4 +130,14 @@ echo
 echo "### The same with subscribers that accept deltas, then EndpointSlice churn (\`--deltas ${CHURN[*]}\`)"
 echo
 "$BINS/holdfast-bench-scale" "${SCALE[@]}" --deltas "${CHURN[@]}"
+echo
+echo "### The same with HTTPRoutes on one Gateway (\`--deltas --http-routes\`)"
+echo
+"$BINS/holdfast-bench-scale" "${SCALE[@]}" --deltas --http-routes
+echo
+
+step route propagation
+echo "## Route propagation: a new HTTPRoute to its first 200 through a proxy (\`target/$PROFILE/holdfast-bench-propagation ${PROPAGATION[*]}\`)"
+echo
+"$BINS/holdfast-bench-propagation" "${PROPAGATION[@]}"
 step "done"

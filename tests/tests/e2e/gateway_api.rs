@@ -611,6 +611,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
             { "name": "HTTPRoute303RedirectStatusCode" },
             { "name": "HTTPRoute307RedirectStatusCode" },
             { "name": "HTTPRoute308RedirectStatusCode" },
+            { "name": "HTTPRouteParentRefPort" },
             { "name": "HTTPRoutePortRedirect" },
             { "name": "HTTPRouteSchemeRedirect" },
             { "name": "ReferenceGrant" }
