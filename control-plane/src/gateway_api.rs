@@ -114,6 +114,7 @@ pub const DEFAULT_CONTROLLER_NAME: &str = "holdfast.dev/gateway-controller";
 /// suite's tests for it; nothing is listed that is not.
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
+    "GatewayPort8080",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
@@ -353,6 +354,7 @@ mod tests {
             status["supportedFeatures"],
             serde_json::json!([
                 { "name": "Gateway" },
+                { "name": "GatewayPort8080" },
                 { "name": "HTTPRoute" },
                 { "name": "HTTPRoute303RedirectStatusCode" },
                 { "name": "HTTPRoute307RedirectStatusCode" },

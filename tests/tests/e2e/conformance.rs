@@ -124,6 +124,11 @@ async fn the_gateway_api_conformance_suite_passes_gateway_http_core() -> anyhow:
             "20ms",
             "--max-delay",
             "200ms",
+            // Each suite test ends by deleting all its routes, which the guard holds
+            // until confirmed: confirm within a second, or the routes of the test before
+            // compete with the next test's (see the README, "Conformance").
+            "--hold-confirm-after",
+            "1s",
             "--gateway-address-pool",
             "127.90.0.0/16",
         ],

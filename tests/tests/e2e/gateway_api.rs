@@ -607,6 +607,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         class["status"]["supportedFeatures"],
         serde_json::json!([
             { "name": "Gateway" },
+            { "name": "GatewayPort8080" },
             { "name": "HTTPRoute" },
             { "name": "HTTPRoute303RedirectStatusCode" },
             { "name": "HTTPRoute307RedirectStatusCode" },
@@ -616,7 +617,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
             { "name": "HTTPRouteSchemeRedirect" },
             { "name": "ReferenceGrant" }
         ]),
-        "exactly the features served are claimed (the GATEWAY-HTTP core and the redirects): {class}"
+        "exactly the features served are claimed (the GATEWAY-HTTP core, listeners on 8080 and the redirects): {class}"
     );
     cluster.kubectl_run(&[
         "patch",
