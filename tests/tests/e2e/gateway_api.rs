@@ -971,13 +971,7 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
             ]),
         ),
     )?;
-    let address = wait::until("the Gateway's address", wait::T, || async {
-        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
-        Ok(gw["status"]["addresses"][0]["value"]
-            .as_str()
-            .map(str::to_owned))
-    })
-    .await?;
+    let address = gateway_address(&s.cluster, ns, "gw").await?;
     assert!(address.starts_with("127.78."), "{address}");
     let gateway: std::net::SocketAddr = format!("{address}:80").parse()?;
 
@@ -1017,13 +1011,7 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
     let proxy = s.proxies[0].addr;
     assert_eq!(web::get(proxy, "gw.test", "/a/x").await?.0, 404);
     assert_eq!(web::get(proxy, &s.host(0), "/").await?.0, 200);
-    let other_address = wait::until("the other Gateway's address", wait::T, || async {
-        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "other"])?;
-        Ok(gw["status"]["addresses"][0]["value"]
-            .as_str()
-            .map(str::to_owned))
-    })
-    .await?;
+    let other_address = gateway_address(&s.cluster, ns, "other").await?;
     assert_ne!(other_address, address);
     let other: std::net::SocketAddr = format!("{other_address}:80").parse()?;
     wait::until("the other Gateway served", wait::T, || async {
@@ -1065,18 +1053,7 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
         let body = json!({ "spec": { "listeners": [
             { "name": "http", "port": 80, "protocol": "HTTP" },
             { "name": "second", "port": second_port, "protocol": "HTTP" } ] } });
-        s.cluster
-            .kubectl_run(&[
-                "patch",
-                "gateway",
-                "-n",
-                ns,
-                "gw",
-                "--type=merge",
-                "-p",
-                &body.to_string(),
-            ])
-            .map_err(|e| anyhow::anyhow!("{e}"))
+        patch_gateway(&s.cluster, ns, "gw", &body)
     };
     let served_on = |port: u16| {
         let to: std::net::SocketAddr = format!("{address}:{port}").parse().expect("address");
@@ -1124,6 +1101,101 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
         web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")?,
         1.0
     );
+    Ok(())
+}
+
+/// A live listener changed from HTTP to HTTPS on the same port (same name) is rebound
+/// with TLS, serving its route with the certificate from its Secret and no longer plain
+/// HTTP; changed back, it serves plain HTTP again and no longer TLS. The proxy holds one
+/// listener throughout.
+#[tokio::test]
+async fn a_live_listener_flipped_between_http_and_https_on_its_port_serves_the_new_protocol_only()
+-> anyhow::Result<()> {
+    use holdfast_tests::http as web;
+    use holdfast_tests::tls::{TestCa, client_config, https_get};
+    use serde_json::json;
+
+    let s = gateway_scenario("gwflip", 1, "127.76.0.0/16", &[]).await?;
+    let ns = &s.ns;
+    let ca = TestCa::new("gwflip-ca");
+    let issued = ca.server(&["flip.test"]);
+    create_all(
+        &s.cluster,
+        "gateway",
+        class_and_gateway(
+            ns,
+            json!([
+                { "apiVersion": "v1", "kind": "Secret",
+                  "metadata": { "name": "flip-cert", "namespace": ns },
+                  "type": "kubernetes.io/tls",
+                  "stringData": { "tls.crt": issued.cert_pem, "tls.key": issued.key_pem } },
+                { "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                  "metadata": { "name": "web", "namespace": ns },
+                  "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": ["flip.test"],
+                            "rules": [{ "backendRefs": [{ "name": "app0", "port": 80 }] }] } }
+            ]),
+        ),
+    )?;
+    let address = gateway_address(&s.cluster, ns, "gw").await?;
+    let gateway: SocketAddr = format!("{address}:80").parse()?;
+    let config = client_config(&ca.cert_pem, &[]);
+    let plain_served =
+        || async { matches!(web::get(gateway, "flip.test", "/").await, Ok((200, _))) };
+    let tls_served = || {
+        let config = config.clone();
+        async move {
+            https_get(gateway, config, "flip.test", "/")
+                .await
+                .ok()
+                .filter(|seen| seen.status == 200)
+        }
+    };
+    wait::until("the route served over HTTP", wait::T, || async {
+        Ok(plain_served().await.then_some(()))
+    })
+    .await?;
+    assert!(tls_served().await.is_none(), "an HTTP listener answers TLS");
+
+    let set_listener = |listener: serde_json::Value| {
+        let body = json!({ "spec": { "listeners": [listener] } });
+        patch_gateway(&s.cluster, ns, "gw", &body)
+    };
+    let listeners = || async {
+        let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+        web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")
+    };
+    set_listener(
+        json!({ "name": "http", "port": 80, "protocol": "HTTPS", "hostname": "flip.test",
+                         "tls": { "certificateRefs": [{ "name": "flip-cert" }] } }),
+    )?;
+    let seen = wait::until(
+        "the route served over TLS on the same port",
+        wait::T,
+        || async { Ok(tls_served().await) },
+    )
+    .await?;
+    assert_eq!(
+        seen.serial,
+        issued.serial(),
+        "the certificate from the Secret"
+    );
+    assert_eq!(seen.headers["x-echo-path"], "/");
+    assert!(
+        !plain_served().await,
+        "the HTTPS listener still answers plain HTTP"
+    );
+    assert_eq!(listeners().await?, 1.0);
+
+    set_listener(json!({ "name": "http", "port": 80, "protocol": "HTTP" }))?;
+    wait::until("the route served over HTTP again", wait::T, || async {
+        Ok(plain_served().await.then_some(()))
+    })
+    .await?;
+    assert!(
+        tls_served().await.is_none(),
+        "the HTTP listener still answers TLS"
+    );
+    assert_eq!(listeners().await?, 1.0);
     Ok(())
 }
 
@@ -1226,6 +1298,39 @@ async fn a_gateway_is_programmed_only_once_a_proxy_has_bound_its_listeners() -> 
     let (status, _) = web::get(gateway, "gw.test", "/").await?;
     assert_eq!(status, 200);
     Ok(())
+}
+
+/// Waits for the first address in the status of Gateway `name` in `ns`.
+async fn gateway_address(cluster: &LocalCluster, ns: &str, name: &str) -> anyhow::Result<String> {
+    wait::until(&format!("Gateway {name}'s address"), wait::T, || async {
+        let gw = get_json(cluster, &["gateway", "-n", ns, name])?;
+        Ok(gw["status"]["addresses"][0]["value"]
+            .as_str()
+            .map(str::to_owned))
+    })
+    .await
+}
+
+/// A merge patch of Gateway `name` in `ns` with `body`.
+fn patch_gateway(
+    cluster: &LocalCluster,
+    ns: &str,
+    name: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<()> {
+    cluster
+        .kubectl_run(&[
+            "patch",
+            "gateway",
+            "-n",
+            ns,
+            name,
+            "--type=merge",
+            "-p",
+            &body.to_string(),
+        ])
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// The status of a GET of `path` for `host` on a connection opened before.
