@@ -180,14 +180,16 @@ pub(crate) fn condition(
         .filter(|c| c["status"] == value)
         .and_then(|c| c["lastTransitionTime"].as_str())
         .unwrap_or(now);
-    serde_json::json!({
-        "type": kind,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": since,
-    })
+    // Built in place, not with `json!` (which goes through a serializer): the leader
+    // makes two for every route on every status pass.
+    serde_json::Value::Object(serde_json::Map::from_iter([
+        ("type".to_owned(), kind.into()),
+        ("status".to_owned(), value.into()),
+        ("reason".to_owned(), reason.into()),
+        ("message".to_owned(), message.into()),
+        ("observedGeneration".to_owned(), generation.into()),
+        ("lastTransitionTime".to_owned(), since.into()),
+    ]))
 }
 
 /// What API discovery said of one kind.

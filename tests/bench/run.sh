@@ -110,6 +110,11 @@ echo "## Snapshot build (criterion, \`cargo bench -p holdfast-control-plane --be
 echo
 cargo bench -q -p holdfast-control-plane --bench build -- "${CRITERION[@]}" 2>/dev/null | criterion_table
 echo
+step criterion: gateway status pass
+echo "## The leader's Gateway API status pass, 10,000 HTTPRoutes (criterion, \`cargo bench -p holdfast-control-plane --bench status\`)"
+echo
+cargo bench -q -p holdfast-control-plane --bench status -- "${CRITERION[@]}" 2>/dev/null | criterion_table
+echo
 fi
 
 step proxy against nginx

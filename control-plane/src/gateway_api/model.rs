@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::attach::{
@@ -129,9 +130,8 @@ pub fn resolve(
 
 /// An HTTPRoute's spec, parsed (None: it does not parse, and attaches nowhere).
 pub fn parse_route(route: &HttpRoute) -> Option<Arc<HttpRouteSpec>> {
-    serde_json::from_value::<HttpRouteSpec>(route.spec.clone())
-        .ok()
-        .map(Arc::new)
+    // From the cached value in place (no copy of the spec first).
+    HttpRouteSpec::deserialize(&route.spec).ok().map(Arc::new)
 }
 
 /// Our Gateways, their listeners and addresses (see [`resolve`]): from `pool`, or (with
@@ -153,7 +153,7 @@ pub fn resolve_gateways(
         .gateways
         .iter()
         .filter_map(|g| {
-            let spec: GatewaySpec = serde_json::from_value(g.spec.clone()).ok()?;
+            let spec = GatewaySpec::deserialize(&g.spec).ok()?;
             if !classes.contains(spec.gateway_class_name.as_str()) {
                 return None;
             }

@@ -310,7 +310,7 @@ pub fn route_entries(
         .as_array()
         .into_iter()
         .flatten()
-        .map(|r| serde_json::from_value(r.clone()).unwrap_or_default())
+        .map(|r| Rule::deserialize(r).unwrap_or_default())
         .collect();
     let service_port = |ns: &str, name: &str, port: i64| services.has(ns, name, port);
     let mut entries = Vec::new();

@@ -27,6 +27,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::attach::{self, ObjectRef, SecretCheck};
@@ -148,24 +149,24 @@ pub fn desired(
         let resolved_refs = resolved_refs(&route.spec, route_ns, grants, |ns, name| {
             services.contains(&(ns, name))
         });
-        let current_parents = route.status["parents"]
+        let current_parents: &[Value] = route.status["parents"]
             .as_array()
-            .cloned()
-            .unwrap_or_default();
+            .map_or(&[], Vec::as_slice);
         let mut parents: Vec<Value> = current_parents
             .iter()
             .filter(|p| p["controllerName"].as_str() != Some(controller))
             .cloned()
             .collect();
         for a in attachments {
+            // Our entry for this parent as written (its `conditions` are what
+            // `condition` keeps the transition times of).
             let current = current_parents
                 .iter()
                 .find(|p| {
                     p["controllerName"].as_str() == Some(controller)
                         && p["parentRef"] == a.parent_ref
                 })
-                .map(|p| json!({ "conditions": p["conditions"] }))
-                .unwrap_or(Value::Null);
+                .unwrap_or(&Value::Null);
             let accepted = match &a.result {
                 Ok(on) => {
                     for (l, _) in on {
@@ -175,11 +176,11 @@ pub fn desired(
                             .insert(Arc::as_ptr(&a.route) as usize);
                     }
                     condition(
-                        &current, "Accepted", "True", "Accepted", "attached", generation, now,
+                        current, "Accepted", "True", "Accepted", "attached", generation, now,
                     )
                 }
                 Err(why) => condition(
-                    &current,
+                    current,
                     "Accepted",
                     "False",
                     why.reason(),
@@ -190,7 +191,7 @@ pub fn desired(
             };
             let refs = match &resolved_refs {
                 Ok(()) => condition(
-                    &current,
+                    current,
                     "ResolvedRefs",
                     "True",
                     "ResolvedRefs",
@@ -199,7 +200,7 @@ pub fn desired(
                     now,
                 ),
                 Err((reason, message)) => condition(
-                    &current,
+                    current,
                     "ResolvedRefs",
                     "False",
                     reason,
@@ -208,11 +209,14 @@ pub fn desired(
                     now,
                 ),
             };
-            parents.push(json!({
-                "parentRef": a.parent_ref,
-                "controllerName": controller,
-                "conditions": [accepted, refs],
-            }));
+            // Built in place: `json!` would copy each value through its serializer (this
+            // runs for every route on every pass).
+            let entry = serde_json::Map::from_iter([
+                ("parentRef".to_owned(), a.parent_ref.clone()),
+                ("controllerName".to_owned(), Value::from(controller)),
+                ("conditions".to_owned(), Value::Array(vec![accepted, refs])),
+            ]);
+            parents.push(Value::Object(entry));
         }
         if parents != current_parents {
             out.routes.push(Write {
@@ -444,7 +448,7 @@ fn resolved_refs(
 ) -> Result<(), (&'static str, String)> {
     for rule in spec["rules"].as_array().into_iter().flatten() {
         for r in rule["backendRefs"].as_array().into_iter().flatten() {
-            let Ok(r) = serde_json::from_value::<ObjectRef>(r.clone()) else {
+            let Ok(r) = ObjectRef::deserialize(r) else {
                 return Err(("InvalidKind", "a backendRef cannot be read".into()));
             };
             if let Err(why) = attach::backend_ref(&r, route_ns, grants, &service_exists) {
