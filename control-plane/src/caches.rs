@@ -65,6 +65,19 @@ pub struct Caches {
     guards: Arc<[RwLock<()>; KINDS.len()]>,
 }
 
+/// The writers of [`Caches::written`]: a test applies watch events with them.
+#[cfg(test)]
+pub struct TestWriters {
+    /// Of the IngressClasses.
+    pub ingress_classes: Writer<IngressClass>,
+    /// Of the Ingresses.
+    pub ingresses: Writer<Ingress>,
+    /// Of the Services.
+    pub services: Writer<Service>,
+    /// Of the EndpointSlices.
+    pub endpoint_slices: Writer<EndpointSlice>,
+}
+
 impl Caches {
     /// Caches that stay empty (no watch feeds them), for tests of what reads them.
     #[cfg(test)]
@@ -84,6 +97,30 @@ impl Caches {
             progress: Arc::new(Default::default()),
             guards: Arc::new(Default::default()),
         }
+    }
+
+    /// Caches whose IngressClasses, Ingresses, Services and EndpointSlices a test writes
+    /// (the other kinds stay empty), for tests of the loops that read them.
+    #[cfg(test)]
+    pub fn written() -> (Caches, TestWriters) {
+        let (ingress_classes, classes) = reflector::store();
+        let (ingresses, ingress_writer) = reflector::store();
+        let (services, service_writer) = reflector::store();
+        let (endpoint_slices, slice_writer) = reflector::store();
+        let caches = Caches {
+            ingress_classes,
+            ingresses,
+            services,
+            endpoint_slices,
+            ..Caches::empty()
+        };
+        let writers = TestWriters {
+            ingress_classes: classes,
+            ingresses: ingress_writer,
+            services: service_writer,
+            endpoint_slices: slice_writer,
+        };
+        (caches, writers)
     }
 
     /// Everything translation needs, read from the stores (no API calls).

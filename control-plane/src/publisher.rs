@@ -1182,19 +1182,24 @@ mod tests {
         );
     }
 
-    /// The reconcile loop on empty, complete caches, spawned on the current runtime.
+    /// The reconcile loop on complete caches, spawned on the current runtime.
     struct Running {
         shared: Shared,
         changed: Arc<Notify>,
         stop: tokio::sync::oneshot::Sender<()>,
         task: tokio::task::JoinHandle<()>,
+        registry: prometheus_client::registry::Registry,
     }
 
     impl Running {
+        /// On caches that stay empty.
         fn start(debounce: Duration, max_delay: Duration) -> Running {
-            let shared = Shared::new(crate::metrics::Metrics::new(
-                &mut prometheus_client::registry::Registry::default(),
-            ));
+            Running::start_on(Caches::empty(), debounce, max_delay)
+        }
+
+        fn start_on(caches: Caches, debounce: Duration, max_delay: Duration) -> Running {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let shared = Shared::new(crate::metrics::Metrics::new(&mut registry));
             for kind in crate::state::KINDS {
                 shared.set_synced(kind, true);
             }
@@ -1209,7 +1214,7 @@ mod tests {
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(run(
-                Caches::empty(),
+                caches,
                 shared.clone(),
                 changed.clone(),
                 settings,
@@ -1224,6 +1229,45 @@ mod tests {
                 changed,
                 stop,
                 task,
+                registry,
+            }
+        }
+
+        /// How many snapshots the loop has built (its build-time histogram's count).
+        fn builds(&self) -> u64 {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &self.registry)
+                .expect("metrics encode");
+            text.lines()
+                .find_map(|l| l.strip_prefix("holdfast_snapshot_build_duration_seconds_count "))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("the build-time series")
+        }
+
+        /// The routes of the published snapshot, once `ready` holds of it (within 10 s).
+        async fn published_when(&self, what: &str, ready: impl Fn(usize) -> bool) -> usize {
+            let mut published = self.shared.subscribe();
+            let found = tokio::time::timeout(
+                Duration::from_secs(10),
+                published.wait_for(|p| p.as_ref().is_some_and(|p| ready(p.route_count()))),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not published within 10 s"))
+            .expect("publication channel")
+            .as_ref()
+            .map(|p| p.route_count());
+            found.expect("published")
+        }
+
+        /// Waits (up to 10 s) until `done` holds of the loop.
+        async fn until(&self, what: &str, done: impl Fn(&Running) -> bool) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while !done(self) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{what}: not within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
 
@@ -1358,16 +1402,129 @@ mod tests {
             .expect("publication channel");
         // A change then builds again, to the same content: counted as unchanged.
         running.changed.notify_one();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while shared.metrics().unchanged.get() == 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let built = shared.metrics().unchanged.get();
+        running
+            .until(
+                "a lone change built, not after the quiet period (an hour)",
+                |r| r.shared.metrics().unchanged.get() > 0,
+            )
+            .await;
         running.stop().await;
+        assert_eq!(shared.metrics().unchanged.get(), 1);
+    }
+
+    /// Caches holding our IngressClass and one Ingress per host (`<h>.test`, path `/`)
+    /// to Service `web`, which has a ready endpoint: one route per host.
+    fn hosts_in_caches(hosts: &[&str]) -> (Caches, crate::caches::TestWriters) {
+        use kube::runtime::watcher::Event;
+        let (caches, mut w) = Caches::written();
+        fn object<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+            serde_json::from_value(v).expect("an object")
+        }
+        w.ingress_classes
+            .apply_watcher_event(&Event::Apply(object(serde_json::json!({
+            "metadata": { "name": "holdfast" },
+            "spec": { "controller": "holdfast.dev/ingress-controller" } }))));
+        w.services
+            .apply_watcher_event(&Event::Apply(object(serde_json::json!({
+            "metadata": { "namespace": "ns", "name": "web" },
+            "spec": { "ports": [{ "name": "http", "port": 80, "targetPort": 8080 }] } }))));
+        w.endpoint_slices
+            .apply_watcher_event(&Event::Apply(object(serde_json::json!({
+            "metadata": { "namespace": "ns", "name": "web-1",
+                          "labels": { "kubernetes.io/service-name": "web" } },
+            "addressType": "IPv4",
+            "ports": [{ "name": "http", "port": 8080 }],
+            "endpoints": [{ "addresses": ["10.0.0.1"], "conditions": { "ready": true } }] }))));
+        for h in hosts {
+            w.ingresses
+                .apply_watcher_event(&Event::Apply(host_ingress(h)));
+        }
+        (caches, w)
+    }
+
+    fn host_ingress(h: &str) -> k8s_openapi::api::networking::v1::Ingress {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "namespace": "ns", "name": h, "resourceVersion": "1",
+                          "creationTimestamp": "2026-01-01T00:00:00Z" },
+            "spec": { "ingressClassName": "holdfast", "rules": [{ "host": format!("{h}.test"),
+                "http": { "paths": [{ "path": "/", "pathType": "Prefix",
+                    "backend": { "service": { "name": "web", "port": { "number": 80 } } } }] } }] } }))
+        .expect("an Ingress")
+    }
+
+    /// A lone change that removes a route (one of four: within the guard's share) is not
+    /// published at once like an addition: it waits out the quiet period, for the burst it
+    /// may begin, and is then published.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_removal_is_published_only_after_the_quiet_period() {
+        use kube::runtime::watcher::Event;
+        let debounce = Duration::from_millis(300);
+        let (caches, mut w) = hosts_in_caches(&["a", "b", "c", "d"]);
+        let running = Running::start_on(caches, debounce, Duration::from_secs(10));
         assert_eq!(
-            built, 1,
-            "a lone change waited for the quiet period (an hour) before its build"
+            running
+                .published_when("the build at start", |n| n > 0)
+                .await,
+            4
         );
+
+        w.ingresses
+            .apply_watcher_event(&Event::Delete(host_ingress("d")));
+        let t0 = Instant::now();
+        running.changed.notify_one();
+        running.published_when("the removal", |n| n == 3).await;
+        let waited = t0.elapsed();
+        running.stop().await;
+        assert!(
+            waited >= debounce,
+            "a lone removal was published after {waited:?}, before the quiet period ({debounce:?})"
+        );
+    }
+
+    /// Removals that arrive one by one, each within the quiet period of the one before,
+    /// are judged by the guard as one burst: three routes of four go, so the whole burst
+    /// is held and the first removal is not published on its own (else a mass deletion
+    /// arriving in pieces would pass piece by piece).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn removals_arriving_one_by_one_are_held_as_one_burst() {
+        use kube::runtime::watcher::Event;
+        let (caches, mut w) = hosts_in_caches(&["a", "b", "c", "d"]);
+        let running = Running::start_on(caches, Duration::from_secs(2), Duration::from_secs(20));
+        assert_eq!(
+            running
+                .published_when("the build at start", |n| n > 0)
+                .await,
+            4
+        );
+        let before = running.builds();
+
+        // The first removal, alone: built, and not published.
+        w.ingresses
+            .apply_watcher_event(&Event::Delete(host_ingress("b")));
+        running.changed.notify_one();
+        running
+            .until("the first removal built", |r| r.builds() > before)
+            .await;
+        let routes = running.shared.published().map(|p| p.route_count());
+        assert_eq!(
+            routes,
+            Some(4),
+            "the first removal was published on its own"
+        );
+
+        // Two more, within the quiet period: the three are held together.
+        for h in ["c", "d"] {
+            w.ingresses
+                .apply_watcher_event(&Event::Delete(host_ingress(h)));
+            running.changed.notify_one();
+        }
+        running
+            .until("the burst held", |r| r.shared.held().is_some())
+            .await;
+        let routes = running.shared.published().map(|p| p.route_count());
+        let shared = running.stop().await;
+        assert_eq!(routes, Some(4), "every route is still served while held");
+        assert_eq!(shared.metrics().holds.get(), 1);
     }
 
     /// A page of `IngressList`: Ingresses `ns/ing-<i>` for `i` in `range`, continued at
