@@ -617,6 +617,31 @@ mod tests {
 
     use super::*;
 
+    /// A proxy's report of the listeners it could not bind is kept as it is within its
+    /// bounds (1,024 names of at most 64 bytes); past them, as "unknown" alone, never
+    /// truncated (a truncated list could leave out a listener of a Gateway that is then
+    /// called Programmed).
+    #[test]
+    fn a_report_of_unbound_listeners_past_its_bounds_is_kept_as_unknown() {
+        let report = |names: Vec<String>| DiscoveryRequest {
+            unbound_listeners: names,
+            ..Default::default()
+        };
+        let name = |i: usize, len: usize| format!("{i:0>len$}");
+        let full: Vec<String> = (0..MAX_UNBOUND_REPORTED).map(|i| name(i, 64)).collect();
+        assert_eq!(reported_unbound(&report(full.clone())), full);
+        assert_eq!(reported_unbound(&report(vec![])), Vec::<String>::new());
+        let unknown = vec![UNBOUND_UNKNOWN.to_owned()];
+        let mut too_many = full;
+        too_many.push(name(MAX_UNBOUND_REPORTED, 10));
+        assert_eq!(reported_unbound(&report(too_many)), unknown);
+        assert_eq!(
+            reported_unbound(&report(vec!["127.0.0.1:80".into(), name(0, 65)])),
+            unknown,
+            "one name too long"
+        );
+    }
+
     #[test]
     fn inventory_entries_are_counted_on_the_wire_before_decoding() {
         let request = DiscoveryRequest {

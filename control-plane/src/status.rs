@@ -698,6 +698,69 @@ mod tests {
         );
     }
 
+    /// The Gateways served through this replica's proxies: those of the snapshot each
+    /// proxy ACKed, less any with a listener the proxy could not bind; a proxy whose
+    /// report was too large to keep serves none, and one that ACKed nothing serves none.
+    #[test]
+    fn the_served_gateways_are_those_each_proxy_acked_and_bound() {
+        use holdfast_proto::v1::{GatewayListener, GatewayRef, ProxyStatus, Snapshot};
+        let shared = Shared::new(crate::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        ));
+        let gateway_listener = |name: &str, gateway: &str| GatewayListener {
+            name: name.into(),
+            gateway: Some(GatewayRef {
+                namespace: "infra".into(),
+                name: gateway.into(),
+                generation: 2,
+            }),
+            ..Default::default()
+        };
+        let mut snapshot = Snapshot {
+            gateway_listeners: vec![
+                gateway_listener("127.10.0.1:80", "a"),
+                gateway_listener("127.10.0.2:80", "b"),
+            ],
+            ..Default::default()
+        };
+        holdfast_proto::snapshot::seal(&mut snapshot, 1);
+        let published = Arc::new(crate::state::Published::new(snapshot));
+        let version = published.version.clone();
+        shared.publish(published);
+        let proxy = |acked: &str, unbound: &[&str]| ProxyStatus {
+            acked_version: acked.into(),
+            unbound_listeners: unbound.iter().map(|n| (*n).to_owned()).collect(),
+            ..Default::default()
+        };
+        let served = |shared: &Shared| -> Vec<String> {
+            served_gateways(shared)
+                .into_iter()
+                .map(|(g, n)| format!("{g}@{n}"))
+                .collect()
+        };
+        assert!(served(&shared).is_empty(), "no proxy");
+        let unknown = shared.add_proxy(proxy(&version, &[UNBOUND_UNKNOWN]));
+        let nothing_yet = shared.add_proxy(proxy("", &[]));
+        assert!(
+            served(&shared).is_empty(),
+            "a report too large; nothing ACKed"
+        );
+        let partial = shared.add_proxy(proxy(&version, &["127.10.0.2:80"]));
+        assert_eq!(served(&shared), ["infra/a@2"]);
+        shared.remove_proxy(partial);
+        let bound = shared.add_proxy(proxy(&version, &[]));
+        assert_eq!(served(&shared), ["infra/a@2", "infra/b@2"]);
+        // A version not among the recently published serves nothing.
+        for id in [unknown, nothing_yet, bound] {
+            shared.remove_proxy(id);
+        }
+        shared.add_proxy(proxy("v-unknown", &[]));
+        assert!(
+            served(&shared).is_empty(),
+            "a version not recently published"
+        );
+    }
+
     fn svc(v: serde_json::Value) -> Arc<Service> {
         Arc::new(serde_json::from_value(v).unwrap())
     }
