@@ -1106,8 +1106,8 @@ async fn a_gateways_listener_is_bound_by_the_proxy_and_serves_its_routes_and_not
 
 /// A live listener changed from HTTP to HTTPS on the same port (same name) is rebound
 /// with TLS, serving its route with the certificate from its Secret and no longer plain
-/// HTTP; changed back, it serves plain HTTP again and no longer TLS. The proxy holds one
-/// listener throughout.
+/// HTTP; changed back, it serves plain HTTP again and no longer TLS. Throughout, the port
+/// has one listening socket per proxy worker: the old ones are closed.
 #[tokio::test]
 async fn a_live_listener_flipped_between_http_and_https_on_its_port_serves_the_new_protocol_only()
 -> anyhow::Result<()> {
@@ -1160,9 +1160,23 @@ async fn a_live_listener_flipped_between_http_and_https_on_its_port_serves_the_n
         let body = json!({ "spec": { "listeners": [listener] } });
         patch_gateway(&s.cluster, ns, "gw", &body)
     };
-    let listeners = || async {
-        let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
-        web::metric_value(&metrics, "holdfast_proxy_gateway_listeners")
+    // The proxy binds a listener once per worker (its default: one per CPU, as here): the
+    // port has exactly that many listening sockets, so an old one left open would show.
+    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert_eq!(
+        listening_sockets(gateway)?,
+        workers,
+        "bound on every worker"
+    );
+    // None of `n` fresh connections is answered in plain HTTP (the workers' sockets
+    // share the port, so one left over would take some of them).
+    let none_plain = |n: usize| async move {
+        for _ in 0..n {
+            if plain_served().await {
+                return false;
+            }
+        }
+        true
     };
     set_listener(
         json!({ "name": "http", "port": 80, "protocol": "HTTPS", "hostname": "flip.test",
@@ -1180,23 +1194,56 @@ async fn a_live_listener_flipped_between_http_and_https_on_its_port_serves_the_n
         "the certificate from the Secret"
     );
     assert_eq!(seen.headers["x-echo-path"], "/");
+    // The new sockets are bound before the old ones finish closing (they drain): wait
+    // for exactly one per worker again.
+    let closed = || async {
+        wait::until("the old listening sockets closed", wait::T, || async {
+            let n = listening_sockets(gateway).map_err(|e| e.to_string())?;
+            Ok((n == workers).then_some(()))
+        })
+        .await
+    };
+    closed().await?;
     assert!(
-        !plain_served().await,
+        none_plain(8).await,
         "the HTTPS listener still answers plain HTTP"
     );
-    assert_eq!(listeners().await?, 1.0);
 
     set_listener(json!({ "name": "http", "port": 80, "protocol": "HTTP" }))?;
     wait::until("the route served over HTTP again", wait::T, || async {
         Ok(plain_served().await.then_some(()))
     })
     .await?;
-    assert!(
-        tls_served().await.is_none(),
-        "the HTTP listener still answers TLS"
-    );
-    assert_eq!(listeners().await?, 1.0);
+    closed().await?;
+    for _ in 0..8 {
+        assert!(
+            tls_served().await.is_none(),
+            "the HTTP listener still answers TLS"
+        );
+    }
     Ok(())
+}
+
+/// How many TCP sockets listen on `addr` (IPv4) in this network namespace, from
+/// `/proc/net/tcp` (local address as little-endian hex, state `0A`).
+fn listening_sockets(addr: SocketAddr) -> anyhow::Result<usize> {
+    let SocketAddr::V4(v4) = addr else {
+        anyhow::bail!("{addr} is not IPv4")
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/tcp")?;
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A")
+        })
+        .count())
 }
 
 /// A Gateway whose listener the proxy cannot bind (its address and port are taken) is not
