@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# holdfast-proxy against nginx, side by side in one run: the same upstream (holdfast-echo,
-# a small hyper server) on loopback with keep-alive on both sides; holdfast-proxy with one
-# worker thread and nginx with one worker process, each pinned to core 0 in turn; the load
-# generator and the upstream pinned to core 1.
+# holdfast-proxy against nginx and HAProxy, side by side in one run: the same upstream
+# (holdfast-echo, a small hyper server) on loopback with keep-alive on both sides;
+# holdfast-proxy with one worker thread, nginx with one worker process and HAProxy with one
+# thread, each pinned to core 0 in turn; the load generator and the upstream pinned to
+# core 1.
 #
 # - closed loop, maximum throughput: wrk (Debian)
 # - open loop at fixed rates with latency correction: oha (crates.io) -q RATE --latency-correction;
@@ -23,8 +24,8 @@
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing).
 #
-# Needs nginx, wrk, taskset (installed from Debian when missing) and, but for --smoke, oha (cargo install
-# when missing).
+# Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
+# oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE=''
@@ -69,8 +70,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
 UP=$(free_port); CP=$(free_port); HF=$(free_port); HFA=$(free_port); NG=$(free_port)
-HFS=$(free_port); NGS=$(free_port)
+HFS=$(free_port); NGS=$(free_port); HP=$(free_port); HPS=$(free_port)
 "$BIN/holdfast-dev-certs" --out "$work/pki" --host bench.test >/dev/null
+# HAProxy takes the certificate and its key in one file.
+cat "$work/pki/site.crt" "$work/pki/site.key" >"$work/pki/site.pem"
 taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=($!)
 "$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" \
   --tls-cert "$work/pki/site.crt" --tls-key "$work/pki/site.key" 2>/dev/null & pids+=($!)
@@ -111,11 +114,42 @@ NGINX
 # master_process off: the one nginx process is the worker, so its CPU and RSS are nginx's.
 taskset -c 0 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" & pids+=($!)
 ng_pid=$!
-wait_port "$HF"; wait_port "$NG"
+# HAProxy: one process (no master-worker), NBTHREAD threads; keep-alive to the upstream
+# with idle connections reused by any client (http-reuse always), as nginx's keepalive
+# pool; TLS 1.2 and 1.3 with its default session cache and tickets; no logging.
+haproxy_conf() { # NBTHREAD PORT [TLS_PORT]
+  cat <<HAPROXY
+global
+  nbthread $1
+  maxconn 8192
+  pidfile $work/haproxy-$2.pid
+  ssl-default-bind-options ssl-min-ver TLSv1.2
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend bench
+  bind 127.0.0.1:$2
+${3:+  bind 127.0.0.1:$3 ssl crt $work/pki/site.pem}
+  default_backend echo
+backend echo
+  server echo 127.0.0.1:$UP
+HAPROXY
+}
+haproxy_conf 1 "$HP" "$HPS" >"$work/haproxy.cfg"
+haproxy -c -q -f "$work/haproxy.cfg" || { echo "haproxy rejected its configuration" >&2; exit 1; }
+taskset -c 0 haproxy -db -f "$work/haproxy.cfg" & pids+=($!)
+hp_pid=$!
+wait_port "$HF"; wait_port "$NG"; wait_port "$HP"
 for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null && break; sleep 0.1; done
 curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null || { echo "holdfast-proxy never served the route" >&2; exit 1; }
 curl -sf -H 'Host: bench.test' "http://127.0.0.1:$NG/" >/dev/null || { echo "nginx never served" >&2; exit 1; }
-for port in "$HFS" "$NGS"; do
+curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HP/" >/dev/null || { echo "haproxy never served" >&2; exit 1; }
+for port in "$HFS" "$NGS" "$HPS"; do
   curl -sf --cacert "$work/pki/ca.crt" --resolve "bench.test:$port:127.0.0.1" "https://bench.test:$port/" >/dev/null ||
     { echo "no HTTPS on port $port" >&2; exit 1; }
 done
@@ -204,38 +238,46 @@ PY
 row() { local name=$1 line=$2; echo "| $name | ${line//|/ | } |"; }
 ratio() { python3 -c "a, b = float(\"${1%%|*}\"), float(\"${2%%|*}\"); print(f'{a / b:.2f}' if b else '—')"; }
 
-# Warm both.
-taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$HF/" >/dev/null
-taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$NG/" >/dev/null
+# Warm all three.
+for port in "$HF" "$NG" "$HP"; do
+  taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$port/" >/dev/null
+done
 
 nginx_version=$(nginx -v 2>&1 | sed 's/.*\///')
-echo "### Proxy against nginx ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
+haproxy_version=$(haproxy -v | head -1 | awk '{print $3}')
+echo "### Proxy against nginx and HAProxy ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
 echo
-echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-hf=$(wrk_run holdfast "$HF" "$hf_pid"); ng=$(wrk_run nginx "$NG" "$ng_pid")
-echo "| wrk closed loop (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | |"
+echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps | holdfast/HAProxy rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+hf=$(wrk_run holdfast "$HF" "$hf_pid"); ng=$(wrk_run nginx "$NG" "$ng_pid"); hp=$(wrk_run haproxy "$HP" "$hp_pid")
+echo "| wrk closed loop (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | | |"
+echo "| wrk closed loop (max) | HAProxy $haproxy_version | ${hp//|/ | } | | |"
 IFS=, read -ra rates <<<"$RATES"
 for rate in "${rates[@]}"; do
   hf=$(oha_run holdfast "$HF" "$hf_pid" "$rate"); ng=$(oha_run nginx "$NG" "$ng_pid" "$rate")
-  echo "| $LOAD open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-  echo "| $LOAD open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | |"
+  hp=$(oha_run haproxy "$HP" "$hp_pid" "$rate")
+  echo "| $LOAD open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+  echo "| $LOAD open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | | |"
+  echo "| $LOAD open loop $rate rps | HAProxy $haproxy_version | ${hp//|/ | } | | |"
 done
 echo
-echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; holdfast-proxy \`--worker-threads 1\`."
+echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
 
-# Warm both over TLS.
-taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$HFS/" >/dev/null
-taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$NGS/" >/dev/null
+# Warm all three over TLS.
+for port in "$HFS" "$NGS" "$HPS"; do
+  taskset -c 1 wrk -t1 -c"$CONNS" -d1s -H 'Host: bench.test' "https://127.0.0.1:$port/" >/dev/null
+done
 echo
-echo "### HTTPS against nginx (same ECDSA P-256 certificate, TLS 1.3, ${DURATION} s per run)"
+echo "### HTTPS against nginx and HAProxy (same ECDSA P-256 certificate, TLS 1.3, ${DURATION} s per run)"
 echo
-echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps | holdfast/HAProxy rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 hf=$(wrk_run holdfast-tls "$HFS" "$hf_pid" https); ng=$(wrk_run nginx-tls "$NGS" "$ng_pid" https)
-echo "| wrk keep-alive over TLS (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-echo "| wrk keep-alive over TLS (max) | nginx $nginx_version | ${ng//|/ | } | |"
+hp=$(wrk_run haproxy-tls "$HPS" "$hp_pid" https)
+echo "| wrk keep-alive over TLS (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+echo "| wrk keep-alive over TLS (max) | nginx $nginx_version | ${ng//|/ | } | | |"
+echo "| wrk keep-alive over TLS (max) | HAProxy $haproxy_version | ${hp//|/ | } | | |"
 echo
 echo "| handshakes | proxy | handshakes/s | proxy CPU | proxy CPU per handshake | proxy peak RSS | resumed | holdfast/nginx handshakes/s | nginx/holdfast CPU per handshake |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -249,10 +291,13 @@ for mode in "-new" "-new -tls1_2" "-reuse -tls1_2"; do
   hf=$(stime_run holdfast "$HFS" "$hf_pid" $mode)
   # shellcheck disable=SC2086 # the mode is several flags
   ng=$(stime_run nginx "$NGS" "$ng_pid" $mode)
+  # shellcheck disable=SC2086 # the mode is several flags
+  hp=$(stime_run haproxy "$HPS" "$hp_pid" $mode)
   per() { local f; IFS='|' read -ra f <<<"$1"; echo "${f[2]% µs}"; }
   cpu_ratio=$(python3 -c "a, b = float('$(per "$hf")'), float('$(per "$ng")'); print(f'{b / a:.2f}' if a else '—')")
   echo "| $what | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $cpu_ratio |"
   echo "| $what | nginx $nginx_version | ${ng//|/ | } | | |"
+  echo "| $what | HAProxy $haproxy_version | ${hp//|/ | } | | |"
 done
 echo
 echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a time on the other core."
@@ -260,7 +305,7 @@ echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a ti
 # Two workers each on both cores: holdfast-proxy --worker-threads 2 and nginx
 # worker_processes 2, the load generator (two threads) and the upstream on the same two
 # cores, so this compares the proxies sharing a whole machine with their load.
-HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port)
+HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port); HP2=$(free_port)
 RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF2" \
   --admin-listen "127.0.0.1:$HF2A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state2" --node-id bench2 --worker-threads 2 & pids+=($!)
@@ -270,7 +315,10 @@ sed -e "s/^worker_processes 1;/worker_processes 2;/" -e "s/^master_process off;/
   -e "s|$work/nginx.pid|$work/nginx2.pid|" "$work/nginx.conf" >"$work/nginx2.conf"
 taskset -c 0,1 nginx -c "$work/nginx2.conf" -e "$work/nginx2-error.log" & pids+=($!)
 ng2_pid=$!
-wait_port "$HF2"; wait_port "$NG2"
+haproxy_conf 2 "$HP2" >"$work/haproxy2.cfg"
+taskset -c 0,1 haproxy -db -f "$work/haproxy2.cfg" & pids+=($!)
+hp2_pid=$!
+wait_port "$HF2"; wait_port "$NG2"; wait_port "$HP2"
 for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF2/" >/dev/null && break; sleep 0.1; done
 # nginx's CPU is its master's and workers' together.
 group_ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
@@ -293,11 +341,12 @@ PY
 echo
 echo "### Two workers each, on both cores (${DURATION} s per run, $CONNS connections, wrk -t2 on the same cores)"
 echo
-echo "| load | proxy | achieved rps | p50 | p99 | errors | proxy CPU | proxy CPU per request | holdfast/nginx rps |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-hf=$(wrk2_run "$HF2" "$hf2_pid"); ng=$(wrk2_run "$NG2" "$ng2_pid")
-echo "| wrk closed loop (max) | holdfast-proxy \`--worker-threads 2\` | ${hf//|/ | } | $(ratio "$hf" "$ng") |"
-echo "| wrk closed loop (max) | nginx $nginx_version \`worker_processes 2\` | ${ng//|/ | } | |"
+echo "| load | proxy | achieved rps | p50 | p99 | errors | proxy CPU | proxy CPU per request | holdfast/nginx rps | holdfast/HAProxy rps |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+hf=$(wrk2_run "$HF2" "$hf2_pid"); ng=$(wrk2_run "$NG2" "$ng2_pid"); hp=$(wrk2_run "$HP2" "$hp2_pid")
+echo "| wrk closed loop (max) | holdfast-proxy \`--worker-threads 2\` | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+echo "| wrk closed loop (max) | nginx $nginx_version \`worker_processes 2\` | ${ng//|/ | } | | |"
+echo "| wrk closed loop (max) | HAProxy $haproxy_version \`nbthread 2\` | ${hp//|/ | } | | |"
 
 # Memory with a large table: a stand-in control plane serving 10,000 more hosts (each a
 # backend of its own), a proxy that has applied it, RSS after a short wrk run.
