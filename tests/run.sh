@@ -93,7 +93,7 @@ phase "AFL++ fuzzing"
 # 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README, Security).
 data-plane/fuzz/afl.sh --seconds 5
 phase "benchmark smoke run"
-# A seconds-long version of every benchmark harness (proxy against nginx with wrk and
+# A seconds-long version of every benchmark harness (proxy against nginx and HAProxy with wrk and
 # holdfast-load, fan-out, control plane at scale) with the debug binaries, so the harness
 # cannot rot; criterion ran once per benchmark in `cargo test --all-targets` above. Full
 # runs: tests/bench/run.sh (docs/benchmarks.md).
