@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use holdfast_data_plane::metrics::Metrics;
-use holdfast_data_plane::path::EscapedSlashes;
 use holdfast_data_plane::proxy::{ForwardSettings, Forwarder};
 use holdfast_data_plane::table::RouteTable;
+use holdfast_http::path::EscapedSlashes;
 use http::{Request, Response, Uri, Version};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 

@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use holdfast_data_plane::framing::Tracker;
-use holdfast_data_plane::path::{EscapedSlashes, normalise};
 use holdfast_data_plane::persist;
 use holdfast_data_plane::table::RouteTable;
+use holdfast_http::framing::Tracker;
+use holdfast_http::path::{EscapedSlashes, normalise};
 use holdfast_proto::v1::{Backend, MatchKind, Route, Snapshot, VirtualHost};
 
 macro_rules! ensure {

@@ -13,8 +13,8 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::path::EscapedSlashes;
 use crate::table::{Miss, RouteTable, normalise_host};
+use holdfast_http::path::EscapedSlashes;
 
 fn json_reply(status: StatusCode, v: serde_json::Value) -> Page {
     reply(status, "application/json", format!("{v:#}\n"))
@@ -22,14 +22,14 @@ fn json_reply(status: StatusCode, v: serde_json::Value) -> Page {
 
 /// What `/debug/explain` says about a request to `host` and `path`: the path as
 /// received and as routed and forwarded (normalised the way the proxy does, see
-/// [`crate::path`]), and the route, or why there is none.
+/// [`holdfast_http::path`]), and the route, or why there is none.
 pub fn explain(
     table: Option<&RouteTable>,
     host: &str,
     raw_path: &str,
     escaped: EscapedSlashes,
 ) -> serde_json::Value {
-    let path = match crate::path::normalise(raw_path, escaped) {
+    let path = match holdfast_http::path::normalise(raw_path, escaped) {
         Ok(p) => p.into_owned(),
         Err(e) => {
             return json!({ "matched": false, "status": 400, "path": raw_path, "reason": format!("the path cannot be normalised safely: {e}") });

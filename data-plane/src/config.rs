@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use holdfast_proto::v1::Node;
 
-use crate::path::EscapedSlashes;
 use crate::proxy::ForwardSettings;
 use crate::server::ListenSettings;
+use holdfast_http::path::EscapedSlashes;
 use holdfast_process::tls;
 pub use holdfast_process::{ConfigError, LogFormat};
 
@@ -345,14 +345,14 @@ impl Args {
                 "must be at least 1024",
             ));
         }
-        if self.max_header_bytes > crate::framing::MAX_HEAD {
+        if self.max_header_bytes > holdfast_http::framing::MAX_HEAD {
             // The framing tracker reads heads up to that size; a larger head would pass
             // to hyper without its framing checked.
             return Err(ConfigError::new(
                 "max-header-bytes",
                 format!(
                     "must be at most {} (the largest head the framing checks read)",
-                    crate::framing::MAX_HEAD
+                    holdfast_http::framing::MAX_HEAD
                 ),
             ));
         }

@@ -7,10 +7,6 @@
 //! - [`matching`]: the one route lookup of both APIs, host selection then path (pure).
 //! - [`gateway`]: Gateway API listeners, weighted choice, header changes and redirects
 //!   (pure).
-//! - [`headers`]: request framing checks and header rewriting (pure).
-//! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
-//!   request-smuggling shapes hyper would otherwise normalise silently (pure).
-//! - [`path`]: the request path normalised as the backend will see it (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
 //! - [`server`]: the client listeners (HTTP/1.1 + h2c; HTTPS), limits, idle timeout,
 //!   draining.
@@ -24,18 +20,18 @@
 //!   listeners on a small control runtime, the proxy listeners on worker threads, one
 //!   single-threaded runtime each).
 //!
+//! The HTTP mechanics (framing, header rules, path normalisation, in-flight counting) are
+//! in the `holdfast-http` crate (`http/`).
+//!
 //! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
 //! the control plane, in the `holdfast-process` crate (`process/`).
 
 pub mod admin;
 pub mod config;
-pub mod framing;
 pub mod gateway;
-pub mod headers;
 pub mod listeners;
 pub mod matching;
 pub mod metrics;
-pub mod path;
 pub mod persist;
 pub mod proxy;
 pub mod server;

@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
+use holdfast_http::headers::{
+    BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop, valid_authority,
+};
 use holdfast_process::error_chain;
 use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
@@ -25,9 +28,6 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::headers::{
-    BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop, valid_authority,
-};
 use crate::metrics::Metrics;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 use crate::upstream::{Key, Pool, Upstream};
@@ -45,7 +45,7 @@ pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 /// A client connection's place under `--max-connections`, carried in request extensions
 /// so that an upgraded tunnel keeps it until the tunnel ends.
 #[derive(Clone)]
-pub struct ConnectionSlot(pub Arc<crate::server::InFlight>);
+pub struct ConnectionSlot(pub Arc<holdfast_http::inflight::InFlight>);
 
 /// An upstream response body. Reading it drives its upstream connection, which goes back
 /// to the idle pool once the body has ended; it holds its endpoint's connection slot until
@@ -125,7 +125,7 @@ pub struct ForwardSettings {
     /// Worker threads forwarding requests (each keeps its own idle connections).
     pub workers: usize,
     /// What to do with `%2F` and `%5C` in request paths.
-    pub escaped_slashes: crate::path::EscapedSlashes,
+    pub escaped_slashes: holdfast_http::path::EscapedSlashes,
     /// Error pages say why (backend, endpoint, error chain); otherwise only the status.
     pub verbose_errors: bool,
     /// Largest request body forwarded, in bytes (0: no limit); larger gets 413.
@@ -773,11 +773,12 @@ impl Forwarder {
         &self,
         uri: &Uri,
     ) -> Result<(Option<String>, Option<PathAndQuery>), Response<ProxyBody>> {
-        let normalised = match crate::path::normalise(uri.path(), self.settings.escaped_slashes) {
-            Ok(std::borrow::Cow::Borrowed(_)) => None,
-            Ok(std::borrow::Cow::Owned(p)) => Some(p),
-            Err(e) => return Err(self.fail(Reason::BadRequest, format!("bad request: {e}"))),
-        };
+        let normalised =
+            match holdfast_http::path::normalise(uri.path(), self.settings.escaped_slashes) {
+                Ok(std::borrow::Cow::Borrowed(_)) => None,
+                Ok(std::borrow::Cow::Owned(p)) => Some(p),
+                Err(e) => return Err(self.fail(Reason::BadRequest, format!("bad request: {e}"))),
+            };
         let forward_path = match &normalised {
             Some(p) => {
                 let pq = match uri.query() {
@@ -794,8 +795,13 @@ impl Forwarder {
             None => None,
         };
         let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        if !self.settings.allow_dot_segment_params && crate::path::has_dot_segment_params(path) {
-            let why = format!("bad request: {}", crate::path::PathError::DotSegmentParams);
+        if !self.settings.allow_dot_segment_params
+            && holdfast_http::path::has_dot_segment_params(path)
+        {
+            let why = format!(
+                "bad request: {}",
+                holdfast_http::path::PathError::DotSegmentParams
+            );
             return Err(self.fail(Reason::BadRequest, why));
         }
         Ok((normalised, forward_path))
@@ -1379,7 +1385,7 @@ mod gateway_tests {
                 eject_for: Duration::from_secs(10),
                 pool_idle_per_host: 1,
                 workers: 1,
-                escaped_slashes: crate::path::EscapedSlashes::Reject,
+                escaped_slashes: holdfast_http::path::EscapedSlashes::Reject,
                 verbose_errors: false,
                 max_request_body: 0,
                 body_read_timeout: Duration::from_secs(60),

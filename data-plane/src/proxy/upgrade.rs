@@ -12,7 +12,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio_util::task::TaskTracker;
 
-use crate::headers::{is_upgrade, upgrade_allowed};
+use holdfast_http::headers::{is_upgrade, upgrade_allowed};
 
 /// Does `req` ask for an upgrade that is forwarded as one? Only HTTP/1.1, and only the
 /// protocols on the allowlist (never h2c); any other goes upstream as a plain request,

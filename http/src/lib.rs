@@ -1,0 +1,17 @@
+//! holdfast's HTTP mechanics, the protocol side of the proxy: what a byte stream and a
+//! request head mean, independent of routes and backends (pingora's `protocols::http`
+//! and linkerd's `proxy/http` draw the same line). The data plane keeps routing,
+//! balancing and its answers' reasons.
+//!
+//! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
+//!   request-smuggling shapes, and times request heads (pure).
+//! - [`headers`]: request framing checks and header rewriting: hop-by-hop headers,
+//!   forwarding headers, upgrades (pure).
+//! - [`path`]: the request path normalised as the backend will see it (pure).
+//! - [`inflight`]: counted slots (requests, connections, HTTP/2 streams) given back
+//!   when dropped.
+
+pub mod framing;
+pub mod headers;
+pub mod inflight;
+pub mod path;
