@@ -5,6 +5,8 @@
 //!
 //! - [`framing`]: follows HTTP/1.1 framing on the raw byte stream to reject
 //!   request-smuggling shapes, and times request heads (pure).
+//! - [`h1`]: HTTP/1.1 heads parsed once into positions in the read buffer, with the
+//!   framing rules applied; the chunked coding followed without copying (pure).
 //! - [`headers`]: request framing checks and header rewriting: hop-by-hop headers,
 //!   forwarding headers, upgrades (pure).
 //! - [`path`]: the request path normalised as the backend will see it (pure).
@@ -12,6 +14,7 @@
 //!   when dropped.
 
 pub mod framing;
+pub mod h1;
 pub mod headers;
 pub mod inflight;
 pub mod path;

@@ -70,7 +70,8 @@ pub fn has_dot_segment_params(path: &str) -> bool {
         })
 }
 
-fn hex(b: u8) -> Option<u8> {
+/// A hex digit's value.
+pub(crate) fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
         b'a'..=b'f' => Some(b - b'a' + 10),

@@ -1,0 +1,402 @@
+use super::*;
+use crate::framing::Tracker;
+
+const LIMITS: Limits = Limits {
+    max_bytes: 64 * 1024,
+    max_headers: 100,
+};
+
+/// Finds the head's end in one read and parses it.
+fn parse(head: &[u8]) -> Result<RequestHead, HeadError> {
+    let len = HeadEnd::default()
+        .find(head)
+        .ok_or(HeadError::Malformed("no end"))?;
+    let mut parsed = RequestHead::default();
+    parsed.parse(head, len, LIMITS)?;
+    Ok(parsed)
+}
+
+fn text(span: Option<Span>, buf: &[u8]) -> Option<&str> {
+    span.map(|s| std::str::from_utf8(s.of(buf)).unwrap())
+}
+
+#[test]
+fn a_request_head_is_read_into_positions_in_its_buffer() {
+    let buf = b"POST /a/b?x=1&y HTTP/1.1\r\nHost:  Example.COM:8080 \r\nX-Two: a, b\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\nabcGET";
+    let h = parse(buf).unwrap();
+    assert_eq!(h.method.of(buf), b"POST");
+    assert_eq!(h.target.of(buf), b"/a/b?x=1&y");
+    assert_eq!(h.path.of(buf), b"/a/b");
+    assert_eq!(text(h.query, buf), Some("x=1&y"));
+    assert_eq!(h.form, Some(TargetForm::Origin));
+    assert_eq!(h.minor, 1);
+    assert_eq!(text(h.host, buf), Some("Example.COM:8080"));
+    assert_eq!(text(h.routing_host(), buf), Some("Example.COM:8080"));
+    assert_eq!(h.framing(), BodyFraming::Length(3));
+    assert!(h.expect_continue && !h.close && !h.upgrade);
+    assert_eq!(
+        &buf[h.len..h.len + 3],
+        b"abc",
+        "the body starts where the head ends"
+    );
+    let names: Vec<&[u8]> = h.headers.iter().map(|x| x.name.of(buf)).collect();
+    assert_eq!(
+        names,
+        [&b"Host"[..], b"X-Two", b"Content-Length", b"Expect"]
+    );
+    assert_eq!(h.headers[1].value.of(buf), b"a, b");
+    assert_eq!(h.headers[1].line.of(buf), b"X-Two: a, b\r\n");
+    assert_eq!(h.headers[0].known, Known::Host);
+}
+
+#[test]
+fn the_absolute_form_routes_on_its_authority_and_the_asterisk_form_has_no_path() {
+    let buf = b"GET http://a.test:81/p?q HTTP/1.1\r\nHost: other\r\n\r\n";
+    let h = parse(buf).unwrap();
+    assert_eq!(h.form, Some(TargetForm::Absolute));
+    assert_eq!(text(h.routing_host(), buf), Some("a.test:81"));
+    assert_eq!(h.path.of(buf), b"/p");
+    assert_eq!(text(h.query, buf), Some("q"));
+    let buf = b"GET HTTPS://a.test?q HTTP/1.1\r\n\r\n";
+    let h = parse(buf).unwrap();
+    assert_eq!(text(h.routing_host(), buf), Some("a.test"));
+    assert!(h.path.is_empty());
+    let buf = b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n";
+    let h = parse(buf).unwrap();
+    assert_eq!(h.form, Some(TargetForm::Asterisk));
+    let buf = b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n";
+    assert_eq!(parse(buf).unwrap().form, Some(TargetForm::Authority));
+}
+
+#[test]
+fn http_1_0_closes_unless_it_asks_to_keep_alive_and_1_1_closes_when_asked() {
+    assert!(parse(b"GET / HTTP/1.0\r\n\r\n").unwrap().close);
+    assert!(
+        !parse(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
+            .unwrap()
+            .close
+    );
+    assert!(!parse(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().close);
+    assert!(
+        parse(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: foo, close\r\n\r\n")
+            .unwrap()
+            .close
+    );
+    let up =
+        parse(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n");
+    assert!(up.unwrap().upgrade);
+    let not = parse(b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n");
+    assert!(!not.unwrap().upgrade, "Upgrade without Connection: upgrade");
+}
+
+#[test]
+fn smuggling_shapes_get_the_framing_checks_verdicts() {
+    let cases: [(&[u8], BadRequest); 11] = [
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            BadRequest::LengthAndChunked,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            BadRequest::DuplicateLength,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1, 1\r\n\r\n",
+            BadRequest::DuplicateLength,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
+            BadRequest::BadLength,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            BadRequest::BadLength,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            BadRequest::BadTransferEncoding,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            BadRequest::BadTransferEncoding,
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            BadRequest::DuplicateHost,
+        ),
+        (b"GET / HTTP/1.1\nHost: a\r\n\r\n", BadRequest::BareLineFeed),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n\n", BadRequest::BareLineFeed),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: up\xc3grade\r\n\r\n",
+            BadRequest::BadConnection,
+        ),
+    ];
+    for (head, why) in cases {
+        assert_eq!(
+            parse(head).unwrap_err(),
+            HeadError::Bad(why),
+            "{}",
+            String::from_utf8_lossy(head)
+        );
+    }
+    let ok = parse(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n");
+    assert_eq!(ok.unwrap().framing(), BodyFraming::Chunked);
+}
+
+#[test]
+fn malformed_heads_and_targets_http_would_refuse_are_refused() {
+    let cases: [&[u8]; 13] = [
+        b"GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n",
+        b"GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+        b"G(T / HTTP/1.1\r\n\r\n",
+        b"GET /a b HTTP/1.1\r\n\r\n",
+        b"GET /<script> HTTP/1.1\r\n\r\n",
+        b"GET /a#frag HTTP/1.1\r\n\r\n",
+        b"GET /\xc3\xa9 HTTP/1.1\r\n\r\n",
+        b"GET /?\"x\" HTTP/1.1\r\n\r\n",
+        b"GET a.test HTTP/1.1\r\n\r\n",
+        b"GET http:///p HTTP/1.1\r\n\r\n",
+    ];
+    for head in cases {
+        let e = parse(head).unwrap_err();
+        assert_eq!(e.status(), 400, "{}: {e}", String::from_utf8_lossy(head));
+    }
+    assert_eq!(
+        parse(b"GET / HTTP/2.0\r\n\r\n").unwrap_err(),
+        HeadError::Version
+    );
+    assert_eq!(
+        parse(b"GET /{\"a\"} HTTP/1.1\r\n\r\n").unwrap().path.len(),
+        6,
+        "http accepts quotes and braces in a path"
+    );
+}
+
+#[test]
+fn heads_past_their_limits_are_refused_with_431() {
+    let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+    for i in 0..=LIMITS.max_headers {
+        many.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert_eq!(parse(&many).unwrap_err(), HeadError::TooManyHeaders);
+    let len = many.len();
+    let mut h = RequestHead::default();
+    let small = Limits {
+        max_bytes: len - 1,
+        max_headers: 1000,
+    };
+    assert_eq!(h.parse(&many, len, small), Err(HeadError::TooLarge));
+    assert_eq!(HeadError::TooLarge.status(), 431);
+}
+
+#[test]
+fn the_end_of_a_head_is_found_in_reads_of_any_size_and_only_once() {
+    let stream = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n";
+    let first = 27;
+    for step in 1..stream.len() {
+        let mut end = HeadEnd::default();
+        let mut found = None;
+        let mut have = 0;
+        while found.is_none() && have < stream.len() {
+            have = (have + step).min(stream.len());
+            found = end.find(&stream[..have]);
+        }
+        assert_eq!(found, Some(first), "reads of {step}");
+    }
+    let mut end = HeadEnd::default();
+    assert_eq!(end.find(&stream[first..]), Some(28), "the next head");
+    // A head ended by bare LFs ends (and is refused), it does not wait for more.
+    assert_eq!(
+        HeadEnd::default().find(b"GET / HTTP/1.1\nHost: a\n\n"),
+        Some(24)
+    );
+    assert_eq!(
+        HeadEnd::default().find(b"GET / HTTP/1.1\r\nHost: a\r\n\r"),
+        None
+    );
+}
+
+/// Whatever the framing tracker refuses, the parse refuses too, and a head the parse
+/// accepts the tracker accepts: the native engine is never looser than the checks
+/// in front of hyper.
+#[test]
+fn the_parse_is_never_looser_than_the_framing_tracker() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let request_lines = [
+        "GET / HTTP/1.1",
+        "POST /x HTTP/1.1",
+        "GET http://h/ HTTP/1.0",
+    ];
+    let lines: [&[u8]; 18] = [
+        b"Host: a",
+        b"Host: b:80",
+        b"Content-Length: 5",
+        b"content-length:  12 ",
+        b"Content-Length: 1, 1",
+        b"Content-Length: x",
+        b"Transfer-Encoding: chunked",
+        b"Transfer-Encoding: gzip, chunked",
+        b"Transfer-Encoding: gzip",
+        b"Connection: keep-alive, Upgrade",
+        b"Connection: up\xc3grade",
+        b"Upgrade: websocket",
+        b"X-Colon: a:b",
+        b"NoColon",
+        b"Content-Length : 5",
+        b" folded",
+        b"X-Bin: \xff\xfe",
+        b"Connection: close",
+    ];
+    let strategy = (
+        0..request_lines.len(),
+        proptest::collection::vec((0..lines.len(), any::<bool>()), 0..8),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 3000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&strategy, |(first, picked)| {
+            let mut head = request_lines[first].as_bytes().to_vec();
+            head.extend_from_slice(b"\r\n");
+            for (i, bare) in &picked {
+                head.extend_from_slice(lines[*i]);
+                head.extend_from_slice(if *bare { b"\n" } else { b"\r\n" });
+            }
+            head.extend_from_slice(b"\r\n");
+            let mut tracker = Tracker::default();
+            tracker.feed(&head);
+            let flagged = tracker.flagged().is_some();
+            let ours = parse(&head);
+            let shown = String::from_utf8_lossy(&head).into_owned();
+            if flagged {
+                prop_assert!(
+                    ours.is_err(),
+                    "the tracker refuses, the parse accepts: {shown:?}"
+                );
+            }
+            if let Ok(h) = &ours {
+                prop_assert!(!flagged, "{shown:?}");
+                // The tracker follows the same body: after it, the next head is read.
+                let mut stream = head.clone();
+                match h.framing() {
+                    BodyFraming::Length(n) => stream.extend(std::iter::repeat_n(b'x', n as usize)),
+                    BodyFraming::Chunked => stream.extend_from_slice(b"1\r\nx\r\n0\r\n\r\n"),
+                    _ => {}
+                }
+                if !h.upgrade {
+                    stream.extend_from_slice(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n");
+                    let mut t = Tracker::default();
+                    t.feed(&stream);
+                    prop_assert_eq!(
+                        t.flagged().map(|f| f.0),
+                        Some(1),
+                        "the tracker reads the body elsewhere: {:?}",
+                        shown
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn response_heads_say_how_their_bodies_end() {
+    let cases: [(&[u8], bool, BodyFraming, bool); 9] = [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            false,
+            BodyFraming::Length(5),
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n",
+            false,
+            BodyFraming::Length(5),
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+            BodyFraming::Chunked,
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            false,
+            BodyFraming::Chunked,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            false,
+            BodyFraming::UntilClose,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            false,
+            BodyFraming::UntilClose,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            true,
+            BodyFraming::Empty,
+            false,
+        ),
+        (
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
+            false,
+            BodyFraming::Empty,
+            false,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
+            false,
+            BodyFraming::Length(5),
+            true,
+        ),
+    ];
+    for (head, head_request, framing, close) in cases {
+        let len = HeadEnd::default().find(head).unwrap();
+        let mut r = ResponseHead::default();
+        r.parse(head, len, head_request).unwrap();
+        let shown = String::from_utf8_lossy(head);
+        assert_eq!(r.framing(), framing, "{shown}");
+        assert_eq!(r.close, close, "{shown}");
+        assert_eq!(r.status / 100, if r.status == 304 { 3 } else { 2 });
+    }
+    let mut r = ResponseHead::default();
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    r.parse(interim, interim.len(), false).unwrap();
+    assert!(r.is_interim());
+    for bad in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n"[..],
+        b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+    ] {
+        assert_eq!(
+            r.parse(bad, bad.len(), false),
+            Err(ResponseError::BadLength)
+        );
+    }
+    for bad in [
+        &b"HTTP/1.1 20 OK\r\n\r\n"[..],
+        b"HTTP/2 200\r\n\r\n",
+        b"HTTP/1.1 200 OK\nX: 1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
+    ] {
+        assert!(
+            r.parse(bad, bad.len(), false).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
