@@ -81,7 +81,7 @@ fn forward(
 ) -> (Request<()>, Response<()>) {
     let started = Instant::now();
     let (mut parts, ()) = request.into_parts();
-    let Ok(routed) = f.route(
+    let Ok(routed) = f.route_hyper(
         parts.version,
         &parts.uri,
         &parts.headers,

@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use holdfast_http::headers::HeaderLookup;
 use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -336,7 +337,12 @@ impl Listener {
 
     /// The entry for a request to `host` (normalised) at `path` (normalised) with
     /// `headers`.
-    pub fn lookup(&self, host: &str, path: &str, headers: &HeaderMap) -> Option<&Arc<Matched>> {
+    pub fn lookup(
+        &self,
+        host: &str,
+        path: &str,
+        headers: &dyn HeaderLookup,
+    ) -> Option<&Arc<Matched>> {
         self.table
             .lookup(host, path, Some(headers))
             .ok()

@@ -20,7 +20,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use holdfast_http::headers::HeaderLookup;
+use http::{HeaderName, HeaderValue};
 
 use crate::shards::Shards;
 
@@ -85,17 +86,21 @@ impl<A> Paths<A> {
         &self.entries
     }
 
-    fn first(&self, at: Option<&Vec<usize>>, headers: Option<&HeaderMap>) -> Option<&Entry<A>> {
+    fn first(
+        &self,
+        at: Option<&Vec<usize>>,
+        headers: Option<&dyn HeaderLookup>,
+    ) -> Option<&Entry<A>> {
         at?.iter().map(|i| &self.entries[*i]).find(|e| {
-            e.headers
-                .iter()
-                .all(|(n, v)| headers.is_some_and(|h| h.get_all(n).iter().any(|have| have == v)))
+            e.headers.iter().all(|(n, v)| {
+                headers.is_some_and(|h| h.any_value(n.as_str(), &mut |have| have == v.as_bytes()))
+            })
         })
     }
 
     /// The entry for a request at `path` (normalised) with `headers` (None: an entry with
     /// header matches never matches), if any.
-    pub fn lookup(&self, path: &str, headers: Option<&HeaderMap>) -> Option<&Entry<A>> {
+    pub fn lookup(&self, path: &str, headers: Option<&dyn HeaderLookup>) -> Option<&Entry<A>> {
         if let Some(e) = self.first(self.exact.get(path), headers) {
             return Some(e);
         }
@@ -301,7 +306,7 @@ impl<V: HostEntry + Clone> Hosts<V> {
         &'s self,
         host: &'h str,
         path: &str,
-        headers: Option<&HeaderMap>,
+        headers: Option<&dyn HeaderLookup>,
     ) -> Result<&'s Entry<V::Action>, HostMiss<'h>> {
         if self.selection == Selection::Ingress {
             let (level, entry) = self.select(host).ok_or(HostMiss::NoHost)?;
@@ -329,6 +334,7 @@ impl<V: HostEntry + Clone> Hosts<V> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use http::HeaderMap;
 
     pub(crate) fn e(
         path: PathRule,

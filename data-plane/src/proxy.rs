@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use holdfast_http::headers::{
-    BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop, valid_authority,
-};
+use holdfast_http::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
 use holdfast_process::error_chain;
 use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
@@ -29,14 +27,16 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::metrics::Metrics;
-use crate::table::{Miss, Route, RouteTable, normalise_host};
+use crate::table::{Route, RouteTable};
 use crate::upstream::{Key, Pool, Upstream};
 
 mod balance;
+mod routing;
 mod upgrade;
 
 use balance::Balancer;
 pub use balance::is_local_error;
+pub use routing::{Decision, RequestView, Routed};
 use upgrade::Tunnels;
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
@@ -351,16 +351,29 @@ fn generic(status: StatusCode) -> String {
     )
 }
 
-/// Where a routed request goes (`Forwarder::route`).
-pub struct Routed<'t> {
+/// A routed request as the hyper engine forwards it: the host is copied out of the
+/// request head, whose parts are rewritten for the upstream.
+pub struct Forwarding<'t> {
     /// The route it matched.
     pub route: &'t Route,
-    /// The host as the client gave it (the target's authority, or Host).
-    raw_host: HeaderValue,
+    /// The host as the client gave it: the backend's Host.
+    pub raw_host: HeaderValue,
     /// The normalised path and query, when normalising changed the path.
-    forward_path: Option<PathAndQuery>,
+    pub forward_path: Option<PathAndQuery>,
     /// A Gateway rule's request header changes.
-    header_changes: Option<&'t crate::gateway::HeaderChanges>,
+    pub header_changes: Option<&'t crate::gateway::HeaderChanges>,
+}
+
+impl<'t> Forwarding<'t> {
+    /// From a routing decision's; None when the host cannot be a header value.
+    pub fn new(routed: Routed<'t, '_>) -> Option<Self> {
+        Some(Forwarding {
+            route: routed.route,
+            raw_host: HeaderValue::from_str(routed.raw_host).ok()?,
+            forward_path: routed.forward_path,
+            header_changes: routed.header_changes,
+        })
+    }
 }
 
 /// A response head, with the connection it came on (None: an upgrade's).
@@ -665,225 +678,13 @@ impl Forwarder {
         response
     }
 
-    /// Decides from a request head alone (no I/O) where the request goes. Err is the
-    /// answer instead (400, 404, 421, 503, 508, a redirect to HTTPS), with the route
-    /// matched, if any.
-    // The Err is the response itself, made once per request: boxing it would only add an
-    // allocation.
-    #[allow(clippy::result_large_err)]
-    pub fn route<'t>(
-        &self,
-        version: Version,
-        uri: &Uri,
-        headers: &HeaderMap,
-        via: &Via,
-        table: Option<&'t RouteTable>,
-    ) -> Result<Routed<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
-        if version <= Version::HTTP_11
-            && let Err(e) = check_framing(headers)
-        {
-            // A framing 400 always closes the connection: what follows cannot be trusted.
-            let mut answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
-            answer
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return Err((answer, None));
-        }
-        if self.has_passed_here(headers) {
-            let why = "loop: the request has passed this proxy already";
-            return Err((self.fail(Reason::LoopDetected, why), None));
-        }
-        // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
-        // replaces it upstream: the host routed on is the host the backend sees.
-        // Host's value is shared, not copied. The authority is checked whole: user info
-        // or a port that is not one is refused, never dropped.
-        let raw_host = match uri.authority() {
-            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
-            None => headers.get(header::HOST).cloned(),
-        };
-        let Some(raw_host) = raw_host.filter(|h| h.to_str().is_ok_and(|h| !h.is_empty())) else {
-            let why = format!("bad request: {}", BadRequest::NoHost);
-            return Err((self.fail(Reason::BadRequest, why), None));
-        };
-        let raw = raw_host.to_str().unwrap_or_default();
-        if !valid_authority(raw) {
-            let why = format!("bad request: {}", BadRequest::BadHost);
-            return Err((self.fail(Reason::BadRequest, why), None));
-        }
-        let host = normalise_host(raw);
-        let Some(table) = table else {
-            let why = "no route table yet: waiting for a snapshot";
-            return Err((self.fail(Reason::NoSnapshot, why), None));
-        };
-        if let Via::Gateway { listener, tls } = via {
-            let raw_host = raw_host.clone();
-            return self.route_gateway(uri, headers, &host, raw_host, listener, tls, table);
-        }
-        if let Via::Https { sni } = via {
-            // The connection's certificate is the one its SNI chose; a Host served with
-            // another one (a client reusing a connection for another host) is misdirected
-            // (RFC 9110 §15.5.20): the client retries on a connection of its own.
-            let made_with = table.certificate_for(sni.as_deref()).map(|c| &c.name);
-            let wanted = table.certificate_for(Some(&host)).map(|c| &c.name);
-            if made_with != wanted {
-                let why = format!(
-                    "misdirected: {host} is not served with the certificate this connection uses"
-                );
-                return Err((self.fail(Reason::Misdirected, why), None));
-            }
-        }
-        // Route on, and forward, the path the backend will see (see `path`).
-        let (normalised, forward_path) = self.request_path(uri).map_err(|a| (a, None))?;
-        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        if !via.is_tls() && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
-            let target = forward_path
-                .as_ref()
-                .or(uri.path_and_query())
-                .map_or("/", PathAndQuery::as_str);
-            return Err((redirect_to_https(&host, target), None));
-        }
-        let route = match table.lookup(&host, path) {
-            Ok(r) => r,
-            Err(miss) => {
-                let why = match miss {
-                    Miss::NoHost => format!("no route: no virtual host for {host}"),
-                    Miss::NoPath { vhost } => {
-                        format!("no route: no path of {vhost:?} matches {path}")
-                    }
-                };
-                return Err((self.fail(Reason::NoRoute, why), None));
-            }
-        };
-        if let Some(reason) = &route.backend.unavailable_reason {
-            let why = format!("backend unavailable: {reason}");
-            return Err((self.fail(Reason::BackendUnavailable, why), Some(route)));
-        }
-        Ok(Routed {
-            route,
-            raw_host,
-            forward_path,
-            header_changes: None,
-        })
-    }
-
-    /// The request path normalised as the backend will see it (None: unchanged), and the
-    /// path and query to forward when normalising changed it; Err is the 400 answer.
-    #[allow(clippy::result_large_err)]
-    fn request_path(
-        &self,
-        uri: &Uri,
-    ) -> Result<(Option<String>, Option<PathAndQuery>), Response<ProxyBody>> {
-        let normalised =
-            match holdfast_http::path::normalise(uri.path(), self.settings.escaped_slashes) {
-                Ok(std::borrow::Cow::Borrowed(_)) => None,
-                Ok(std::borrow::Cow::Owned(p)) => Some(p),
-                Err(e) => return Err(self.fail(Reason::BadRequest, format!("bad request: {e}"))),
-            };
-        let forward_path = match &normalised {
-            Some(p) => {
-                let pq = match uri.query() {
-                    Some(q) => format!("{p}?{q}"),
-                    None => p.clone(),
-                };
-                match PathAndQuery::try_from(pq) {
-                    Ok(pq) => Some(pq),
-                    Err(_) => {
-                        return Err(self.fail(Reason::BadRequest, "bad request: unusable path"));
-                    }
-                }
-            }
-            None => None,
-        };
-        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        if !self.settings.allow_dot_segment_params
-            && holdfast_http::path::has_dot_segment_params(path)
-        {
-            let why = format!(
-                "bad request: {}",
-                holdfast_http::path::PathError::DotSegmentParams
-            );
-            return Err(self.fail(Reason::BadRequest, why));
-        }
-        Ok((normalised, forward_path))
-    }
-
-    /// [`Self::route`] for a request on a Gateway listener: that listener's routes, by
-    /// hostname, path and headers; a redirect or a 500 (an unresolved backend) is the
-    /// answer itself.
-    #[allow(clippy::result_large_err, clippy::too_many_arguments)]
-    fn route_gateway<'t>(
-        &self,
-        uri: &Uri,
-        headers: &HeaderMap,
-        host: &str,
-        raw_host: HeaderValue,
-        listener: &str,
-        tls: &Option<Option<Arc<str>>>,
-        table: &'t RouteTable,
-    ) -> Result<Routed<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
-        let Some(l) = table.gateway_listener(listener) else {
-            let why = format!("no route: listener {listener} is no longer served");
-            return Err((self.fail(Reason::NoRoute, why), None));
-        };
-        if let Some(sni) = tls {
-            let made_with = l.certificate_for(sni.as_deref()).map(|c| &c.name);
-            let wanted = l.certificate_for(Some(host)).map(|c| &c.name);
-            if made_with != wanted {
-                let why = format!(
-                    "misdirected: {host} is not served with the certificate this connection uses"
-                );
-                return Err((self.fail(Reason::Misdirected, why), None));
-            }
-        }
-        let (normalised, forward_path) = self.request_path(uri).map_err(|a| (a, None))?;
-        let path = normalised.as_deref().unwrap_or_else(|| uri.path());
-        let Some(matched) = l.lookup(host, path, headers) else {
-            let why = format!("no route: no rule of listener {listener} matches {host}{path}");
-            return Err((self.fail(Reason::NoRoute, why), None));
-        };
-        let changes = match &matched.action {
-            crate::gateway::Action::Forward { headers, .. } => headers,
-            crate::gateway::Action::Redirect(redirect) => {
-                let scheme = if tls.is_some() { "https" } else { "http" };
-                let target = forward_path
-                    .as_ref()
-                    .or(uri.path_and_query())
-                    .map_or("/", PathAndQuery::as_str);
-                let answer = gateway_redirect(redirect, scheme, host, l.public_port, target);
-                return Err((answer, None));
-            }
-        };
-        let route = match matched.next_target() {
-            Some(crate::gateway::Target::Route(r)) => &**r,
-            Some(crate::gateway::Target::Unresolved(why)) => {
-                let why = format!("backend reference does not resolve: {why}");
-                return Err((self.fail(Reason::InvalidBackend, why), None));
-            }
-            None => {
-                let why = "the rule has no backend to forward to";
-                return Err((self.fail(Reason::InvalidBackend, why), None));
-            }
-        };
-        if let Some(reason) = &route.backend.unavailable_reason {
-            let why = format!("backend unavailable: {reason}");
-            return Err((self.fail(Reason::BackendUnavailable, why), Some(route)));
-        }
-        Ok(Routed {
-            route,
-            raw_host,
-            forward_path,
-            header_changes: Some(changes)
-                .filter(|c| **c != crate::gateway::HeaderChanges::default()),
-        })
-    }
-
     /// Rewrites a routed request head into the one sent upstream: hop-by-hop headers
     /// removed (Upgrade kept for an allowed `upgrade`), forwarding headers, Host; returns
     /// its origin-form target. No I/O.
     pub fn upstream_head(
         &self,
         parts: &mut http::request::Parts,
-        routed: Routed<'_>,
+        routed: Forwarding<'_>,
         client: SocketAddr,
         tls: bool,
         port: u16,
@@ -928,14 +729,54 @@ impl Forwarder {
         parts.headers.remove(LOOP_HEADER);
     }
 
-    /// Whether the request carries this proxy's own loop token.
-    fn has_passed_here(&self, headers: &HeaderMap) -> bool {
-        let mine = self.settings.loop_token.as_bytes();
-        headers.get_all(LOOP_HEADER).iter().any(|v| {
-            v.as_bytes()
-                .split(|b| *b == b',')
-                .any(|t| t.trim_ascii() == mine)
-        })
+    /// Decides where a request read by hyper goes: the framing checks (HTTP/1.1), then
+    /// [`Self::route`]. Err is the answer instead, with the route matched, if any.
+    // The Err is the response itself, made once per request: boxing it would only add an
+    // allocation.
+    #[allow(clippy::result_large_err)]
+    pub fn route_hyper<'t>(
+        &self,
+        version: Version,
+        uri: &Uri,
+        headers: &HeaderMap,
+        via: &Via,
+        table: Option<&'t RouteTable>,
+    ) -> Result<Forwarding<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
+        if version <= Version::HTTP_11
+            && let Err(e) = check_framing(headers)
+        {
+            // A framing 400 always closes the connection: what follows cannot be trusted.
+            let mut answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
+            answer
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err((answer, None));
+        }
+        let host = match uri.authority() {
+            Some(a) => Some(a.as_str()),
+            None => headers.get(header::HOST).and_then(|h| h.to_str().ok()),
+        };
+        let view = RequestView {
+            host,
+            path: uri.path(),
+            query: uri.query(),
+            headers,
+        };
+        match self.route(&view, via, table) {
+            Decision::Forward(routed) => {
+                let route = routed.route;
+                Forwarding::new(routed).ok_or_else(|| {
+                    let why = format!("bad request: {}", BadRequest::BadHost);
+                    (self.fail(Reason::BadRequest, why), Some(route))
+                })
+            }
+            Decision::Refuse {
+                reason,
+                detail,
+                route,
+            } => Err((self.fail(reason, detail), route)),
+            Decision::Redirect { status, location } => Err((redirect(status, &location), None)),
+        }
     }
 
     /// Routes and forwards; also returns the route matched, if any.
@@ -948,7 +789,7 @@ impl Forwarder {
         table: Option<&'t RouteTable>,
     ) -> (Response<ProxyBody>, Option<&'t Route>) {
         let tls = via.is_tls();
-        let routed = match self.route(req.version(), req.uri(), req.headers(), via, table) {
+        let routed = match self.route_hyper(req.version(), req.uri(), req.headers(), via, table) {
             Ok(routed) => routed,
             Err(answer) => return answer,
         };
@@ -974,7 +815,7 @@ impl Forwarder {
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        routed: Routed<'_>,
+        routed: Forwarding<'_>,
         client: SocketAddr,
         tls: bool,
         port: u16,
@@ -1150,44 +991,16 @@ impl Forwarder {
     }
 }
 
-/// ACME HTTP-01 challenges are answered over plain HTTP (a certificate is being issued),
-/// so they are never redirected.
-const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
-
-/// `308 Permanent Redirect` to the same host (without its port: HTTPS is served on 443
-/// behind the proxies' Service), normalised path and query over https.
-/// A Gateway API `RequestRedirect` answer.
-fn gateway_redirect(
-    redirect: &crate::gateway::Redirect,
-    scheme: &str,
-    host: &str,
-    port: u16,
-    path_and_query: &str,
-) -> Response<ProxyBody> {
-    let location = redirect.location(scheme, host, port, path_and_query);
-    let status = StatusCode::from_u16(redirect.status).unwrap_or(StatusCode::FOUND);
-    let mut response = local(status, format!("{} redirecting", status.as_u16()));
-    match HeaderValue::from_str(&location) {
+/// A redirect's answer; a Location that cannot be a header value (a host or path that
+/// cannot be redirected to) is a 400 instead.
+fn redirect(status: u16, location: &str) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND);
+    match HeaderValue::from_str(location) {
         Ok(v) => {
+            let mut response = local(status, format!("{} redirecting", status.as_u16()));
             response.headers_mut().insert(header::LOCATION, v);
             response
         }
-        Err(_) => local(
-            StatusCode::BAD_REQUEST,
-            "400 bad request: unusable host or path",
-        ),
-    }
-}
-
-fn redirect_to_https(host: &str, path_and_query: &str) -> Response<ProxyBody> {
-    let location = format!("https://{host}{path_and_query}");
-    let mut response = local(StatusCode::PERMANENT_REDIRECT, "308 redirecting to https");
-    match HeaderValue::from_str(&location) {
-        Ok(v) => {
-            response.headers_mut().insert(header::LOCATION, v);
-            response
-        }
-        // A host or path that cannot be a header value cannot be redirected to.
         Err(_) => local(
             StatusCode::BAD_REQUEST,
             "400 bad request: unusable host or path",
@@ -1474,6 +1287,11 @@ mod gateway_tests {
                     modified,
                     moved,
                     broken,
+                    {
+                        let mut by_header = forward("/hdr", vec![to("ns/b:80", 1)]);
+                        by_header.headers = vec![pair("x-v", "2")];
+                        by_header
+                    },
                     forward("/", vec![to("ns/a:80", 1), to("ns/b:80", 0)]),
                 ],
                 ..Default::default()
@@ -1504,7 +1322,7 @@ mod gateway_tests {
         let (f, t) = (forwarder(), table());
         let status = |via: &Via, path: &str| {
             let (uri, h) = head(path);
-            match f.route(Version::HTTP_11, &uri, &h, via, Some(&t)) {
+            match f.route_hyper(Version::HTTP_11, &uri, &h, via, Some(&t)) {
                 Ok(r) => Ok(r.route.backend.name.clone()),
                 Err((answer, _)) => Err((
                     answer.status(),
@@ -1543,7 +1361,7 @@ mod gateway_tests {
     fn a_rules_header_changes_are_made_to_the_request_sent_upstream() {
         let (f, t) = (forwarder(), table());
         let (uri, h) = head("/mod");
-        let Ok(routed) = f.route(Version::HTTP_11, &uri, &h, &on_gateway(), Some(&t)) else {
+        let Ok(routed) = f.route_hyper(Version::HTTP_11, &uri, &h, &on_gateway(), Some(&t)) else {
             panic!("routed");
         };
         let mut parts = Request::builder().uri(uri).body(()).unwrap().into_parts().0;
@@ -1563,5 +1381,101 @@ mod gateway_tests {
         let added: Vec<&HeaderValue> = parts.headers.get_all("x-add").iter().collect();
         assert_eq!(added, ["first", "more"]);
         assert!(!parts.headers.contains_key("x-gone"));
+    }
+
+    /// Routing reads a request the same way from hyper's head and from the native
+    /// engine's parse in place: the same decision for each path, header and host.
+    #[test]
+    fn a_native_parse_and_a_hyper_head_get_the_same_routing_decision() {
+        use holdfast_http::h1::{HeadEnd, HeadHeaders, Limits, RequestHead};
+        let (f, t) = (forwarder(), table());
+        let limits = Limits {
+            max_bytes: 8192,
+            max_headers: 10,
+        };
+        let summary = |d: Decision<'_, '_>| match d {
+            Decision::Forward(r) => format!(
+                "forward {} as {} {:?} {}",
+                r.route.backend.name,
+                r.raw_host,
+                r.forward_path.as_ref().map(PathAndQuery::as_str),
+                r.header_changes.is_some()
+            ),
+            Decision::Refuse { reason, route, .. } => {
+                format!(
+                    "refuse {} {:?}",
+                    reason.as_str(),
+                    route.map(|r| &r.backend.name)
+                )
+            }
+            Decision::Redirect { status, location } => format!("redirect {status} {location}"),
+        };
+        let mut decisions = Vec::new();
+        for (target, extra) in [
+            ("/x", ""),
+            ("/hdr", "x-v: 2\r\n"),
+            ("/hdr", "x-v: 3\r\n"),
+            ("/hdr", ""),
+            ("/mod?a=1", ""),
+            ("/moved/on?q=1", ""),
+            ("/moved/./on?q=1", ""),
+            ("/broken", ""),
+            ("/a/../x?q", ""),
+            ("/a%2Fb", ""),
+            ("http://gw.test:80/x", ""),
+            ("http://GW.test/hdr", "X-V: 2\r\n"),
+        ] {
+            let raw = format!("GET {target} HTTP/1.1\r\nHost: gw.test\r\n{extra}\r\n");
+            let buf = raw.as_bytes();
+            let mut head = RequestHead::default();
+            let len = HeadEnd::default().find(buf).expect("a head");
+            head.parse(buf, len, limits).expect("a valid head");
+            let text = |s: holdfast_http::h1::Span| std::str::from_utf8(s.of(buf)).ok();
+            let native = RequestView {
+                host: head.routing_host().and_then(text),
+                path: text(head.path).unwrap_or_default(),
+                query: head.query.and_then(text),
+                headers: &HeadHeaders { head: &head, buf },
+            };
+            let ours = summary(f.route(&native, &on_gateway(), Some(&t)));
+            let uri = Uri::try_from(target).unwrap();
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static("gw.test"));
+            if let Some((n, v)) = extra.trim_end().split_once(": ") {
+                h.insert(
+                    http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            let hyper = RequestView {
+                host: match uri.authority() {
+                    Some(a) => Some(a.as_str()),
+                    None => h.get(header::HOST).and_then(|v| v.to_str().ok()),
+                },
+                path: uri.path(),
+                query: uri.query(),
+                headers: &h,
+            };
+            let theirs = summary(f.route(&hyper, &on_gateway(), Some(&t)));
+            assert_eq!(ours, theirs, "{target} {extra}");
+            decisions.push(ours);
+        }
+        assert_eq!(decisions[1], "forward ns/b:80 as gw.test None false");
+        // Without the header's value, the rule for `/` takes it.
+        assert_eq!(decisions[2], "forward ns/a:80 as gw.test None false");
+        assert_eq!(
+            decisions[6],
+            "redirect 301 http://elsewhere.test/moved/on?q=1"
+        );
+        assert_eq!(
+            decisions[8],
+            "forward ns/a:80 as gw.test Some(\"/x?q\") false"
+        );
+        assert!(
+            decisions[9].starts_with("refuse bad_request"),
+            "{}",
+            decisions[9]
+        );
+        assert_eq!(decisions[11], "forward ns/b:80 as GW.test None false");
     }
 }

@@ -16,6 +16,20 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+/// A request's headers as routing reads them, from either engine (hyper's `HeaderMap`, or
+/// the native engine's parse in place).
+pub trait HeaderLookup {
+    /// Whether a value of header `name` (lower case) satisfies `f`; each value is one
+    /// header line's (a list in one line is one value).
+    fn any_value(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+}
+
+impl HeaderLookup for HeaderMap {
+    fn any_value(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.get_all(name).iter().any(|v| f(v.as_bytes()))
+    }
+}
+
 /// Why a request is refused with 400 before routing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadRequest {

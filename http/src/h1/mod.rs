@@ -523,6 +523,25 @@ pub enum ResponseError {
     BadLength,
 }
 
+/// A parsed request head's headers, read in its buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadHeaders<'a> {
+    /// The head.
+    pub head: &'a RequestHead,
+    /// The buffer it was parsed from.
+    pub buf: &'a [u8],
+}
+
+impl crate::headers::HeaderLookup for HeadHeaders<'_> {
+    fn any_value(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        self.head
+            .headers
+            .iter()
+            .filter(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes()))
+            .any(|h| f(h.value.of(self.buf)))
+    }
+}
+
 /// An HTTP/1.x response head.
 #[derive(Debug, Clone, Default)]
 pub struct ResponseHead {

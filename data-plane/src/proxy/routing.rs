@@ -1,0 +1,307 @@
+//! Routing: from a request's host, target and headers alone (no I/O, no response built)
+//! to a [`Decision`]: forward on a route, refuse with a [`Reason`], or redirect. Both
+//! HTTP/1.1 engines and HTTP/2 read requests into a [`RequestView`] and act on the
+//! decision their own way.
+
+use http::uri::PathAndQuery;
+
+use holdfast_http::headers::{BadRequest, HeaderLookup, valid_authority};
+use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
+
+use super::{Forwarder, LOOP_HEADER, Reason, Via};
+use crate::gateway::{Action, HeaderChanges, Target};
+use crate::table::{Miss, Route, RouteTable, normalise_host};
+
+/// A request as routing reads it.
+pub struct RequestView<'r> {
+    /// The target's authority (absolute form, `:authority`), else Host; None when there
+    /// is neither or it is not UTF-8.
+    pub host: Option<&'r str>,
+    /// The path as sent (empty: `/`).
+    pub path: &'r str,
+    /// The query, without its `?`.
+    pub query: Option<&'r str>,
+    /// The headers (Gateway header matches, the loop header).
+    pub headers: &'r dyn HeaderLookup,
+}
+
+impl RequestView<'_> {
+    fn path(&self) -> &str {
+        if self.path.is_empty() { "/" } else { self.path }
+    }
+}
+
+/// What to do with a request.
+pub enum Decision<'t, 'r> {
+    /// Forward it on a route.
+    Forward(Routed<'t, 'r>),
+    /// Answer it here with the reason's status; `detail` is for the debug log (and the
+    /// client only with `--verbose-errors`); `route` is the route matched, if any.
+    Refuse {
+        /// Why.
+        reason: Reason,
+        /// What went wrong, for the log.
+        detail: String,
+        /// The route matched, if any (its metrics count the answer).
+        route: Option<&'t Route>,
+    },
+    /// Redirect it.
+    Redirect {
+        /// 301, 302, 303, 307 or 308.
+        status: u16,
+        /// The Location.
+        location: String,
+    },
+}
+
+/// Where a routed request goes.
+pub struct Routed<'t, 'r> {
+    /// The route it matched.
+    pub route: &'t Route,
+    /// The host as the client gave it (the target's authority, or Host): what the
+    /// backend gets as Host.
+    pub raw_host: &'r str,
+    /// The normalised path and query, when normalising changed the path.
+    pub forward_path: Option<PathAndQuery>,
+    /// A Gateway rule's request header changes.
+    pub header_changes: Option<&'t HeaderChanges>,
+}
+
+/// ACME HTTP-01 challenges are answered over plain HTTP (a certificate is being issued),
+/// so they are never redirected.
+const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
+
+fn refuse<'t, 'r>(reason: Reason, detail: impl Into<String>) -> Decision<'t, 'r> {
+    Decision::Refuse {
+        reason,
+        detail: detail.into(),
+        route: None,
+    }
+}
+
+/// A host served with another certificate than the connection's (RFC 9110 §15.5.20).
+fn misdirected<'t, 'r>(host: &str) -> Decision<'t, 'r> {
+    refuse(
+        Reason::Misdirected,
+        format!("misdirected: {host} is not served with the certificate this connection uses"),
+    )
+}
+
+impl Forwarder {
+    /// Decides from a request alone where it goes (`via`: how its connection was made).
+    /// The framing checks come before this, in each engine.
+    pub fn route<'t, 'r>(
+        &self,
+        request: &RequestView<'r>,
+        via: &Via,
+        table: Option<&'t RouteTable>,
+    ) -> Decision<'t, 'r> {
+        if self.has_passed_here(request.headers) {
+            return refuse(
+                Reason::LoopDetected,
+                "loop: the request has passed this proxy already",
+            );
+        }
+        // An absolute-form target (HTTP/1.1) or :authority (HTTP/2) wins over Host, and
+        // replaces it upstream: the host routed on is the host the backend sees. The
+        // authority is checked whole: user info or a port that is not one is refused,
+        // never dropped.
+        let Some(raw_host) = request.host.filter(|h| !h.is_empty()) else {
+            return refuse(
+                Reason::BadRequest,
+                format!("bad request: {}", BadRequest::NoHost),
+            );
+        };
+        if !valid_authority(raw_host) {
+            return refuse(
+                Reason::BadRequest,
+                format!("bad request: {}", BadRequest::BadHost),
+            );
+        }
+        let host = normalise_host(raw_host);
+        let Some(table) = table else {
+            return refuse(
+                Reason::NoSnapshot,
+                "no route table yet: waiting for a snapshot",
+            );
+        };
+        if let Via::Gateway { listener, tls } = via {
+            return self.route_gateway(request, &host, raw_host, listener, tls, table);
+        }
+        if let Via::Https { sni } = via {
+            // The connection's certificate is the one its SNI chose; a Host served with
+            // another one (a client reusing a connection for another host) is misdirected
+            // (RFC 9110 §15.5.20): the client retries on a connection of its own.
+            let made_with = table.certificate_for(sni.as_deref()).map(|c| &c.name);
+            let wanted = table.certificate_for(Some(&host)).map(|c| &c.name);
+            if made_with != wanted {
+                return misdirected(&host);
+            }
+        }
+        // Route on, and forward, the path the backend will see (see `holdfast_http::path`).
+        let (normalised, forward_path) = match self.request_path(request) {
+            Ok(p) => p,
+            Err(refused) => return refused,
+        };
+        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        if !via.is_tls() && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
+            let target = sent_or_normalised(request, forward_path.as_ref());
+            return Decision::Redirect {
+                status: 308,
+                location: format!("https://{host}{target}"),
+            };
+        }
+        let route = match table.lookup(&host, path) {
+            Ok(r) => r,
+            Err(miss) => {
+                let why = match miss {
+                    Miss::NoHost => format!("no route: no virtual host for {host}"),
+                    Miss::NoPath { vhost } => {
+                        format!("no route: no path of {vhost:?} matches {path}")
+                    }
+                };
+                return refuse(Reason::NoRoute, why);
+            }
+        };
+        if let Some(reason) = &route.backend.unavailable_reason {
+            return Decision::Refuse {
+                reason: Reason::BackendUnavailable,
+                detail: format!("backend unavailable: {reason}"),
+                route: Some(route),
+            };
+        }
+        Decision::Forward(Routed {
+            route,
+            raw_host,
+            forward_path,
+            header_changes: None,
+        })
+    }
+
+    /// The request path normalised as the backend will see it (None: unchanged), and the
+    /// path and query to forward when normalising changed it; Err is the refusal.
+    #[allow(clippy::type_complexity)]
+    fn request_path<'t, 'r>(
+        &self,
+        request: &RequestView<'r>,
+    ) -> Result<(Option<String>, Option<PathAndQuery>), Decision<'t, 'r>> {
+        let bad =
+            |e: &dyn std::fmt::Display| refuse(Reason::BadRequest, format!("bad request: {e}"));
+        let normalised = match normalise(request.path(), self.settings.escaped_slashes) {
+            Ok(std::borrow::Cow::Borrowed(_)) => None,
+            Ok(std::borrow::Cow::Owned(p)) => Some(p),
+            Err(e) => return Err(bad(&e)),
+        };
+        let forward_path = match &normalised {
+            Some(p) => {
+                let pq = match request.query {
+                    Some(q) => format!("{p}?{q}"),
+                    None => p.clone(),
+                };
+                match PathAndQuery::try_from(pq) {
+                    Ok(pq) => Some(pq),
+                    Err(_) => return Err(bad(&"unusable path")),
+                }
+            }
+            None => None,
+        };
+        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        if !self.settings.allow_dot_segment_params && has_dot_segment_params(path) {
+            return Err(bad(&PathError::DotSegmentParams));
+        }
+        Ok((normalised, forward_path))
+    }
+
+    /// [`Self::route`] for a request on a Gateway listener: that listener's routes, by
+    /// hostname, path and headers; a redirect or a 500 (an unresolved backend).
+    fn route_gateway<'t, 'r>(
+        &self,
+        request: &RequestView<'r>,
+        host: &str,
+        raw_host: &'r str,
+        listener: &str,
+        tls: &Option<Option<std::sync::Arc<str>>>,
+        table: &'t RouteTable,
+    ) -> Decision<'t, 'r> {
+        let Some(l) = table.gateway_listener(listener) else {
+            return refuse(
+                Reason::NoRoute,
+                format!("no route: listener {listener} is no longer served"),
+            );
+        };
+        if let Some(sni) = tls {
+            let made_with = l.certificate_for(sni.as_deref()).map(|c| &c.name);
+            let wanted = l.certificate_for(Some(host)).map(|c| &c.name);
+            if made_with != wanted {
+                return misdirected(host);
+            }
+        }
+        let (normalised, forward_path) = match self.request_path(request) {
+            Ok(p) => p,
+            Err(refused) => return refused,
+        };
+        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        let Some(matched) = l.lookup(host, path, request.headers) else {
+            return refuse(
+                Reason::NoRoute,
+                format!("no route: no rule of listener {listener} matches {host}{path}"),
+            );
+        };
+        let changes = match &matched.action {
+            Action::Forward { headers, .. } => headers,
+            Action::Redirect(redirect) => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let target = sent_or_normalised(request, forward_path.as_ref());
+                return Decision::Redirect {
+                    status: redirect.status,
+                    location: redirect.location(scheme, host, l.public_port, &target),
+                };
+            }
+        };
+        let route = match matched.next_target() {
+            Some(Target::Route(r)) => &**r,
+            Some(Target::Unresolved(why)) => {
+                return refuse(
+                    Reason::InvalidBackend,
+                    format!("backend reference does not resolve: {why}"),
+                );
+            }
+            None => {
+                return refuse(
+                    Reason::InvalidBackend,
+                    "the rule has no backend to forward to",
+                );
+            }
+        };
+        if let Some(reason) = &route.backend.unavailable_reason {
+            return Decision::Refuse {
+                reason: Reason::BackendUnavailable,
+                detail: format!("backend unavailable: {reason}"),
+                route: Some(route),
+            };
+        }
+        Decision::Forward(Routed {
+            route,
+            raw_host,
+            forward_path,
+            header_changes: Some(changes).filter(|c| **c != HeaderChanges::default()),
+        })
+    }
+
+    /// Whether the request carries this proxy's own loop token.
+    fn has_passed_here(&self, headers: &dyn HeaderLookup) -> bool {
+        let mine = self.settings.loop_token.as_bytes();
+        headers.any_value(LOOP_HEADER, &mut |v| {
+            v.split(|b| *b == b',').any(|t| t.trim_ascii() == mine)
+        })
+    }
+}
+
+/// The path and query a redirect keeps: the normalised ones, or as sent.
+fn sent_or_normalised(request: &RequestView<'_>, normalised: Option<&PathAndQuery>) -> String {
+    match (normalised, request.query) {
+        (Some(pq), _) => pq.as_str().to_owned(),
+        (None, Some(q)) => format!("{}?{q}", request.path()),
+        (None, None) => request.path().to_owned(),
+    }
+}
