@@ -8,6 +8,8 @@ use std::path::Path;
 use holdfast_data_plane::persist;
 use holdfast_data_plane::table::RouteTable;
 use holdfast_http::framing::Tracker;
+use holdfast_http::h1::chunked::{ChunkError, Chunked, Piece};
+use holdfast_http::h1::{BodyFraming, HeadEnd, Limits, RequestHead};
 use holdfast_http::path::{EscapedSlashes, normalise};
 use holdfast_proto::v1::{Backend, MatchKind, Route, Snapshot, VirtualHost};
 
@@ -37,6 +39,72 @@ pub fn framing(bytes: &[u8]) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The native engine's HTTP/1.1 parse never panics; a head's end is found at the same
+/// place in reads of any size; the parse refuses every head the smuggling tracker
+/// refuses (it is never looser); a chunked body after an accepted head is followed the
+/// same way in reads of any size.
+pub fn h1(bytes: &[u8]) -> Result<(), String> {
+    let whole = HeadEnd::default().find(bytes);
+    for step in [1usize, 3, 7, 64] {
+        let mut end = HeadEnd::default();
+        let (mut found, mut have) = (None, 0);
+        while found.is_none() && have < bytes.len() {
+            have = (have + step).min(bytes.len());
+            found = end.find(&bytes[..have]);
+        }
+        ensure!(
+            found == whole,
+            "reads of {step}: the head ends at {found:?}, in one read at {whole:?}"
+        );
+    }
+    let Some(len) = whole else {
+        return Ok(());
+    };
+    let limits = Limits {
+        max_bytes: 64 * 1024,
+        max_headers: 100,
+    };
+    let mut head = RequestHead::default();
+    let parsed = head.parse(bytes, len, limits);
+    let mut tracker = Tracker::default();
+    tracker.feed(&bytes[..len]);
+    if let Some((0, why)) = tracker.flagged() {
+        ensure!(
+            parsed.is_err(),
+            "the tracker refuses the head ({why}), the parse accepts it"
+        );
+    }
+    if parsed.is_ok() && head.framing() == BodyFraming::Chunked {
+        let body = &bytes[len..];
+        let whole = follow_chunked(body, body.len().max(1));
+        for step in [1usize, 3, 7, 64] {
+            let split = follow_chunked(body, step);
+            ensure!(
+                split == whole,
+                "a chunked body in reads of {step}: {split:?}, in one read: {whole:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Follows a chunked body in reads of `step`: its data bytes and where it ends, if it does.
+fn follow_chunked(body: &[u8], step: usize) -> Result<(u64, Option<usize>), ChunkError> {
+    let mut c = Chunked::default();
+    let mut read_at = 0;
+    for read in body.chunks(step) {
+        let mut at = 0;
+        while at < read.len() {
+            match c.next(&read[at..])? {
+                Piece::Framing(n) | Piece::Data(n) => at += n,
+                Piece::End(n) => return Ok((c.data_len(), Some(read_at + at + n))),
+            }
+        }
+        read_at += read.len();
+    }
+    Ok((c.data_len(), None))
 }
 
 /// The route table the `path` target matches against: exact, prefix and nested prefix

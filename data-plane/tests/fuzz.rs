@@ -9,6 +9,9 @@
 //! Targets and what must hold for every input:
 //! - `framing`: the smuggling tracker never panics, and splitting the same bytes into
 //!   reads anywhere gives the same verdict;
+//! - `h1`: the native engine's HTTP/1.1 parse never panics, finds a head's end at the
+//!   same place in reads of any size, refuses every head the framing tracker refuses, and
+//!   follows a chunked body the same way in reads of any size;
 //! - `path`: the normaliser never panics; what it returns starts with `/`, has no empty,
 //!   `.` or `..` segment, is a fixed point, and routes the same as itself;
 //! - `snapshot`: decoding, validating and compiling any bytes as a snapshot never panics;
@@ -150,6 +153,11 @@ fn fuzz_framing() {
 }
 
 #[test]
+fn fuzz_h1() {
+    fuzz("h1", targets::h1);
+}
+
+#[test]
 fn fuzz_path() {
     let table = targets::sample_table();
     fuzz("path", |bytes| targets::path(&table, bytes));
@@ -213,6 +221,7 @@ fn write_seed_corpora() {
     ];
     for (name, bytes) in heads {
         write("framing", name, bytes);
+        write("h1", name, bytes);
     }
     let paths = [
         "/",

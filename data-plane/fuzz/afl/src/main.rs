@@ -12,6 +12,7 @@ fn main() {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus");
     let check: Box<dyn Fn(&[u8]) -> Result<(), String>> = match target.as_str() {
         "framing" => Box::new(targets::framing),
+        "h1" => Box::new(targets::h1),
         "path" => {
             let table = targets::sample_table();
             Box::new(move |bytes| targets::path(&table, bytes))
@@ -22,7 +23,7 @@ fn main() {
             Box::new(move |bytes| targets::state_file(&valid, bytes))
         }
         other => {
-            eprintln!("unknown target {other:?}: framing, path, snapshot or state_file");
+            eprintln!("unknown target {other:?}: framing, h1, path, snapshot or state_file");
             std::process::exit(2);
         }
     };
