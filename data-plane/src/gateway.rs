@@ -19,9 +19,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use holdfast_http::headers::HeaderChanges;
 use holdfast_http::headers::HeaderLookup;
 use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 
 use crate::metrics::RouteCounters;
 use crate::table::{Backend, CompileError, Route, TlsCertificate};
@@ -51,32 +52,6 @@ pub fn pick(weights: &[u32], n: u64) -> Option<usize> {
         upto += u64::from(*w);
         slot < upto
     })
-}
-
-/// A `RequestHeaderModifier`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeaderChanges {
-    /// Replaced (or added).
-    pub set: Vec<(HeaderName, HeaderValue)>,
-    /// Appended.
-    pub add: Vec<(HeaderName, HeaderValue)>,
-    /// Removed.
-    pub remove: Vec<HeaderName>,
-}
-
-impl HeaderChanges {
-    /// Applies the changes to a request's headers: set, then add, then remove.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for (n, v) in &self.set {
-            headers.insert(n.clone(), v.clone());
-        }
-        for (n, v) in &self.add {
-            headers.append(n.clone(), v.clone());
-        }
-        for n in &self.remove {
-            headers.remove(n);
-        }
-    }
 }
 
 /// A `RequestRedirect`.

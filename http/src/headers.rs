@@ -30,6 +30,33 @@ impl HeaderLookup for HeaderMap {
     }
 }
 
+/// A Gateway API `RequestHeaderModifier`: changes to a request's headers before it is
+/// forwarded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderChanges {
+    /// Replaced (or added).
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    /// Appended.
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    /// Removed.
+    pub remove: Vec<HeaderName>,
+}
+
+impl HeaderChanges {
+    /// Applies the changes to a request's headers: set, then add, then remove.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for (n, v) in &self.set {
+            headers.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            headers.append(n.clone(), v.clone());
+        }
+        for n in &self.remove {
+            headers.remove(n);
+        }
+    }
+}
+
 /// Why a request is refused with 400 before routing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadRequest {

@@ -400,3 +400,183 @@ fn response_heads_say_how_their_bodies_end() {
         );
     }
 }
+
+/// The head the native engine sends upstream carries exactly the headers the hyper
+/// engine's rewriting (`HeaderChanges::apply`, `strip_hop_by_hop`, `add_forwarded`, Host,
+/// the loop header, and the framing hyper's client adds) gives for the same request: each
+/// name with the same values in the same order.
+#[test]
+fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
+    use super::onward::{Onward, write_upstream_head};
+    use crate::headers::{HeaderChanges, Hop, add_forwarded, strip_hop_by_hop};
+    use http::{HeaderMap, HeaderName, HeaderValue};
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+    let pool: [&[u8]; 26] = [
+        b"Host: a.test",
+        b"X-Forwarded-For: 10.1.1.1",
+        b"X-Forwarded-For: 10.2.2.2, 10.3.3.3",
+        b"X-Forwarded-For: \xfe",
+        b"X-Forwarded-Proto: https",
+        b"X-Forwarded-Host: elsewhere",
+        b"X-Real-IP: 1.2.3.4",
+        b"Forwarded: for=1.1.1.1",
+        b"Forwarded: for=\xff",
+        b"Connection: keep-alive, x-drop",
+        b"Connection: close",
+        b"Connection: x-forwarded-host, host, X-Keep",
+        b"Connection: Upgrade",
+        b"X-Drop: 1",
+        b"X-Keep: 2",
+        b"Keep-Alive: 5",
+        b"TE: trailers",
+        b"Trailer: x",
+        b"Upgrade: websocket",
+        b"Content-Length: 3",
+        b"Transfer-Encoding: chunked",
+        b"X-Holdfast-Loop: other",
+        b"Accept: */*",
+        b"close: yes",
+        b"X-Bin: \xc3\xa9",
+        b"Proxy-Authorization: x",
+    ];
+    let pair = |n: &str, v: &str| {
+        (
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        )
+    };
+    let rules = [
+        HeaderChanges::default(),
+        HeaderChanges {
+            set: vec![pair("x-keep", "set"), pair("accept", "text/html")],
+            add: vec![pair("x-drop", "added"), pair("x-new", "1")],
+            remove: vec![HeaderName::from_static("x-bin")],
+        },
+        HeaderChanges {
+            set: vec![
+                pair("x-forwarded-for", "9.9.9.9"),
+                pair("host", "rule.test"),
+            ],
+            add: vec![
+                pair("connection", "x-keep"),
+                pair("forwarded", "for=8.8.8.8"),
+            ],
+            remove: vec![HeaderName::from_static("x-forwarded-proto")],
+        },
+    ];
+    let token = HeaderValue::from_static("tok123");
+    let strategy = (
+        proptest::collection::vec(0..pool.len(), 0..10),
+        any::<bool>(),
+        any::<bool>(),
+        0..rules.len(),
+        any::<bool>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 3000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    // A parsed head's headers as a HeaderMap, names lower case.
+    let to_map = |h: &RequestHead, buf: &[u8]| {
+        let mut map = HeaderMap::new();
+        for x in &h.headers {
+            map.append(
+                HeaderName::from_bytes(x.name.of(buf)).unwrap(),
+                HeaderValue::from_bytes(x.value.of(buf)).unwrap(),
+            );
+        }
+        map
+    };
+    let out = std::cell::RefCell::new(Vec::new());
+    runner
+        .run(&strategy, |(picked, trusted, keep_upgrade, rule, v6)| {
+            let out = &mut *out.borrow_mut();
+            let mut raw = b"POST /p?q=1 HTTP/1.1\r\n".to_vec();
+            for i in &picked {
+                raw.extend_from_slice(pool[*i]);
+                raw.extend_from_slice(b"\r\n");
+            }
+            raw.extend_from_slice(b"\r\n");
+            let Ok(head) = parse(&raw) else {
+                // Refused heads are never forwarded.
+                return Ok(());
+            };
+            let client: std::net::IpAddr = if v6 {
+                "2001:db8::7".parse().unwrap()
+            } else {
+                "10.9.9.9".parse().unwrap()
+            };
+            let hop = Hop {
+                client,
+                port: 8080,
+                proto: "http",
+                host: "a.test",
+                trusted,
+            };
+            let changes = Some(&rules[rule]).filter(|c| **c != HeaderChanges::default());
+            let onward = Onward {
+                target: b"/p?q=1",
+                hop,
+                keep_upgrade,
+                loop_header: ("x-holdfast-loop", token.as_bytes()),
+                changes,
+            };
+            write_upstream_head(out, &head, &raw, &onward);
+            let out = &out[..];
+            let mut sent = RequestHead::default();
+            let len = HeadEnd::default().find(out);
+            prop_assert_eq!(len, Some(out.len()), "one whole head");
+            sent.parse(out, out.len(), LIMITS).map_err(|e| {
+                TestCaseError::fail(format!("{e}: {:?}", String::from_utf8_lossy(out)))
+            })?;
+            prop_assert_eq!(sent.method.of(out), b"POST");
+            prop_assert_eq!(sent.target.of(out), b"/p?q=1");
+            let ours = to_map(&sent, out);
+
+            let mut theirs = to_map(&head, &raw);
+            if let Some(c) = changes {
+                c.apply(&mut theirs);
+            }
+            strip_hop_by_hop(&mut theirs, keep_upgrade);
+            add_forwarded(&mut theirs, hop);
+            theirs.insert(http::header::HOST, HeaderValue::from_static("a.test"));
+            theirs.append("x-holdfast-loop", token.clone());
+            // hyper's client frames the body itself: the length it was told, or chunked.
+            match head.framing() {
+                BodyFraming::Length(n) => {
+                    theirs.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+                }
+                BodyFraming::Chunked => {
+                    theirs.insert(
+                        http::header::TRANSFER_ENCODING,
+                        HeaderValue::from_static("chunked"),
+                    );
+                }
+                _ => {}
+            }
+            let names: std::collections::BTreeSet<&str> = ours
+                .keys()
+                .chain(theirs.keys())
+                .map(HeaderName::as_str)
+                .collect();
+            for name in names {
+                let a: Vec<&HeaderValue> = ours.get_all(name).iter().collect();
+                let b: Vec<&HeaderValue> = theirs.get_all(name).iter().collect();
+                prop_assert_eq!(
+                    a,
+                    b,
+                    "{} for {:?} (trusted {}, upgrade {}, rule {})",
+                    name,
+                    String::from_utf8_lossy(&raw),
+                    trusted,
+                    keep_upgrade,
+                    rule
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}

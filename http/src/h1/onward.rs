@@ -1,0 +1,257 @@
+//! The request head sent upstream, written from a parsed client head: the lines kept are
+//! copied as they arrived, and only what the proxy adds is rendered (Host, the forwarding
+//! headers, the loop header, the framing). The rules are those the hyper engine applies
+//! to a `HeaderMap`, in the same order: a Gateway rule's header changes, then hop-by-hop
+//! headers removed (with those `Connection` names, except forwarding headers and Host),
+//! then the forwarding headers ([`crate::headers::add_forwarded`]'s rules), then Host and
+//! the loop header. The head is written into one reused buffer: once it has grown to the
+//! largest head of its connection, writing allocates nothing.
+
+use std::io::Write as _;
+use std::net::IpAddr;
+
+use http::HeaderName;
+
+use super::{BodyFraming, Known, RequestHead};
+use crate::headers::{HeaderChanges, Hop};
+
+/// What the proxy decided about a request, for its upstream head.
+#[derive(Debug, Clone, Copy)]
+pub struct Onward<'a> {
+    /// The origin-form target sent (the normalised path and query, or as sent).
+    pub target: &'a [u8],
+    /// How the request reached the proxy; `hop.host` is also the Host sent.
+    pub hop: Hop<'a>,
+    /// An allowed upgrade: `Upgrade` and `Connection: upgrade` go upstream.
+    pub keep_upgrade: bool,
+    /// This proxy's loop header and token, appended.
+    pub loop_header: (&'a str, &'a [u8]),
+    /// A Gateway rule's header changes.
+    pub changes: Option<&'a HeaderChanges>,
+}
+
+/// One header of the request as changed by a Gateway rule: a line of the client's head
+/// or a pair of the rule's.
+#[derive(Clone, Copy)]
+enum Line<'a> {
+    Client(&'a super::Header),
+    Rule(&'a HeaderName, &'a [u8]),
+}
+
+impl<'a> Line<'a> {
+    fn name(&self, buf: &'a [u8]) -> &'a [u8] {
+        match self {
+            Line::Client(h) => h.name.of(buf),
+            Line::Rule(n, _) => n.as_str().as_bytes(),
+        }
+    }
+    fn value(&self, buf: &'a [u8]) -> &'a [u8] {
+        match self {
+            Line::Client(h) => h.value.of(buf),
+            Line::Rule(_, v) => v,
+        }
+    }
+    fn known(&self) -> Known {
+        match self {
+            Line::Client(h) => h.known,
+            Line::Rule(n, _) => Known::of(n.as_str().as_bytes()),
+        }
+    }
+    fn write(&self, buf: &[u8], out: &mut Vec<u8>) {
+        match self {
+            Line::Client(h) => out.extend_from_slice(h.line.of(buf)),
+            Line::Rule(n, v) => {
+                out.extend_from_slice(n.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(v);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+}
+
+/// The forwarding headers the proxy sets, by name.
+const FORWARDING_SET: [&str; 4] = [
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-real-ip",
+];
+
+/// The headers after a Gateway rule's changes (set, then add, then remove), in order:
+/// the client's lines the rule leaves, then the pairs it sets, then those it adds.
+fn changed<'a>(
+    head: &'a RequestHead,
+    buf: &'a [u8],
+    changes: Option<&'a HeaderChanges>,
+) -> impl Iterator<Item = Line<'a>> + Clone {
+    let named = move |list: &'a [(HeaderName, http::HeaderValue)], name: &[u8]| {
+        list.iter()
+            .any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    };
+    let removed = move |name: &[u8]| {
+        changes.is_some_and(|c| {
+            c.remove
+                .iter()
+                .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+        })
+    };
+    let (set, add): (&[_], &[_]) = match changes {
+        Some(c) => (&c.set, &c.add),
+        None => (&[], &[]),
+    };
+    // The body's framing is the client's: a rule never changes Content-Length or
+    // Transfer-Encoding (the upstream would read another body than the one relayed).
+    let framing = |name: &[u8]| {
+        matches!(
+            Known::of(name),
+            Known::ContentLength | Known::TransferEncoding
+        )
+    };
+    let client = head.headers.iter().filter(move |h| {
+        let name = h.name.of(buf);
+        framing(name) || (!named(set, name) && !removed(name))
+    });
+    // A name set twice keeps the last value (an insert replaces).
+    let set_pairs = set.iter().enumerate().filter(move |(i, (n, _))| {
+        let name = n.as_str().as_bytes();
+        !framing(name) && !removed(name) && !set[i + 1..].iter().any(|(later, _)| later == n)
+    });
+    let add_pairs = add.iter().filter(move |(n, _)| {
+        let name = n.as_str().as_bytes();
+        !framing(name) && !removed(name)
+    });
+    client
+        .map(Line::Client)
+        .chain(set_pairs.map(|(_, (n, v))| Line::Rule(n, v.as_bytes())))
+        .chain(add_pairs.map(|(n, v)| Line::Rule(n, v.as_bytes())))
+}
+
+/// Whether `Connection` (after the rule's changes) names `name` for removal: a token
+/// that is neither `close`, `upgrade` nor a hop-by-hop header removed anyway.
+fn connection_names<'a>(lines: impl Iterator<Item = Line<'a>>, buf: &'a [u8], name: &[u8]) -> bool {
+    lines
+        .filter(|l| l.known() == Known::Connection)
+        .map(|l| l.value(buf))
+        // A value that is not visible ASCII names nothing (hyper's `to_str` fails).
+        .filter(|v| v.iter().all(|b| (b' '..=b'~').contains(b) || *b == b'\t'))
+        .flat_map(|v| v.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"upgrade"))
+        .any(|t| t.eq_ignore_ascii_case(name))
+}
+
+/// Whether a value is what `HeaderValue::to_str` accepts (visible ASCII, space, tab).
+fn is_text(v: &[u8]) -> bool {
+    v.iter().all(|b| (b' '..=b'~').contains(b) || *b == b'\t')
+}
+
+/// Writes the head sent upstream for `head` (parsed from `buf`) into `out`, replacing
+/// what it held. `body`: the framing of the body that follows (a chunked body keeps its
+/// coding; a length keeps the client's Content-Length line).
+pub fn write_upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], onward: &Onward<'_>) {
+    out.clear();
+    out.extend_from_slice(head.method.of(buf));
+    out.push(b' ');
+    out.extend_from_slice(onward.target);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let lines = changed(head, buf, onward.changes);
+    let trusted = onward.hop.trusted;
+    for line in lines.clone() {
+        let name = line.name(buf);
+        let keep = match line.known() {
+            Known::Host | Known::Connection | Known::TransferEncoding | Known::HopByHop => false,
+            Known::Upgrade => onward.keep_upgrade,
+            // The body's framing goes as it came, whatever `Connection` names.
+            Known::ContentLength => true,
+            // Rendered below, from what the rule left.
+            Known::Forwarding => {
+                trusted
+                    && FORWARDING_SET
+                        .iter()
+                        .any(|f| f.as_bytes().eq_ignore_ascii_case(name))
+            }
+            _ => !connection_names(lines.clone(), buf, name),
+        };
+        if keep {
+            line.write(buf, out);
+        }
+    }
+    forwarding(out, lines, buf, &onward.hop);
+    out.extend_from_slice(b"host: ");
+    out.extend_from_slice(onward.hop.host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if onward.keep_upgrade {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+    }
+    if head.framing() == BodyFraming::Chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(onward.loop_header.0.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(onward.loop_header.1);
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// X-Forwarded-For (the peer appended to what came), Forwarded, and the four headers set
+/// from what the proxy saw unless a trusted peer sent them.
+fn forwarding<'a>(
+    out: &mut Vec<u8>,
+    lines: impl Iterator<Item = Line<'a>> + Clone,
+    buf: &'a [u8],
+    hop: &Hop<'_>,
+) {
+    // The first Forwarded line's value, if it is text.
+    let first_forwarded = lines
+        .clone()
+        .find(|l| l.name(buf).eq_ignore_ascii_case(b"forwarded"))
+        .map(|l| l.value(buf))
+        .filter(|v| is_text(v));
+    out.extend_from_slice(b"x-forwarded-for: ");
+    let mut prior = lines
+        .clone()
+        .filter(|l| l.name(buf).eq_ignore_ascii_case(b"x-forwarded-for") && is_text(l.value(buf)));
+    for l in prior.by_ref() {
+        out.extend_from_slice(l.value(buf));
+        out.extend_from_slice(b", ");
+    }
+    let _ = write!(out, "{}\r\n", hop.client);
+    out.extend_from_slice(b"forwarded: ");
+    if hop.trusted
+        && let Some(prior) = first_forwarded
+    {
+        out.extend_from_slice(prior);
+        out.extend_from_slice(b", ");
+    }
+    match hop.client {
+        IpAddr::V4(ip) => {
+            let _ = write!(out, "for={ip}");
+        }
+        IpAddr::V6(ip) => {
+            let _ = write!(out, "for=\"[{ip}]\"");
+        }
+    }
+    out.extend_from_slice(b";host=\"");
+    out.extend(hop.host.bytes().filter(|c| !matches!(c, b'"' | b'\\')));
+    out.extend_from_slice(b"\";proto=");
+    out.extend_from_slice(hop.proto.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for name in FORWARDING_SET {
+        let present = lines
+            .clone()
+            .any(|l| l.name(buf).eq_ignore_ascii_case(name.as_bytes()));
+        if hop.trusted && present {
+            // Kept above, as they came.
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        let _ = match name {
+            "x-forwarded-proto" => out.write_all(hop.proto.as_bytes()),
+            "x-forwarded-host" => out.write_all(hop.host.as_bytes()),
+            "x-forwarded-port" => write!(out, "{}", hop.port),
+            _ => write!(out, "{}", hop.client),
+        };
+        out.extend_from_slice(b"\r\n");
+    }
+}
