@@ -23,6 +23,16 @@ pub enum EscapedSlashesArg {
     Keep,
 }
 
+/// Which engine serves HTTP/1.1 (HTTP/2 is always hyper's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum H1Engine {
+    /// holdfast's own: each request head parsed once for framing, routing and forwarding.
+    Native,
+    /// hyper's server and client, with the framing tracker beside them (kept for one
+    /// release).
+    Hyper,
+}
+
 /// holdfast proxy: serves HTTP/1.1 and h2c from the route snapshots of a holdfast control
 /// plane, and keeps serving its last applied snapshot (persisted in --state-dir) while the
 /// control plane or the Kubernetes API server is down.
@@ -175,6 +185,10 @@ pub struct Args {
         default_value = "reject"
     )]
     pub escaped_slashes: EscapedSlashesArg,
+    /// The HTTP/1.1 engine: `native` (one parse per request head) or `hyper` (the previous
+    /// engine, kept for one release). HTTP/2 is served by hyper either way.
+    #[arg(long, env = "HOLDFAST_H1_ENGINE", value_enum, default_value = "hyper")]
+    pub h1_engine: H1Engine,
     /// Error pages (400, 404, 502, 503, 504) say why: the backend, the endpoint address,
     /// the error chain. For development only: without it a client learns the status and
     /// nothing else, and the detail goes to the debug log and /debug/explain.
@@ -426,6 +440,7 @@ impl Args {
                 send_timeout: self.send_timeout,
                 max_connections: self.max_connections.unwrap_or(fits),
                 h2_max_concurrent_streams: self.h2_max_concurrent_streams,
+                native_h1: self.h1_engine == H1Engine::Native,
             },
             forward: ForwardSettings {
                 connect_timeout: self.upstream_connect_timeout,

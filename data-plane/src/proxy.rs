@@ -31,6 +31,7 @@ use crate::table::{Route, RouteTable};
 use crate::upstream::{Key, Pool, Upstream};
 
 mod balance;
+pub mod native;
 mod routing;
 mod upgrade;
 
@@ -422,7 +423,7 @@ enum Failure {
     Upstream {
         authority: String,
         #[source]
-        source: hyper::Error,
+        source: BoxError,
     },
     /// No response head within the response timeout: 504.
     #[error("upstream did not answer within {0:?}")]
@@ -513,6 +514,13 @@ impl Forwarder {
     /// error chains: it goes to the debug log, and to the client only with
     /// `--verbose-errors`. The client otherwise learns the status and nothing else.
     fn fail(&self, reason: Reason, detail: impl Into<String>) -> Response<ProxyBody> {
+        let (status, body) = self.error_page(reason, detail);
+        local(status, body)
+    }
+
+    /// An error answer's status and page (without its final newline), counted in the
+    /// error metrics.
+    fn error_page(&self, reason: Reason, detail: impl Into<String>) -> (StatusCode, String) {
         let status = reason.status();
         self.metrics
             .errors
@@ -523,11 +531,12 @@ impl Forwarder {
             .inc();
         let detail = detail.into();
         tracing::debug!(status = status.as_u16(), %detail, "error answer");
-        if self.settings.verbose_errors {
-            local(status, format!("{} {detail}", status.as_u16()))
+        let body = if self.settings.verbose_errors {
+            format!("{} {detail}", status.as_u16())
         } else {
-            local(status, generic(status))
-        }
+            generic(status)
+        };
+        (status, body)
     }
 
     /// Waits (up to the connect timeout) for a connection slot of `endpoint`; None when
@@ -898,7 +907,7 @@ impl Forwarder {
                 Err(Failed::Upstream(e)) => {
                     failure = Failure::Upstream {
                         authority: authority.to_string(),
-                        source: e,
+                        source: e.into(),
                     };
                     break;
                 }

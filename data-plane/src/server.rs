@@ -45,6 +45,8 @@ pub struct ListenSettings {
     pub max_connections: usize,
     /// SETTINGS_MAX_CONCURRENT_STREAMS announced to HTTP/2 clients.
     pub h2_max_concurrent_streams: u32,
+    /// HTTP/1.1 is served by the native engine (`--h1-engine=native`), not hyper.
+    pub native_h1: bool,
 }
 
 /// An HTTP/2 connection holding this many stream slots takes more only while an eighth
@@ -134,6 +136,11 @@ pub async fn serve(
             idle_timeout: settings.idle_timeout,
             header_read_timeout: settings.header_read_timeout,
             drain: drain_rx.clone(),
+            native_h1: settings.native_h1,
+            head_limits: holdfast_http::h1::Limits {
+                max_bytes: settings.max_header_bytes,
+                max_headers: settings.max_headers,
+            },
         };
         match &tls {
             None => {
@@ -144,7 +151,7 @@ pub async fn serve(
                     },
                     None => Via::Http,
                 };
-                connections.spawn(conn.run(stream, peer, via));
+                connections.spawn(conn.serve(stream, peer, via));
             }
             Some(acceptor) => {
                 let handshake = acceptor.accept(stream);
@@ -168,7 +175,7 @@ pub async fn serve(
                                 },
                                 None => Via::Https { sni },
                             };
-                            conn.run(stream, peer, via).await
+                            conn.serve(stream, peer, via).await
                         }
                         Ok(Err(error)) => {
                             conn.forwarder.metrics().tls_handshake_failures.inc();
@@ -217,9 +224,50 @@ struct Connection {
     idle_timeout: Duration,
     header_read_timeout: Duration,
     drain: watch::Receiver<bool>,
+    native_h1: bool,
+    head_limits: holdfast_http::h1::Limits,
 }
 
 impl Connection {
+    /// Serves one connection with the engine configured for HTTP/1.1: the native engine
+    /// hands a connection that turns out to be HTTP/2 (the h2c preface) to hyper, with
+    /// the bytes it read. A connection that negotiated h2 by ALPN goes to hyper at once.
+    async fn serve<S>(self, stream: S, peer: SocketAddr, via: Via)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        if !self.native_h1 || self.h2_only {
+            return self.run(stream, peer, via).await;
+        }
+        let forwarder = self.forwarder.clone();
+        let timeouts = crate::proxy::native::Timeouts {
+            header_read: self.header_read_timeout,
+            idle: self.idle_timeout,
+            send: self.send_timeout,
+        };
+        let mut drain = self.drain.clone();
+        let conn = crate::proxy::native::H1Conn::new(
+            stream,
+            &forwarder,
+            self.head_limits,
+            timeouts,
+            peer,
+            self.port,
+        );
+        if let Err((stream, read)) = conn.serve(&via, &mut drain).await {
+            self.run(
+                Rewind {
+                    read,
+                    at: 0,
+                    inner: stream,
+                },
+                peer,
+                via,
+            )
+            .await;
+        }
+    }
+
     /// Serves one connection (`via`: plain HTTP, or HTTPS with the client's SNI).
     async fn run<S>(mut self, stream: S, peer: SocketAddr, via: Via)
     where
@@ -727,6 +775,56 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);
         self.activity.write_blocked(r.is_pending());
         r
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A stream whose first bytes were already read: they are read again first.
+struct Rewind<S> {
+    read: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.read.len() {
+            let n = (self.read.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.read[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)

@@ -188,7 +188,8 @@ impl<B: SendBody> Upstream<B> {
     }
 }
 
-async fn open(key: &Key) -> Result<TcpStream, ConnectError> {
+/// A TCP connection to `key` (an ExternalName resolved, never to this host).
+pub(crate) async fn open(key: &Key) -> Result<TcpStream, ConnectError> {
     match key {
         Key::Addr(addr) => TcpStream::connect(addr).await.map_err(ConnectError::Io),
         Key::Name(authority) => {

@@ -22,7 +22,7 @@ pub struct RequestView<'r> {
     /// The query, without its `?`.
     pub query: Option<&'r str>,
     /// The headers (Gateway header matches, the loop header).
-    pub headers: &'r dyn HeaderLookup,
+    pub headers: &'r (dyn HeaderLookup + Sync),
 }
 
 impl RequestView<'_> {

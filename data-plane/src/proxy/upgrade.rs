@@ -54,6 +54,20 @@ impl Tunnels {
         });
     }
 
+    /// Copies between two streams that have switched protocols (the native engine's,
+    /// in the connection's own task) until the tunnel ends; counted among the tunnels,
+    /// so shutdown waits for it and then closes it.
+    pub(super) async fn run<A, B>(&self, down: A, up: B)
+    where
+        A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let (idle, close) = (self.idle, self.close.subscribe());
+        self.tracker
+            .track_future(tunnel(down, up, idle, close))
+            .await;
+    }
+
     /// On shutdown: waits until `deadline` for the tunnels to end, then closes the rest.
     pub(super) async fn finish(&self, deadline: tokio::time::Instant) {
         self.tracker.close();

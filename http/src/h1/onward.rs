@@ -255,3 +255,81 @@ fn forwarding<'a>(
         out.extend_from_slice(b"\r\n");
     }
 }
+
+/// How the proxy sends an upstream's response to its client.
+#[derive(Debug, Clone, Copy)]
+pub struct Back<'a> {
+    /// An allowed upgrade was asked for: a 101's `Upgrade` goes to the client.
+    pub upgrade: bool,
+    /// The body goes chunked (the upstream's chunked coding passed on).
+    pub chunked: bool,
+    /// The client connection closes after this response.
+    pub close: bool,
+    /// An HTTP/1.0 client's connection stays open (it must be told so).
+    pub keep_alive: bool,
+    /// This proxy's loop header, never shown to clients.
+    pub loop_header: &'a str,
+    /// `date: ...\r\n`, added when the upstream sent none.
+    pub date_line: &'a [u8],
+}
+
+/// Writes the response head sent to the client for `response` (parsed from `buf`) into
+/// `out`: hop-by-hop headers removed (with those `Connection` names; Upgrade kept for a
+/// switch to an allowed upgrade), the loop header removed, Content-Length dropped when
+/// the body is chunked (RFC 9112 §6.1: a client must not see both), the framing and
+/// `Connection: close` added as this hop needs them.
+pub fn write_downstream_head(
+    out: &mut Vec<u8>,
+    response: &super::ResponseHead,
+    buf: &[u8],
+    back: &Back<'_>,
+) {
+    out.clear();
+    let status_line = buf.get(..response.len).unwrap_or_default();
+    let line_end = status_line
+        .iter()
+        .position(|b| *b == b'\r')
+        .unwrap_or(status_line.len());
+    // The upstream's status line as HTTP/1.1 (`HTTP/1.x` is its first eight bytes).
+    out.extend_from_slice(b"HTTP/1.1");
+    out.extend_from_slice(status_line.get(8..line_end).unwrap_or_default());
+    out.extend_from_slice(b"\r\n");
+    let switching = response.status == 101 && back.upgrade;
+    let chunked_response = response.framing() == BodyFraming::Chunked
+        || response
+            .headers
+            .iter()
+            .any(|h| h.known == Known::TransferEncoding);
+    let lines = response.headers.iter().map(Line::Client);
+    let mut dated = false;
+    for header in &response.headers {
+        let name = header.name.of(buf);
+        let keep = match header.known {
+            Known::Connection | Known::TransferEncoding | Known::HopByHop => false,
+            Known::Upgrade => switching,
+            Known::ContentLength => !chunked_response && !back.chunked,
+            _ => {
+                !name.eq_ignore_ascii_case(back.loop_header.as_bytes())
+                    && !connection_names(lines.clone(), buf, name)
+            }
+        };
+        if keep {
+            dated |= name.eq_ignore_ascii_case(b"date");
+            out.extend_from_slice(header.line.of(buf));
+        }
+    }
+    if !dated {
+        out.extend_from_slice(back.date_line);
+    }
+    if switching {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+    } else if back.close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if back.keep_alive {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    if back.chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}

@@ -580,3 +580,142 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
         })
         .unwrap();
 }
+
+/// The response head the native engine sends a client carries the headers the hyper
+/// engine's mapping (`Forwarder::downstream_head`: Content-Length dropped beside
+/// Transfer-Encoding, hop-by-hop headers removed, Upgrade kept only for a switch to an
+/// allowed upgrade, the loop header removed) leaves, plus the framing, Date and
+/// `Connection` this hop adds.
+#[test]
+fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
+    use super::onward::{Back, write_downstream_head};
+    use crate::headers::strip_hop_by_hop;
+    use http::{HeaderMap, HeaderName, HeaderValue};
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+    let pool: [&[u8]; 16] = [
+        b"Content-Type: text/plain",
+        b"Content-Length: 5",
+        b"Transfer-Encoding: chunked",
+        b"Connection: keep-alive, x-drop",
+        b"Connection: close",
+        b"X-Drop: 1",
+        b"X-Keep: 2",
+        b"Keep-Alive: timeout=5",
+        b"Upgrade: websocket",
+        b"Connection: Upgrade",
+        b"X-Holdfast-Loop: tok",
+        b"Date: Sun, 06 Dec 2026 12:00:00 GMT",
+        b"Set-Cookie: a=1",
+        b"Set-Cookie: b=2",
+        b"Trailer: x-t",
+        b"Proxy-Authenticate: Basic",
+    ];
+    let statuses = [
+        "200 OK",
+        "101 Switching Protocols",
+        "204 No Content",
+        "404 Not Found",
+    ];
+    let strategy = (
+        0..statuses.len(),
+        proptest::collection::vec(0..pool.len(), 0..8),
+        any::<bool>(),
+        any::<bool>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 2000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let to_map = |h: &ResponseHead, buf: &[u8]| {
+        let mut map = HeaderMap::new();
+        for x in &h.headers {
+            map.append(
+                HeaderName::from_bytes(x.name.of(buf)).unwrap(),
+                HeaderValue::from_bytes(x.value.of(buf)).unwrap(),
+            );
+        }
+        map
+    };
+    let out = std::cell::RefCell::new(Vec::new());
+    runner
+        .run(&strategy, |(status, picked, upgrade, close)| {
+            let out = &mut *out.borrow_mut();
+            let mut raw = format!("HTTP/1.1 {}\r\n", statuses[status]).into_bytes();
+            for i in &picked {
+                raw.extend_from_slice(pool[*i]);
+                raw.extend_from_slice(b"\r\n");
+            }
+            raw.extend_from_slice(b"\r\n");
+            let mut response = ResponseHead::default();
+            if response.parse(&raw, raw.len(), false).is_err() {
+                return Ok(());
+            }
+            let chunked = response.framing() == BodyFraming::Chunked;
+            let back = Back {
+                upgrade,
+                chunked,
+                close,
+                keep_alive: false,
+                loop_header: "x-holdfast-loop",
+                date_line: b"date: Mon, 07 Dec 2026 00:00:00 GMT\r\n",
+            };
+            write_downstream_head(out, &response, &raw, &back);
+            let out = &out[..];
+            let mut sent = ResponseHead::default();
+            sent.parse(out, out.len(), false).map_err(|e| {
+                TestCaseError::fail(format!("{e}: {:?}", String::from_utf8_lossy(out)))
+            })?;
+            prop_assert_eq!(sent.status, response.status);
+            let ours = to_map(&sent, out);
+            let mut theirs = to_map(&response, &raw);
+            if theirs.contains_key(http::header::TRANSFER_ENCODING) {
+                theirs.remove(http::header::CONTENT_LENGTH);
+            }
+            let switching = response.status == 101;
+            strip_hop_by_hop(&mut theirs, switching && upgrade);
+            theirs.remove("x-holdfast-loop");
+            // What this hop adds: a Date when there is none, its framing, and how the
+            // connection goes on.
+            if !theirs.contains_key(http::header::DATE) {
+                theirs.insert(
+                    http::header::DATE,
+                    HeaderValue::from_static("Mon, 07 Dec 2026 00:00:00 GMT"),
+                );
+            }
+            if chunked {
+                theirs.insert(
+                    http::header::TRANSFER_ENCODING,
+                    HeaderValue::from_static("chunked"),
+                );
+            }
+            if !(switching && upgrade) {
+                theirs.remove(http::header::CONNECTION);
+                if close {
+                    theirs.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+            }
+            let names: std::collections::BTreeSet<&str> = ours
+                .keys()
+                .chain(theirs.keys())
+                .map(HeaderName::as_str)
+                .collect();
+            for name in names {
+                let a: Vec<&HeaderValue> = ours.get_all(name).iter().collect();
+                let b: Vec<&HeaderValue> = theirs.get_all(name).iter().collect();
+                prop_assert_eq!(
+                    a,
+                    b,
+                    "{} for {:?} (upgrade {}, close {})",
+                    name,
+                    String::from_utf8_lossy(&raw),
+                    upgrade,
+                    close
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}

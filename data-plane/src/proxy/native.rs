@@ -1,0 +1,1104 @@
+//! The native HTTP/1.1 engine: one task per client connection owns a read buffer, a
+//! buffer for the upstream's bytes and one for heads it writes. Each request head is
+//! parsed once ([`holdfast_http::h1`]): the framing rules, routing and the upstream head
+//! all read that parse. Bodies are relayed from the buffers as they are (a chunked body
+//! keeps its coding, checked as it passes), and the upstream connection goes back to this
+//! worker's idle pool once its response has been relayed whole. HTTP/2 (the h2c preface)
+//! is handed to hyper with the bytes already read.
+//!
+//! Timeouts: the idle timeout while waiting for a request's first byte, the header read
+//! timeout from that byte until the head is whole, the body read timeout between a
+//! request body's reads, the response timeout from the end of the request body to the
+//! response head, the send timeout for every write to the client.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use holdfast_http::h1::chunked::{Chunked, Piece};
+use holdfast_http::h1::onward::{Back, Onward, write_downstream_head, write_upstream_head};
+use holdfast_http::h1::{
+    BodyFraming, H2_PREFACE, HeadEnd, HeadError, HeadHeaders, Limits, RequestHead, ResponseHead,
+    TargetForm,
+};
+use holdfast_http::headers::{HeaderLookup, Hop};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::routing::{Decision, RequestView};
+use super::{Failure, Forwarder, LOOP_HEADER, Reason, Target, Via};
+use crate::table::Route;
+use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key};
+
+/// The largest read into a connection's buffer.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What the engine needs of its listener.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// A whole head within this, from its first byte.
+    pub header_read: Duration,
+    /// No request for this long: the connection is closed.
+    pub idle: Duration,
+    /// A write to the client that makes no progress for this long closes it.
+    pub send: Duration,
+}
+
+/// How a connection ends after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// What came of reading a request head.
+enum Read {
+    /// A whole head of this length at `start`.
+    Head(usize),
+    /// The connection starts with the HTTP/2 preface.
+    H2,
+    /// The client closed (or idled out, or the proxy is draining) between requests.
+    Gone,
+    /// Answer with this status and close.
+    Refuse(u16),
+}
+
+/// One client connection's buffers and parse state, reused by all its requests.
+pub struct H1Conn<'f, S> {
+    io: S,
+    forwarder: &'f Forwarder,
+    /// Bytes read from the client: `buf[start..end]` is not consumed yet.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes read from the upstream.
+    up: Vec<u8>,
+    up_start: usize,
+    up_end: usize,
+    head: RequestHead,
+    /// Where the current request's head starts in `buf` (its spans count from there, until
+    /// the buffer is compacted while its body is read).
+    head_at: usize,
+    /// The current request is HEAD (its answer has no body).
+    head_request: bool,
+    response: ResponseHead,
+    out: Vec<u8>,
+    limits: Limits,
+    timeouts: Timeouts,
+    peer: SocketAddr,
+    port: u16,
+    requests: u64,
+}
+
+/// An error relaying bytes, and on which side.
+#[derive(Debug)]
+enum Relay {
+    /// The client went away, or stopped reading past the send timeout.
+    Client,
+    /// The upstream failed mid-body.
+    Upstream(std::io::Error),
+}
+
+impl<'f, S> H1Conn<'f, S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// A connection's state, its buffers empty.
+    pub fn new(
+        io: S,
+        forwarder: &'f Forwarder,
+        limits: Limits,
+        timeouts: Timeouts,
+        peer: SocketAddr,
+        port: u16,
+    ) -> Self {
+        H1Conn {
+            io,
+            forwarder,
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+            up: vec![0; READ_CHUNK],
+            up_start: 0,
+            up_end: 0,
+            head: RequestHead::default(),
+            head_at: 0,
+            head_request: false,
+            response: ResponseHead::default(),
+            out: Vec::with_capacity(1024),
+            limits,
+            timeouts,
+            peer,
+            port,
+            requests: 0,
+        }
+    }
+
+    /// Serves requests until the connection ends. Err(stream, bytes) when it turned out to
+    /// be HTTP/2: the caller serves it with hyper, replaying the bytes read.
+    pub async fn serve(
+        mut self,
+        via: &Via,
+        draining: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), (S, Vec<u8>)> {
+        loop {
+            let len = match self.read_head(draining).await {
+                Read::Head(len) => len,
+                Read::H2 => {
+                    let bytes = self.buf[self.start..self.end].to_vec();
+                    return Err((self.io, bytes));
+                }
+                Read::Gone => return Ok(()),
+                Read::Refuse(status) => {
+                    let reason = if status == 431 {
+                        None
+                    } else {
+                        Some(Reason::BadRequest)
+                    };
+                    let _ = self
+                        .answer_status(status, reason, "bad request head", true)
+                        .await;
+                    return Ok(());
+                }
+            };
+            self.requests += 1;
+            let started = Instant::now();
+            let next = self.request(len, via, started).await;
+            if next == Next::Close || *draining.borrow() {
+                let _ = self.io.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads the next request head: Gone when the client closes or stays idle before its
+    /// first byte, or the proxy drains.
+    async fn read_head(&mut self, draining: &mut tokio::sync::watch::Receiver<bool>) -> Read {
+        let mut end = HeadEnd::default();
+        let mut first_byte: Option<Instant> = None;
+        loop {
+            let have = &self.buf[self.start..self.end];
+            if self.requests == 0 && !have.is_empty() {
+                let n = have.len().min(H2_PREFACE.len());
+                if have[..n] == H2_PREFACE[..n] {
+                    if n == H2_PREFACE.len() {
+                        return Read::H2;
+                    }
+                } else if let Some(len) = end.find(have) {
+                    return Read::Head(len);
+                }
+            } else if let Some(len) = end.find(have) {
+                return Read::Head(len);
+            }
+            if have.len() >= self.limits.max_bytes {
+                return Read::Refuse(431);
+            }
+            let wait = match first_byte {
+                None if self.start == self.end => self.timeouts.idle,
+                None => {
+                    first_byte = Some(Instant::now());
+                    self.timeouts.header_read
+                }
+                Some(at) => self.timeouts.header_read.saturating_sub(at.elapsed()),
+            };
+            let idle = first_byte.is_none() && self.start == self.end;
+            let read = tokio::select! {
+                r = tokio::time::timeout(wait, fill(&mut self.io, &mut self.buf, &mut self.start, &mut self.end, self.limits.max_bytes + READ_CHUNK)) => r,
+                _ = draining.wait_for(|d| *d), if idle => return Read::Gone,
+            };
+            match read {
+                Ok(Ok(0)) | Ok(Err(_)) => return Read::Gone,
+                Ok(Ok(_)) => {
+                    if first_byte.is_none() {
+                        first_byte = Some(Instant::now());
+                    }
+                }
+                // Idle between requests, or a head not whole in time: closed either way.
+                Err(_) => return Read::Gone,
+            }
+        }
+    }
+
+    /// Handles one request whose head is `buf[start..start + len]`.
+    async fn request(&mut self, len: usize, via: &Via, started: Instant) -> Next {
+        let head_at = self.start;
+        self.head_at = head_at;
+        self.head_request = false;
+        let parsed = {
+            let buf = &self.buf[head_at..self.end];
+            self.head.parse(buf, len, self.limits)
+        };
+        self.head_request = parsed.is_ok() && self.head.method.of(&self.buf[head_at..]) == b"HEAD";
+        if let Err(e) = parsed {
+            let (status, reason) = match &e {
+                HeadError::TooLarge | HeadError::TooManyHeaders => (431, None),
+                HeadError::Version => (505, None),
+                _ => (400, Some(Reason::BadRequest)),
+            };
+            let detail = format!("bad request: {e}");
+            let _ = self.answer_status(status, reason, &detail, true).await;
+            return Next::Close;
+        }
+        let table = self.forwarder.table.load_full();
+        let buf = &self.buf[head_at..self.end];
+        let text = |s: holdfast_http::h1::Span| std::str::from_utf8(s.of(buf)).ok();
+        let headers = HeadHeaders {
+            head: &self.head,
+            buf,
+        };
+        let view = RequestView {
+            host: self.head.routing_host().and_then(text),
+            path: if self.head.form == Some(TargetForm::Asterisk) {
+                "*"
+            } else {
+                text(self.head.path).unwrap_or_default()
+            },
+            query: self.head.query.and_then(text),
+            headers: &headers,
+        };
+        let decision = self.forwarder.route(&view, via, table.as_deref());
+        let (route, upgrade) = match decision {
+            Decision::Forward(r) => {
+                let upgrade = self.head.minor == 1
+                    && self.head.upgrade
+                    && upgrade_allowed(&headers, &self.forwarder.settings.allow_upgrade);
+                let settings = &self.forwarder.settings;
+                let trusted = settings
+                    .trust_forwarded_from
+                    .iter()
+                    .any(|net| net.contains(&self.peer.ip()));
+                let target = match &r.forward_path {
+                    Some(pq) => pq.as_str().as_bytes(),
+                    None => origin_target(&self.head, buf),
+                };
+                let onward = Onward {
+                    target,
+                    hop: Hop {
+                        client: self.peer.ip(),
+                        port: self.port,
+                        proto: if via.is_tls() { "https" } else { "http" },
+                        host: r.raw_host,
+                        trusted,
+                    },
+                    keep_upgrade: upgrade,
+                    loop_header: (LOOP_HEADER, settings.loop_token.as_bytes()),
+                    changes: r.header_changes,
+                };
+                write_upstream_head(&mut self.out, &self.head, buf, &onward);
+                (r.route, upgrade)
+            }
+            Decision::Refuse {
+                reason,
+                detail,
+                route,
+            } => {
+                let close = self.head.close || self.head.framing() != BodyFraming::Empty;
+                let status = reason.status().as_u16();
+                let _ = self.answer(reason, detail, close).await;
+                self.count(route, status, started);
+                return if close {
+                    Next::Close
+                } else {
+                    self.consumed(len)
+                };
+            }
+            Decision::Redirect { status, location } => {
+                let close = self.head.close || self.head.framing() != BodyFraming::Empty;
+                let _ = self.redirect(status, &location, close).await;
+                self.count(None, status, started);
+                return if close {
+                    Next::Close
+                } else {
+                    self.consumed(len)
+                };
+            }
+        };
+        let body = self.head.framing();
+        let max = self.forwarder.settings.max_request_body;
+        if let BodyFraming::Length(n) = body
+            && max > 0
+            && n > max
+        {
+            let failure = Failure::DeclaredTooLarge(n);
+            let _ = self
+                .answer(
+                    failure.reason(),
+                    holdfast_process::error_chain(&failure),
+                    true,
+                )
+                .await;
+            self.count(Some(route), 413, started);
+            return Next::Close;
+        }
+        self.start = head_at + len;
+        let (status, next) = self.forward(route, body, upgrade).await;
+        self.count(Some(route), status, started);
+        next
+    }
+
+    /// After a request answered here whose body was empty: the next one follows.
+    fn consumed(&mut self, len: usize) -> Next {
+        self.start += len;
+        Next::KeepAlive
+    }
+
+    /// Counts an answered request in the route's (or the unrouted) metrics.
+    fn count(&self, route: Option<&Route>, status: u16, started: Instant) {
+        let m = &self.forwarder.metrics;
+        match route {
+            Some(r) => m.count_route(&r.label, &r.counters, status, started.elapsed()),
+            None => m.count("(none)", status),
+        }
+    }
+
+    /// Forwards the request whose upstream head is in `out` and whose body starts at
+    /// `start`: at most two attempts on different endpoints, the second only while no
+    /// byte of the body has gone. The status answered and what follows.
+    async fn forward(&mut self, route: &Route, body: BodyFraming, upgrade: bool) -> (u16, Next) {
+        let backend = &route.backend;
+        let index = backend.next_index();
+        let mut tried = None;
+        let mut failure = Failure::NoEndpoint;
+        for attempt in 0..2 {
+            let (key, authority, permit) = match self
+                .forwarder
+                .target(backend, attempt, index, &mut tried)
+                .await
+            {
+                Target::Go(key, authority, permit) => (key, authority, permit),
+                Target::Busy(endpoint) => {
+                    failure = Failure::Busy(endpoint);
+                    continue;
+                }
+                Target::None => break,
+            };
+            let (mut upstream, reused) = match self.connection(&key, upgrade).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.forwarder.metrics.upstream_connect_errors.inc();
+                    if let Some(a) = tried {
+                        self.forwarder.balancer.connect_failed(a, &backend.name, &e);
+                    }
+                    failure = Failure::Connect {
+                        authority: authority.to_string(),
+                        source: e,
+                    };
+                    continue;
+                }
+            };
+            let sent = Instant::now();
+            let mut exchanged = self.exchange(&mut upstream, body).await;
+            // A pooled connection the upstream closed meanwhile fails before any byte of
+            // an answer: a request without a body goes again on a new one.
+            if reused && body == BodyFraming::Empty && matches!(exchanged, Err(Exchange::Stale)) {
+                match self.connection(&key, true).await {
+                    Ok((fresh, _)) => {
+                        upstream = fresh;
+                        exchanged = self.exchange(&mut upstream, body).await;
+                    }
+                    Err(e) => {
+                        failure = Failure::Connect {
+                            authority: authority.to_string(),
+                            source: e,
+                        };
+                        break;
+                    }
+                }
+            }
+            match exchanged {
+                Ok(()) => {
+                    self.forwarder
+                        .metrics
+                        .upstream_latency
+                        .observe(sent.elapsed().as_secs_f64());
+                    return self.relay_response(upstream, key, upgrade, permit).await;
+                }
+                Err(Exchange::Refused(reason, detail)) => {
+                    let _ = self.answer(reason, detail, true).await;
+                    return (reason.status().as_u16(), Next::Close);
+                }
+                Err(Exchange::ClientGone) => return (499, Next::Close),
+                Err(Exchange::Timeout) => {
+                    failure = Failure::Timeout(self.forwarder.settings.response_timeout);
+                    break;
+                }
+                Err(Exchange::Stale) => {
+                    let e = std::io::Error::other("the upstream closed the connection");
+                    failure = Failure::Upstream {
+                        authority: authority.to_string(),
+                        source: e.into(),
+                    };
+                    break;
+                }
+                Err(Exchange::Upstream(e)) => {
+                    failure = Failure::Upstream {
+                        authority: authority.to_string(),
+                        source: e.into(),
+                    };
+                    break;
+                }
+            }
+        }
+        let reason = failure.reason();
+        let _ = self
+            .answer(reason, holdfast_process::error_chain(&failure), true)
+            .await;
+        (reason.status().as_u16(), Next::Close)
+    }
+
+    /// A pooled connection to `key` (checked still open), or a new one; an upgrade always
+    /// gets a new one. True when it came from the pool.
+    async fn connection(&self, key: &Key, fresh: bool) -> Result<(TcpStream, bool), ConnectError> {
+        if !fresh && let Some(up) = take_idle(key) {
+            return Ok((up, true));
+        }
+        let timeout = self.forwarder.settings.connect_timeout;
+        let stream = tokio::time::timeout(timeout, crate::upstream::open(key))
+            .await
+            .unwrap_or(Err(ConnectError::Timeout))?;
+        let _ = stream.set_nodelay(true);
+        self.forwarder.metrics.upstream_connections_opened.inc();
+        Ok((stream, false))
+    }
+
+    /// Sends the head in `out` and the request body to `upstream`, then reads the
+    /// response head into `response` (relaying interim answers to the client).
+    async fn exchange(
+        &mut self,
+        upstream: &mut TcpStream,
+        body: BodyFraming,
+    ) -> Result<(), Exchange> {
+        self.up_start = 0;
+        self.up_end = 0;
+        let expect = self.head.expect_continue && body != BodyFraming::Empty;
+        // The body's first bytes, already read, go with the head in one write.
+        let head_len = self.out.len();
+        let first = match body {
+            BodyFraming::Length(n) => (self.end - self.start).min(n as usize),
+            _ => 0,
+        };
+        if !expect {
+            self.out
+                .extend_from_slice(&self.buf[self.start..self.start + first]);
+        }
+        let wrote = upstream.write_all(&self.out).await;
+        self.out.truncate(head_len);
+        if wrote.is_err() {
+            return Err(Exchange::Stale);
+        }
+        if expect {
+            // The client waits for 100 Continue before its body: the upstream answers
+            // first, with 100 or a final answer (the body then never comes).
+            match self.read_response(upstream).await? {
+                true => {}
+                false => return Ok(()),
+            }
+        } else {
+            self.start += first;
+        }
+        match body {
+            BodyFraming::Length(n) => {
+                let left = n - if expect { 0 } else { first as u64 };
+                self.relay_length_up(upstream, left).await?;
+            }
+            BodyFraming::Chunked => self.relay_chunked_up(upstream).await?,
+            _ => {}
+        }
+        let timeout = self.forwarder.settings.response_timeout;
+        match tokio::time::timeout(timeout, self.read_final(upstream)).await {
+            Ok(r) => r,
+            Err(_) => Err(Exchange::Timeout),
+        }
+    }
+
+    /// Reads response heads until a final one, relaying interim ones (100, 103) to the
+    /// client.
+    async fn read_final(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
+        loop {
+            if !self.read_response(upstream).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads one response head. Ok(true): it was interim (and relayed); Ok(false): final.
+    async fn read_response(&mut self, upstream: &mut TcpStream) -> Result<bool, Exchange> {
+        let mut end = HeadEnd::default();
+        let len = loop {
+            if let Some(len) = end.find(&self.up[self.up_start..self.up_end]) {
+                break len;
+            }
+            if self.up_end - self.up_start >= 64 * 1024 {
+                return Err(Exchange::Upstream(std::io::Error::other(
+                    "response head too large",
+                )));
+            }
+            let read = fill(
+                upstream,
+                &mut self.up,
+                &mut self.up_start,
+                &mut self.up_end,
+                64 * 1024 + READ_CHUNK,
+            )
+            .await;
+            match read {
+                Ok(0) if self.up_end == self.up_start => return Err(Exchange::Stale),
+                Ok(0) => {
+                    return Err(Exchange::Upstream(std::io::Error::other(
+                        "the upstream closed mid-head",
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) if self.up_end == self.up_start => {
+                    let _ = e;
+                    return Err(Exchange::Stale);
+                }
+                Err(e) => return Err(Exchange::Upstream(e)),
+            }
+        };
+        self.response
+            .parse(&self.up[self.up_start..self.up_end], len, self.head_request)
+            .map_err(|e| Exchange::Upstream(std::io::Error::other(e.to_string())))?;
+        if self.response.is_interim() {
+            if self.head.minor == 1 {
+                let bytes = &self.up[self.up_start..self.up_start + len];
+                self.out.clear();
+                self.out.extend_from_slice(b"HTTP/1.1");
+                self.out.extend_from_slice(&bytes[8..]);
+                let send = self.timeouts.send;
+                let out = &self.out;
+                if tokio::time::timeout(send, self.io.write_all(out))
+                    .await
+                    .map_or(true, |r| r.is_err())
+                {
+                    return Err(Exchange::ClientGone);
+                }
+            }
+            self.up_start += len;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Relays `left` bytes of a Content-Length body from the client to `upstream`.
+    async fn relay_length_up(
+        &mut self,
+        upstream: &mut TcpStream,
+        mut left: u64,
+    ) -> Result<(), Exchange> {
+        while left > 0 {
+            if self.start == self.end {
+                self.read_body_more().await?;
+            }
+            let n = ((self.end - self.start) as u64).min(left) as usize;
+            upstream
+                .write_all(&self.buf[self.start..self.start + n])
+                .await
+                .map_err(Exchange::Upstream)?;
+            self.start += n;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    /// Relays a chunked body from the client to `upstream`, coding and all, checking it
+    /// and `--max-request-body` as it passes.
+    async fn relay_chunked_up(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
+        let max = self.forwarder.settings.max_request_body;
+        let mut coding = Chunked::default();
+        loop {
+            if self.start == self.end {
+                self.read_body_more().await?;
+            }
+            let run = self.start;
+            let mut done = false;
+            while self.start < self.end && !done {
+                let piece = coding.next(&self.buf[self.start..self.end]).map_err(|e| {
+                    Exchange::Refused(Reason::BadRequest, format!("bad request: {e}"))
+                })?;
+                let n = match piece {
+                    Piece::Framing(n) | Piece::Data(n) => n,
+                    Piece::End(n) => {
+                        done = true;
+                        n
+                    }
+                };
+                self.start += n;
+            }
+            if max > 0 && coding.data_len() > max {
+                let why = Failure::BodyTooLarge;
+                return Err(Exchange::Refused(
+                    why.reason(),
+                    holdfast_process::error_chain(&why),
+                ));
+            }
+            upstream
+                .write_all(&self.buf[run..self.start])
+                .await
+                .map_err(Exchange::Upstream)?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads more of a request body, within the body read timeout.
+    async fn read_body_more(&mut self) -> Result<(), Exchange> {
+        let timeout = self.forwarder.settings.body_read_timeout;
+        let read = tokio::time::timeout(
+            timeout,
+            fill(
+                &mut self.io,
+                &mut self.buf,
+                &mut self.start,
+                &mut self.end,
+                READ_CHUNK * 4,
+            ),
+        )
+        .await;
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => Err(Exchange::ClientGone),
+            Ok(Ok(_)) => Ok(()),
+            Err(_) => {
+                let why = Failure::BodyStalled;
+                Err(Exchange::Refused(
+                    why.reason(),
+                    holdfast_process::error_chain(&why),
+                ))
+            }
+        }
+    }
+
+    /// Sends the response whose head is in `response` to the client and relays its
+    /// body; pools the upstream connection when it can carry another request.
+    async fn relay_response(
+        &mut self,
+        mut upstream: TcpStream,
+        key: Key,
+        upgrade: bool,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> (u16, Next) {
+        let status = self.response.status;
+        let len = self.response.len;
+        let framing = self.response.framing();
+        let client_http10 = self.head.minor == 0;
+        // What the client can be sent: a chunked body as it is to HTTP/1.1, its data
+        // alone to HTTP/1.0 (then delimited by the close); a body read until the
+        // upstream closes is delimited by the close too.
+        let pass_chunked = framing == BodyFraming::Chunked && !client_http10;
+        let switched = status == 101 && upgrade;
+        let close = self.head.close
+            || self
+                .forwarder
+                .draining
+                .load(std::sync::atomic::Ordering::Relaxed)
+            || framing == BodyFraming::UntilClose
+            || (framing == BodyFraming::Chunked && client_http10);
+        with_date(|date_line| {
+            let back = Back {
+                upgrade,
+                chunked: pass_chunked,
+                close: close && !switched,
+                keep_alive: !close && client_http10,
+                loop_header: LOOP_HEADER,
+                date_line,
+            };
+            let buf = &self.up[self.up_start..self.up_end];
+            write_downstream_head(&mut self.out, &self.response, buf, &back);
+        });
+        self.up_start += len;
+        if switched {
+            return self.tunnel(upstream, permit).await;
+        }
+        let sent = match framing {
+            BodyFraming::Empty => self.send_out().await,
+            BodyFraming::Length(n) => self.relay_length_down(&mut upstream, n).await,
+            BodyFraming::Chunked => self.relay_chunked_down(&mut upstream, !pass_chunked).await,
+            BodyFraming::UntilClose => self.relay_until_close(&mut upstream).await,
+        };
+        drop(permit);
+        match sent {
+            Ok(()) => {
+                let reusable = !self.response.close && self.up_start == self.up_end;
+                if reusable {
+                    put_idle(key, upstream, self.forwarder.settings.pool_idle_per_host);
+                }
+                (status, if close { Next::Close } else { Next::KeepAlive })
+            }
+            Err(cut) => {
+                if let Relay::Upstream(error) = cut {
+                    tracing::debug!(%error, "upstream failed mid-response; closing");
+                }
+                (status, Next::Close)
+            }
+        }
+    }
+
+    /// Writes `out` (a head, with any body bytes appended) to the client.
+    async fn send_out(&mut self) -> Result<(), Relay> {
+        let send = self.timeouts.send;
+        match tokio::time::timeout(send, self.io.write_all(&self.out)).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Relay::Client),
+        }
+    }
+
+    /// Writes `bytes` of the upstream buffer to the client.
+    async fn send_up_bytes(&mut self, from: usize, to: usize) -> Result<(), Relay> {
+        let send = self.timeouts.send;
+        match tokio::time::timeout(send, self.io.write_all(&self.up[from..to])).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Relay::Client),
+        }
+    }
+
+    /// Relays a Content-Length response body of `n` bytes.
+    async fn relay_length_down(&mut self, upstream: &mut TcpStream, n: u64) -> Result<(), Relay> {
+        let mut left = n;
+        // The first bytes go with the head.
+        let first = ((self.up_end - self.up_start) as u64).min(left) as usize;
+        self.out
+            .extend_from_slice(&self.up[self.up_start..self.up_start + first]);
+        self.up_start += first;
+        left -= first as u64;
+        self.send_out().await?;
+        while left > 0 {
+            self.up_start = 0;
+            self.up_end = 0;
+            self.read_up_into(upstream).await?;
+            let n = (self.up_end as u64).min(left) as usize;
+            self.send_up_bytes(0, n).await?;
+            self.up_start = n;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    /// Relays a chunked response body, its coding kept or (`data_only`) removed.
+    async fn relay_chunked_down(
+        &mut self,
+        upstream: &mut TcpStream,
+        data_only: bool,
+    ) -> Result<(), Relay> {
+        let mut coding = Chunked::default();
+        self.send_out().await?;
+        loop {
+            let mut run = self.up_start;
+            let mut done = false;
+            while self.up_start < self.up_end && !done {
+                let piece = coding
+                    .next(&self.up[self.up_start..self.up_end])
+                    .map_err(|e| Relay::Upstream(std::io::Error::other(e.to_string())))?;
+                match piece {
+                    Piece::Data(n) => self.up_start += n,
+                    Piece::Framing(n) | Piece::End(n) => {
+                        if data_only {
+                            let (from, to) = (run, self.up_start);
+                            if to > from {
+                                self.send_up_bytes(from, to).await?;
+                            }
+                            self.up_start += n;
+                            run = self.up_start;
+                        } else {
+                            self.up_start += n;
+                        }
+                        done = matches!(piece, Piece::End(_));
+                    }
+                }
+            }
+            if self.up_start > run {
+                self.send_up_bytes(run, self.up_start).await?;
+            }
+            if done {
+                return Ok(());
+            }
+            self.up_start = 0;
+            self.up_end = 0;
+            self.read_up_into(upstream).await?;
+        }
+    }
+
+    /// Relays a response body that ends when the upstream closes.
+    async fn relay_until_close(&mut self, upstream: &mut TcpStream) -> Result<(), Relay> {
+        self.out
+            .extend_from_slice(&self.up[self.up_start..self.up_end]);
+        self.up_start = self.up_end;
+        self.send_out().await?;
+        loop {
+            self.up_start = 0;
+            self.up_end = 0;
+            let n = match upstream.read(&mut self.up[..]).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) => return Err(Relay::Upstream(e)),
+            };
+            self.up_end = n;
+            self.send_up_bytes(0, n).await?;
+            self.up_start = n;
+        }
+    }
+
+    /// Reads from the upstream into the emptied upstream buffer; the upstream closing
+    /// here cuts a body short.
+    async fn read_up_into(&mut self, upstream: &mut TcpStream) -> Result<(), Relay> {
+        match upstream.read(&mut self.up[..]).await {
+            Ok(0) => Err(Relay::Upstream(std::io::Error::other(
+                "the upstream closed mid-body",
+            ))),
+            Ok(n) => {
+                self.up_end = n;
+                Ok(())
+            }
+            Err(e) => Err(Relay::Upstream(e)),
+        }
+    }
+
+    /// A switch to an allowed upgrade: the 101 goes to the client, then both sides'
+    /// bytes are copied under the tunnel idle timeout (the tunnel holds the endpoint's
+    /// slot). The connection is the tunnel's from now on.
+    async fn tunnel(
+        &mut self,
+        mut upstream: TcpStream,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> (u16, Next) {
+        // What the upstream sent after its 101, and what the client sent after its
+        // request, are the tunnel's first bytes.
+        self.out
+            .extend_from_slice(&self.up[self.up_start..self.up_end]);
+        self.up_start = self.up_end;
+        if self.send_out().await.is_err() {
+            return (101, Next::Close);
+        }
+        if self.start < self.end {
+            if upstream
+                .write_all(&self.buf[self.start..self.end])
+                .await
+                .is_err()
+            {
+                return (101, Next::Close);
+            }
+            self.start = self.end;
+        }
+        let _permit = permit;
+        self.forwarder
+            .tunnels
+            .run(&mut self.io, &mut upstream)
+            .await;
+        (101, Next::Close)
+    }
+
+    /// A local error answer for `reason`.
+    async fn answer(&mut self, reason: Reason, detail: String, close: bool) -> std::io::Result<()> {
+        let (status, body) = self.forwarder.error_page(reason, detail);
+        self.local(
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            &body,
+            None,
+            close,
+        )
+        .await
+    }
+
+    /// A local answer with `status` (431 and 505 are not [`Reason`]s: the head was not
+    /// read far enough to route).
+    async fn answer_status(
+        &mut self,
+        status: u16,
+        reason: Option<Reason>,
+        detail: &str,
+        close: bool,
+    ) -> std::io::Result<()> {
+        if let Some(reason) = reason {
+            return self.answer(reason, detail.to_owned(), close).await;
+        }
+        let code = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
+        let phrase = code.canonical_reason().unwrap_or("");
+        self.forwarder.metrics.count("(none)", status);
+        let body = format!("{status} {phrase}");
+        self.local(status, phrase, &body, None, close).await
+    }
+
+    /// A redirect answer.
+    async fn redirect(&mut self, status: u16, location: &str, close: bool) -> std::io::Result<()> {
+        if location.bytes().any(|b| !(b' '..=b'~').contains(&b)) {
+            let body = "400 bad request: unusable host or path";
+            return self.local(400, "Bad Request", body, None, close).await;
+        }
+        let code = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::FOUND);
+        let body = format!("{} redirecting", code.as_u16());
+        let phrase = code.canonical_reason().unwrap_or("");
+        self.local(code.as_u16(), phrase, &body, Some(location), close)
+            .await
+    }
+
+    /// Writes a local answer: a short plain page saying why.
+    async fn local(
+        &mut self,
+        status: u16,
+        phrase: &str,
+        body: &str,
+        location: Option<&str>,
+        close: bool,
+    ) -> std::io::Result<()> {
+        use std::io::Write as _;
+        self.out.clear();
+        let _ = write!(
+            self.out,
+            "HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\nx-holdfast-reason: {phrase}\r\ncontent-length: {}\r\n",
+            body.len() + 1
+        );
+        if let Some(location) = location {
+            let _ = write!(self.out, "location: {location}\r\n");
+        }
+        if close {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        } else if self.head.minor == 0 {
+            self.out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        with_date(|line| self.out.extend_from_slice(line));
+        self.out.extend_from_slice(b"\r\n");
+        // No body for HEAD.
+        if !self.head_request {
+            self.out.extend_from_slice(body.as_bytes());
+            self.out.push(b'\n');
+        }
+        self.send_out()
+            .await
+            .map_err(|_| std::io::Error::other("client gone"))
+    }
+}
+
+/// Why an exchange with an upstream failed.
+enum Exchange {
+    /// The connection failed before any byte of an answer (a pooled one the upstream
+    /// closed): a request without a body can go again.
+    Stale,
+    /// No response head within the response timeout.
+    Timeout,
+    /// The upstream failed.
+    Upstream(std::io::Error),
+    /// The request body broke a rule: answered with this reason, then closed.
+    Refused(Reason, String),
+    /// The client went away.
+    ClientGone,
+}
+
+/// The origin-form target sent when normalising left the path as it was: the path and
+/// query as sent (an absolute form's, `/` when it has none).
+fn origin_target<'b>(head: &RequestHead, buf: &'b [u8]) -> &'b [u8] {
+    match head.form {
+        Some(TargetForm::Origin) => head.target.of(buf),
+        _ => {
+            let path = head.path.of(buf);
+            if path.is_empty() { b"/" } else { path }
+        }
+    }
+}
+
+/// Whether every protocol the request's `Upgrade` names is allowed (never h2c).
+fn upgrade_allowed(headers: &dyn HeaderLookup, allowed: &[String]) -> bool {
+    let mut any = false;
+    let mut all = true;
+    headers.any_value("upgrade", &mut |v| {
+        for p in v.split(|b| *b == b',') {
+            let p = p.trim_ascii();
+            let name = p.split(|b| *b == b'/').next().unwrap_or_default();
+            any = true;
+            let ok = !name.eq_ignore_ascii_case(b"h2c")
+                && allowed
+                    .iter()
+                    .any(|a| a.as_bytes().eq_ignore_ascii_case(name));
+            all &= ok;
+        }
+        false
+    });
+    any && all
+}
+
+/// Reads into `buf[end..]`, making room first (compacting, then growing up to `cap`).
+async fn fill<S: AsyncRead + Unpin>(
+    io: &mut S,
+    buf: &mut Vec<u8>,
+    start: &mut usize,
+    end: &mut usize,
+    cap: usize,
+) -> std::io::Result<usize> {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+    }
+    if *end == buf.len() {
+        if *start > 0 {
+            buf.copy_within(*start..*end, 0);
+            *end -= *start;
+            *start = 0;
+        } else if buf.len() < cap {
+            let grown = (buf.len() * 2).min(cap);
+            buf.resize(grown, 0);
+        } else {
+            return Err(std::io::Error::other("buffer full"));
+        }
+    }
+    let n = io.read(&mut buf[*end..]).await?;
+    *end += n;
+    Ok(n)
+}
+
+thread_local! {
+    /// This worker's idle upstream connections, by endpoint, with when each went idle.
+    static IDLE: RefCell<HashMap<Key, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
+    /// `date: <IMF-fixdate>\r\n`, rendered at most once a second per worker.
+    static DATE: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+}
+
+/// An idle connection to `key` that is still open.
+fn take_idle(key: &Key) -> Option<TcpStream> {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let list = idle.get_mut(key)?;
+        while let Some((stream, since)) = list.pop() {
+            if since.elapsed() >= IDLE_TIMEOUT {
+                continue;
+            }
+            // Readable now means the upstream closed it (or sent bytes unasked): not
+            // reusable.
+            let mut probe = [0u8; 1];
+            match stream.try_read(&mut probe) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(stream),
+                _ => continue,
+            }
+        }
+        None
+    })
+}
+
+/// Keeps `stream` for the next request to `key`, up to `max` per endpoint.
+fn put_idle(key: Key, stream: TcpStream, max: usize) {
+    IDLE.with(|idle| {
+        let mut idle = idle.borrow_mut();
+        let list = idle.entry(key).or_default();
+        if list.len() < max {
+            list.push((stream, Instant::now()));
+        }
+    });
+}
+
+/// Calls `f` with the Date header line for now (`date: <IMF-fixdate>\r\n`).
+fn with_date<T>(f: impl FnOnce(&[u8]) -> T) -> T {
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        let now = std::time::SystemTime::now();
+        let secs = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_secs());
+        if d.0 != secs {
+            use std::io::Write as _;
+            d.1.clear();
+            let _ = write!(d.1, "date: {}\r\n", httpdate::HttpDate::from(now));
+            d.0 = secs;
+        }
+        f(&d.1)
+    })
+}
