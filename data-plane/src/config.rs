@@ -187,7 +187,7 @@ pub struct Args {
     pub escaped_slashes: EscapedSlashesArg,
     /// The HTTP/1.1 engine: `native` (one parse per request head) or `hyper` (the previous
     /// engine, kept for one release). HTTP/2 is served by hyper either way.
-    #[arg(long, env = "HOLDFAST_H1_ENGINE", value_enum, default_value = "hyper")]
+    #[arg(long, env = "HOLDFAST_H1_ENGINE", value_enum, default_value = "native")]
     pub h1_engine: H1Engine,
     /// Error pages (400, 404, 502, 503, 504) say why: the backend, the endpoint address,
     /// the error chain. For development only: without it a client learns the status and

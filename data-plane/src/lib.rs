@@ -73,6 +73,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_context(|| format!("preparing --state-dir {}", state_dir.display()))?;
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
+    let engine = if listen.native_h1 { "native" } else { "hyper" };
+    metrics
+        .h1_engine
+        .get_or_create(&metrics::EngineLabel { engine })
+        .set(1);
     let table: Arc<ArcSwapOption<RouteTable>> = Arc::new(ArcSwapOption::empty());
     let applier = Arc::new(Applier::new(
         table.clone(),

@@ -79,6 +79,13 @@ pub struct ErrorLabels {
     pub status: &'static str,
 }
 
+/// Label of the HTTP/1.1 engine in use.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabel {
+    /// `native` or `hyper` (`--h1-engine`).
+    pub engine: &'static str,
+}
+
 /// Label of the state-file loads at start.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoadLabel {
@@ -165,6 +172,8 @@ pub struct Metrics {
     /// Reloads of the control-plane connection's TLS files, and changed files that did
     /// not load.
     pub tls_reloads: ReloadCounters,
+    /// 1 for the HTTP/1.1 engine serving the proxy listeners.
+    pub h1_engine: Family<EngineLabel, Gauge>,
 }
 
 impl Metrics {
@@ -198,12 +207,18 @@ impl Metrics {
             gateway_listeners_unbound: Gauge::default(),
             gateway_bind_failures: Counter::default(),
             tls_reloads: ReloadCounters::default(),
+            h1_engine: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
         r.register(
             "requests",
             "Requests served, by route and status class",
             m.requests.clone(),
+        );
+        r.register(
+            "h1_engine",
+            "The HTTP/1.1 engine serving the proxy listeners (--h1-engine): 1 for the one in use",
+            m.h1_engine.clone(),
         );
         r.register(
             "state_file_loads",

@@ -683,6 +683,11 @@ async fn admin_endpoints_explain_routes_and_report_readiness() -> anyhow::Result
         p.metric("holdfast_proxy_snapshot_cluster_revision").await?,
         Some(3.0)
     );
+    // The HTTP/1.1 engine is the one this run asks for (the test command runs the
+    // data-plane tests on both; native is the default).
+    let engine = std::env::var("HOLDFAST_H1_ENGINE").unwrap_or_else(|_| "native".into());
+    let series = format!("holdfast_proxy_h1_engine{{engine=\"{engine}\"}}");
+    assert_eq!(p.metric(&series).await?, Some(1.0), "{series}");
 
     // /debug/* (every route and pod address) is only on the debug listener, and the
     // admin address serves only the probes and metrics.
