@@ -98,7 +98,7 @@ fn follow_chunked(body: &[u8], step: usize) -> Result<(u64, Option<usize>), Chun
         let mut at = 0;
         while at < read.len() {
             match c.next(&read[at..])? {
-                Piece::Framing(n) | Piece::Data(n) => at += n,
+                Piece::Framing(n) | Piece::Data(n) | Piece::Trailer(n) => at += n,
                 Piece::End(n) => return Ok((c.data_len(), Some(read_at + at + n))),
             }
         }

@@ -43,7 +43,7 @@ fn exchange(request: &mut RequestHead, response: &mut ResponseHead, out: &mut Ve
     let mut at = len;
     while !body.is_done() {
         match body.next(&REQUEST[at..]).expect("a valid body") {
-            Piece::Framing(n) | Piece::Data(n) | Piece::End(n) => at += n,
+            Piece::Framing(n) | Piece::Data(n) | Piece::Trailer(n) | Piece::End(n) => at += n,
         }
     }
     let len = HeadEnd::default().find(RESPONSE).expect("a whole head");

@@ -34,6 +34,12 @@ use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key};
 /// The largest read into a connection's buffer.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// Largest upstream response head read.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// How long an upstream that stopped taking a request body has to answer it.
+const EARLY_ANSWER: Duration = Duration::from_secs(1);
+
 /// What the engine needs of its listener.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -82,6 +88,10 @@ pub struct H1Conn<'f, S> {
     head_at: usize,
     /// The current request is HEAD (its answer has no body).
     head_request: bool,
+    /// The current request is GET.
+    get: bool,
+    /// The upstream answered before the client's body was read whole.
+    body_cut: bool,
     response: ResponseHead,
     out: Vec<u8>,
     limits: Limits,
@@ -125,6 +135,8 @@ where
             head: RequestHead::default(),
             head_at: 0,
             head_request: false,
+            get: false,
+            body_cut: false,
             response: ResponseHead::default(),
             out: Vec::with_capacity(1024),
             limits,
@@ -166,7 +178,7 @@ where
             let started = Instant::now();
             let next = self.request(len, via, started).await;
             if next == Next::Close || *draining.borrow() {
-                let _ = self.io.shutdown().await;
+                let _ = tokio::time::timeout(self.timeouts.send, self.io.shutdown()).await;
                 return Ok(());
             }
         }
@@ -177,7 +189,14 @@ where
     async fn read_head(&mut self, draining: &mut tokio::sync::watch::Receiver<bool>) -> Read {
         let mut end = HeadEnd::default();
         let mut first_byte: Option<Instant> = None;
+        self.head_request = false;
         loop {
+            // Empty lines before a request line are skipped (RFC 9112 §2.2: some clients
+            // send a CRLF after a body); they count as the head's first bytes.
+            while end.scanned() == 0 && self.buf[self.start..self.end].starts_with(b"\r\n") {
+                self.start += 2;
+                first_byte.get_or_insert_with(Instant::now);
+            }
             let have = &self.buf[self.start..self.end];
             if self.requests == 0 && !have.is_empty() {
                 let n = have.len().min(H2_PREFACE.len());
@@ -229,7 +248,9 @@ where
             let buf = &self.buf[head_at..self.end];
             self.head.parse(buf, len, self.limits)
         };
-        self.head_request = parsed.is_ok() && self.head.method.of(&self.buf[head_at..]) == b"HEAD";
+        let method = self.head.method.of(&self.buf[head_at..]);
+        self.head_request = parsed.is_ok() && method == b"HEAD";
+        self.get = parsed.is_ok() && method == b"GET";
         if let Err(e) = parsed {
             let (status, reason) = match &e {
                 HeadError::TooLarge | HeadError::TooManyHeaders => (431, None),
@@ -293,7 +314,7 @@ where
                 detail,
                 route,
             } => {
-                let close = self.head.close || self.head.framing() != BodyFraming::Empty;
+                let close = self.head.close || has_body(self.head.framing());
                 let status = reason.status().as_u16();
                 let _ = self.answer(reason, detail, close).await;
                 self.count(route, status, started);
@@ -304,7 +325,7 @@ where
                 };
             }
             Decision::Redirect { status, location } => {
-                let close = self.head.close || self.head.framing() != BodyFraming::Empty;
+                let close = self.head.close || has_body(self.head.framing());
                 let _ = self.redirect(status, &location, close).await;
                 self.count(None, status, started);
                 return if close {
@@ -391,7 +412,11 @@ where
             let mut exchanged = self.exchange(&mut upstream, body).await;
             // A pooled connection the upstream closed meanwhile fails before any byte of
             // an answer: a request without a body goes again on a new one.
-            if reused && body == BodyFraming::Empty && matches!(exchanged, Err(Exchange::Stale)) {
+            if reused
+                && body == BodyFraming::Empty
+                && (self.get || self.head_request)
+                && matches!(exchanged, Err(Exchange::Stale))
+            {
                 match self.connection(&key, true).await {
                     Ok((fresh, _)) => {
                         upstream = fresh;
@@ -450,7 +475,10 @@ where
     /// A pooled connection to `key` (checked still open), or a new one; an upgrade always
     /// gets a new one. True when it came from the pool.
     async fn connection(&self, key: &Key, fresh: bool) -> Result<(TcpStream, bool), ConnectError> {
-        if !fresh && let Some(up) = take_idle(key) {
+        // A GET or HEAD without a body goes again on a new connection if a pooled one
+        // turns out closed (nothing of an answer came): it needs no check before.
+        let check = !(self.head_request || self.get) || self.head.framing() != BodyFraming::Empty;
+        if !fresh && let Some(up) = take_idle(key, check) {
             return Ok((up, true));
         }
         let timeout = self.forwarder.settings.connect_timeout;
@@ -463,7 +491,11 @@ where
     }
 
     /// Sends the head in `out` and the request body to `upstream`, then reads the
-    /// response head into `response` (relaying interim answers to the client).
+    /// response head into `response` (interim answers skipped, as hyper does). An
+    /// `Expect: 100-continue` client is told to go on once the head has gone (hyper's
+    /// server does the same when the body is first read). An upstream that stops taking
+    /// the body and answers early is answered with: `body_cut` then says the client's
+    /// body was not read whole, so neither connection can carry another request.
     async fn exchange(
         &mut self,
         upstream: &mut TcpStream,
@@ -471,65 +503,106 @@ where
     ) -> Result<(), Exchange> {
         self.up_start = 0;
         self.up_end = 0;
-        let expect = self.head.expect_continue && body != BodyFraming::Empty;
+        self.body_cut = false;
         // The body's first bytes, already read, go with the head in one write.
         let head_len = self.out.len();
         let first = match body {
             BodyFraming::Length(n) => (self.end - self.start).min(n as usize),
             _ => 0,
         };
-        if !expect {
-            self.out
-                .extend_from_slice(&self.buf[self.start..self.start + first]);
-        }
-        let wrote = upstream.write_all(&self.out).await;
+        self.out
+            .extend_from_slice(&self.buf[self.start..self.start + first]);
+        let wrote = self.write_up(upstream, None).await;
         self.out.truncate(head_len);
         if wrote.is_err() {
             return Err(Exchange::Stale);
         }
-        if expect {
-            // The client waits for 100 Continue before its body: the upstream answers
-            // first, with 100 or a final answer (the body then never comes).
-            match self.read_response(upstream).await? {
-                true => {}
-                false => return Ok(()),
+        self.start += first;
+        let body_left = match body {
+            BodyFraming::Length(n) => n > first as u64,
+            BodyFraming::Chunked => true,
+            _ => false,
+        };
+        if body_left && self.head.expect_continue && self.head.minor == 1 {
+            let send = self.timeouts.send;
+            let go_on =
+                tokio::time::timeout(send, self.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n"));
+            if !matches!(go_on.await, Ok(Ok(()))) {
+                return Err(Exchange::ClientGone);
             }
-        } else {
-            self.start += first;
         }
-        match body {
-            BodyFraming::Length(n) => {
-                let left = n - if expect { 0 } else { first as u64 };
-                self.relay_length_up(upstream, left).await?;
-            }
-            BodyFraming::Chunked => self.relay_chunked_up(upstream).await?,
-            _ => {}
-        }
+        let sent = match body {
+            BodyFraming::Length(n) => self.relay_length_up(upstream, n - first as u64).await,
+            BodyFraming::Chunked => self.relay_chunked_up(upstream).await,
+            _ => Ok(()),
+        };
         let timeout = self.forwarder.settings.response_timeout;
+        match sent {
+            Ok(()) => {}
+            // The upstream stopped taking the body: it may have answered already (a 413
+            // or 401 before the body), which the client gets; otherwise it failed.
+            Err(Exchange::Upstream(e)) => {
+                self.body_cut = true;
+                let early = tokio::time::timeout(EARLY_ANSWER, self.read_final(upstream)).await;
+                return match early {
+                    Ok(Ok(())) => Ok(()),
+                    _ => Err(Exchange::Upstream(e)),
+                };
+            }
+            Err(other) => return Err(other),
+        }
         match tokio::time::timeout(timeout, self.read_final(upstream)).await {
             Ok(r) => r,
             Err(_) => Err(Exchange::Timeout),
         }
     }
 
-    /// Reads response heads until a final one, relaying interim ones (100, 103) to the
-    /// client.
-    async fn read_final(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
-        loop {
-            if !self.read_response(upstream).await? {
-                return Ok(());
-            }
+    /// Writes `out` (or `bytes` of the read buffer) to the upstream; a write that makes
+    /// no progress within the response timeout fails.
+    async fn write_up(
+        &mut self,
+        upstream: &mut TcpStream,
+        bytes: Option<(usize, usize)>,
+    ) -> std::io::Result<()> {
+        let data = match bytes {
+            Some((from, to)) => &self.buf[from..to],
+            None => &self.out[..],
+        };
+        let timeout = self.forwarder.settings.response_timeout;
+        match tokio::time::timeout(timeout, upstream.write_all(data)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the upstream took no bytes within the response timeout",
+            )),
         }
     }
 
-    /// Reads one response head. Ok(true): it was interim (and relayed); Ok(false): final.
-    async fn read_response(&mut self, upstream: &mut TcpStream) -> Result<bool, Exchange> {
+    /// Reads response heads until a final one; interim ones (100, 103) are skipped.
+    async fn read_final(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
+        let mut received = false;
+        loop {
+            if !self.read_response(upstream, received).await? {
+                return Ok(());
+            }
+            received = true;
+        }
+    }
+
+    /// Reads one response head. Ok(true): it was interim (and skipped); Ok(false): final.
+    /// `received`: part of an answer came already, so a close is a failure, not a stale
+    /// connection.
+    async fn read_response(
+        &mut self,
+        upstream: &mut TcpStream,
+        received: bool,
+    ) -> Result<bool, Exchange> {
         let mut end = HeadEnd::default();
         let len = loop {
             if let Some(len) = end.find(&self.up[self.up_start..self.up_end]) {
                 break len;
             }
-            if self.up_end - self.up_start >= 64 * 1024 {
+            if self.up_end - self.up_start >= MAX_RESPONSE_HEAD {
                 return Err(Exchange::Upstream(std::io::Error::other(
                     "response head too large",
                 )));
@@ -539,21 +612,19 @@ where
                 &mut self.up,
                 &mut self.up_start,
                 &mut self.up_end,
-                64 * 1024 + READ_CHUNK,
+                MAX_RESPONSE_HEAD + READ_CHUNK,
             )
             .await;
+            let nothing_yet = !received && self.up_end == self.up_start;
             match read {
-                Ok(0) if self.up_end == self.up_start => return Err(Exchange::Stale),
+                Ok(0) if nothing_yet => return Err(Exchange::Stale),
                 Ok(0) => {
                     return Err(Exchange::Upstream(std::io::Error::other(
                         "the upstream closed mid-head",
                     )));
                 }
                 Ok(_) => {}
-                Err(e) if self.up_end == self.up_start => {
-                    let _ = e;
-                    return Err(Exchange::Stale);
-                }
+                Err(_) if nothing_yet => return Err(Exchange::Stale),
                 Err(e) => return Err(Exchange::Upstream(e)),
             }
         };
@@ -561,20 +632,6 @@ where
             .parse(&self.up[self.up_start..self.up_end], len, self.head_request)
             .map_err(|e| Exchange::Upstream(std::io::Error::other(e.to_string())))?;
         if self.response.is_interim() {
-            if self.head.minor == 1 {
-                let bytes = &self.up[self.up_start..self.up_start + len];
-                self.out.clear();
-                self.out.extend_from_slice(b"HTTP/1.1");
-                self.out.extend_from_slice(&bytes[8..]);
-                let send = self.timeouts.send;
-                let out = &self.out;
-                if tokio::time::timeout(send, self.io.write_all(out))
-                    .await
-                    .map_or(true, |r| r.is_err())
-                {
-                    return Err(Exchange::ClientGone);
-                }
-            }
             self.up_start += len;
             return Ok(true);
         }
@@ -592,8 +649,7 @@ where
                 self.read_body_more().await?;
             }
             let n = ((self.end - self.start) as u64).min(left) as usize;
-            upstream
-                .write_all(&self.buf[self.start..self.start + n])
+            self.write_up(upstream, Some((self.start, self.start + n)))
                 .await
                 .map_err(Exchange::Upstream)?;
             self.start += n;
@@ -602,8 +658,8 @@ where
         Ok(())
     }
 
-    /// Relays a chunked body from the client to `upstream`, coding and all, checking it
-    /// and `--max-request-body` as it passes.
+    /// Relays a chunked body from the client to `upstream`, its coding as it came but for
+    /// trailer fields (dropped), checking it and `--max-request-body` as it passes.
     async fn relay_chunked_up(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
         let max = self.forwarder.settings.max_request_body;
         let mut coding = Chunked::default();
@@ -611,32 +667,41 @@ where
             if self.start == self.end {
                 self.read_body_more().await?;
             }
-            let run = self.start;
+            let mut run = self.start;
             let mut done = false;
             while self.start < self.end && !done {
                 let piece = coding.next(&self.buf[self.start..self.end]).map_err(|e| {
                     Exchange::Refused(Reason::BadRequest, format!("bad request: {e}"))
                 })?;
-                let n = match piece {
-                    Piece::Framing(n) | Piece::Data(n) => n,
+                match piece {
+                    Piece::Framing(n) | Piece::Data(n) => self.start += n,
                     Piece::End(n) => {
+                        self.start += n;
                         done = true;
-                        n
                     }
-                };
-                self.start += n;
+                    Piece::Trailer(n) => {
+                        if self.start > run {
+                            self.write_up(upstream, Some((run, self.start)))
+                                .await
+                                .map_err(Exchange::Upstream)?;
+                        }
+                        self.start += n;
+                        run = self.start;
+                    }
+                }
+                if max > 0 && coding.data_len() > max {
+                    let why = Failure::BodyTooLarge;
+                    return Err(Exchange::Refused(
+                        why.reason(),
+                        holdfast_process::error_chain(&why),
+                    ));
+                }
             }
-            if max > 0 && coding.data_len() > max {
-                let why = Failure::BodyTooLarge;
-                return Err(Exchange::Refused(
-                    why.reason(),
-                    holdfast_process::error_chain(&why),
-                ));
+            if self.start > run {
+                self.write_up(upstream, Some((run, self.start)))
+                    .await
+                    .map_err(Exchange::Upstream)?;
             }
-            upstream
-                .write_all(&self.buf[run..self.start])
-                .await
-                .map_err(Exchange::Upstream)?;
             if done {
                 return Ok(());
             }
@@ -688,7 +753,20 @@ where
         // upstream closes is delimited by the close too.
         let pass_chunked = framing == BodyFraming::Chunked && !client_http10;
         let switched = status == 101 && upgrade;
+        if status == 101 && !upgrade {
+            // A switch nobody asked for (Upgrade was not forwarded): the upstream broke
+            // the exchange.
+            let why = Failure::Upstream {
+                authority: key_authority(&key),
+                source: "101 Switching Protocols to a request that did not upgrade".into(),
+            };
+            let _ = self
+                .answer(why.reason(), holdfast_process::error_chain(&why), true)
+                .await;
+            return (why.reason().status().as_u16(), Next::Close);
+        }
         let close = self.head.close
+            || self.body_cut
             || self
                 .forwarder
                 .draining
@@ -720,7 +798,8 @@ where
         drop(permit);
         match sent {
             Ok(()) => {
-                let reusable = !self.response.close && self.up_start == self.up_end;
+                let reusable =
+                    !self.response.close && !self.body_cut && self.up_start == self.up_end;
                 if reusable {
                     put_idle(key, upstream, self.forwarder.settings.pool_idle_per_host);
                 }
@@ -775,7 +854,8 @@ where
         Ok(())
     }
 
-    /// Relays a chunked response body, its coding kept or (`data_only`) removed.
+    /// Relays a chunked response body, its coding kept (but for trailer fields, dropped)
+    /// or (`data_only`) reduced to its data.
     async fn relay_chunked_down(
         &mut self,
         upstream: &mut TcpStream,
@@ -790,21 +870,23 @@ where
                 let piece = coding
                     .next(&self.up[self.up_start..self.up_end])
                     .map_err(|e| Relay::Upstream(std::io::Error::other(e.to_string())))?;
-                match piece {
-                    Piece::Data(n) => self.up_start += n,
-                    Piece::Framing(n) | Piece::End(n) => {
-                        if data_only {
-                            let (from, to) = (run, self.up_start);
-                            if to > from {
-                                self.send_up_bytes(from, to).await?;
-                            }
-                            self.up_start += n;
-                            run = self.up_start;
-                        } else {
-                            self.up_start += n;
-                        }
-                        done = matches!(piece, Piece::End(_));
+                let (n, keep) = match piece {
+                    Piece::Data(n) => (n, true),
+                    Piece::Framing(n) => (n, !data_only),
+                    Piece::End(n) => {
+                        done = true;
+                        (n, !data_only)
                     }
+                    Piece::Trailer(n) => (n, false),
+                };
+                if !keep {
+                    if self.up_start > run {
+                        self.send_up_bytes(run, self.up_start).await?;
+                    }
+                    self.up_start += n;
+                    run = self.up_start;
+                } else {
+                    self.up_start += n;
                 }
             }
             if self.up_start > run {
@@ -985,15 +1067,30 @@ enum Exchange {
     ClientGone,
 }
 
-/// The origin-form target sent when normalising left the path as it was: the path and
-/// query as sent (an absolute form's, `/` when it has none).
+/// The origin-form target sent when normalising left the path as it was: the target as
+/// sent, or an absolute form's path and query (a `/` is written before one that has no
+/// path).
 fn origin_target<'b>(head: &RequestHead, buf: &'b [u8]) -> &'b [u8] {
     match head.form {
-        Some(TargetForm::Origin) => head.target.of(buf),
-        _ => {
-            let path = head.path.of(buf);
-            if path.is_empty() { b"/" } else { path }
+        Some(TargetForm::Absolute) => {
+            let end = head.query.map_or(head.path.end, |q| q.end) as usize;
+            buf.get(head.path.start as usize..end).unwrap_or_default()
         }
+        _ => head.target.of(buf),
+    }
+}
+
+/// Whether a request has body bytes to come (a refused one's would have to be read and
+/// thrown away: its connection is closed instead).
+fn has_body(framing: BodyFraming) -> bool {
+    !matches!(framing, BodyFraming::Empty | BodyFraming::Length(0))
+}
+
+/// The authority of `key`, for error details.
+fn key_authority(key: &Key) -> String {
+    match key {
+        Key::Addr(a) => a.to_string(),
+        Key::Name(a) => a.to_string(),
     }
 }
 
@@ -1049,18 +1146,23 @@ async fn fill<S: AsyncRead + Unpin>(
 thread_local! {
     /// This worker's idle upstream connections, by endpoint, with when each went idle.
     static IDLE: RefCell<HashMap<Key, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
+    /// When this worker's idle pool was last swept.
+    static SWEPT: std::cell::Cell<Instant> = std::cell::Cell::new(Instant::now());
     /// `date: <IMF-fixdate>\r\n`, rendered at most once a second per worker.
     static DATE: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
 }
 
-/// An idle connection to `key` that is still open.
-fn take_idle(key: &Key) -> Option<TcpStream> {
+/// An idle connection to `key`; with `check`, one still open (a `recv` that would block).
+fn take_idle(key: &Key, check: bool) -> Option<TcpStream> {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         let list = idle.get_mut(key)?;
         while let Some((stream, since)) = list.pop() {
             if since.elapsed() >= IDLE_TIMEOUT {
                 continue;
+            }
+            if !check {
+                return Some(stream);
             }
             // Readable now means the upstream closed it (or sent bytes unasked): not
             // reusable.
@@ -1074,13 +1176,22 @@ fn take_idle(key: &Key) -> Option<TcpStream> {
     })
 }
 
-/// Keeps `stream` for the next request to `key`, up to `max` per endpoint.
+/// Keeps `stream` for the next request to `key`, up to `max` per endpoint. Now and then
+/// the whole pool drops what idled past [`IDLE_TIMEOUT`] (endpoints gone too).
 fn put_idle(key: Key, stream: TcpStream, max: usize) {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
+        let now = Instant::now();
+        if SWEPT.with(|s| now.duration_since(s.get()) >= IDLE_TIMEOUT / 4) {
+            SWEPT.with(|s| s.set(now));
+            idle.retain(|_, list| {
+                list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
+                !list.is_empty()
+            });
+        }
         let list = idle.entry(key).or_default();
         if list.len() < max {
-            list.push((stream, Instant::now()));
+            list.push((stream, now));
         }
     });
 }

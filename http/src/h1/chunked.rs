@@ -13,6 +13,13 @@ pub const MAX_SIZE_LINE: usize = 4096;
 /// Longest trailer section accepted, in bytes.
 pub const MAX_TRAILERS: usize = 16 * 1024;
 
+/// Most bytes of chunk extensions accepted in one body, all chunks together (hyper's
+/// bound too): framing a body cannot grow without bound past its data.
+pub const MAX_EXTENSIONS: usize = 16 * 1024;
+
+/// Most hex digits of a chunk size, leading zeros included.
+const MAX_SIZE_DIGITS: u32 = 16;
+
 /// Why a chunked body cannot be followed (the request gets 400 and the connection closes;
 /// a response is cut and its connection closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,7 +42,9 @@ pub enum ChunkError {
 enum State {
     /// Reading a chunk size's hex digits (at least one seen when `digits > 0`).
     Size,
-    /// After the size: extensions up to CR.
+    /// After the size: whitespace, then `;` or CR.
+    SizeWs,
+    /// After `;`: extensions up to CR.
     Extension,
     /// After the size line's CR: its LF.
     SizeLf,
@@ -62,6 +71,9 @@ pub enum Piece {
     Framing(usize),
     /// This many bytes of a chunk's data.
     Data(usize),
+    /// This many bytes of trailer fields (a proxy drops them: a backend that merges them
+    /// into the headers would see fields the proxy never checked).
+    Trailer(usize),
     /// This many bytes of framing end the body; anything after them is not this body's.
     End(usize),
 }
@@ -79,6 +91,8 @@ pub struct Chunked {
     left: u64,
     /// Data bytes seen so far.
     data: u64,
+    /// Extension bytes seen so far, all chunks together.
+    extensions: usize,
 }
 
 impl Default for Chunked {
@@ -90,6 +104,7 @@ impl Default for Chunked {
             line: 0,
             left: 0,
             data: 0,
+            extensions: 0,
         }
     }
 }
@@ -119,8 +134,17 @@ impl Chunked {
             }
             return Ok(Piece::Data(n));
         }
+        // Trailer bytes and framing bytes are told apart: a piece is one or the other.
+        let trailer = |state: State, b: u8| {
+            matches!(state, State::Trailer | State::TrailerLf)
+                || (state == State::TrailerStart && b != b'\r')
+        };
+        let first = trailer(self.state, input[0]);
         let mut used = 0;
         for &b in input {
+            if trailer(self.state, b) != first {
+                break;
+            }
             used += 1;
             match self.step(b)? {
                 Step::Continue => {}
@@ -128,7 +152,11 @@ impl Chunked {
                 Step::End => return Ok(Piece::End(used)),
             }
         }
-        Ok(Piece::Framing(used))
+        Ok(if first {
+            Piece::Trailer(used)
+        } else {
+            Piece::Framing(used)
+        })
     }
 
     fn step(&mut self, b: u8) -> Result<Step, ChunkError> {
@@ -136,6 +164,7 @@ impl Chunked {
             State::Size => {
                 self.line_byte()?;
                 match hex(b) {
+                    Some(_) if self.digits == MAX_SIZE_DIGITS => return Err(ChunkError::BadSize),
                     Some(d) => {
                         self.digits += 1;
                         self.size = self
@@ -147,14 +176,29 @@ impl Chunked {
                     None if self.digits == 0 => return Err(ChunkError::BadSize),
                     None => match b {
                         b'\r' => self.state = State::SizeLf,
-                        b';' | b' ' | b'\t' => self.state = State::Extension,
+                        b';' => self.state = State::Extension,
+                        b' ' | b'\t' => self.state = State::SizeWs,
                         b'\n' => return Err(ChunkError::BadLineEnd),
                         _ => return Err(ChunkError::BadSize),
                     },
                 }
             }
+            State::SizeWs => {
+                self.line_byte()?;
+                match b {
+                    b' ' | b'\t' => {}
+                    b';' => self.state = State::Extension,
+                    b'\r' => self.state = State::SizeLf,
+                    b'\n' => return Err(ChunkError::BadLineEnd),
+                    _ => return Err(ChunkError::BadSize),
+                }
+            }
             State::Extension => {
                 self.line_byte()?;
+                self.extensions += 1;
+                if self.extensions > MAX_EXTENSIONS {
+                    return Err(ChunkError::TooLong);
+                }
                 match b {
                     b'\r' => self.state = State::SizeLf,
                     b'\n' => return Err(ChunkError::BadLineEnd),
@@ -260,7 +304,7 @@ mod tests {
             let mut at = 0;
             while at < read.len() {
                 match c.next(&read[at..])? {
-                    Piece::Framing(n) => at += n,
+                    Piece::Framing(n) | Piece::Trailer(n) => at += n,
                     Piece::Data(n) => {
                         data.extend_from_slice(&read[at..at + n]);
                         at += n;
@@ -322,6 +366,64 @@ mod tests {
         assert_eq!(read(&trailers, 100).unwrap_err(), ChunkError::TooLong);
         let folded = b"0\r\nx: 1\r\n continued\r\n\r\n";
         assert_eq!(read(folded, 3).unwrap_err(), ChunkError::BadByte);
+        // Whitespace after a size may only lead to an extension or the line's end.
+        assert_eq!(read(b"5 x\r\n", 5).unwrap_err(), ChunkError::BadSize);
+        assert!(read(b"5 \t;a=1\r\nhello\r\n0\r\n\r\n", 3).unwrap().2);
+        // Leading zeros count as digits: a size line cannot pad a body without bound.
+        assert_eq!(
+            read(b"00000000000000005\r\n", 8).unwrap_err(),
+            ChunkError::BadSize
+        );
+    }
+
+    /// Extensions are capped for the whole body, not per line: many chunks of one byte
+    /// each with long extensions cannot multiply the body's size on the wire.
+    #[test]
+    fn chunk_extensions_are_capped_across_the_body() {
+        let chunk = [b"1;".as_slice(), &[b'e'; 1000], b"\r\nX\r\n"].concat();
+        let body: Vec<u8> = chunk
+            .iter()
+            .copied()
+            .cycle()
+            .take(chunk.len() * 17)
+            .collect();
+        assert_eq!(read(&body, 512).unwrap_err(), ChunkError::TooLong);
+        let few: Vec<u8> = chunk
+            .iter()
+            .copied()
+            .cycle()
+            .take(chunk.len() * 15)
+            .collect();
+        assert!(read(&few, 512).is_ok());
+    }
+
+    /// Trailer fields are pieces of their own (a relay drops them); the final CRLF is
+    /// framing, so what is kept is still a whole chunked body.
+    #[test]
+    fn trailers_are_told_apart_from_framing() {
+        let body = b"1\r\nX\r\n0\r\nx-forwarded-for: 1.2.3.4\r\nx-b: 2\r\n\r\n";
+        for step in 1..=body.len() {
+            let mut c = Chunked::default();
+            let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+            for read in body.chunks(step) {
+                let mut at = 0;
+                while at < read.len() {
+                    let piece = c.next(&read[at..]).unwrap();
+                    let (n, into) = match piece {
+                        Piece::Trailer(n) => (n, &mut dropped),
+                        Piece::Framing(n) | Piece::Data(n) | Piece::End(n) => (n, &mut kept),
+                    };
+                    into.extend_from_slice(&read[at..at + n]);
+                    at += n;
+                }
+            }
+            assert!(c.is_done());
+            assert_eq!(kept, b"1\r\nX\r\n0\r\n\r\n", "reads of {step}");
+            assert_eq!(
+                dropped, b"x-forwarded-for: 1.2.3.4\r\nx-b: 2\r\n",
+                "reads of {step}"
+            );
+        }
     }
 
     #[test]

@@ -383,6 +383,10 @@ impl RequestHead {
         if lengths > 0 && te.is_some() {
             return Err(BadRequest::LengthAndChunked.into());
         }
+        // Transfer-Encoding is not HTTP/1.0's (RFC 9112 §6.1): faulty framing, refused.
+        if self.minor == 0 && te.is_some() {
+            return Err(BadRequest::BadTransferEncoding.into());
+        }
         if lengths > 1 {
             return Err(BadRequest::DuplicateLength.into());
         }

@@ -153,6 +153,10 @@ pub fn write_upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], on
     out.clear();
     out.extend_from_slice(head.method.of(buf));
     out.push(b' ');
+    // An absolute form's target without a path (`http://h?q`) is sent as `/?q`.
+    if !onward.target.starts_with(b"/") && onward.target != b"*" {
+        out.push(b'/');
+    }
     out.extend_from_slice(onward.target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let lines = changed(head, buf, onward.changes);

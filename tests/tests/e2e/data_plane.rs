@@ -2626,3 +2626,131 @@ async fn slow_heads_on_every_connection_allowed_stay_within_the_connection_memor
     drop(held);
     Ok(())
 }
+
+/// An upstream on loopback that records the bytes of every request it is sent and
+/// answers each with a small 200. A request ends after its head when it has no body,
+/// after its Content-Length, or after a chunked body's last chunk and trailers.
+async fn recording_upstream()
+-> anyhow::Result<(SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut have = Vec::new();
+                let mut buf = vec![0u8; 16384];
+                loop {
+                    // One whole request in `have`: its length.
+                    let whole = |have: &[u8]| -> Option<usize> {
+                        let end = have.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+                        let head = String::from_utf8_lossy(&have[..end]).to_lowercase();
+                        if head.contains("transfer-encoding: chunked") {
+                            let last = have[end..].windows(5).position(|w| w == b"0\r\n\r\n")?;
+                            return Some(end + last + 5);
+                        }
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        (have.len() >= end + length).then_some(end + length)
+                    };
+                    while let Some(n) = whole(&have) {
+                        let request: Vec<u8> = have.drain(..n).collect();
+                        let _ = tx.send(request);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => have.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    Ok((addr, rx))
+}
+
+/// The next request the recording upstream got, within the test timeout.
+async fn recorded(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+) -> anyhow::Result<String> {
+    let bytes = tokio::time::timeout(T, rx.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the upstream stopped recording"))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// What reaches the upstream of the request framings RFC 9112 allows and a proxy must
+/// not pass on as they came: chunked trailers (dropped: an upstream that merges them into
+/// the headers would see fields the proxy never checked), an absolute-form target (sent
+/// in origin form with its query), an empty line before a request (skipped),
+/// `Expect: 100-continue` (the client is told to go on), and Transfer-Encoding on
+/// HTTP/1.0 (refused). Both HTTP/1.1 engines pass it.
+#[tokio::test]
+async fn trailers_absolute_targets_leading_empty_lines_and_expect_continue_are_forwarded_safely()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("framings");
+    let (up, mut got) = recording_upstream().await?;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[up])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-framings", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+
+    let chunked = "POST /t HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nX-Trailer: 1\r\n\r\n";
+    assert!(raw(p.addr, chunked).await?.contains(" 200 "));
+    let sent = recorded(&mut got).await?;
+    assert!(sent.starts_with("POST /t HTTP/1.1\r\n"), "{sent:?}");
+    assert!(sent.contains("hello"), "{sent:?}");
+    assert!(
+        !sent.contains("6.6.6.6") && !sent.to_lowercase().contains("x-trailer"),
+        "a trailer reached the upstream: {sent:?}"
+    );
+
+    let absolute = "GET http://a.test/p?q=1 HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    assert!(raw(p.addr, absolute).await?.contains(" 200 "));
+    let sent = recorded(&mut got).await?;
+    assert!(sent.starts_with("GET /p?q=1 HTTP/1.1\r\n"), "{sent:?}");
+
+    let leading = "\r\nGET /lead HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    assert!(raw(p.addr, leading).await?.contains(" 200 "));
+    assert!(
+        recorded(&mut got)
+            .await?
+            .starts_with("GET /lead HTTP/1.1\r\n")
+    );
+
+    let old = "POST / HTTP/1.0\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    assert!(raw(p.addr, old).await?.contains(" 400 "));
+
+    // Expect: 100-continue: the client hears 100 before it sends its body, then the
+    // upstream's answer; the body arrives whole.
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(
+        b"PUT /e HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(T, c.read(&mut buf)).await??;
+    let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(first.starts_with("HTTP/1.1 100 Continue\r\n"), "{first:?}");
+    c.write_all(b"hello").await?;
+    let mut answer = first;
+    while !answer.contains(" 200 ") || !answer.ends_with("ok") {
+        let n = tokio::time::timeout(T, c.read(&mut buf)).await??;
+        anyhow::ensure!(n > 0, "closed before the answer: {answer:?}");
+        answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let sent = recorded(&mut got).await?;
+    assert!(
+        sent.starts_with("PUT /e HTTP/1.1\r\n") && sent.ends_with("\r\n\r\nhello"),
+        "{sent:?}"
+    );
+    Ok(())
+}
