@@ -3,7 +3,7 @@
 #
 #   data-plane/fuzz/afl.sh [--seconds N] [TARGET...]
 #
-# Targets (default: all): framing, h1, path, snapshot, state_file; their properties are in
+# Targets (default: all): framing, h1, differential, path, snapshot, state_file; their properties are in
 # data-plane/fuzz/targets.rs and their seed corpora in data-plane/fuzz/corpus/<target>/.
 # Each runs for N seconds (default 10) from its seed corpus. Installs the pinned cargo-afl
 # (which builds its AFL++) when missing, builds the instrumented harness into target/afl,
@@ -20,7 +20,7 @@ if [[ ${1:-} == --seconds ]]; then
   shift 2
 fi
 targets=("$@")
-((${#targets[@]})) || targets=(framing h1 path snapshot state_file)
+((${#targets[@]})) || targets=(framing h1 differential path snapshot state_file)
 
 # shellcheck source=../../deploy/local/versions.env
 source deploy/local/versions.env

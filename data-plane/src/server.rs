@@ -74,28 +74,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
     gateway: Option<Arc<str>>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // hyper's own header timer also runs while a keep-alive connection waits for its
-        // next request, which closed idle connections after this timeout instead of
-        // --idle-timeout, racing clients that reuse them. The connection loop below times
-        // a head from its first byte instead.
-        .header_read_timeout(None)
-        .max_headers(settings.max_headers)
-        .max_buf_size(settings.max_header_bytes.max(8192))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(settings.max_header_bytes as u32)
-        // What an HTTP/2 connection and its streams may hold, counted in slots of
-        // --max-connections (config::connection_bytes).
-        .max_concurrent_streams(settings.h2_max_concurrent_streams)
-        .initial_connection_window_size(crate::config::H2_CONNECTION_WINDOW)
-        .initial_stream_window_size(crate::config::H2_STREAM_WINDOW)
-        .max_send_buf_size(crate::config::H2_SEND_BUFFER);
+    let builder = hyper_builder(&settings);
     // Over TLS, ALPN has already said "h2": such a connection is HTTP/2 only, so bytes
     // that are not the connection preface get a GOAWAY, not an HTTP/1.1 answer.
     let h2_only = Arc::new(builder.clone().http2_only());
@@ -123,25 +102,15 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn = Connection {
-            port: stream.local_addr().map_or(0, |a| a.port()),
-            h2_only: false,
-            open_slot: Arc::new(open_guard),
-            open: open.clone(),
-            max_connections: settings.max_connections,
-            h2_window_slots: crate::config::h2_window_slots(settings.max_header_bytes),
-            send_timeout: settings.send_timeout,
-            builder: builder.clone(),
-            forwarder: forwarder.clone(),
-            idle_timeout: settings.idle_timeout,
-            header_read_timeout: settings.header_read_timeout,
-            drain: drain_rx.clone(),
-            native_h1: settings.native_h1,
-            head_limits: holdfast_http::h1::Limits {
-                max_bytes: settings.max_header_bytes,
-                max_headers: settings.max_headers,
-            },
-        };
+        let conn = Connection::new(
+            stream.local_addr().map_or(0, |a| a.port()),
+            open_guard,
+            &open,
+            &settings,
+            builder.clone(),
+            forwarder.clone(),
+            drain_rx.clone(),
+        );
         match &tls {
             None => {
                 let via = match &gateway {
@@ -205,6 +174,34 @@ pub async fn serve(
     }
 }
 
+/// The hyper server for a listener's connections: HTTP/2, and HTTP/1.1 with
+/// `--h1-engine=hyper`.
+fn hyper_builder(settings: &ListenSettings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // hyper's own header timer also runs while a keep-alive connection waits for its
+        // next request, which closed idle connections after this timeout instead of
+        // --idle-timeout, racing clients that reuse them. The connection loop below times
+        // a head from its first byte instead.
+        .header_read_timeout(None)
+        .max_headers(settings.max_headers)
+        .max_buf_size(settings.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(settings.max_header_bytes as u32)
+        // What an HTTP/2 connection and its streams may hold, counted in slots of
+        // --max-connections (config::connection_bytes).
+        .max_concurrent_streams(settings.h2_max_concurrent_streams)
+        .initial_connection_window_size(crate::config::H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(crate::config::H2_STREAM_WINDOW)
+        .max_send_buf_size(crate::config::H2_SEND_BUFFER);
+    builder
+}
+
 struct Connection {
     /// The local port the connection came in on.
     port: u16,
@@ -228,7 +225,70 @@ struct Connection {
     head_limits: holdfast_http::h1::Limits,
 }
 
+/// Serves one client connection (`stream`, from `peer`, on local `port`) as a plain HTTP
+/// listener with `settings` would, until it ends: for tests and the differential fuzz
+/// target, which drive both engines over in-memory streams and end their input with EOF.
+/// So hyper, too, answers what it read before an EOF (`half_close`; the native engine
+/// always does).
+pub async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    port: u16,
+    forwarder: Arc<Forwarder>,
+    settings: &ListenSettings,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let open = Arc::new(AtomicUsize::new(0));
+    let Some(slot) = InFlight::enter_below(&open, settings.max_connections) else {
+        return;
+    };
+    let (_drain, drain_rx) = watch::channel(false);
+    let mut builder = hyper_builder(settings);
+    builder.http1().half_close(true);
+    let conn = Connection::new(
+        port,
+        slot,
+        &open,
+        settings,
+        Arc::new(builder),
+        forwarder,
+        drain_rx,
+    );
+    conn.serve(stream, peer, Via::Http).await;
+}
+
 impl Connection {
+    fn new(
+        port: u16,
+        slot: InFlight,
+        open: &Arc<AtomicUsize>,
+        settings: &ListenSettings,
+        builder: Arc<auto::Builder<TokioExecutor>>,
+        forwarder: Arc<Forwarder>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        Connection {
+            port,
+            h2_only: false,
+            open_slot: Arc::new(slot),
+            open: open.clone(),
+            max_connections: settings.max_connections,
+            h2_window_slots: crate::config::h2_window_slots(settings.max_header_bytes),
+            send_timeout: settings.send_timeout,
+            builder,
+            forwarder,
+            idle_timeout: settings.idle_timeout,
+            header_read_timeout: settings.header_read_timeout,
+            drain,
+            native_h1: settings.native_h1,
+            head_limits: holdfast_http::h1::Limits {
+                max_bytes: settings.max_header_bytes,
+                max_headers: settings.max_headers,
+            },
+        }
+    }
+
     /// Serves one connection with the engine configured for HTTP/1.1: the native engine
     /// hands a connection that turns out to be HTTP/2 (the h2c preface) to hyper, with
     /// the bytes it read. A connection that negotiated h2 by ALPN goes to hyper at once.

@@ -12,6 +12,9 @@
 //! - `h1`: the native engine's HTTP/1.1 parse never panics, finds a head's end at the
 //!   same place in reads of any size, refuses every head the framing tracker refuses, and
 //!   follows a chunked body the same way in reads of any size;
+//! - `differential`: the same bytes on one connection to each HTTP/1.1 engine get the
+//!   same answers and forward the same requests, up to where the native engine refuses a
+//!   request hyper serves (never the other way round), its parse saying why;
 //! - `path`: the normaliser never panics; what it returns starts with `/`, has no empty,
 //!   `.` or `..` segment, is a fixed point, and routes the same as itself;
 //! - `snapshot`: decoding, validating and compiling any bytes as a snapshot never panics;
@@ -158,6 +161,14 @@ fn fuzz_h1() {
 }
 
 #[test]
+fn fuzz_differential() {
+    let engines = targets::Engines::new();
+    fuzz("differential", |bytes| {
+        targets::differential(&engines, bytes)
+    });
+}
+
+#[test]
 fn fuzz_path() {
     let table = targets::sample_table();
     fuzz("path", |bytes| targets::path(&table, bytes));
@@ -222,6 +233,7 @@ fn write_seed_corpora() {
     for (name, bytes) in heads {
         write("framing", name, bytes);
         write("h1", name, bytes);
+        write("differential", name, bytes);
     }
     let paths = [
         "/",

@@ -22,7 +22,8 @@
 #                        [--flamegraph FILE.svg]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
-# wrk run and renders FILE.svg with inferno (installed with cargo when missing).
+# wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
+# the folded stacks beside it (FILE.folded).
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
@@ -379,6 +380,7 @@ if [[ -n $FLAME ]]; then
   wait "$perf_pid" || true
   perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"$work/folded"
   inferno-flamegraph --minwidth 0.2 --title "holdfast-proxy under wrk -c$CONNS (one worker, pinned)" <"$work/folded" >"$FLAME"
+  cp "$work/folded" "${FLAME%.svg}.folded"
   echo
-  echo "Flame graph of holdfast-proxy under wrk: $FLAME"
+  echo "Flame graph of holdfast-proxy under wrk: $FLAME (stacks: ${FLAME%.svg}.folded)"
 fi

@@ -37,6 +37,10 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Largest upstream response head read.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
+/// Most body bytes read and dropped after a request answered here, to keep its
+/// connection (hyper drains about as much).
+const DISCARD_MAX: usize = 64 * 1024;
+
 /// How long an upstream that stopped taking a request body has to answer it.
 const EARLY_ANSWER: Duration = Duration::from_secs(1);
 
@@ -314,25 +318,17 @@ where
                 detail,
                 route,
             } => {
-                let close = self.head.close || has_body(self.head.framing());
+                let close = self.head.close || !self.discardable();
                 let status = reason.status().as_u16();
                 let _ = self.answer(reason, detail, close).await;
                 self.count(route, status, started);
-                return if close {
-                    Next::Close
-                } else {
-                    self.consumed(len)
-                };
+                return self.after_answer(len, close).await;
             }
             Decision::Redirect { status, location } => {
-                let close = self.head.close || has_body(self.head.framing());
+                let close = self.head.close || !self.discardable();
                 let _ = self.redirect(status, &location, close).await;
                 self.count(None, status, started);
-                return if close {
-                    Next::Close
-                } else {
-                    self.consumed(len)
-                };
+                return self.after_answer(len, close).await;
             }
         };
         let body = self.head.framing();
@@ -358,10 +354,71 @@ where
         next
     }
 
-    /// After a request answered here whose body was empty: the next one follows.
-    fn consumed(&mut self, len: usize) -> Next {
+    /// Whether the body of a request answered here can be read and dropped to keep the
+    /// connection: none, or one of at most [`DISCARD_MAX`] bytes that the client sends
+    /// without waiting for a 100 Continue.
+    fn discardable(&self) -> bool {
+        match self.head.framing() {
+            BodyFraming::Empty | BodyFraming::Length(0) => true,
+            BodyFraming::Length(n) => n <= DISCARD_MAX as u64 && !self.head.expect_continue,
+            BodyFraming::Chunked => !self.head.expect_continue,
+            BodyFraming::UntilClose => false,
+        }
+    }
+
+    /// After a request of `len` head bytes answered here: its body is read and dropped
+    /// (within the body read timeout, at most [`DISCARD_MAX`] bytes of data, the chunked
+    /// coding checked) and the next request follows, or the connection closes.
+    async fn after_answer(&mut self, len: usize, close: bool) -> Next {
         self.start += len;
-        Next::KeepAlive
+        if close {
+            return Next::Close;
+        }
+        let dropped = match self.head.framing() {
+            BodyFraming::Length(n) => self.discard_length(n).await,
+            BodyFraming::Chunked => self.discard_chunked().await,
+            _ => Ok(()),
+        };
+        match dropped {
+            Ok(()) => Next::KeepAlive,
+            Err(_) => Next::Close,
+        }
+    }
+
+    async fn discard_length(&mut self, mut left: u64) -> Result<(), Exchange> {
+        while left > 0 {
+            if self.start == self.end {
+                self.read_body_more().await?;
+            }
+            let n = ((self.end - self.start) as u64).min(left) as usize;
+            self.start += n;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    async fn discard_chunked(&mut self) -> Result<(), Exchange> {
+        let mut coding = Chunked::default();
+        loop {
+            if self.start == self.end {
+                self.read_body_more().await?;
+            }
+            while self.start < self.end {
+                let piece = coding
+                    .next(&self.buf[self.start..self.end])
+                    .map_err(|_| Exchange::ClientGone)?;
+                match piece {
+                    Piece::Framing(n) | Piece::Data(n) | Piece::Trailer(n) => self.start += n,
+                    Piece::End(n) => {
+                        self.start += n;
+                        return Ok(());
+                    }
+                }
+                if coding.data_len() > DISCARD_MAX as u64 {
+                    return Err(Exchange::ClientGone);
+                }
+            }
+        }
     }
 
     /// Counts an answered request in the route's (or the unrouted) metrics.
@@ -1078,12 +1135,6 @@ fn origin_target<'b>(head: &RequestHead, buf: &'b [u8]) -> &'b [u8] {
         }
         _ => head.target.of(buf),
     }
-}
-
-/// Whether a request has body bytes to come (a refused one's would have to be read and
-/// thrown away: its connection is closed instead).
-fn has_body(framing: BodyFraming) -> bool {
-    !matches!(framing, BodyFraming::Empty | BodyFraming::Length(0))
 }
 
 /// The authority of `key`, for error details.

@@ -33,8 +33,9 @@ pub enum ChunkError {
     /// A line of the coding ends with a bare LF, or a chunk's data is not followed by CRLF.
     #[error("the chunked framing has a line that does not end with CRLF")]
     BadLineEnd,
-    /// A byte that cannot appear in a chunk extension or a trailer line.
-    #[error("a chunk extension or trailer holds a control byte")]
+    /// A byte that cannot appear in a chunk extension or a trailer line (a trailer is
+    /// `name: value`, its name a token).
+    #[error("a chunk extension or trailer holds a byte it cannot")]
     BadByte,
 }
 
@@ -55,7 +56,9 @@ enum State {
     DataLf,
     /// At the start of a trailer line (or the final empty line).
     TrailerStart,
-    /// Inside a trailer line, up to CR.
+    /// In a trailer field's name, up to its colon.
+    TrailerName,
+    /// In a trailer field's value, up to CR.
     Trailer,
     /// After a trailer line's CR.
     TrailerLf,
@@ -136,8 +139,10 @@ impl Chunked {
         }
         // Trailer bytes and framing bytes are told apart: a piece is one or the other.
         let trailer = |state: State, b: u8| {
-            matches!(state, State::Trailer | State::TrailerLf)
-                || (state == State::TrailerStart && b != b'\r')
+            matches!(
+                state,
+                State::TrailerName | State::Trailer | State::TrailerLf
+            ) || (state == State::TrailerStart && b != b'\r')
         };
         let first = trailer(self.state, input[0]);
         let mut used = 0;
@@ -234,8 +239,18 @@ impl Chunked {
                 match b {
                     b'\r' => self.state = State::EndLf,
                     b'\n' => return Err(ChunkError::BadLineEnd),
-                    b' ' | b'\t' => return Err(ChunkError::BadByte),
-                    _ => self.state = State::Trailer,
+                    b if super::is_tchar(b) => self.state = State::TrailerName,
+                    _ => return Err(ChunkError::BadByte),
+                }
+            }
+            // A trailer field is `name: value`, as a header is (RFC 9112 §7.1.2).
+            State::TrailerName => {
+                self.trailer_byte()?;
+                match b {
+                    b':' => self.state = State::Trailer,
+                    b if super::is_tchar(b) => {}
+                    b'\n' | b'\r' => return Err(ChunkError::BadLineEnd),
+                    _ => return Err(ChunkError::BadByte),
                 }
             }
             State::Trailer => {
@@ -364,6 +379,13 @@ mod tests {
         assert_eq!(read(&long, 100).unwrap_err(), ChunkError::TooLong);
         let trailers = [b"0\r\nx: ".as_slice(), &[b'a'; MAX_TRAILERS]].concat();
         assert_eq!(read(&trailers, 100).unwrap_err(), ChunkError::TooLong);
+        for bad in [
+            &b"0\r\nHTTP/X-T: 1\r\n\r\n"[..],
+            b"0\r\n\xd9-T: 1\r\n\r\n",
+            b"0\r\nNoColon\r\n\r\n",
+        ] {
+            assert!(read(bad, 4).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
         let folded = b"0\r\nx: 1\r\n continued\r\n\r\n";
         assert_eq!(read(folded, 3).unwrap_err(), ChunkError::BadByte);
         // Whitespace after a size may only lead to an extension or the line's end.

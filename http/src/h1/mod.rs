@@ -766,7 +766,7 @@ fn scheme_len(target: &[u8]) -> Option<usize> {
 }
 
 /// RFC 9110 §5.6.2 tchar.
-fn is_tchar(b: u8) -> bool {
+pub(crate) fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric()
         || matches!(
             b,

@@ -13,6 +13,10 @@ fn main() {
     let check: Box<dyn Fn(&[u8]) -> Result<(), String>> = match target.as_str() {
         "framing" => Box::new(targets::framing),
         "h1" => Box::new(targets::h1),
+        "differential" => {
+            let engines = targets::Engines::new();
+            Box::new(move |bytes| targets::differential(&engines, bytes))
+        }
         "path" => {
             let table = targets::sample_table();
             Box::new(move |bytes| targets::path(&table, bytes))
@@ -23,7 +27,9 @@ fn main() {
             Box::new(move |bytes| targets::state_file(&valid, bytes))
         }
         other => {
-            eprintln!("unknown target {other:?}: framing, h1, path, snapshot or state_file");
+            eprintln!(
+                "unknown target {other:?}: framing, h1, differential, path, snapshot or state_file"
+            );
             std::process::exit(2);
         }
     };
