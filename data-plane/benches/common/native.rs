@@ -63,7 +63,8 @@ pub fn forwarder(table: RouteTable) -> Forwarder {
             max_request_body: 0,
             body_read_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(60),
-            max_connections_per_endpoint: 0,
+            // The flag's default: the endpoint slot is taken and given back per request.
+            max_connections_per_endpoint: 1024,
             allow_upgrade: vec!["websocket".into()],
             trust_forwarded_from: vec![],
             allow_dot_segment_params: false,
