@@ -163,19 +163,7 @@ impl Forwarder {
                 return refuse(Reason::NoRoute, why);
             }
         };
-        if let Some(reason) = &route.backend.unavailable_reason {
-            return Decision::Refuse {
-                reason: Reason::BackendUnavailable,
-                detail: format!("backend unavailable: {reason}"),
-                route: Some(route),
-            };
-        }
-        Decision::Forward(Routed {
-            route,
-            raw_host,
-            forward_path,
-            header_changes: None,
-        })
+        forward_to(route, raw_host, forward_path, None)
     }
 
     /// The request path normalised as the backend will see it (None: unchanged), and the
@@ -273,19 +261,8 @@ impl Forwarder {
                 );
             }
         };
-        if let Some(reason) = &route.backend.unavailable_reason {
-            return Decision::Refuse {
-                reason: Reason::BackendUnavailable,
-                detail: format!("backend unavailable: {reason}"),
-                route: Some(route),
-            };
-        }
-        Decision::Forward(Routed {
-            route,
-            raw_host,
-            forward_path,
-            header_changes: Some(changes).filter(|c| **c != HeaderChanges::default()),
-        })
+        let changes = Some(changes).filter(|c| **c != HeaderChanges::default());
+        forward_to(route, raw_host, forward_path, changes)
     }
 
     /// Whether the request carries this proxy's own loop token.
@@ -295,6 +272,29 @@ impl Forwarder {
             v.split(|b| *b == b',').any(|t| t.trim_ascii() == mine)
         })
     }
+}
+
+/// Forward on `route`, unless its backend has nothing to serve with (503, counted on the
+/// route): the end of both APIs' routing.
+fn forward_to<'t, 'r>(
+    route: &'t Route,
+    raw_host: &'r str,
+    forward_path: Option<PathAndQuery>,
+    header_changes: Option<&'t HeaderChanges>,
+) -> Decision<'t, 'r> {
+    if let Some(reason) = &route.backend.unavailable_reason {
+        return Decision::Refuse {
+            reason: Reason::BackendUnavailable,
+            detail: format!("backend unavailable: {reason}"),
+            route: Some(route),
+        };
+    }
+    Decision::Forward(Routed {
+        route,
+        raw_host,
+        forward_path,
+        header_changes,
+    })
 }
 
 /// The path and query a redirect keeps: the normalised ones, or as sent.
