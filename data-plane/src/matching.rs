@@ -45,10 +45,22 @@ pub struct Entry<A> {
     pub action: A,
 }
 
-/// One hostname's entries, indexed by path.
+/// One hostname's entries, indexed by path once there are more than [`SCANNED`].
 #[derive(Debug, Clone)]
 pub struct Paths<A> {
     entries: Vec<Entry<A>>,
+    /// None for a few entries: they are scanned in order. Most hosts have one or two
+    /// routes, and an index of hash tables would cost each a few hundred bytes.
+    index: Option<Box<PathIndex>>,
+}
+
+/// Up to this many entries are scanned, not indexed.
+const SCANNED: usize = 4;
+
+/// A [`Paths`]'s entries by path: the positions of each exact path's and each prefix's
+/// entries, in order.
+#[derive(Debug, Clone, Default)]
+struct PathIndex {
     exact: HashMap<String, Vec<usize>>,
     prefix: HashMap<String, Vec<usize>>,
 }
@@ -57,8 +69,7 @@ impl<A> Default for Paths<A> {
     fn default() -> Self {
         Paths {
             entries: Vec::new(),
-            exact: HashMap::new(),
-            prefix: HashMap::new(),
+            index: None,
         }
     }
 }
@@ -66,19 +77,22 @@ impl<A> Default for Paths<A> {
 impl<A> Paths<A> {
     /// The entries, in precedence order at each path.
     pub fn new(entries: Vec<Entry<A>>) -> Self {
-        let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut prefix: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, e) in entries.iter().enumerate() {
-            match &e.path {
-                PathRule::Exact(p) => exact.entry(p.clone()).or_default().push(i),
-                PathRule::Prefix(p) => prefix.entry(p.clone()).or_default().push(i),
+        let indexed = entries.len() > SCANNED;
+        Self::build(entries, indexed)
+    }
+
+    fn build(entries: Vec<Entry<A>>, indexed: bool) -> Self {
+        let index = indexed.then(|| {
+            let mut index = PathIndex::default();
+            for (i, e) in entries.iter().enumerate() {
+                match &e.path {
+                    PathRule::Exact(p) => index.exact.entry(p.clone()).or_default().push(i),
+                    PathRule::Prefix(p) => index.prefix.entry(p.clone()).or_default().push(i),
+                }
             }
-        }
-        Paths {
-            entries,
-            exact,
-            prefix,
-        }
+            Box::new(index)
+        });
+        Paths { entries, index }
     }
 
     /// Every entry, in the order given.
@@ -86,42 +100,69 @@ impl<A> Paths<A> {
         &self.entries
     }
 
+    /// The first entry whose rule is `Exact(path)` (`exact`) or `Prefix(path)` and whose
+    /// header matches hold.
     fn first(
         &self,
-        at: Option<&Vec<usize>>,
+        exact: bool,
+        path: &str,
         headers: Option<&dyn HeaderLookup>,
     ) -> Option<&Entry<A>> {
-        at?.iter().map(|i| &self.entries[*i]).find(|e| {
+        let holds = |e: &&Entry<A>| {
             e.headers.iter().all(|(n, v)| {
                 headers.is_some_and(|h| h.any_value(n.as_str(), &mut |have| have == v.as_bytes()))
             })
-        })
+        };
+        match &self.index {
+            Some(index) => {
+                let at = if exact { &index.exact } else { &index.prefix };
+                at.get(path)?.iter().map(|i| &self.entries[*i]).find(holds)
+            }
+            None => self
+                .entries
+                .iter()
+                .filter(|e| match &e.path {
+                    PathRule::Exact(p) => exact && p == path,
+                    PathRule::Prefix(p) => !exact && p == path,
+                })
+                .find(holds),
+        }
+    }
+
+    fn has_prefixes(&self) -> bool {
+        match &self.index {
+            Some(index) => !index.prefix.is_empty(),
+            None => self
+                .entries
+                .iter()
+                .any(|e| matches!(e.path, PathRule::Prefix(_))),
+        }
     }
 
     /// The entry for a request at `path` (normalised) with `headers` (None: an entry with
     /// header matches never matches), if any.
     pub fn lookup(&self, path: &str, headers: Option<&dyn HeaderLookup>) -> Option<&Entry<A>> {
-        if let Some(e) = self.first(self.exact.get(path), headers) {
+        if let Some(e) = self.first(true, path, headers) {
             return Some(e);
         }
-        if self.prefix.is_empty() {
+        if !self.has_prefixes() {
             return None;
         }
         let trimmed = path.trim_end_matches('/');
         if !trimmed.is_empty()
-            && let Some(e) = self.first(self.prefix.get(trimmed), headers)
+            && let Some(e) = self.first(false, trimmed, headers)
         {
             return Some(e);
         }
         let bytes = trimmed.as_bytes();
         for i in (1..bytes.len()).rev() {
             if bytes[i] == b'/'
-                && let Some(e) = self.first(self.prefix.get(&trimmed[..i]), headers)
+                && let Some(e) = self.first(false, &trimmed[..i], headers)
             {
                 return Some(e);
             }
         }
-        self.first(self.prefix.get("/"), headers)
+        self.first(false, "/", headers)
     }
 }
 
@@ -403,6 +444,48 @@ pub(crate) mod tests {
         );
         // Without request headers (how Ingress looks up), header matches never hold.
         assert_eq!(t.lookup("/a/b/c", None).map(|e| e.action), Some("ab"));
+    }
+
+    proptest::proptest! {
+        /// A few entries are scanned, more are looked up through the index: both give
+        /// the same entry for every path and headers.
+        #[test]
+        fn scanning_the_entries_finds_what_the_index_finds(
+            rules in proptest::collection::vec(
+                (proptest::bool::ANY, 0..6usize, proptest::option::of(0..2usize)),
+                0..9,
+            ),
+            path in 0..9usize,
+            header in proptest::option::of(0..2usize),
+        ) {
+            const PATHS: [&str; 9] = ["/", "/a", "/a/b", "/b", "/a/b/c", "/ab", "/a/", "/b/a", "/a/b/"];
+            const VALUES: [&str; 2] = ["1", "2"];
+            let entries: Vec<Entry<&'static str>> = rules
+                .iter()
+                .enumerate()
+                .map(|(i, (exact, at, value))| {
+                    let rule = match (*exact, PATHS[*at].trim_end_matches('/')) {
+                        (true, _) => PathRule::Exact(PATHS[*at].into()),
+                        // Prefixes are kept without a trailing `/` (but `/`).
+                        (false, "") => PathRule::Prefix("/".into()),
+                        (false, prefix) => PathRule::Prefix(prefix.into()),
+                    };
+                    let hs: Vec<(&str, &str)> = value.iter().map(|v| ("x-v", VALUES[*v])).collect();
+                    let mut entry = e(rule, &hs, "");
+                    entry.action = ["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8"][i];
+                    entry
+                })
+                .collect();
+            let request: Vec<(&str, &str)> = header.iter().map(|v| ("x-v", VALUES[*v])).collect();
+            let request = headers(&request);
+            let scanned = Paths::build(entries.clone(), false);
+            let indexed = Paths::build(entries, true);
+            proptest::prop_assert!(scanned.index.is_none() && indexed.index.is_some());
+            let found = |t: &Paths<&'static str>| {
+                t.lookup(PATHS[path], Some(&request)).map(|e| e.action)
+            };
+            proptest::prop_assert_eq!(found(&scanned), found(&indexed));
+        }
     }
 
     #[test]

@@ -437,29 +437,39 @@ impl RouteTable {
             .collect();
         let mut gateways = (*self.gateways).clone();
         for name in &affected {
-            let listener = delta
+            // `held` keeps its resources encoded: the ones it gives are decoded here.
+            let kept;
+            let listener = match delta
                 .upserted_gateway_listeners
                 .iter()
                 .find(|l| l.name == *name)
-                .or_else(|| {
-                    held.gateway_listener(name)
-                        .map(|l| &**l)
-                        .filter(|_| !delta.removed_gateway_listeners.contains(name))
-                });
-            let Some(listener) = listener else {
-                gateways.remove(name);
-                continue;
+            {
+                Some(l) => l,
+                None if delta.removed_gateway_listeners.contains(name) => {
+                    gateways.remove(name);
+                    continue;
+                }
+                None => match held.gateway_listener(name) {
+                    Some(l) => {
+                        kept = l;
+                        &kept
+                    }
+                    None => {
+                        gateways.remove(name);
+                        continue;
+                    }
+                },
             };
-            let hosts = held
+            let kept_hosts: Vec<GatewayHost> = held
                 .hosts_of_listener(name)
                 .filter(|h| !touched.contains(h.name.as_str()))
-                .map(|h| &**h)
-                .chain(
-                    delta
-                        .upserted_gateway_hosts
-                        .iter()
-                        .filter(|h| h.listener == *name),
-                );
+                .collect();
+            let hosts = kept_hosts.iter().chain(
+                delta
+                    .upserted_gateway_hosts
+                    .iter()
+                    .filter(|h| h.listener == *name),
+            );
             let compiled = self.compile_listener(listener, hosts)?;
             gateways.insert(name.clone(), Arc::new(compiled));
         }
@@ -541,14 +551,14 @@ impl RouteTable {
             match snapshot::ingress_host_of(name) {
                 Some(host) if !touched.contains(host) => {
                     if let Some(g) = held.gateway_host(name) {
-                        t.put_ingress_host(g)?;
+                        t.put_ingress_host(&g)?;
                     }
                 }
                 Some(_) => {}
                 None if touched.contains(name) => {}
                 None => {
                     if let Some(vhost) = held.virtual_host(name) {
-                        t.put_host(vhost)?;
+                        t.put_host(&vhost)?;
                     }
                 }
             }

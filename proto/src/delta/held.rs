@@ -11,10 +11,17 @@
 //! them, so it costs O(change), where rebuilding and re-validating the snapshot cost
 //! O(snapshot). [`Held::commit`] then takes the delta in.
 //!
+//! Each resource is held as its protobuf encoding ([`Encoded`]), about a tenth of the
+//! memory of the decoded message, and decoded only when a delta touches it or the whole
+//! snapshot is written out: a proxy keeps the compiled route table for serving, and this
+//! only to check and apply the next delta.
+//!
 //! The result is exactly what [`super::apply`] accepts and makes; the property test
 //! `held_accepts_and_makes_what_apply_does` holds the two together.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::marker::PhantomData;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use prost::Message;
@@ -40,25 +47,53 @@ pub struct Held {
     content_hash: String,
     cluster_revision: u64,
     progress: Vec<KindProgress>,
-    virtual_hosts: BTreeMap<String, Arc<VirtualHost>>,
-    backends: BTreeMap<String, Arc<Backend>>,
-    certificates: BTreeMap<String, Arc<Certificate>>,
+    virtual_hosts: BTreeMap<String, Encoded<VirtualHost>>,
+    backends: BTreeMap<String, Encoded<Backend>>,
+    certificates: BTreeMap<String, Encoded<Certificate>>,
     default_backend: Option<Arc<DefaultBackend>>,
     default_certificate: String,
-    gateway_listeners: BTreeMap<String, Arc<GatewayListener>>,
-    gateway_hosts: BTreeMap<String, Arc<GatewayHost>>,
+    gateway_listeners: BTreeMap<String, Encoded<GatewayListener>>,
+    gateway_hosts: BTreeMap<String, Encoded<GatewayHost>>,
     hashed: Hashed,
     /// Backend name → the virtual hosts and Gateway hosts with a route to it (a Gateway
     /// host's name has a space, a virtual host's never does).
-    backend_users: HashMap<String, HashSet<String>>,
+    backend_users: Uses,
     /// Certificate name → the virtual hosts, Ingress hosts given as Gateway hosts
     /// (`ingress <host>`) and Gateway listeners that serve it (a listener's name has a
     /// `:`, a host's never does).
-    certificate_users: HashMap<String, HashSet<String>>,
+    certificate_users: Uses,
     /// Gateway listener name → its Gateway hosts.
-    listener_hosts: HashMap<String, HashSet<String>>,
+    listener_hosts: Uses,
     /// The encoded length of the repeated resources.
     resources_len: usize,
+}
+
+/// A resource held as its protobuf encoding, decoded when it is needed.
+#[derive(Debug, Clone)]
+struct Encoded<T> {
+    bytes: Box<[u8]>,
+    kind: PhantomData<fn() -> T>,
+}
+
+impl<T: Message + Default> Encoded<T> {
+    fn new(message: &T) -> Self {
+        Encoded {
+            bytes: message.encode_to_vec().into_boxed_slice(),
+            kind: PhantomData,
+        }
+    }
+
+    /// The message. These bytes are `T`'s own encoding, made by [`Encoded::new`] from a
+    /// message of that type, so decoding them cannot fail.
+    fn decode(&self) -> T {
+        T::decode(&*self.bytes).expect("the bytes are a T's own encoding")
+    }
+
+    /// The length of this message's encoding as field `tag` of its parent.
+    fn field_len(&self, tag: u32) -> usize {
+        let len = self.bytes.len();
+        prost::encoding::key_len(tag) + prost::encoding::encoded_len_varint(len as u64) + len
+    }
 }
 
 /// What [`Held::check`] worked out for [`Held::commit`].
@@ -89,53 +124,53 @@ impl Held {
             hashed,
             ..Held::default()
         };
-        for b in snapshot.backends {
-            held.resources_len += prost::encoding::message::encoded_len(BACKENDS_TAG, &b);
-            held.backends.insert(b.name.clone(), Arc::new(b));
+        for b in &snapshot.backends {
+            held.insert_backend(b);
         }
-        for c in snapshot.certificates {
-            held.resources_len += prost::encoding::message::encoded_len(CERTIFICATES_TAG, &c);
-            held.certificates.insert(c.name.clone(), Arc::new(c));
+        for c in &snapshot.certificates {
+            held.insert_certificate(c);
         }
-        for v in snapshot.virtual_hosts {
-            held.insert_host(Arc::new(v));
+        for v in &snapshot.virtual_hosts {
+            held.insert_host(v);
         }
-        for l in snapshot.gateway_listeners {
-            held.insert_listener(Arc::new(l));
+        for l in &snapshot.gateway_listeners {
+            held.insert_listener(l);
         }
-        for g in snapshot.gateway_hosts {
-            held.insert_gateway_host(Arc::new(g));
+        for g in &snapshot.gateway_hosts {
+            held.insert_gateway_host(g);
         }
         held
     }
 
-    /// The Gateway listeners.
-    pub fn gateway_listeners(&self) -> impl Iterator<Item = &Arc<GatewayListener>> {
-        self.gateway_listeners.values()
+    /// The Gateway listeners (each decoded).
+    pub fn gateway_listeners(&self) -> impl Iterator<Item = GatewayListener> {
+        self.gateway_listeners.values().map(Encoded::decode)
     }
 
-    /// The Gateway listener named `name`.
-    pub fn gateway_listener(&self, name: &str) -> Option<&Arc<GatewayListener>> {
-        self.gateway_listeners.get(name)
+    /// The Gateway listener named `name` (decoded).
+    pub fn gateway_listener(&self, name: &str) -> Option<GatewayListener> {
+        self.gateway_listeners.get(name).map(Encoded::decode)
     }
 
-    /// The Gateway host named `name`.
-    pub fn gateway_host(&self, name: &str) -> Option<&Arc<GatewayHost>> {
-        self.gateway_hosts.get(name)
+    /// The Gateway host named `name` (decoded).
+    pub fn gateway_host(&self, name: &str) -> Option<GatewayHost> {
+        self.gateway_hosts.get(name).map(Encoded::decode)
     }
 
-    /// The Gateway hosts of listener `name`.
-    pub fn hosts_of_listener(&self, name: &str) -> impl Iterator<Item = &Arc<GatewayHost>> {
+    /// The Gateway hosts of listener `name` (each decoded).
+    pub fn hosts_of_listener<'a>(
+        &'a self,
+        name: &str,
+    ) -> impl Iterator<Item = GatewayHost> + use<'a> {
         self.listener_hosts
-            .get(name)
-            .into_iter()
-            .flatten()
+            .of(name)
             .filter_map(|h| self.gateway_hosts.get(h))
+            .map(Encoded::decode)
     }
 
-    /// The Gateway hosts.
-    pub fn gateway_hosts(&self) -> impl Iterator<Item = &Arc<GatewayHost>> {
-        self.gateway_hosts.values()
+    /// The Gateway hosts (each decoded).
+    pub fn gateway_hosts(&self) -> impl Iterator<Item = GatewayHost> {
+        self.gateway_hosts.values().map(Encoded::decode)
     }
 
     /// The version held.
@@ -163,19 +198,19 @@ impl Held {
         self.identity().encoded_len() + self.resources_len
     }
 
-    /// The virtual host for `host`.
-    pub fn virtual_host(&self, host: &str) -> Option<&Arc<VirtualHost>> {
-        self.virtual_hosts.get(host)
+    /// The virtual host for `host` (decoded).
+    pub fn virtual_host(&self, host: &str) -> Option<VirtualHost> {
+        self.virtual_hosts.get(host).map(Encoded::decode)
     }
 
-    /// The backend named `name`.
-    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
-        self.backends.get(name)
+    /// The backend named `name` (decoded).
+    pub fn backend(&self, name: &str) -> Option<Backend> {
+        self.backends.get(name).map(Encoded::decode)
     }
 
-    /// The certificate named `name`.
-    pub fn certificate(&self, name: &str) -> Option<&Arc<Certificate>> {
-        self.certificates.get(name)
+    /// The certificate named `name` (decoded).
+    pub fn certificate(&self, name: &str) -> Option<Certificate> {
+        self.certificates.get(name).map(Encoded::decode)
     }
 
     /// The default backend.
@@ -184,35 +219,29 @@ impl Held {
     }
 
     /// The hosts with a route to backend `name`.
-    pub fn hosts_using_backend(&self, name: &str) -> impl Iterator<Item = &str> {
-        self.backend_users
-            .get(name)
-            .into_iter()
-            .flatten()
-            .map(String::as_str)
+    pub fn hosts_using_backend<'a>(
+        &'a self,
+        name: &str,
+    ) -> impl Iterator<Item = &'a str> + use<'a> {
+        self.backend_users.of(name)
     }
 
     /// The hosts that serve certificate `name`.
-    pub fn hosts_using_certificate(&self, name: &str) -> impl Iterator<Item = &str> {
-        self.certificate_users
-            .get(name)
-            .into_iter()
-            .flatten()
-            .map(String::as_str)
+    pub fn hosts_using_certificate<'a>(
+        &'a self,
+        name: &str,
+    ) -> impl Iterator<Item = &'a str> + use<'a> {
+        self.certificate_users.of(name)
     }
 
     /// The snapshot held, whole (O(snapshot): for writing it, not per delta).
     pub fn to_snapshot(&self) -> Snapshot {
         Snapshot {
-            virtual_hosts: self.virtual_hosts.values().map(|v| (**v).clone()).collect(),
-            backends: self.backends.values().map(|b| (**b).clone()).collect(),
-            certificates: self.certificates.values().map(|c| (**c).clone()).collect(),
-            gateway_listeners: self
-                .gateway_listeners
-                .values()
-                .map(|l| (**l).clone())
-                .collect(),
-            gateway_hosts: self.gateway_hosts.values().map(|g| (**g).clone()).collect(),
+            virtual_hosts: self.virtual_hosts.values().map(Encoded::decode).collect(),
+            backends: self.backends.values().map(Encoded::decode).collect(),
+            certificates: self.certificates.values().map(Encoded::decode).collect(),
+            gateway_listeners: self.gateway_listeners().collect(),
+            gateway_hosts: self.gateway_hosts().collect(),
             ..self.identity()
         }
     }
@@ -349,10 +378,8 @@ impl Held {
         for gone in &delta.removed_gateway_listeners {
             if let Some(host) = self
                 .listener_hosts
-                .get(gone)
-                .into_iter()
-                .flatten()
-                .find(|h| !gateway_hosts.touched.contains(h.as_str()))
+                .of(gone)
+                .find(|h| !gateway_hosts.touched.contains(h))
             {
                 return Err(bad_gateway(
                     "host",
@@ -363,19 +390,13 @@ impl Held {
             }
         }
         // A host the delta leaves alone must not lose what it names.
-        let untouched = |host: &&String| {
-            !hosts.touched.contains(host.as_str())
-                && !gateway_hosts.touched.contains(host.as_str())
-                && !listeners.touched.contains(host.as_str())
+        let untouched = |host: &&str| {
+            !hosts.touched.contains(host)
+                && !gateway_hosts.touched.contains(host)
+                && !listeners.touched.contains(host)
         };
         for gone in &delta.removed_backends {
-            if let Some(host) = self
-                .backend_users
-                .get(gone)
-                .into_iter()
-                .flatten()
-                .find(untouched)
-            {
+            if let Some(host) = self.backend_users.of(gone).find(untouched) {
                 if self.gateway_hosts.contains_key(host) {
                     return Err(bad_gateway(
                         "host",
@@ -384,14 +405,15 @@ impl Held {
                     )
                     .into());
                 }
-                let path = self.virtual_hosts[host]
-                    .routes
-                    .iter()
+                let path = self
+                    .virtual_host(host)
+                    .into_iter()
+                    .flat_map(|v| v.routes)
                     .find(|r| &r.backend == gone)
-                    .map(|r| r.path.clone())
+                    .map(|r| r.path)
                     .unwrap_or_default();
                 return Err(InvalidSnapshot::MissingBackend {
-                    host: host.clone(),
+                    host: host.to_owned(),
                     path,
                     backend: gone.clone(),
                 }
@@ -399,13 +421,7 @@ impl Held {
             }
         }
         for gone in &delta.removed_certificates {
-            if let Some(host) = self
-                .certificate_users
-                .get(gone)
-                .into_iter()
-                .flatten()
-                .find(untouched)
-            {
+            if let Some(host) = self.certificate_users.of(gone).find(untouched) {
                 if self.gateway_listeners.contains_key(host) {
                     return Err(bad_gateway(
                         "listener",
@@ -479,34 +495,23 @@ impl Held {
             self.remove_host(host);
         }
         for v in &delta.upserted_virtual_hosts {
-            self.insert_host(Arc::new(v.clone()));
+            self.insert_host(v);
         }
         for name in &delta.removed_backends {
             if let Some(old) = self.backends.remove(name) {
-                self.resources_len -= prost::encoding::message::encoded_len(BACKENDS_TAG, &*old);
+                self.resources_len -= old.field_len(BACKENDS_TAG);
             }
         }
         for b in &delta.upserted_backends {
-            self.resources_len += prost::encoding::message::encoded_len(BACKENDS_TAG, b);
-            if let Some(old) = self.backends.insert(b.name.clone(), Arc::new(b.clone())) {
-                self.resources_len -= prost::encoding::message::encoded_len(BACKENDS_TAG, &*old);
-            }
+            self.insert_backend(b);
         }
         for name in &delta.removed_certificates {
             if let Some(old) = self.certificates.remove(name) {
-                self.resources_len -=
-                    prost::encoding::message::encoded_len(CERTIFICATES_TAG, &*old);
+                self.resources_len -= old.field_len(CERTIFICATES_TAG);
             }
         }
         for c in &delta.upserted_certificates {
-            self.resources_len += prost::encoding::message::encoded_len(CERTIFICATES_TAG, c);
-            if let Some(old) = self
-                .certificates
-                .insert(c.name.clone(), Arc::new(c.clone()))
-            {
-                self.resources_len -=
-                    prost::encoding::message::encoded_len(CERTIFICATES_TAG, &*old);
-            }
+            self.insert_certificate(c);
         }
         for name in delta
             .removed_gateway_hosts
@@ -523,10 +528,10 @@ impl Held {
             self.remove_listener(name);
         }
         for l in &delta.upserted_gateway_listeners {
-            self.insert_listener(Arc::new(l.clone()));
+            self.insert_listener(l);
         }
         for g in &delta.upserted_gateway_hosts {
-            self.insert_gateway_host(Arc::new(g.clone()));
+            self.insert_gateway_host(g);
         }
         if delta.default_backend_changed {
             self.default_backend = delta.default_backend.clone().map(Arc::new);
@@ -551,7 +556,7 @@ impl Held {
             .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host));
         len -= hosts
             .filter_map(|h| self.virtual_hosts.get(h))
-            .map(|v| encoded_len(VIRTUAL_HOSTS_TAG, &**v))
+            .map(|v| v.field_len(VIRTUAL_HOSTS_TAG))
             .sum::<usize>();
         let backends = delta
             .removed_backends
@@ -559,7 +564,7 @@ impl Held {
             .chain(delta.upserted_backends.iter().map(|b| &b.name));
         len -= backends
             .filter_map(|b| self.backends.get(b))
-            .map(|b| encoded_len(BACKENDS_TAG, &**b))
+            .map(|b| b.field_len(BACKENDS_TAG))
             .sum::<usize>();
         let certificates = delta
             .removed_certificates
@@ -567,7 +572,7 @@ impl Held {
             .chain(delta.upserted_certificates.iter().map(|c| &c.name));
         len -= certificates
             .filter_map(|c| self.certificates.get(c))
-            .map(|c| encoded_len(CERTIFICATES_TAG, &**c))
+            .map(|c| c.field_len(CERTIFICATES_TAG))
             .sum::<usize>();
         let listeners = delta
             .removed_gateway_listeners
@@ -575,7 +580,7 @@ impl Held {
             .chain(delta.upserted_gateway_listeners.iter().map(|l| &l.name));
         len -= listeners
             .filter_map(|l| self.gateway_listeners.get(l))
-            .map(|l| encoded_len(GATEWAY_LISTENERS_TAG, &**l))
+            .map(|l| l.field_len(GATEWAY_LISTENERS_TAG))
             .sum::<usize>();
         let gateway_hosts = delta
             .removed_gateway_hosts
@@ -583,7 +588,7 @@ impl Held {
             .chain(delta.upserted_gateway_hosts.iter().map(|g| &g.name));
         len -= gateway_hosts
             .filter_map(|g| self.gateway_hosts.get(g))
-            .map(|g| encoded_len(GATEWAY_HOSTS_TAG, &**g))
+            .map(|g| g.field_len(GATEWAY_HOSTS_TAG))
             .sum::<usize>();
         len += delta
             .upserted_gateway_listeners
@@ -630,91 +635,95 @@ impl Held {
         identity.encoded_len() + len
     }
 
-    fn insert_host(&mut self, v: Arc<VirtualHost>) {
-        self.resources_len += prost::encoding::message::encoded_len(VIRTUAL_HOSTS_TAG, &*v);
+    fn insert_backend(&mut self, b: &Backend) {
+        let encoded = Encoded::new(b);
+        self.resources_len += encoded.field_len(BACKENDS_TAG);
+        if let Some(old) = self.backends.insert(b.name.clone(), encoded) {
+            self.resources_len -= old.field_len(BACKENDS_TAG);
+        }
+    }
+
+    fn insert_certificate(&mut self, c: &Certificate) {
+        let encoded = Encoded::new(c);
+        self.resources_len += encoded.field_len(CERTIFICATES_TAG);
+        if let Some(old) = self.certificates.insert(c.name.clone(), encoded) {
+            self.resources_len -= old.field_len(CERTIFICATES_TAG);
+        }
+    }
+
+    fn insert_host(&mut self, v: &VirtualHost) {
+        let encoded = Encoded::new(v);
+        self.resources_len += encoded.field_len(VIRTUAL_HOSTS_TAG);
         for r in &v.routes {
-            self.backend_users
-                .entry(r.backend.clone())
-                .or_default()
-                .insert(v.host.clone());
+            self.backend_users.add(&r.backend, &v.host);
         }
         if !v.certificate.is_empty() {
-            self.certificate_users
-                .entry(v.certificate.clone())
-                .or_default()
-                .insert(v.host.clone());
+            self.certificate_users.add(&v.certificate, &v.host);
         }
-        self.virtual_hosts.insert(v.host.clone(), v);
+        self.virtual_hosts.insert(v.host.clone(), encoded);
     }
 
     fn remove_host(&mut self, host: &str) {
-        let Some(v) = self.virtual_hosts.remove(host) else {
+        let Some(encoded) = self.virtual_hosts.remove(host) else {
             return;
         };
-        self.resources_len -= prost::encoding::message::encoded_len(VIRTUAL_HOSTS_TAG, &*v);
+        self.resources_len -= encoded.field_len(VIRTUAL_HOSTS_TAG);
+        let v = encoded.decode();
         for r in &v.routes {
-            unuse(&mut self.backend_users, &r.backend, host);
+            self.backend_users.remove(&r.backend, host);
         }
-        unuse(&mut self.certificate_users, &v.certificate, host);
+        self.certificate_users.remove(&v.certificate, host);
     }
 }
 
 impl Held {
-    fn insert_listener(&mut self, l: Arc<GatewayListener>) {
-        self.resources_len += prost::encoding::message::encoded_len(GATEWAY_LISTENERS_TAG, &*l);
-        for c in snapshot::listener_certificates(&l) {
-            self.certificate_users
-                .entry(c.to_owned())
-                .or_default()
-                .insert(l.name.clone());
+    fn insert_listener(&mut self, l: &GatewayListener) {
+        let encoded = Encoded::new(l);
+        self.resources_len += encoded.field_len(GATEWAY_LISTENERS_TAG);
+        for c in snapshot::listener_certificates(l) {
+            self.certificate_users.add(c, &l.name);
         }
-        self.gateway_listeners.insert(l.name.clone(), l);
+        self.gateway_listeners.insert(l.name.clone(), encoded);
     }
 
     fn remove_listener(&mut self, name: &str) {
-        let Some(l) = self.gateway_listeners.remove(name) else {
+        let Some(encoded) = self.gateway_listeners.remove(name) else {
             return;
         };
-        self.resources_len -= prost::encoding::message::encoded_len(GATEWAY_LISTENERS_TAG, &*l);
+        self.resources_len -= encoded.field_len(GATEWAY_LISTENERS_TAG);
+        let l = encoded.decode();
         for c in snapshot::listener_certificates(&l) {
-            unuse(&mut self.certificate_users, c, name);
+            self.certificate_users.remove(c, name);
         }
     }
 
-    fn insert_gateway_host(&mut self, g: Arc<GatewayHost>) {
-        self.resources_len += prost::encoding::message::encoded_len(GATEWAY_HOSTS_TAG, &*g);
-        for b in snapshot::gateway_host_backends(&g) {
-            self.backend_users
-                .entry(b.to_owned())
-                .or_default()
-                .insert(g.name.clone());
+    fn insert_gateway_host(&mut self, g: &GatewayHost) {
+        let encoded = Encoded::new(g);
+        self.resources_len += encoded.field_len(GATEWAY_HOSTS_TAG);
+        for b in snapshot::gateway_host_backends(g) {
+            self.backend_users.add(b, &g.name);
         }
         if !g.certificate.is_empty() {
-            self.certificate_users
-                .entry(g.certificate.clone())
-                .or_default()
-                .insert(g.name.clone());
+            self.certificate_users.add(&g.certificate, &g.name);
         }
         // An Ingress host has no Gateway listener to keep it with.
-        if !snapshot::is_ingress_host(&g) {
-            self.listener_hosts
-                .entry(g.listener.clone())
-                .or_default()
-                .insert(g.name.clone());
+        if !snapshot::is_ingress_host(g) {
+            self.listener_hosts.add(&g.listener, &g.name);
         }
-        self.gateway_hosts.insert(g.name.clone(), g);
+        self.gateway_hosts.insert(g.name.clone(), encoded);
     }
 
     fn remove_gateway_host(&mut self, name: &str) {
-        let Some(g) = self.gateway_hosts.remove(name) else {
+        let Some(encoded) = self.gateway_hosts.remove(name) else {
             return;
         };
-        self.resources_len -= prost::encoding::message::encoded_len(GATEWAY_HOSTS_TAG, &*g);
+        self.resources_len -= encoded.field_len(GATEWAY_HOSTS_TAG);
+        let g = encoded.decode();
         for b in snapshot::gateway_host_backends(&g) {
-            unuse(&mut self.backend_users, b, name);
+            self.backend_users.remove(b, name);
         }
-        unuse(&mut self.certificate_users, &g.certificate, name);
-        unuse(&mut self.listener_hosts, &g.listener, name);
+        self.certificate_users.remove(&g.certificate, name);
+        self.listener_hosts.remove(&g.listener, name);
     }
 }
 
@@ -726,13 +735,28 @@ fn bad_gateway(kind: &'static str, name: &str, reason: String) -> InvalidSnapsho
     }
 }
 
-/// Takes `user` out of the users of `name`, and `name` out of `users` once it has none.
-fn unuse(users: &mut HashMap<String, HashSet<String>>, name: &str, user: &str) {
-    if let Some(set) = users.get_mut(name) {
-        set.remove(user);
-        if set.is_empty() {
-            users.remove(name);
-        }
+/// Who uses what, as (name, user) pairs: a name's users are one range of the set. One
+/// small entry per pair (a map of sets would make a hash table for each name).
+#[derive(Debug, Clone, Default)]
+struct Uses(BTreeSet<(Box<str>, Box<str>)>);
+
+impl Uses {
+    fn add(&mut self, name: &str, user: &str) {
+        self.0.insert((name.into(), user.into()));
+    }
+
+    fn remove(&mut self, name: &str, user: &str) {
+        self.0.remove(&(Box::from(name), Box::from(user)));
+    }
+
+    /// The users of `name`.
+    fn of<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> + use<'a> {
+        let from: (Box<str>, Box<str>) = (name.into(), "".into());
+        let name = from.0.clone();
+        self.0
+            .range((Bound::Included(from), Bound::Unbounded))
+            .take_while(move |(n, _)| *n == name)
+            .map(|(_, user)| &**user)
     }
 }
 
