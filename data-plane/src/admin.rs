@@ -76,7 +76,7 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
                 "backend": {
                     "name": b.name,
                     "endpoints": endpoints,
-                    "external": b.external.as_ref().map(|(h, p)| format!("{h}:{p}")),
+                    "external": b.external.as_ref().map(|e| &e.target),
                     "unavailable_reason": b.unavailable_reason,
                 }
             })

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -34,19 +34,27 @@ pub struct RouteLabel {
 /// counters.
 #[derive(Debug, Default)]
 pub struct RouteCounters {
-    classes: [OnceLock<Counter>; 4],
-    latency: OnceLock<Histogram>,
+    /// Made at the route's first response: most routes of a large table may never answer
+    /// one, and each then costs only this pointer.
+    series: OnceLock<Arc<RouteSeries>>,
     /// Set when the route is no longer served and its series are dropped: a request still
     /// in flight on it must not make them again.
     retired: AtomicBool,
+}
+
+/// A route's series: its counter per status class (each made at the first response of
+/// its class) and its latency histogram.
+#[derive(Debug)]
+struct RouteSeries {
+    classes: [OnceLock<Counter>; 4],
+    latency: Histogram,
 }
 
 /// A copy is a route of a new table: it counts into the same series, and is not retired.
 impl Clone for RouteCounters {
     fn clone(&self) -> Self {
         RouteCounters {
-            classes: self.classes.clone(),
-            latency: self.latency.clone(),
+            series: self.series.clone(),
             retired: AtomicBool::new(false),
         }
     }
@@ -355,10 +363,11 @@ impl Metrics {
     /// route's own counters and histogram.
     pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16, took: Duration) {
         let (class, i) = class_of(status);
-        if let (Some(counter), Some(latency)) = (counters.classes[i].get(), counters.latency.get())
+        if let Some(series) = counters.series.get()
+            && let Some(counter) = series.classes[i].get()
         {
             counter.inc();
-            latency.observe(took.as_secs_f64());
+            series.latency.observe(took.as_secs_f64());
             return;
         }
         // A request that ends on a route gone since it started is not counted: making
@@ -366,13 +375,16 @@ impl Metrics {
         if counters.retired.load(Ordering::SeqCst) {
             return;
         }
-        counters.classes[i]
+        let series = counters.series.get_or_init(|| {
+            Arc::new(RouteSeries {
+                classes: Default::default(),
+                latency: self.latency(label),
+            })
+        });
+        series.classes[i]
             .get_or_init(|| self.counter(label, class))
             .inc();
-        counters
-            .latency
-            .get_or_init(|| self.latency(label))
-            .observe(took.as_secs_f64());
+        series.latency.observe(took.as_secs_f64());
         // Retired while the series were being made: `forget_routes` may have run before
         // they existed, so drop them here (retire happens before forget, so one of the two
         // sees the other).

@@ -948,7 +948,7 @@ impl Forwarder {
         start: usize,
         tried: &mut Option<SocketAddr>,
     ) -> Target<'b> {
-        if let Some(external) = &backend.external_authority {
+        if let Some(external) = backend.external.as_ref().and_then(|e| e.authority.as_ref()) {
             return if attempt == 0 {
                 Target::Go(Key::Name(external.clone()), external, None)
             } else {

@@ -43,12 +43,9 @@ pub struct Backend {
     pub endpoints: Vec<SocketAddr>,
     /// The endpoints as URI authorities (same order), built once here, not per request.
     pub authorities: Vec<Authority>,
-    /// Zones of the endpoints (same order), informational.
-    pub zones: Vec<String>,
-    /// ExternalName target (`host:port`), when the Service is an ExternalName.
-    pub external: Option<(String, u16)>,
-    /// The ExternalName target as a URI authority.
-    pub external_authority: Option<Authority>,
+    /// The ExternalName target, when the Service is an ExternalName (boxed: most
+    /// backends have none, and a table holds one `Backend` per Service port).
+    pub external: Option<Box<External>>,
     /// Why the backend cannot serve (503 body), when it cannot.
     pub unavailable_reason: Option<String>,
     /// Round-robin position.
@@ -60,6 +57,15 @@ impl Backend {
     pub fn next_index(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// An ExternalName Service's target.
+#[derive(Debug)]
+pub struct External {
+    /// `host:port`.
+    pub target: String,
+    /// The target as a URI authority (none when it is not a valid host and port).
+    pub authority: Option<Authority>,
 }
 
 /// A matched route.
@@ -241,7 +247,6 @@ pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
 fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileError> {
     let mut endpoints = Vec::with_capacity(b.endpoints.len());
     let mut authorities = Vec::with_capacity(b.endpoints.len());
-    let mut zones = Vec::with_capacity(b.endpoints.len());
     for e in b.endpoints.iter().filter(|e| e.ready) {
         let bad = || CompileError::BadEndpoint {
             backend: b.name.clone(),
@@ -256,22 +261,21 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileEr
         let addr = SocketAddr::new(ip, port);
         authorities.push(Authority::try_from(addr.to_string()).map_err(|_| bad())?);
         endpoints.push(addr);
-        zones.push(e.zone.clone());
     }
     let external = (!b.external_name.is_empty()).then(|| {
-        (
-            b.external_name.clone(),
-            u16::try_from(b.external_port).unwrap_or(0),
-        )
+        let port = u16::try_from(b.external_port).unwrap_or(0);
+        let target = format!("{}:{port}", b.external_name);
+        Box::new(External {
+            authority: Authority::try_from(target.as_str()).ok(),
+            target,
+        })
     });
-    let external_authority = external
-        .as_ref()
-        .and_then(|(host, port)| Authority::try_from(format!("{host}:{port}")).ok());
     let unavailable_reason = if !b.unavailable_reason.is_empty() {
         Some(b.unavailable_reason.clone())
-    } else if let Some((host, port)) = external.as_ref().filter(|_| external_authority.is_none()) {
+    } else if let Some(e) = external.as_ref().filter(|e| e.authority.is_none()) {
         Some(format!(
-            "ExternalName target {host}:{port} is not a valid host and port"
+            "ExternalName target {} is not a valid host and port",
+            e.target
         ))
     } else if endpoints.is_empty() && external.is_none() {
         Some(format!("no ready endpoints for backend {}", b.name))
@@ -282,9 +286,7 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileEr
         name: b.name.clone(),
         endpoints,
         authorities,
-        zones,
         external,
-        external_authority,
         unavailable_reason,
         next: AtomicUsize::new(0),
     })
