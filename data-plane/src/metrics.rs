@@ -1,7 +1,7 @@
 //! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
 
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use holdfast_process::tls::ReloadCounters;

@@ -549,21 +549,34 @@ impl Forwarder {
         if max == 0 {
             return Some(None);
         }
-        let semaphore = {
-            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-            if slots.len() > 4096 {
-                // Endpoints come and go: forget those nobody holds or waits on (the map is
-                // the only owner, so no one can be between cloning and acquiring).
-                slots.retain(|_, s| Arc::strong_count(s) > 1);
+        loop {
+            let semaphore = {
+                let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                if slots.len() > 4096 {
+                    // Endpoints come and go: forget those nobody holds or waits on (the
+                    // map is the only owner, so no one can be between cloning and
+                    // acquiring).
+                    slots.retain(|_, s| Arc::strong_count(s) > 1);
+                }
+                slots
+                    .entry(endpoint)
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(max)))
+                    .clone()
+            };
+            if semaphore.available_permits() == 0 {
+                let timeout = self.settings.connect_timeout;
+                return match tokio::time::timeout(timeout, semaphore.acquire_owned()).await {
+                    Ok(Ok(permit)) => Some(Some(permit)),
+                    _ => None,
+                };
             }
-            slots
-                .entry(endpoint)
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(max)))
-                .clone()
-        };
-        match tokio::time::timeout(self.settings.connect_timeout, semaphore.acquire_owned()).await {
-            Ok(Ok(permit)) => Some(Some(permit)),
-            _ => None,
+            // A free slot is taken at once, with no timer; one taken meanwhile by another
+            // worker sends this round again.
+            match semaphore.try_acquire_owned() {
+                Ok(permit) => return Some(Some(permit)),
+                Err(tokio::sync::TryAcquireError::Closed) => return None,
+                Err(tokio::sync::TryAcquireError::NoPermits) => continue,
+            }
         }
     }
 

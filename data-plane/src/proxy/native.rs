@@ -9,7 +9,8 @@
 //! Timeouts: the idle timeout while waiting for a request's first byte, the header read
 //! timeout from that byte until the head is whole, the body read timeout between a
 //! request body's reads, the response timeout from the end of the request body to the
-//! response head, the send timeout for every write to the client.
+//! response head, the send timeout for every write to the client. The waits of the
+//! request path share the connection's one timer ([`timer`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -25,6 +26,10 @@ use holdfast_http::h1::{
 use holdfast_http::headers::{HeaderLookup, Hop};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod timer;
+
+use timer::{Timer, Until};
 
 use super::routing::{Decision, RequestView};
 use super::{Failure, Forwarder, LOOP_HEADER, Reason, Target, Via};
@@ -100,6 +105,8 @@ pub struct H1Conn<'f, S> {
     out: Vec<u8>,
     limits: Limits,
     timeouts: Timeouts,
+    /// The timer of the request path's waits.
+    timer: Timer,
     peer: SocketAddr,
     port: u16,
     requests: u64,
@@ -145,6 +152,7 @@ where
             out: Vec::with_capacity(1024),
             limits,
             timeouts,
+            timer: Timer::new(),
             peer,
             port,
             requests: 0,
@@ -192,14 +200,14 @@ where
     /// first byte, or the proxy drains.
     async fn read_head(&mut self, draining: &mut tokio::sync::watch::Receiver<bool>) -> Read {
         let mut end = HeadEnd::default();
-        let mut first_byte: Option<Instant> = None;
+        let mut first_byte: Option<tokio::time::Instant> = None;
         self.head_request = false;
         loop {
             // Empty lines before a request line are skipped (RFC 9112 §2.2: some clients
             // send a CRLF after a body); they count as the head's first bytes.
             while end.scanned() == 0 && self.buf[self.start..self.end].starts_with(b"\r\n") {
                 self.start += 2;
-                first_byte.get_or_insert_with(Instant::now);
+                first_byte.get_or_insert_with(tokio::time::Instant::now);
             }
             let have = &self.buf[self.start..self.end];
             if self.requests == 0 && !have.is_empty() {
@@ -217,26 +225,25 @@ where
             if have.len() >= self.limits.max_bytes {
                 return Read::Refuse(431);
             }
-            let wait = match first_byte {
-                None if self.start == self.end => self.timeouts.idle,
+            // The head's first byte is the time of the wait that read it, taken when the
+            // head turns out not to be whole with it (most are).
+            let until = match first_byte {
+                None if self.start == self.end => Until::After(self.timeouts.idle),
                 None => {
-                    first_byte = Some(Instant::now());
-                    self.timeouts.header_read
+                    let now = tokio::time::Instant::now();
+                    first_byte = Some(now);
+                    Until::At(now + self.timeouts.header_read)
                 }
-                Some(at) => self.timeouts.header_read.saturating_sub(at.elapsed()),
+                Some(at) => Until::At(at + self.timeouts.header_read),
             };
             let idle = first_byte.is_none() && self.start == self.end;
             let read = tokio::select! {
-                r = tokio::time::timeout(wait, fill(&mut self.io, &mut self.buf, &mut self.start, &mut self.end, self.limits.max_bytes + READ_CHUNK)) => r,
+                r = self.timer.within(until, fill(&mut self.io, &mut self.buf, &mut self.start, &mut self.end, self.limits.max_bytes + READ_CHUNK)) => r,
                 _ = draining.wait_for(|d| *d), if idle => return Read::Gone,
             };
             match read {
                 Ok(Ok(0)) | Ok(Err(_)) => return Read::Gone,
-                Ok(Ok(_)) => {
-                    if first_byte.is_none() {
-                        first_byte = Some(Instant::now());
-                    }
-                }
+                Ok(Ok(_)) => {}
                 // Idle between requests, or a head not whole in time: closed either way.
                 Err(_) => return Read::Gone,
             }
@@ -600,18 +607,16 @@ where
             // or 401 before the body), which the client gets; otherwise it failed.
             Err(Exchange::Upstream(e)) => {
                 self.body_cut = true;
-                let early = tokio::time::timeout(EARLY_ANSWER, self.read_final(upstream)).await;
-                return match early {
-                    Ok(Ok(())) => Ok(()),
-                    _ => Err(Exchange::Upstream(e)),
+                let by = tokio::time::Instant::now() + EARLY_ANSWER;
+                return match self.read_final(upstream, by).await {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(Exchange::Upstream(e)),
                 };
             }
             Err(other) => return Err(other),
         }
-        match tokio::time::timeout(timeout, self.read_final(upstream)).await {
-            Ok(r) => r,
-            Err(_) => Err(Exchange::Timeout),
-        }
+        self.read_final(upstream, tokio::time::Instant::now() + timeout)
+            .await
     }
 
     /// Writes `out` (or `bytes` of the read buffer) to the upstream; a write that makes
@@ -626,7 +631,11 @@ where
             None => &self.out[..],
         };
         let timeout = self.forwarder.settings.response_timeout;
-        match tokio::time::timeout(timeout, upstream.write_all(data)).await {
+        match self
+            .timer
+            .within(Until::After(timeout), upstream.write_all(data))
+            .await
+        {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -635,11 +644,16 @@ where
         }
     }
 
-    /// Reads response heads until a final one; interim ones (100, 103) are skipped.
-    async fn read_final(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
+    /// Reads response heads until a final one, `by` then (else `Exchange::Timeout`);
+    /// interim ones (100, 103) are skipped.
+    async fn read_final(
+        &mut self,
+        upstream: &mut TcpStream,
+        by: tokio::time::Instant,
+    ) -> Result<(), Exchange> {
         let mut received = false;
         loop {
-            if !self.read_response(upstream, received).await? {
+            if !self.read_response(upstream, received, by).await? {
                 return Ok(());
             }
             received = true;
@@ -653,6 +667,7 @@ where
         &mut self,
         upstream: &mut TcpStream,
         received: bool,
+        by: tokio::time::Instant,
     ) -> Result<bool, Exchange> {
         let mut end = HeadEnd::default();
         let len = loop {
@@ -664,14 +679,19 @@ where
                     "response head too large",
                 )));
             }
-            let read = fill(
-                upstream,
-                &mut self.up,
-                &mut self.up_start,
-                &mut self.up_end,
-                MAX_RESPONSE_HEAD + READ_CHUNK,
-            )
-            .await;
+            let read = self.timer.within(
+                Until::At(by),
+                fill(
+                    upstream,
+                    &mut self.up,
+                    &mut self.up_start,
+                    &mut self.up_end,
+                    MAX_RESPONSE_HEAD + READ_CHUNK,
+                ),
+            );
+            let Ok(read) = read.await else {
+                return Err(Exchange::Timeout);
+            };
             let nothing_yet = !received && self.up_end == self.up_start;
             match read {
                 Ok(0) if nothing_yet => return Err(Exchange::Stale),
@@ -873,8 +893,8 @@ where
 
     /// Writes `out` (a head, with any body bytes appended) to the client.
     async fn send_out(&mut self) -> Result<(), Relay> {
-        let send = self.timeouts.send;
-        match tokio::time::timeout(send, self.io.write_all(&self.out)).await {
+        let send = Until::After(self.timeouts.send);
+        match self.timer.within(send, self.io.write_all(&self.out)).await {
             Ok(Ok(())) => Ok(()),
             _ => Err(Relay::Client),
         }
@@ -882,8 +902,9 @@ where
 
     /// Writes `bytes` of the upstream buffer to the client.
     async fn send_up_bytes(&mut self, from: usize, to: usize) -> Result<(), Relay> {
-        let send = self.timeouts.send;
-        match tokio::time::timeout(send, self.io.write_all(&self.up[from..to])).await {
+        let send = Until::After(self.timeouts.send);
+        let write = self.io.write_all(&self.up[from..to]);
+        match self.timer.within(send, write).await {
             Ok(Ok(())) => Ok(()),
             _ => Err(Relay::Client),
         }
