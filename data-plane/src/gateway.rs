@@ -25,7 +25,7 @@ use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
 use http::{HeaderName, HeaderValue};
 
 use crate::metrics::RouteCounters;
-use crate::table::{Backend, CompileError, Route, TlsCertificate};
+use crate::table::{Backend, CompileError, Label, Route, TlsCertificate};
 
 pub use crate::matching::{Entry, PathRule};
 use crate::matching::{Hosts, Paths, Selection};
@@ -239,7 +239,7 @@ impl Listener {
                                         .as_ref()
                                         .map(|s| format!("{}/{}", s.namespace, s.name))
                                         .unwrap_or_default(),
-                                    label: label.clone(),
+                                    label: Label::Named(label.as_str().into()),
                                     counters: RouteCounters::default(),
                                 }))
                             });

@@ -361,7 +361,14 @@ impl Metrics {
 
     /// Counts a response of a matched route that took `took` to its head, through the
     /// route's own counters and histogram.
-    pub fn count_route(&self, label: &str, counters: &RouteCounters, status: u16, took: Duration) {
+    /// `label` makes the route's label, which only making its series needs.
+    pub fn count_route<'l>(
+        &self,
+        label: impl FnOnce() -> std::borrow::Cow<'l, str>,
+        counters: &RouteCounters,
+        status: u16,
+        took: Duration,
+    ) {
         let (class, i) = class_of(status);
         if let Some(series) = counters.series.get()
             && let Some(counter) = series.classes[i].get()
@@ -375,6 +382,8 @@ impl Metrics {
         if counters.retired.load(Ordering::SeqCst) {
             return;
         }
+        let label = label();
+        let label = label.as_ref();
         let series = counters.series.get_or_init(|| {
             Arc::new(RouteSeries {
                 classes: Default::default(),

@@ -691,10 +691,12 @@ impl Forwarder {
         }
         let status = response.status().as_u16();
         match route {
-            Some(route) => {
-                self.metrics
-                    .count_route(&route.label, &route.counters, status, started.elapsed())
-            }
+            Some(route) => self.metrics.count_route(
+                || route.label(),
+                &route.counters,
+                status,
+                started.elapsed(),
+            ),
             None => self.metrics.count("(none)", status),
         }
         response

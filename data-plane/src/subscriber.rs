@@ -818,7 +818,7 @@ mod tests {
         let serve = |host: &str| {
             let t = table.load_full().expect("a table");
             let r = t.lookup(host, "/").expect("a route");
-            metrics.count_route(&r.label, &r.counters, 200, Duration::from_millis(3));
+            metrics.count_route(|| r.label(), &r.counters, 200, Duration::from_millis(3));
         };
         let all = ["a.test", "b.test", "c.test"];
         let first = snapshot_of(&all, 1);
@@ -848,8 +848,18 @@ mod tests {
         applier.apply_delta(&delta).expect("applies");
         assert_eq!(series(&registry), ["(none)", "a.test/"]);
         let in_flight = in_flight_table.lookup("c.test", "/").expect("a route");
-        metrics.count_route(&in_flight.label, &in_flight.counters, 503, Duration::ZERO);
-        metrics.count_route(&in_flight.label, &in_flight.counters, 200, Duration::ZERO);
+        metrics.count_route(
+            || in_flight.label(),
+            &in_flight.counters,
+            503,
+            Duration::ZERO,
+        );
+        metrics.count_route(
+            || in_flight.label(),
+            &in_flight.counters,
+            200,
+            Duration::ZERO,
+        );
         assert_eq!(
             series(&registry),
             ["(none)", "a.test/"],

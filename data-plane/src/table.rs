@@ -82,10 +82,30 @@ pub struct Route {
     pub backend: Arc<Backend>,
     /// `namespace/name` of the Ingress it came from.
     pub source: String,
-    /// Metric label: `<host><path>`.
-    pub label: String,
+    /// Its metric label ([`Route::label`]).
+    pub label: Label,
     /// Its request counters.
     pub counters: RouteCounters,
+}
+
+/// What a route's metric label is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Label {
+    /// `<host><path>` (an Ingress route's), made when it is needed: most routes of a
+    /// large table may never count a request, and each then holds no label.
+    HostPath,
+    /// This one.
+    Named(Box<str>),
+}
+
+impl Route {
+    /// The route's metric label.
+    pub fn label(&self) -> std::borrow::Cow<'_, str> {
+        match &self.label {
+            Label::HostPath => format!("{}{}", self.host, self.path).into(),
+            Label::Named(name) => (**name).into(),
+        }
+    }
 }
 
 /// A certificate ready to serve, and what an operator may see of it.
@@ -110,8 +130,13 @@ struct PathTable {
     certificate: Option<Arc<TlsCertificate>>,
     /// Plain-HTTP requests get 308 to https.
     ssl_redirect: bool,
+}
+
+impl PathTable {
     /// Its routes in snapshot order.
-    routes: Vec<Arc<Route>>,
+    fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.paths.entries().iter().map(|e| &e.action)
+    }
 }
 
 impl HostEntry for PathTable {
@@ -616,7 +641,7 @@ impl RouteTable {
             path: String::new(),
             backend: self.backend_named(&d.backend)?,
             source: source_name(d.source.as_ref()),
-            label: "(default backend)".into(),
+            label: Label::Named("(default backend)".into()),
             counters: RouteCounters::default(),
         }))
     }
@@ -639,43 +664,37 @@ impl RouteTable {
             ..PathTable::default()
         };
         table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
+        let mut entries = Vec::with_capacity(vhost.routes.len());
         for r in &vhost.routes {
             let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
-            let route = Arc::new(Route {
-                host: vhost.host.clone(),
-                kind,
-                path: r.path.clone(),
-                backend: self.backend_named(&r.backend)?,
-                source: source_name(r.source.as_ref()),
-                label: format!("{}{}", vhost.host, r.path),
-                counters: RouteCounters::default(),
+            entries.push(Entry {
+                path: match kind {
+                    MatchKind::Exact => PathRule::Exact(r.path.clone()),
+                    _ => PathRule::Prefix(r.path.clone()),
+                },
+                headers: Vec::new(),
+                action: Arc::new(Route {
+                    host: vhost.host.clone(),
+                    kind,
+                    path: r.path.clone(),
+                    backend: self.backend_named(&r.backend)?,
+                    source: source_name(r.source.as_ref()),
+                    label: Label::HostPath,
+                    counters: RouteCounters::default(),
+                }),
             });
-            table.routes.push(route);
         }
         // In snapshot order: at one path the first route wins.
-        table.paths = Paths::new(
-            table
-                .routes
-                .iter()
-                .map(|r| Entry {
-                    path: match r.kind {
-                        MatchKind::Exact => PathRule::Exact(r.path.clone()),
-                        _ => PathRule::Prefix(r.path.clone()),
-                    },
-                    headers: Vec::new(),
-                    action: r.clone(),
-                })
-                .collect(),
-        );
+        table.paths = Paths::new(entries);
         self.remove_host(&vhost.host);
-        self.host_routes += table.routes.len();
+        self.host_routes += table.paths.entries().len();
         self.hosts.insert(&vhost.host, Arc::new(table));
         Ok(())
     }
 
     fn remove_host(&mut self, host: &str) {
         if let Some(old) = self.hosts.remove(host) {
-            self.host_routes -= old.routes.len();
+            self.host_routes -= old.paths.entries().len();
         }
     }
 
@@ -706,7 +725,7 @@ impl RouteTable {
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.hosts
             .values()
-            .flat_map(|t| t.routes.iter())
+            .flat_map(|t| t.routes())
             .chain(self.default_route.iter())
     }
 
@@ -724,7 +743,7 @@ impl RouteTable {
         let mut gone: Vec<String> = self
             .routes_gone(next, hosts)
             .into_iter()
-            .map(|r| r.label.clone())
+            .map(|r| r.label().into_owned())
             .collect();
         gone.sort();
         gone.dedup();
@@ -738,17 +757,17 @@ impl RouteTable {
             Some(hosts) => hosts
                 .iter()
                 .filter_map(|h| self.entry(h))
-                .flat_map(|t| t.routes.iter())
+                .flat_map(|t| t.routes())
                 .chain(self.default_route.iter())
                 .collect(),
         };
         old.into_iter()
             .filter(|r| {
                 let kept = if r.host == "*" {
-                    next.default_route.iter().any(|d| d.label == r.label)
+                    next.default_route.iter().any(|d| d.label() == r.label())
                 } else {
                     next.entry(&r.host)
-                        .is_some_and(|t| t.routes.iter().any(|n| n.label == r.label))
+                        .is_some_and(|t| t.routes().any(|n| n.label() == r.label()))
                 };
                 !kept
             })

@@ -432,7 +432,7 @@ where
     fn count(&self, route: Option<&Route>, status: u16, started: Instant) {
         let m = &self.forwarder.metrics;
         match route {
-            Some(r) => m.count_route(&r.label, &r.counters, status, started.elapsed()),
+            Some(r) => m.count_route(|| r.label(), &r.counters, status, started.elapsed()),
             None => m.count("(none)", status),
         }
     }

@@ -886,7 +886,7 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
             // The request series a swap drops: the labels the old table has and the new
             // one has not, found from the hosts the delta names alone.
             let labels = |t: &RouteTable| -> BTreeSet<String> {
-                t.routes().map(|r| r.label.clone()).collect()
+                t.routes().map(|r| r.label().into_owned()).collect()
             };
             let gone: Vec<String> = labels(&table)
                 .difference(&labels(&changed))

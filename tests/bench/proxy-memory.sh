@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The memory phase of tests/bench/proxy.sh alone, to measure a change to what the proxy
+# holds without the 6-minute run: a stand-in control plane serving 10,001 hosts (each "/"
+# to a backend of its own), holdfast-proxy with one worker that has applied them, a wrk
+# run against one of them, then the proxy's RSS and its peak (VmHWM), and the parts of the
+# RSS from /proc/PID/smaps_rollup. Markdown on stdout.
+#
+#   tests/bench/proxy-memory.sh [--duration S] [--connections N] [--hosts N]
+#
+# Release binaries; needs wrk, taskset and curl (installed from Debian when missing).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+DURATION=10 CONNS=50 HOSTS=10000
+while (($#)); do
+  case $1 in
+    --duration) DURATION=$2; shift ;;
+    --connections) CONNS=$2; shift ;;
+    --hosts) HOSTS=$2; shift ;;
+    *) echo "proxy-memory.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+tests/bench/tools.sh --smoke
+cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
+BIN=$(deploy/local/target-dir.sh)/release
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+mib() { awk -v k="$2:" '$1 == k {printf "%.1f", $2 / 1024}' "$1"; }
+
+UP=$(free_port); CP=$(free_port); HF=$(free_port); HFA=$(free_port)
+taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=($!)
+"$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" \
+  --extra-hosts "$HOSTS" 2>/dev/null & pids+=($!)
+wait_port "$UP"; wait_port "$CP"
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" \
+  --admin-listen "127.0.0.1:$HFA" --debug-listen 127.0.0.1:0 --insecure-plaintext \
+  --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id memory --worker-threads 1 & pids+=($!)
+pid=$!
+wait_port "$HF"
+last="h$((HOSTS - 1)).extra.test"
+[[ $HOSTS -gt 0 ]] || last=bench.test
+for _ in $(seq 1 300); do curl -sf -H "Host: $last" "http://127.0.0.1:$HF/" >/dev/null && break; sleep 0.1; done
+curl -sf -H "Host: $last" "http://127.0.0.1:$HF/" >/dev/null || { echo "the table never served $last" >&2; exit 1; }
+loaded=$(mib "/proc/$pid/status" VmRSS)
+target="h$((HOSTS / 2)).extra.test"
+[[ $HOSTS -gt 0 ]] || target=bench.test
+rps=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "Host: $target" "http://127.0.0.1:$HF/" |
+  awk '/Requests\/sec/ {printf "%.0f", $2}')
+echo "### holdfast-proxy memory with $((HOSTS + 1)) routes ($((HOSTS + 1)) hosts and backends; wrk -c$CONNS for ${DURATION} s at $rps rps)"
+echo
+echo "| when | RSS | peak RSS (VmHWM) | anonymous (heap, stacks) | file-backed (the binary) |"
+echo "| --- | --- | --- | --- | --- |"
+echo "| table applied, before the load | $loaded MiB | | | |"
+rollup=/proc/$pid/smaps_rollup
+anon=$(mib "$rollup" Anonymous)
+rss=$(mib "$rollup" Rss)
+echo "| after the load | $(mib "/proc/$pid/status" VmRSS) MiB | $(mib "/proc/$pid/status" VmHWM) MiB | $anon MiB | $(python3 -c "print(f'{$rss - $anon:.1f}')") MiB |"
