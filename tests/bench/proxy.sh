@@ -63,12 +63,8 @@ load_open_loop() {
     load=("$BIN/holdfast-load" -z "${DURATION}s" -c "$CONNS" -q "$2" --host bench.test "http://127.0.0.1:$1/")
   fi
 }
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+# shellcheck source=tests/bench/common.sh
+. tests/bench/common.sh
 
 UP=$(free_port); CP=$(free_port); HF=$(free_port); HFA=$(free_port); NG=$(free_port)
 HFS=$(free_port); NGS=$(free_port); HP=$(free_port); HPS=$(free_port)
