@@ -75,7 +75,7 @@ impl PartialEq for RouteCounters {
 
 impl Eq for RouteCounters {}
 
-/// The status class labels, by their index in [`RouteCounters`].
+/// The status class labels, by their index in a route's series.
 const CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
 
 /// Labels of a local error answer: why, and its status code.

@@ -106,6 +106,17 @@ impl Route {
             Label::Named(name) => (**name).into(),
         }
     }
+
+    /// Whether `other` has this route's label (without making either).
+    pub fn same_label(&self, other: &Route) -> bool {
+        match (&self.label, &other.label) {
+            (Label::HostPath, Label::HostPath) => {
+                self.host == other.host && self.path == other.path
+            }
+            (Label::Named(a), Label::Named(b)) => a == b,
+            _ => self.label() == other.label(),
+        }
+    }
 }
 
 /// A certificate ready to serve, and what an operator may see of it.
@@ -764,10 +775,10 @@ impl RouteTable {
         old.into_iter()
             .filter(|r| {
                 let kept = if r.host == "*" {
-                    next.default_route.iter().any(|d| d.label() == r.label())
+                    next.default_route.iter().any(|d| d.same_label(r))
                 } else {
                     next.entry(&r.host)
-                        .is_some_and(|t| t.routes().any(|n| n.label() == r.label()))
+                        .is_some_and(|t| t.routes().any(|n| n.same_label(r)))
                 };
                 !kept
             })

@@ -48,7 +48,7 @@ rps=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H "Host: $target" "http:
   awk '/Requests\/sec/ {printf "%.0f", $2}')
 echo "### holdfast-proxy memory with $((HOSTS + 1)) routes ($((HOSTS + 1)) hosts and backends; wrk -c$CONNS for ${DURATION} s at $rps rps)"
 echo
-echo "| when | RSS | peak RSS (VmHWM) | anonymous (heap, stacks) | file-backed (the binary) |"
+echo "| when | RSS | peak RSS (VmHWM) | anonymous (heap, stacks) | file-backed (the binary, shared libraries) |"
 echo "| --- | --- | --- | --- | --- |"
 echo "| table applied, before the load | $loaded MiB | | | |"
 rollup=/proc/$pid/smaps_rollup

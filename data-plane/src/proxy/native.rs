@@ -9,8 +9,11 @@
 //! Timeouts: the idle timeout while waiting for a request's first byte, the header read
 //! timeout from that byte until the head is whole, the body read timeout between a
 //! request body's reads, the response timeout from the end of the request body to the
-//! response head, the send timeout for every write to the client. The waits of the
-//! request path share the connection's one timer ([`timer`]).
+//! response head, the send timeout for every write to the client. The waits every
+//! keep-alive request makes (for its head, the upstream write and the response head, the
+//! writes to the client) share the connection's one timer ([`timer`]); the rarer ones
+//! (body reads, the 100 Continue, connecting, the last shutdown) keep a
+//! `tokio::time::timeout` each.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -105,7 +108,7 @@ pub struct H1Conn<'f, S> {
     out: Vec<u8>,
     limits: Limits,
     timeouts: Timeouts,
-    /// The timer of the request path's waits.
+    /// The timer of the waits every keep-alive request makes ([`timer`]).
     timer: Timer,
     peer: SocketAddr,
     port: u16,
@@ -232,9 +235,9 @@ where
                 None => {
                     let now = tokio::time::Instant::now();
                     first_byte = Some(now);
-                    Until::At(now + self.timeouts.header_read)
+                    Until::after(now, self.timeouts.header_read)
                 }
-                Some(at) => Until::At(at + self.timeouts.header_read),
+                Some(at) => Until::after(at, self.timeouts.header_read),
             };
             let idle = first_byte.is_none() && self.start == self.end;
             let read = tokio::select! {
@@ -607,7 +610,7 @@ where
             // or 401 before the body), which the client gets; otherwise it failed.
             Err(Exchange::Upstream(e)) => {
                 self.body_cut = true;
-                let by = tokio::time::Instant::now() + EARLY_ANSWER;
+                let by = Until::after(tokio::time::Instant::now(), EARLY_ANSWER);
                 return match self.read_final(upstream, by).await {
                     Ok(()) => Ok(()),
                     Err(_) => Err(Exchange::Upstream(e)),
@@ -615,7 +618,7 @@ where
             }
             Err(other) => return Err(other),
         }
-        self.read_final(upstream, tokio::time::Instant::now() + timeout)
+        self.read_final(upstream, Until::after(tokio::time::Instant::now(), timeout))
             .await
     }
 
@@ -646,11 +649,7 @@ where
 
     /// Reads response heads until a final one, `by` then (else `Exchange::Timeout`);
     /// interim ones (100, 103) are skipped.
-    async fn read_final(
-        &mut self,
-        upstream: &mut TcpStream,
-        by: tokio::time::Instant,
-    ) -> Result<(), Exchange> {
+    async fn read_final(&mut self, upstream: &mut TcpStream, by: Until) -> Result<(), Exchange> {
         let mut received = false;
         loop {
             if !self.read_response(upstream, received, by).await? {
@@ -667,7 +666,7 @@ where
         &mut self,
         upstream: &mut TcpStream,
         received: bool,
-        by: tokio::time::Instant,
+        by: Until,
     ) -> Result<bool, Exchange> {
         let mut end = HeadEnd::default();
         let len = loop {
@@ -680,7 +679,7 @@ where
                 )));
             }
             let read = self.timer.within(
-                Until::At(by),
+                by,
                 fill(
                     upstream,
                     &mut self.up,

@@ -815,3 +815,26 @@ fn names<'a, T, R>(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod uses_tests {
+    use super::Uses;
+
+    #[test]
+    fn a_names_users_are_its_own_when_another_name_starts_with_it() {
+        let mut uses = Uses::default();
+        uses.add("a/b", "h1");
+        uses.add("a", "h2");
+        uses.add("a", "h3");
+        uses.add("a/bc", "h4");
+        uses.add("a", "h2");
+        let of = |uses: &Uses, name: &str| uses.of(name).map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(of(&uses, "a"), ["h2", "h3"]);
+        assert_eq!(of(&uses, "a/b"), ["h1"]);
+        assert_eq!(of(&uses, "a/"), Vec::<String>::new());
+        uses.remove("a", "h2");
+        uses.remove("a", "h9");
+        assert_eq!(of(&uses, "a"), ["h3"]);
+        assert_eq!(of(&uses, "a/bc"), ["h4"]);
+    }
+}

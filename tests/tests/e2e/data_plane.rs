@@ -2692,6 +2692,51 @@ async fn recorded(
 /// in origin form with its query), an empty line before a request (skipped),
 /// `Expect: 100-continue` (the client is told to go on), and Transfer-Encoding on
 /// HTTP/1.0 (refused). Both HTTP/1.1 engines pass it.
+/// An upstream that sends interim (1xx) heads without end, as fast as it can, is cut at
+/// the response timeout: the deadline covers all the heads before the final one (each
+/// read is its own wait, sharing that deadline: `timer::tests::waits_over_at_once_still_end_at_the_instant_they_share`).
+#[tokio::test]
+async fn an_upstream_sending_interim_heads_without_end_is_cut_at_the_response_timeout()
+-> anyhow::Result<()> {
+    let (state, logs) = dirs("interim-flood");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let up = listener.local_addr()?;
+    let flood = tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return 0u64;
+        };
+        let mut head = [0u8; 4096];
+        let _ = s.read(&mut head).await;
+        let heads = "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n".repeat(512);
+        // Bounded: until the proxy closes the connection, or 60 s at most.
+        let end = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut sent = 0u64;
+        while tokio::time::Instant::now() < end && s.write_all(heads.as_bytes()).await.is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[up])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start(
+        "proxy-interim-flood",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &["--upstream-response-timeout", "1s"],
+    )?;
+    wait_version(&p, &s.version).await?;
+    let began = std::time::Instant::now();
+    let answer = raw(p.addr, "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").await?;
+    let took = began.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 504 "), "{answer:?}");
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    let batches = tokio::time::timeout(T, flood).await??;
+    assert!(batches > 0, "the upstream sent no interim heads");
+    Ok(())
+}
+
 #[tokio::test]
 async fn trailers_absolute_targets_leading_empty_lines_and_expect_continue_are_forwarded_safely()
 -> anyhow::Result<()> {

@@ -3,9 +3,10 @@
 //! `tokio::time::timeout` makes a timer entry for each wait, and registers it in the
 //! runtime's timer wheel (under its lock) whenever the wait has to wait: on a keep-alive
 //! connection that is several per request. Here a connection keeps one [`Sleep`]. Each
-//! wait says when it must be over ([`Until`]); the deadline is worked out, and the timer
-//! touched, only when the wait has to wait, and then only if the timer would fire after
-//! that deadline. A timer that fires before the deadline of the wait in progress (left
+//! wait says when it must be over ([`Until`]): a time from when it begins, worked out only
+//! if it has to wait, or an instant several waits share, checked as each ends. The timer
+//! is touched only when a wait has to wait, and then only if it would fire after that
+//! deadline. A timer that fires before the deadline of the wait in progress (left
 //! armed by an earlier, shorter wait) is re-armed for it. So a write that is over at its
 //! first poll touches no timer and reads no clock, and a busy connection's waits share
 //! one registration that moves about once per timeout period (nginx keeps one timer per
@@ -25,6 +26,16 @@ pub enum Until {
     After(Duration),
     /// By this instant.
     At(Instant),
+    /// Whenever: a timeout too long to have an instant (as `tokio::time::timeout` takes
+    /// one).
+    Never,
+}
+
+impl Until {
+    /// `after` past `from`.
+    pub fn after(from: Instant, after: Duration) -> Self {
+        from.checked_add(after).map_or(Until::Never, Until::At)
+    }
 }
 
 /// A wait was not over in time.
@@ -51,15 +62,26 @@ impl Timer {
     /// `fut`'s output, or `TimedOut` if it is not ready by `until`.
     pub async fn within<F: Future>(&mut self, until: Until, fut: F) -> Result<F::Output, TimedOut> {
         let mut fut = std::pin::pin!(fut);
-        let mut deadline: Option<Instant> = None;
+        let mut deadline: Option<Option<Instant>> = None;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                // A deadline shared by several waits (a head read in pieces, interim
+                // answers before the final one) holds even when each is over at once.
+                if let Until::At(at) = until
+                    && Instant::now() >= at
+                {
+                    return Poll::Ready(Err(TimedOut));
+                }
                 return Poll::Ready(Ok(out));
             }
             let at = *deadline.get_or_insert_with(|| match until {
-                Until::After(d) => Instant::now() + d,
-                Until::At(at) => at,
+                Until::After(d) => Instant::now().checked_add(d),
+                Until::At(at) => Some(at),
+                Until::Never => None,
             });
+            let Some(at) = at else {
+                return Poll::Pending;
+            };
             loop {
                 if self.armed.is_none_or(|armed| armed > at) {
                     self.sleep.as_mut().reset(at);
@@ -97,6 +119,31 @@ mod tests {
             Ok(7)
         );
         assert_eq!(timer.armed, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_too_long_for_an_instant_never_ends_the_wait() {
+        let mut timer = Timer::new();
+        let ready = tokio::time::sleep(3 * SECOND);
+        let huge = Until::after(Instant::now(), Duration::MAX);
+        assert!(matches!(huge, Until::Never));
+        assert_eq!(timer.within(huge, ready).await, Ok(()));
+        let ready = tokio::time::sleep(3 * SECOND);
+        assert_eq!(
+            timer.within(Until::After(Duration::MAX), ready).await,
+            Ok(())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_over_at_once_still_end_at_the_instant_they_share() {
+        let mut timer = Timer::new();
+        let by = Until::At(Instant::now() + 2 * SECOND);
+        assert_eq!(timer.within(by, async { 1 }).await, Ok(1));
+        tokio::time::advance(3 * SECOND).await;
+        assert_eq!(timer.within(by, async { 2 }).await, Err(TimedOut));
+        // A time from when the wait begins is not shared: over at once is in time.
+        assert_eq!(timer.within(Until::After(SECOND), async { 3 }).await, Ok(3));
     }
 
     #[tokio::test(start_paused = true)]
