@@ -19,20 +19,22 @@
 # off; -reuse: resumed sessions).
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
-#                        [--flamegraph FILE.svg]
+#                        [--flamegraph FILE.svg] [--syscalls]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
-# the folded stacks beside it (FILE.folded).
+# the folded stacks beside it (FILE.folded). --syscalls also counts each proxy's system
+# calls per request (perf stat, raw_syscalls:sys_enter) over one more wrk run each.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE=''
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
+    --syscalls) SYSCALLS=1 ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -260,6 +262,31 @@ for rate in "${rates[@]}"; do
 done
 echo
 echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
+
+if [[ -n $SYSCALLS ]]; then
+  command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
+  # syscalls_run PORT PID: "requests|system calls|per request" over a wrk run.
+  syscalls_run() {
+    perf stat -e raw_syscalls:sys_enter -x, -o "$work/perf-stat" -p "$2" -- sleep "$((DURATION + 1))" &
+    local perf_pid=$! out
+    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$1/")
+    wait "$perf_pid"
+    python3 - "$out" "$work/perf-stat" <<'PY'
+import re, sys
+requests = int(re.search(r"(\d+) requests in", sys.argv[1]).group(1))
+calls = next(int(l.split(",")[0]) for l in open(sys.argv[2]) if "raw_syscalls:sys_enter" in l)
+print(f"{requests}|{calls}|{calls / requests:.2f}")
+PY
+  }
+  echo
+  echo "### System calls per request (perf stat -e raw_syscalls:sys_enter, wrk -c$CONNS for ${DURATION} s, one worker each)"
+  echo
+  echo "| proxy | requests | system calls | per request |"
+  echo "| --- | --- | --- | --- |"
+  echo "| holdfast-proxy | $(syscalls_run "$HF" "$hf_pid" | sed 's/|/ | /g') |"
+  echo "| nginx $nginx_version | $(syscalls_run "$NG" "$ng_pid" | sed 's/|/ | /g') |"
+  echo "| HAProxy $haproxy_version | $(syscalls_run "$HP" "$hp_pid" | sed 's/|/ | /g') |"
+fi
 
 # Warm all three over TLS.
 for port in "$HFS" "$NGS" "$HPS"; do
