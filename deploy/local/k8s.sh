@@ -294,7 +294,7 @@ fetch_cert_manager_crds() {
     # Helm-templated releases: the only template code outside comments is in labels.
     sed -e "s/'{{ template \"cert-manager.name\" . }}'/cert-manager/" \
       -e "s/'{{ .Release.Name }}'/cert-manager/" "$f" >"$work/${f##*/}"
-    if grep -v '^[[:space:]]*#' "$work/${f##*/}" | grep -q '{{'; then
+    if grep -v '^[[:space:]]*#' "$work/${f##*/}" | grep '{{' >/dev/null; then
       fail "$work" "${f#"$mod"/} holds Helm template code this script cannot render"
     fi
   done
@@ -741,7 +741,7 @@ cmd_netns_up() {
 cmd_netns_down() {
   local name=$1 host_if ns_if pids
   read -r host_if ns_if < <(netns_links "$name")
-  if ip netns list | grep -qw "^$name"; then
+  if ip netns list | grep -w "^$name" >/dev/null; then
     pids=$(ip netns pids "$name" 2>/dev/null || true)
     # shellcheck disable=SC2086 # one pid per word
     if [[ -n $pids ]]; then kill -9 $pids 2>/dev/null || true; fi

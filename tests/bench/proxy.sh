@@ -243,7 +243,7 @@ for port in "$HF" "$NG" "$HP"; do
 done
 
 nginx_version=$(nginx -v 2>&1 | sed 's/.*\///')
-haproxy_version=$(haproxy -v | head -1 | awk '{print $3}')
+haproxy_version=$(haproxy -v | awk 'NR == 1 {print $3}')
 echo "### Proxy against nginx and HAProxy ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
 echo
 echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps | holdfast/HAProxy rps |"
@@ -261,7 +261,7 @@ for rate in "${rates[@]}"; do
   echo "| $LOAD open loop $rate rps | HAProxy $haproxy_version | ${hp//|/ | } | | |"
 done
 echo
-echo "wrk $(wrk -v 2>&1 | head -1 | awk '{print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
+echo "wrk $(wrk -v 2>&1 | awk 'NR == 1 {print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
 
 if [[ -n $SYSCALLS ]]; then
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
