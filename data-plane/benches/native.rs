@@ -15,10 +15,7 @@ mod native;
 static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 fn bench_native(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = native::runtime(true);
     let (mut client, _f) = rt.block_on(native::start());
     let mut buf = vec![0u8; 8192];
     rt.block_on(async {

@@ -27,6 +27,7 @@
 //! the control plane, in the `holdfast-process` crate (`process/`).
 
 pub mod admin;
+pub mod clock;
 pub mod config;
 pub mod gateway;
 pub mod listeners;
@@ -364,6 +365,8 @@ impl Workers {
         for (index, listener) in listeners.into_iter().enumerate() {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                // The worker's coarse clock: read once per turn of its event loop.
+                .on_thread_unpark(clock::turn)
                 .build()
                 .context("starting a worker's runtime")?;
             // Registered with the worker's runtime, whose thread polls them.

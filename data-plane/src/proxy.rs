@@ -385,6 +385,7 @@ enum Target<'b> {
     /// To this endpoint or name, with its connection slot (None: no cap).
     Go(
         Key,
+        crate::upstream::Number,
         &'b Authority,
         Option<tokio::sync::OwnedSemaphorePermit>,
     ),
@@ -863,7 +864,7 @@ impl Forwarder {
         for attempt in 0..2 {
             let (key, authority, slot_permit) =
                 match self.target(backend, attempt, start, &mut tried).await {
-                    Target::Go(key, authority, permit) => (key, authority, permit),
+                    Target::Go(key, _, authority, permit) => (key, authority, permit),
                     Target::Busy(endpoint) => {
                         failure = Failure::Busy(endpoint);
                         continue;
@@ -963,9 +964,13 @@ impl Forwarder {
         start: usize,
         tried: &mut Option<SocketAddr>,
     ) -> Target<'b> {
-        if let Some(external) = backend.external.as_ref().and_then(|e| e.authority.as_ref()) {
+        if let Some((authority, number)) = backend
+            .external
+            .as_deref()
+            .and_then(|e| e.authority.as_ref().zip(e.number))
+        {
             return if attempt == 0 {
-                Target::Go(Key::Name(external.clone()), external, None)
+                Target::Go(Key::Name(authority.clone()), number, authority, None)
             } else {
                 Target::None
             };
@@ -974,7 +979,10 @@ impl Forwarder {
             Some((i, a)) if Some(a) != *tried => {
                 *tried = Some(a);
                 match self.slot(a).await {
-                    Some(permit) => Target::Go(Key::Addr(a), &backend.authorities[i], permit),
+                    Some(permit) => {
+                        let dial = &backend.dial[i];
+                        Target::Go(Key::Addr(a), dial.number, &dial.authority, permit)
+                    }
                     None => {
                         // Busy past the connect timeout: the next endpoint, if any.
                         self.metrics.upstream_queue_timeouts.inc();

@@ -33,6 +33,7 @@ use rustls::sign::CertifiedKey;
 use crate::matching::{Entry, HostEntry, HostMiss, Hosts, Level, PathRule, Paths, Selection};
 use crate::metrics::RouteCounters;
 use crate::shards::Shards;
+use crate::upstream::{Key, Number};
 
 /// A backend ready to forward to.
 #[derive(Debug)]
@@ -41,8 +42,9 @@ pub struct Backend {
     pub name: String,
     /// Ready endpoints.
     pub endpoints: Vec<SocketAddr>,
-    /// The endpoints as URI authorities (same order), built once here, not per request.
-    pub authorities: Vec<Authority>,
+    /// How each endpoint (same order) is reached: as a URI authority, built once here,
+    /// not per request, and by its number.
+    pub dial: Vec<Dial>,
     /// The ExternalName target, when the Service is an ExternalName (boxed: most
     /// backends have none, and a table holds one `Backend` per Service port).
     pub external: Option<Box<External>>,
@@ -50,6 +52,27 @@ pub struct Backend {
     pub unavailable_reason: Option<String>,
     /// Round-robin position.
     next: AtomicUsize,
+}
+
+/// How an endpoint is reached.
+#[derive(Debug)]
+pub struct Dial {
+    /// `ip:port` as a URI authority.
+    pub authority: Authority,
+    /// The endpoint's number ([`Number`]).
+    pub number: Number,
+}
+
+impl Drop for Backend {
+    /// Gives back its endpoints' numbers.
+    fn drop(&mut self) {
+        for addr in &self.endpoints {
+            Number::release(&Key::Addr(*addr));
+        }
+        if let Some(authority) = self.external.as_ref().and_then(|e| e.authority.as_ref()) {
+            Number::release(&Key::Name(authority.clone()));
+        }
+    }
 }
 
 impl Backend {
@@ -66,6 +89,8 @@ pub struct External {
     pub target: String,
     /// The target as a URI authority (none when it is not a valid host and port).
     pub authority: Option<Authority>,
+    /// The target's number, when it has an authority ([`Number`]).
+    pub number: Option<Number>,
 }
 
 /// A matched route.
@@ -283,6 +308,8 @@ pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
 fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileError> {
     let mut endpoints = Vec::with_capacity(b.endpoints.len());
     let mut authorities = Vec::with_capacity(b.endpoints.len());
+    // Checked whole before any number is taken: a backend that does not compile holds
+    // none.
     for e in b.endpoints.iter().filter(|e| e.ready) {
         let bad = || CompileError::BadEndpoint {
             backend: b.name.clone(),
@@ -301,11 +328,23 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileEr
     let external = (!b.external_name.is_empty()).then(|| {
         let port = u16::try_from(b.external_port).unwrap_or(0);
         let target = format!("{}:{port}", b.external_name);
+        let authority = Authority::try_from(target.as_str()).ok();
         Box::new(External {
-            authority: Authority::try_from(target.as_str()).ok(),
+            number: authority
+                .as_ref()
+                .map(|a| Number::of(&Key::Name(a.clone()))),
+            authority,
             target,
         })
     });
+    let dial = endpoints
+        .iter()
+        .zip(authorities)
+        .map(|(addr, authority)| Dial {
+            authority,
+            number: Number::of(&Key::Addr(*addr)),
+        })
+        .collect();
     let unavailable_reason = if !b.unavailable_reason.is_empty() {
         Some(b.unavailable_reason.clone())
     } else if let Some(e) = external.as_ref().filter(|e| e.authority.is_none()) {
@@ -321,7 +360,7 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileEr
     Ok(Backend {
         name: b.name.clone(),
         endpoints,
-        authorities,
+        dial,
         external,
         unavailable_reason,
         next: AtomicUsize::new(0),

@@ -53,6 +53,82 @@ pub enum Key {
     Name(Authority),
 }
 
+/// An endpoint's number: the same in every compiled table while any holds the endpoint,
+/// and the index of its connections in a worker's idle pool (the native engine's), so a
+/// request finds them without hashing its endpoint. Numbers are assigned when a table is
+/// compiled ([`Number::of`]) and given back when no table holds the endpoint any more
+/// ([`Number::release`]); a number can then be given to another endpoint, so what is
+/// kept under a number is kept with its [`Key`] and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Number(u32);
+
+/// The endpoints numbered now: each with its number and how many holders it has.
+#[derive(Default)]
+struct Numbers {
+    held: HashMap<Key, (u32, u32)>,
+    free: Vec<u32>,
+    next: u32,
+}
+
+static NUMBERS: std::sync::LazyLock<Mutex<Numbers>> = std::sync::LazyLock::new(Default::default);
+
+impl Numbers {
+    fn hold(&mut self, key: &Key) -> u32 {
+        if let Some((n, holders)) = self.held.get_mut(key) {
+            *holders += 1;
+            return *n;
+        }
+        let n = self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        });
+        self.held.insert(key.clone(), (n, 1));
+        n
+    }
+
+    fn release(&mut self, key: &Key) {
+        let Some((n, holders)) = self.held.get_mut(key) else {
+            return;
+        };
+        *holders -= 1;
+        if *holders == 0 {
+            let n = *n;
+            self.held.remove(key);
+            self.free.push(n);
+        }
+    }
+}
+
+impl Number {
+    /// `key`'s number, held once more (a compiled backend holds one per endpoint).
+    pub fn of(key: &Key) -> Number {
+        Number(NUMBERS.lock().unwrap_or_else(|e| e.into_inner()).hold(key))
+    }
+
+    /// Gives back one hold of `key`'s number; the last frees it.
+    pub fn release(key: &Key) {
+        NUMBERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release(key);
+    }
+
+    /// Whether `key` has a number now.
+    #[cfg(test)]
+    pub(crate) fn is_held(key: &Key) -> bool {
+        NUMBERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .held
+            .contains_key(key)
+    }
+
+    /// The number as an index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 /// Why no connection could be opened.
 #[derive(Debug)]
 pub enum ConnectError {
@@ -348,6 +424,29 @@ impl<B: SendBody> Pool<B> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_endpoint_keeps_its_number_while_held_and_a_freed_number_is_given_again() {
+        let a = Key::Addr("10.0.0.1:80".parse().unwrap());
+        let b = Key::Addr("10.0.0.2:80".parse().unwrap());
+        let c = Key::Name("svc.example:80".parse().unwrap());
+        let mut numbers = super::Numbers::default();
+        let na = numbers.hold(&a);
+        let nb = numbers.hold(&b);
+        assert_ne!(na, nb);
+        assert_eq!(numbers.hold(&a), na, "a second holder, the same number");
+        numbers.release(&a);
+        assert_eq!(numbers.hold(&c), 2, "a is still held: c gets a new number");
+        numbers.release(&a);
+        assert!(!numbers.held.contains_key(&a), "the last holder freed it");
+        let d = Key::Addr("10.0.0.4:80".parse().unwrap());
+        assert_eq!(numbers.hold(&d), na, "a's number, free again, goes to d");
+        assert_eq!(numbers.hold(&b), nb, "b kept its number throughout");
+        numbers.release(&b);
+        numbers.release(&b);
+        numbers.release(&b);
+        assert_eq!(numbers.free, vec![nb], "released once per hold, no more");
+    }
+
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};

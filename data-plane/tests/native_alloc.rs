@@ -14,10 +14,7 @@ static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 #[test]
 fn a_warm_keep_alive_request_through_the_native_engine_allocates_nothing() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = native::runtime(true);
     rt.block_on(async {
         let (mut client, f) = native::start().await;
         let mut buf = vec![0u8; 8192];

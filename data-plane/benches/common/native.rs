@@ -20,6 +20,17 @@ use tokio::net::{TcpListener, TcpStream};
 pub const REQUEST: &[u8] = b"GET /api/v1/users/42?page=2 HTTP/1.1\r\nHost: app.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0)\r\nAccept: application/json\r\nAccept-Encoding: gzip, deflate, br\r\nX-Request-Id: 7f0e2a9c-5b1d-4c3e-9a8f-1d2e3f4a5b6c\r\n\r\n";
 pub const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\nDate: Sun, 06 Dec 2026 12:00:00 GMT\r\n\r\n{\"id\": 42}\n";
 
+/// A current-thread runtime; `coarse`: with the worker's coarse clock, as the proxy's
+/// workers have it.
+pub fn runtime(coarse: bool) -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    if coarse {
+        builder.on_thread_unpark(holdfast_data_plane::clock::turn);
+    }
+    builder.build().expect("a runtime")
+}
+
 /// A route table with one host whose backend is `upstream`.
 pub fn table(upstream: SocketAddr) -> RouteTable {
     let s = Snapshot {

@@ -31,7 +31,11 @@ impl Balancer {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        // The worker's coarse clock: ejections last seconds.
+        crate::clock::now()
+            .into_std()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64
     }
 
     fn is_ejected(&self, addr: &SocketAddr, now: u64) -> bool {

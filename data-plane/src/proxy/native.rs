@@ -16,9 +16,8 @@
 //! `tokio::time::timeout` each.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use holdfast_http::h1::chunked::{Chunked, Piece};
 use holdfast_http::h1::onward::{Back, Onward, write_downstream_head, write_upstream_head};
@@ -29,6 +28,7 @@ use holdfast_http::h1::{
 use holdfast_http::headers::{HeaderLookup, Hop};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 mod timer;
 
@@ -36,8 +36,9 @@ use timer::{Timer, Until};
 
 use super::routing::{Decision, RequestView};
 use super::{Failure, Forwarder, LOOP_HEADER, Reason, Target, Via};
+use crate::clock;
 use crate::table::Route;
-use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key};
+use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number};
 
 /// The largest read into a connection's buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -190,7 +191,7 @@ where
                 }
             };
             self.requests += 1;
-            let started = Instant::now();
+            let started = clock::now();
             let next = self.request(len, via, started).await;
             if next == Next::Close || *draining.borrow() {
                 let _ = tokio::time::timeout(self.timeouts.send, self.io.shutdown()).await;
@@ -203,14 +204,14 @@ where
     /// first byte, or the proxy drains.
     async fn read_head(&mut self, draining: &mut tokio::sync::watch::Receiver<bool>) -> Read {
         let mut end = HeadEnd::default();
-        let mut first_byte: Option<tokio::time::Instant> = None;
+        let mut first_byte: Option<Instant> = None;
         self.head_request = false;
         loop {
             // Empty lines before a request line are skipped (RFC 9112 §2.2: some clients
             // send a CRLF after a body); they count as the head's first bytes.
             while end.scanned() == 0 && self.buf[self.start..self.end].starts_with(b"\r\n") {
                 self.start += 2;
-                first_byte.get_or_insert_with(tokio::time::Instant::now);
+                first_byte.get_or_insert_with(clock::now);
             }
             let have = &self.buf[self.start..self.end];
             if self.requests == 0 && !have.is_empty() {
@@ -233,7 +234,7 @@ where
             let until = match first_byte {
                 None if self.start == self.end => Until::After(self.timeouts.idle),
                 None => {
-                    let now = tokio::time::Instant::now();
+                    let now = clock::now();
                     first_byte = Some(now);
                     Until::after(now, self.timeouts.header_read)
                 }
@@ -435,7 +436,12 @@ where
     fn count(&self, route: Option<&Route>, status: u16, started: Instant) {
         let m = &self.forwarder.metrics;
         match route {
-            Some(r) => m.count_route(|| r.label(), &r.counters, status, started.elapsed()),
+            Some(r) => m.count_route(
+                || r.label(),
+                &r.counters,
+                status,
+                clock::now().duration_since(started),
+            ),
             None => m.count("(none)", status),
         }
     }
@@ -449,19 +455,19 @@ where
         let mut tried = None;
         let mut failure = Failure::NoEndpoint;
         for attempt in 0..2 {
-            let (key, authority, permit) = match self
+            let (key, number, authority, permit) = match self
                 .forwarder
                 .target(backend, attempt, index, &mut tried)
                 .await
             {
-                Target::Go(key, authority, permit) => (key, authority, permit),
+                Target::Go(key, number, authority, permit) => (key, number, authority, permit),
                 Target::Busy(endpoint) => {
                     failure = Failure::Busy(endpoint);
                     continue;
                 }
                 Target::None => break,
             };
-            let (mut upstream, reused) = match self.connection(&key, upgrade).await {
+            let (mut upstream, reused) = match self.connection(&key, number, upgrade).await {
                 Ok(c) => c,
                 Err(e) => {
                     self.forwarder.metrics.upstream_connect_errors.inc();
@@ -475,7 +481,7 @@ where
                     continue;
                 }
             };
-            let sent = Instant::now();
+            let sent = clock::now();
             let mut exchanged = self.exchange(&mut upstream, body).await;
             // A pooled connection the upstream closed meanwhile fails before any byte of
             // an answer: a request without a body goes again on a new one.
@@ -484,7 +490,7 @@ where
                 && (self.get || self.head_request)
                 && matches!(exchanged, Err(Exchange::Stale))
             {
-                match self.connection(&key, true).await {
+                match self.connection(&key, number, true).await {
                     Ok((fresh, _)) => {
                         upstream = fresh;
                         exchanged = self.exchange(&mut upstream, body).await;
@@ -503,8 +509,10 @@ where
                     self.forwarder
                         .metrics
                         .upstream_latency
-                        .observe(sent.elapsed().as_secs_f64());
-                    return self.relay_response(upstream, key, upgrade, permit).await;
+                        .observe(clock::now().duration_since(sent).as_secs_f64());
+                    return self
+                        .relay_response(upstream, key, number, upgrade, permit)
+                        .await;
                 }
                 Err(Exchange::Refused(reason, detail)) => {
                     let _ = self.answer(reason, detail, true).await;
@@ -541,11 +549,16 @@ where
 
     /// A pooled connection to `key` (checked still open), or a new one; an upgrade always
     /// gets a new one. True when it came from the pool.
-    async fn connection(&self, key: &Key, fresh: bool) -> Result<(TcpStream, bool), ConnectError> {
+    async fn connection(
+        &self,
+        key: &Key,
+        number: Number,
+        fresh: bool,
+    ) -> Result<(TcpStream, bool), ConnectError> {
         // A GET or HEAD without a body goes again on a new connection if a pooled one
         // turns out closed (nothing of an answer came): it needs no check before.
         let check = !(self.head_request || self.get) || self.head.framing() != BodyFraming::Empty;
-        if !fresh && let Some(up) = take_idle(key, check) {
+        if !fresh && let Some(up) = take_idle(number, key, check) {
             return Ok((up, true));
         }
         let timeout = self.forwarder.settings.connect_timeout;
@@ -610,7 +623,7 @@ where
             // or 401 before the body), which the client gets; otherwise it failed.
             Err(Exchange::Upstream(e)) => {
                 self.body_cut = true;
-                let by = Until::after(tokio::time::Instant::now(), EARLY_ANSWER);
+                let by = Until::after(clock::now(), EARLY_ANSWER);
                 return match self.read_final(upstream, by).await {
                     Ok(()) => Ok(()),
                     Err(_) => Err(Exchange::Upstream(e)),
@@ -618,7 +631,7 @@ where
             }
             Err(other) => return Err(other),
         }
-        self.read_final(upstream, Until::after(tokio::time::Instant::now(), timeout))
+        self.read_final(upstream, Until::after(clock::now(), timeout))
             .await
     }
 
@@ -817,6 +830,7 @@ where
         &mut self,
         mut upstream: TcpStream,
         key: Key,
+        number: Number,
         upgrade: bool,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> (u16, Next) {
@@ -877,7 +891,12 @@ where
                 let reusable =
                     !self.response.close && !self.body_cut && self.up_start == self.up_end;
                 if reusable {
-                    put_idle(key, upstream, self.forwarder.settings.pool_idle_per_host);
+                    put_idle(
+                        number,
+                        key,
+                        upstream,
+                        self.forwarder.settings.pool_idle_per_host,
+                    );
                 }
                 (status, if close { Next::Close } else { Next::KeepAlive })
             }
@@ -1214,22 +1233,35 @@ async fn fill<S: AsyncRead + Unpin>(
     Ok(n)
 }
 
-thread_local! {
-    /// This worker's idle upstream connections, by endpoint, with when each went idle.
-    static IDLE: RefCell<HashMap<Key, Vec<(TcpStream, Instant)>>> = RefCell::new(HashMap::new());
-    /// When this worker's idle pool was last swept.
-    static SWEPT: std::cell::Cell<Instant> = std::cell::Cell::new(Instant::now());
-    /// `date: <IMF-fixdate>\r\n`, rendered at most once a second per worker.
-    static DATE: RefCell<(u64, Vec<u8>)> = const { RefCell::new((u64::MAX, Vec::new())) };
+/// A worker's idle connections to one endpoint (the one its number is given to now).
+#[derive(Default)]
+struct Idle {
+    key: Option<Key>,
+    /// Last in, first out, with when each went idle.
+    conns: Vec<(TcpStream, Instant)>,
 }
 
-/// An idle connection to `key`; with `check`, one still open (a `recv` that would block).
-fn take_idle(key: &Key, check: bool) -> Option<TcpStream> {
+thread_local! {
+    /// This worker's idle upstream connections, by endpoint number.
+    static IDLE: RefCell<Vec<Idle>> = const { RefCell::new(Vec::new()) };
+    /// When this worker's idle pool was last swept.
+    static SWEPT: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    /// `date: <IMF-fixdate>\r\n`, and until when it is the time's.
+    static DATE: RefCell<(Option<Instant>, Vec<u8>)> = const { RefCell::new((None, Vec::new())) };
+}
+
+/// An idle connection to `key`, numbered `number`; with `check`, one still open (a `recv`
+/// that would block).
+fn take_idle(number: Number, key: &Key, check: bool) -> Option<TcpStream> {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
-        let list = idle.get_mut(key)?;
-        while let Some((stream, since)) = list.pop() {
-            if since.elapsed() >= IDLE_TIMEOUT {
+        let idle = idle.get_mut(number.index())?;
+        if idle.key.as_ref() != Some(key) {
+            return None;
+        }
+        let now = clock::now();
+        while let Some((stream, since)) = idle.conns.pop() {
+            if now.duration_since(since) >= IDLE_TIMEOUT {
                 continue;
             }
             if !check {
@@ -1247,40 +1279,103 @@ fn take_idle(key: &Key, check: bool) -> Option<TcpStream> {
     })
 }
 
-/// Keeps `stream` for the next request to `key`, up to `max` per endpoint. Now and then
-/// the whole pool drops what idled past [`IDLE_TIMEOUT`] (endpoints gone too).
-fn put_idle(key: Key, stream: TcpStream, max: usize) {
+/// Keeps `stream` for the next request to `key`, numbered `number`, up to `max` per
+/// endpoint. What is kept under the number for another endpoint (whose number was freed
+/// and given again) is dropped. Now and then the whole pool drops what idled past
+/// [`IDLE_TIMEOUT`] (endpoints gone too).
+fn put_idle(number: Number, key: Key, stream: TcpStream, max: usize) {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
-        let now = Instant::now();
-        if SWEPT.with(|s| now.duration_since(s.get()) >= IDLE_TIMEOUT / 4) {
-            SWEPT.with(|s| s.set(now));
-            idle.retain(|_, list| {
-                list.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
-                !list.is_empty()
-            });
+        let now = clock::now();
+        if SWEPT.with(|s| {
+            s.get()
+                .is_none_or(|at| now.duration_since(at) >= IDLE_TIMEOUT / 4)
+        }) {
+            SWEPT.with(|s| s.set(Some(now)));
+            for slot in idle.iter_mut() {
+                slot.conns
+                    .retain(|(_, since)| now.duration_since(*since) < IDLE_TIMEOUT);
+                if slot.conns.is_empty() {
+                    slot.key = None;
+                }
+            }
         }
-        let list = idle.entry(key).or_default();
-        if list.len() < max {
-            list.push((stream, now));
+        if idle.len() <= number.index() {
+            idle.resize_with(number.index() + 1, Idle::default);
+        }
+        let slot = &mut idle[number.index()];
+        if slot.key.as_ref() != Some(&key) {
+            slot.conns.clear();
+            slot.key = Some(key);
+        }
+        if slot.conns.len() < max {
+            slot.conns.push((stream, now));
         }
     });
 }
 
-/// Calls `f` with the Date header line for now (`date: <IMF-fixdate>\r\n`).
+/// Calls `f` with the Date header line for now (`date: <IMF-fixdate>\r\n`), rendered at
+/// most once a second per worker.
 fn with_date<T>(f: impl FnOnce(&[u8]) -> T) -> T {
     DATE.with(|d| {
         let mut d = d.borrow_mut();
-        let now = std::time::SystemTime::now();
-        let secs = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.as_secs());
-        if d.0 != secs {
+        let now = clock::now();
+        if d.0.is_none_or(|until| now >= until) {
             use std::io::Write as _;
+            let wall = std::time::SystemTime::now();
+            let into = wall
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.subsec_nanos());
             d.1.clear();
-            let _ = write!(d.1, "date: {}\r\n", httpdate::HttpDate::from(now));
-            d.0 = secs;
+            let _ = write!(d.1, "date: {}\r\n", httpdate::HttpDate::from(wall));
+            // The line holds until the wall clock's next second.
+            d.0 = Some(now + Duration::from_nanos(u64::from(1_000_000_000 - into)));
         }
         f(&d.1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected socket on 127.0.0.1 (and its listener, kept so it stays open).
+    async fn stream() -> (TcpStream, tokio::net::TcpListener) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        (TcpStream::connect(addr).await.expect("connect"), listener)
+    }
+
+    #[tokio::test]
+    async fn the_idle_pool_gives_a_numbers_connections_only_to_the_endpoint_they_were_kept_for() {
+        let a = Key::Addr("10.0.0.1:80".parse().unwrap());
+        let b = Key::Addr("10.0.0.2:80".parse().unwrap());
+        // A number of its own, as a compiled table would give; then, once freed, given
+        // again to another endpoint.
+        let n = Number::of(&a);
+        let (kept, _l1) = stream().await;
+        let kept_port = kept.local_addr().unwrap().port();
+        put_idle(n, a.clone(), kept, 4);
+        assert!(
+            take_idle(n, &b, false).is_none(),
+            "b has no connections under a's number"
+        );
+        let (other, _l2) = stream().await;
+        put_idle(n, b.clone(), other, 4);
+        assert!(
+            take_idle(n, &a, false).is_none(),
+            "a's connections went when b took the number"
+        );
+        let got = take_idle(n, &b, false).expect("b's connection");
+        assert_ne!(got.local_addr().unwrap().port(), kept_port);
+        assert!(take_idle(n, &b, false).is_none(), "taken once");
+        let (again, _l3) = stream().await;
+        let again_port = again.local_addr().unwrap().port();
+        put_idle(n, b.clone(), again, 4);
+        let got = take_idle(n, &b, true).expect("still open, so given");
+        assert_eq!(got.local_addr().unwrap().port(), again_port);
+        Number::release(&a);
+    }
 }

@@ -908,3 +908,41 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
         }
     }
 }
+
+#[test]
+fn an_endpoint_has_one_number_in_every_table_holding_it_until_the_last_is_dropped() {
+    // Addresses no other test uses: the numbering is the process's.
+    let mut s = snapshot(&[("a.example", MatchKind::Prefix, "/", "ns/a:80")], None);
+    s.backends[0].endpoints[0].address = "192.0.2.77".into();
+    s.backends.push(PBackend {
+        name: "ns/ext:80".into(),
+        external_name: "numbered.example".into(),
+        external_port: 8077,
+        ..Default::default()
+    });
+    let endpoint = Key::Addr("192.0.2.77:80".parse().unwrap());
+    let external = Key::Name("numbered.example:8077".parse().unwrap());
+    let numbers = |t: &RouteTable| {
+        let a = t.backend("ns/a:80").expect("backend a");
+        let ext = t.backend("ns/ext:80").expect("backend ext");
+        (
+            a.dial[0].number,
+            ext.external.as_ref().and_then(|e| e.number),
+        )
+    };
+    let first = RouteTable::compile(&s).expect("compiles");
+    let second = RouteTable::compile(&s).expect("compiles");
+    assert_eq!(numbers(&first), numbers(&second));
+    assert!(
+        numbers(&first).1.is_some(),
+        "the ExternalName target is numbered"
+    );
+    assert_ne!(Some(numbers(&first).0), numbers(&first).1);
+    drop(first);
+    assert!(Number::is_held(&endpoint) && Number::is_held(&external));
+    drop(second);
+    assert!(
+        !Number::is_held(&endpoint) && !Number::is_held(&external),
+        "no table holds them: their numbers are free"
+    );
+}

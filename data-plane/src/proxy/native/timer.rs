@@ -10,7 +10,8 @@
 //! armed by an earlier, shorter wait) is re-armed for it. So a write that is over at its
 //! first poll touches no timer and reads no clock, and a busy connection's waits share
 //! one registration that moves about once per timeout period (nginx keeps one timer per
-//! connection event in the same spirit).
+//! connection event in the same spirit). Times come from the worker's coarse clock
+//! ([`crate::clock`]), read afresh only when the timer has fired.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -68,14 +69,14 @@ impl Timer {
                 // A deadline shared by several waits (a head read in pieces, interim
                 // answers before the final one) holds even when each is over at once.
                 if let Until::At(at) = until
-                    && Instant::now() >= at
+                    && crate::clock::now() >= at
                 {
                     return Poll::Ready(Err(TimedOut));
                 }
                 return Poll::Ready(Ok(out));
             }
             let at = *deadline.get_or_insert_with(|| match until {
-                Until::After(d) => Instant::now().checked_add(d),
+                Until::After(d) => crate::clock::now().checked_add(d),
                 Until::At(at) => Some(at),
                 Until::Never => None,
             });
@@ -91,6 +92,7 @@ impl Timer {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(()) => {
                         self.armed = None;
+                        // The clock read afresh: the worker's may be a turn behind.
                         if Instant::now() >= at {
                             return Poll::Ready(Err(TimedOut));
                         }
