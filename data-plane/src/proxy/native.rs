@@ -20,7 +20,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use holdfast_http::h1::chunked::{Chunked, Piece};
-use holdfast_http::h1::onward::{Back, Onward, write_downstream_head, write_upstream_head};
+use holdfast_http::h1::onward::{
+    Back, MAX_PIECES, Onward, Run, plan_upstream_head, write_downstream_head,
+};
 use holdfast_http::h1::{
     BodyFraming, H2_PREFACE, HeadEnd, HeadError, HeadHeaders, Limits, RequestHead, ResponseHead,
     TargetForm,
@@ -107,6 +109,8 @@ pub struct H1Conn<'f, S> {
     body_cut: bool,
     response: ResponseHead,
     out: Vec<u8>,
+    /// Where the upstream head's runs are: kept in `buf` (from `head_at`) or in `out`.
+    pieces: Vec<Run>,
     limits: Limits,
     timeouts: Timeouts,
     /// The timer of the waits every keep-alive request makes ([`timer`]).
@@ -154,6 +158,7 @@ where
             body_cut: false,
             response: ResponseHead::default(),
             out: Vec::with_capacity(1024),
+            pieces: Vec::with_capacity(MAX_PIECES + 1),
             limits,
             timeouts,
             timer: Timer::new(),
@@ -321,7 +326,7 @@ where
                     loop_header: (LOOP_HEADER, settings.loop_token.as_bytes()),
                     changes: r.header_changes,
                 };
-                write_upstream_head(&mut self.out, &self.head, buf, &onward);
+                plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
                 (r.route, upgrade)
             }
             Decision::Refuse {
@@ -585,15 +590,17 @@ where
         self.up_end = 0;
         self.body_cut = false;
         // The body's first bytes, already read, go with the head in one write.
-        let head_len = self.out.len();
         let first = match body {
             BodyFraming::Length(n) => (self.end - self.start).min(n as usize),
             _ => 0,
         };
-        self.out
-            .extend_from_slice(&self.buf[self.start..self.start + first]);
+        let planned = self.pieces.len();
+        if first > 0 {
+            let at = self.start - self.head_at;
+            self.pieces.push(Run::Kept(at, at + first));
+        }
         let wrote = self.write_up(upstream, None).await;
-        self.out.truncate(head_len);
+        self.pieces.truncate(planned);
         if wrote.is_err() {
             return Err(Exchange::Stale);
         }
@@ -635,23 +642,38 @@ where
             .await
     }
 
-    /// Writes `out` (or `bytes` of the read buffer) to the upstream; a write that makes
-    /// no progress within the response timeout fails.
+    /// Writes `buf[from..to]` to the upstream, or with `None` the planned head (and the
+    /// body's first bytes) in one vectored write, within the response timeout.
     async fn write_up(
         &mut self,
         upstream: &mut TcpStream,
         bytes: Option<(usize, usize)>,
     ) -> std::io::Result<()> {
-        let data = match bytes {
-            Some((from, to)) => &self.buf[from..to],
-            None => &self.out[..],
-        };
         let timeout = self.forwarder.settings.response_timeout;
-        match self
-            .timer
-            .within(Until::After(timeout), upstream.write_all(data))
-            .await
-        {
+        let written = match bytes {
+            Some((from, to)) => {
+                let data = &self.buf[from..to];
+                self.timer
+                    .within(Until::After(timeout), upstream.write_all(data))
+                    .await
+            }
+            None => {
+                let base = &self.buf[self.head_at..];
+                let mut slices = [std::io::IoSlice::new(&[]); MAX_PIECES + 1];
+                debug_assert!(self.pieces.len() <= slices.len());
+                let n = self.pieces.len().min(slices.len());
+                for (slice, piece) in slices.iter_mut().zip(&self.pieces) {
+                    *slice = std::io::IoSlice::new(piece.of(base, &self.out));
+                }
+                self.timer
+                    .within(
+                        Until::After(timeout),
+                        write_all_vectored(upstream, &mut slices[..n]),
+                    )
+                    .await
+            }
+        };
+        match written {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -1204,6 +1226,21 @@ fn upgrade_allowed(headers: &dyn HeaderLookup, allowed: &[String]) -> bool {
     any && all
 }
 
+/// Writes all of `slices`, in as few writes as the socket takes.
+async fn write_all_vectored<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    mut slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    std::io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match io.write_vectored(slices).await? {
+            0 => return Err(std::io::ErrorKind::WriteZero.into()),
+            n => std::io::IoSlice::advance_slices(&mut slices, n),
+        }
+    }
+    Ok(())
+}
+
 /// Reads into `buf[end..]`, making room first (compacting, then growing up to `cap`).
 async fn fill<S: AsyncRead + Unpin>(
     io: &mut S,
@@ -1377,5 +1414,72 @@ mod tests {
         let got = take_idle(n, &b, true).expect("still open, so given");
         assert_eq!(got.local_addr().unwrap().port(), again_port);
         Number::release(&a);
+    }
+
+    /// A writer taking at most `take` bytes per call, counting its calls.
+    struct Taking {
+        got: Vec<u8>,
+        take: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Taking {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
+        }
+        fn poll_write_vectored(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut left = self.take;
+            for b in bufs {
+                let n = b.len().min(left);
+                self.got.extend_from_slice(&b[..n]);
+                left -= n;
+            }
+            std::task::Poll::Ready(Ok(self.take - left))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_planned_head_goes_in_one_vectored_write_or_in_order_over_partial_ones() {
+        let parts: [&[u8]; 4] = [b"GET / HTTP/1.1\r\n", b"", b"accept: */*\r\n", b"\r\n"];
+        let whole = parts.concat();
+        for take in [usize::MAX / 2, 5, 1] {
+            let mut slices = parts.map(std::io::IoSlice::new);
+            let mut w = Taking {
+                got: Vec::new(),
+                take,
+                calls: 0,
+            };
+            write_all_vectored(&mut w, &mut slices)
+                .await
+                .expect("written");
+            assert_eq!(w.got, whole, "taking {take} at a time");
+            if take > whole.len() {
+                assert_eq!(w.calls, 1, "one write");
+            }
+        }
     }
 }

@@ -5,7 +5,9 @@
 //! headers removed (with those `Connection` names, except forwarding headers and Host),
 //! then the forwarding headers ([`crate::headers::add_forwarded`]'s rules), then Host and
 //! the loop header. The head is written into one reused buffer: once it has grown to the
-//! largest head of its connection, writing allocates nothing.
+//! largest head of its connection, writing allocates nothing. [`plan_upstream_head`]
+//! leaves the kept lines where they are and says where each run of the head is, for one
+//! vectored write.
 
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -150,7 +152,55 @@ fn is_text(v: &[u8]) -> bool {
 /// what it held. `body`: the framing of the body that follows (a chunked body keeps its
 /// coding; a length keeps the client's Content-Length line).
 pub fn write_upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], onward: &Onward<'_>) {
+    upstream_head(out, None, head, buf, onward);
+}
+
+/// Where the bytes of an upstream head are, in order ([`plan_upstream_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// `buf[start..end]`: client lines kept as they came.
+    Kept(usize, usize),
+    /// `out[start..end]`: what was rendered.
+    Rendered(usize, usize),
+}
+
+impl Run {
+    /// Its bytes.
+    pub fn of<'a>(&self, buf: &'a [u8], out: &'a [u8]) -> &'a [u8] {
+        match *self {
+            Run::Kept(start, end) => &buf[start..end],
+            Run::Rendered(start, end) => &out[start..end],
+        }
+    }
+}
+
+/// Most pieces a head is planned in: past that, kept lines are copied into `out` too.
+pub const MAX_PIECES: usize = 8;
+
+/// [`write_upstream_head`]'s head, for one vectored write: the kept client lines stay in
+/// `buf` and only what is rendered is written into `out`; `pieces` (cleared first) says
+/// where each run of the head is, at most [`MAX_PIECES`] of them.
+pub fn plan_upstream_head(
+    out: &mut Vec<u8>,
+    pieces: &mut Vec<Run>,
+    head: &RequestHead,
+    buf: &[u8],
+    onward: &Onward<'_>,
+) {
+    pieces.clear();
+    upstream_head(out, Some(pieces), head, buf, onward);
+}
+
+fn upstream_head(
+    out: &mut Vec<u8>,
+    mut pieces: Option<&mut Vec<Run>>,
+    head: &RequestHead,
+    buf: &[u8],
+    onward: &Onward<'_>,
+) {
     out.clear();
+    // Where the rendered bytes not yet in a piece begin.
+    let mut mark = 0;
     out.extend_from_slice(head.method.of(buf));
     out.push(b' ');
     // An absolute form's target without a path (`http://h?q`) is sent as `/?q`.
@@ -177,8 +227,23 @@ pub fn write_upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], on
             }
             _ => !connection_names(lines.clone(), buf, name),
         };
-        if keep {
-            line.write(buf, out);
+        if !keep {
+            continue;
+        }
+        match (line, pieces.as_deref_mut()) {
+            // Room for the rendered run before it, itself and the rendered rest.
+            (Line::Client(h), Some(pieces)) if pieces.len() + 3 <= MAX_PIECES => {
+                if out.len() > mark {
+                    pieces.push(Run::Rendered(mark, out.len()));
+                    mark = out.len();
+                }
+                let (start, end) = (h.line.start as usize, h.line.end as usize);
+                match pieces.last_mut() {
+                    Some(Run::Kept(_, last)) if *last == start => *last = end,
+                    _ => pieces.push(Run::Kept(start, end)),
+                }
+            }
+            _ => line.write(buf, out),
         }
     }
     forwarding(out, lines, buf, &onward.hop);
@@ -195,6 +260,9 @@ pub fn write_upstream_head(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], on
     out.extend_from_slice(b": ");
     out.extend_from_slice(onward.loop_header.1);
     out.extend_from_slice(b"\r\n\r\n");
+    if let Some(pieces) = pieces {
+        pieces.push(Run::Rendered(mark, out.len()));
+    }
 }
 
 /// X-Forwarded-For (the peer appended to what came), Forwarded, and the four headers set

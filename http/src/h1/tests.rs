@@ -407,7 +407,7 @@ fn response_heads_say_how_their_bodies_end() {
 /// name with the same values in the same order.
 #[test]
 fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
-    use super::onward::{Onward, write_upstream_head};
+    use super::onward::{MAX_PIECES, Onward, plan_upstream_head, write_upstream_head};
     use crate::headers::{HeaderChanges, Hop, add_forwarded, strip_hop_by_hop};
     use http::{HeaderMap, HeaderName, HeaderValue};
     use proptest::prelude::*;
@@ -524,7 +524,16 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
                 loop_header: ("x-holdfast-loop", token.as_bytes()),
                 changes,
             };
+            // Planned for a vectored write, the head is the same bytes.
+            let (mut rendered, mut pieces) = (Vec::new(), Vec::new());
+            plan_upstream_head(&mut rendered, &mut pieces, &head, &raw, &onward);
+            prop_assert!(pieces.len() <= MAX_PIECES, "{pieces:?}");
+            let planned: Vec<u8> = pieces
+                .iter()
+                .flat_map(|p| p.of(&raw, &rendered).iter().copied())
+                .collect();
             write_upstream_head(out, &head, &raw, &onward);
+            prop_assert_eq!(&planned, &*out, "the planned head is the written head");
             let out = &out[..];
             let mut sent = RequestHead::default();
             let len = HeadEnd::default().find(out);
