@@ -204,28 +204,24 @@ impl HeadEnd {
     /// once its final empty line is in; None while it is not. A line ended by a bare LF
     /// ends lines too, so such a head ends and is refused instead of timing out.
     pub fn find(&mut self, buf: &[u8]) -> Option<usize> {
-        while self.scanned < buf.len() {
-            let b = buf[self.scanned];
-            self.scanned += 1;
-            match b {
-                b'\n' => {
-                    if self.line == 0 && self.lines > 0 {
-                        let end = self.scanned;
-                        *self = HeadEnd::default();
-                        return Some(end);
-                    }
-                    self.lines += 1;
-                    self.line = 0;
-                }
-                // A CR counts only when its LF follows (checked by the parse).
-                b'\r' if buf.get(self.scanned) == Some(&b'\n') => {}
-                // A CR that is the last byte so far: decided when the next one comes.
-                b'\r' if self.scanned == buf.len() => {
-                    self.scanned -= 1;
-                    return None;
-                }
-                _ => self.line += 1,
+        while let Some(rest) = buf.get(self.scanned..).filter(|r| !r.is_empty()) {
+            let Some(lf) = memchr::memchr(b'\n', rest) else {
+                // No line end yet: a CR last is decided when the next byte comes (it
+                // counts only when its LF follows).
+                let undecided = usize::from(rest.ends_with(b"\r"));
+                self.line += rest.len() - undecided;
+                self.scanned += rest.len() - undecided;
+                return None;
+            };
+            let line = self.line + lf - usize::from(lf > 0 && rest[lf - 1] == b'\r');
+            self.scanned += lf + 1;
+            if line == 0 && self.lines > 0 {
+                let end = self.scanned;
+                *self = HeadEnd::default();
+                return Some(end);
             }
+            self.lines += 1;
+            self.line = 0;
         }
         None
     }
@@ -307,11 +303,7 @@ impl RequestHead {
         let head = buf.get(..len).ok_or(HeadError::Malformed("truncated"))?;
         // Every LF is a CRLF's (RFC 9112 §2.2), checked before anything else so that a
         // head another parser would split elsewhere is refused as such.
-        if head
-            .iter()
-            .enumerate()
-            .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
-        {
+        if has_bare_lf(head) {
             return Err(BadRequest::BareLineFeed.into());
         }
         let mut lines = Lines { head, at: 0 };
@@ -590,11 +582,7 @@ impl ResponseHead {
         let head = buf
             .get(..len)
             .ok_or(ResponseError::Malformed("truncated"))?;
-        if head
-            .iter()
-            .enumerate()
-            .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
-        {
+        if has_bare_lf(head) {
             return Err(ResponseError::Malformed("a line ends without CR"));
         }
         let mut lines = Lines { head, at: 0 };
@@ -701,7 +689,7 @@ impl Iterator for Lines<'_> {
 
     fn next(&mut self) -> Option<(usize, usize)> {
         let rest = self.head.get(self.at..)?;
-        let lf = rest.iter().position(|b| *b == b'\n')?;
+        let lf = memchr::memchr(b'\n', rest)?;
         let start = self.at;
         self.at += lf + 1;
         // The byte before the LF is its CR (checked by `parse`).
@@ -713,19 +701,14 @@ impl Iterator for Lines<'_> {
 /// visible ASCII, obs-text, spaces and tabs.
 fn header_line(head: &[u8], start: usize, end: usize) -> Result<Header, HeadError> {
     let line = &head[start..end];
-    let colon = line
-        .iter()
-        .position(|b| *b == b':')
-        .ok_or(HeadError::Malformed("header line without a colon"))?;
+    let colon =
+        memchr::memchr(b':', line).ok_or(HeadError::Malformed("header line without a colon"))?;
     let name = &line[..colon];
     if name.is_empty() || !name.iter().all(|b| is_tchar(*b)) {
         return Err(HeadError::Malformed("header name"));
     }
     let raw = &line[colon + 1..];
-    if !raw
-        .iter()
-        .all(|b| matches!(b, b'\t' | b' '..=b'~' | 0x80..=0xff))
-    {
+    if !is_field_value(raw) {
         return Err(HeadError::Malformed("header value"));
     }
     let lead = raw
@@ -742,6 +725,19 @@ fn header_line(head: &[u8], start: usize, end: usize) -> Result<Header, HeadErro
         value: Span::new(v, v + trail),
         line: Span::new(start, end + 2),
         known: Known::of(name),
+    })
+}
+
+/// Whether some LF of `head` is not a CRLF's.
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
+/// Whether every byte is visible ASCII, obs-text, a space or a tab: the whole value is
+/// looked at without a branch per byte, so the compiler can take many bytes at once.
+fn is_field_value(v: &[u8]) -> bool {
+    !v.iter().fold(false, |bad, b| {
+        bad | ((*b < b' ' && *b != b'\t') | (*b == 0x7f))
     })
 }
 

@@ -728,3 +728,70 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
         })
         .unwrap();
 }
+
+/// The byte-at-a-time scans the head's end, its bare LFs and its field values were found
+/// by before they looked for line ends with `memchr` and at values without a branch per
+/// byte: the new scans must agree with them on any bytes, read in any pieces.
+#[test]
+fn the_fast_scans_agree_with_byte_at_a_time_ones() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    fn head_end_bytewise(buf: &[u8]) -> Option<usize> {
+        let (mut line, mut lines) = (0usize, 0usize);
+        for (i, b) in buf.iter().enumerate() {
+            match b {
+                b'\n' => {
+                    if line == 0 && lines > 0 {
+                        return Some(i + 1);
+                    }
+                    lines += 1;
+                    line = 0;
+                }
+                b'\r' if buf.get(i + 1) == Some(&b'\n') => {}
+                b'\r' if i + 1 == buf.len() => return None,
+                _ => line += 1,
+            }
+        }
+        None
+    }
+    let byte = prop_oneof![
+        Just(b'\r'),
+        Just(b'\n'),
+        Just(b'\t'),
+        Just(0x7f_u8),
+        Just(b'a'),
+        Just(b' '),
+        any::<u8>()
+    ];
+    let strategy = (
+        proptest::collection::vec(byte, 0..64),
+        proptest::collection::vec(1usize..8, 1..16),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 4096,
+        ..Config::default()
+    });
+    runner
+        .run(&strategy, |(bytes, steps)| {
+            // Fed in reads of the given sizes, as the engine feeds a growing buffer.
+            let mut end = HeadEnd::default();
+            let (mut have, mut found, mut step) = (0, None, steps.iter().cycle());
+            while found.is_none() && have < bytes.len() {
+                have = (have + step.next().unwrap()).min(bytes.len());
+                found = end.find(&bytes[..have]);
+            }
+            prop_assert_eq!(found, head_end_bytewise(&bytes), "{:?}", bytes);
+            let bare = bytes
+                .iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'\n' && (i == 0 || bytes[i - 1] != b'\r'));
+            prop_assert_eq!(has_bare_lf(&bytes), bare);
+            let value = bytes
+                .iter()
+                .all(|b| matches!(b, b'\t' | b' '..=b'~' | 0x80..=0xff));
+            prop_assert_eq!(is_field_value(&bytes), value);
+            Ok(())
+        })
+        .unwrap();
+}
