@@ -19,22 +19,26 @@
 # off; -reuse: resumed sessions).
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
-#                        [--flamegraph FILE.svg] [--syscalls]
+#                        [--flamegraph FILE.svg] [--syscalls] [--kernel]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
 # the folded stacks beside it (FILE.folded). --syscalls also counts each proxy's system
 # calls per request (perf stat, raw_syscalls:sys_enter) over one more wrk run each.
+# --kernel also samples holdfast-proxy and nginx (perf record, no call graphs) over one
+# more wrk run each, and prints the time per request in user space, in the kernel, and in
+# the kernel functions that take the most, side by side.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS=''
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
     --syscalls) SYSCALLS=1 ;;
+    --kernel) KERNEL=1 ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -286,6 +290,54 @@ PY
   echo "| holdfast-proxy | $(syscalls_run "$HF" "$hf_pid" | sed 's/|/ | /g') |"
   echo "| nginx $nginx_version | $(syscalls_run "$NG" "$ng_pid" | sed 's/|/ | /g') |"
   echo "| HAProxy $haproxy_version | $(syscalls_run "$HP" "$hp_pid" | sed 's/|/ | /g') |"
+fi
+
+if [[ -n $KERNEL ]]; then
+  command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
+  # kernel_run PORT PID NAME: samples PID over a wrk run; writes NAME's requests, CPU
+  # seconds and perf's per-symbol shares into $work/kernel-NAME.*.
+  kernel_run() {
+    local ticks_before out
+    ticks_before=$(awk '{print $14 + $15}' "/proc/$2/stat")
+    perf record -F 999 -p "$2" -o "$work/kernel-$3.data" -- sleep "$DURATION" >/dev/null 2>&1 &
+    local perf_pid=$!
+    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$1/")
+    wait "$perf_pid" || true
+    awk -v b="$ticks_before" -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15 - b) / hz}' "/proc/$2/stat" >"$work/kernel-$3.cpu"
+    awk '/ requests in/ {print $1}' <<<"$out" >"$work/kernel-$3.requests"
+    perf report -i "$work/kernel-$3.data" --stdio --sort sym --percent-limit 0 2>/dev/null >"$work/kernel-$3.report"
+  }
+  kernel_run "$HF" "$hf_pid" holdfast
+  kernel_run "$NG" "$ng_pid" nginx
+  echo
+  echo "### Where each proxy's CPU goes per request (perf record -F 999, wrk -c$CONNS for ${DURATION} s, one worker each; ns per request)"
+  echo
+  python3 - "$work" "$nginx_version" <<'PY'
+import re, sys
+work, nginx_version = sys.argv[1], sys.argv[2]
+def load(name):
+    requests = int(open(f"{work}/kernel-{name}.requests").read())
+    cpu = float(open(f"{work}/kernel-{name}.cpu").read())
+    shares = {}
+    for line in open(f"{work}/kernel-{name}.report"):
+        m = re.match(r"\s*([\d.]+)%\s+\[([k.])\]\s+(\S+)", line)
+        if m:
+            key = (m.group(2), m.group(3))
+            shares[key] = shares.get(key, 0) + float(m.group(1)) / 100
+    per = cpu / requests * 1e9
+    return {k: v * per for k, v in shares.items()}, per
+hf, hf_total = load("holdfast")
+ng, ng_total = load("nginx")
+print(f"| where | holdfast-proxy | nginx {nginx_version} |")
+print("| --- | --- | --- |")
+print(f"| all (CPU time / requests) | {hf_total:.0f} | {ng_total:.0f} |")
+for side, label in (("k", "kernel"), (".", "user space")):
+    print(f"| {label} | {sum(v for (s, _), v in hf.items() if s == side):.0f} | {sum(v for (s, _), v in ng.items() if s == side):.0f} |")
+kernel = {sym for (s, sym) in list(hf) + list(ng) if s == "k"}
+top = sorted(kernel, key=lambda sym: -max(hf.get(("k", sym), 0), ng.get(("k", sym), 0)))[:15]
+for sym in top:
+    print(f"| kernel: `{sym}` | {hf.get(('k', sym), 0):.0f} | {ng.get(('k', sym), 0):.0f} |")
+PY
 fi
 
 # Warm all three over TLS.
