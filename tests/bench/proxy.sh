@@ -27,7 +27,8 @@
 # calls per request (perf stat, raw_syscalls:sys_enter) over one more wrk run each.
 # --kernel also samples holdfast-proxy and nginx (perf record, no call graphs) over one
 # more wrk run each, and prints the time per request in user space, in the kernel, and in
-# the kernel functions that take the most, side by side.
+# the kernel functions that take the most, side by side, with what the upstream and the
+# load generator's core spent per request meanwhile.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
@@ -78,6 +79,7 @@ HFS=$(free_port); NGS=$(free_port); HP=$(free_port); HPS=$(free_port)
 # HAProxy takes the certificate and its key in one file.
 cat "$work/pki/site.crt" "$work/pki/site.key" >"$work/pki/site.pem"
 taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=($!)
+up_pid=$!
 "$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" \
   --tls-cert "$work/pki/site.crt" --tls-key "$work/pki/site.key" 2>/dev/null & pids+=($!)
 wait_port "$UP"; wait_port "$CP"
@@ -110,6 +112,14 @@ http {
       proxy_set_header Connection "";
       proxy_set_header Host \$host;
       proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      # The forwarding headers holdfast-proxy sends, and a loop header of the same size:
+      # the upstream and the load generator then do the same work behind each proxy.
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host;
+      proxy_set_header X-Forwarded-Port \$server_port;
+      proxy_set_header X-Real-IP \$remote_addr;
+      proxy_set_header Forwarded "for=\$remote_addr;host=\$host;proto=\$scheme";
+      proxy_set_header X-Bench-Loop 0123456789abcdef;
     }
   }
 }
@@ -138,6 +148,15 @@ defaults
 frontend bench
   bind 127.0.0.1:$2
 ${3:+  bind 127.0.0.1:$3 ssl crt $work/pki/site.pem}
+  # The forwarding headers holdfast-proxy sends (as nginx's above).
+  http-request set-var(txn.proto) str(http)
+  http-request set-var(txn.proto) str(https) if { ssl_fc }
+  http-request set-header X-Forwarded-Proto %[var(txn.proto)]
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+  http-request set-header X-Forwarded-Port %[dst_port]
+  http-request set-header X-Real-IP %[src]
+  http-request set-header Forwarded for=%[src];host=%[req.hdr(host)];proto=%[var(txn.proto)]
+  http-request set-header X-Bench-Loop 0123456789abcdef
   default_backend echo
 backend echo
   server echo 127.0.0.1:$UP
@@ -297,14 +316,20 @@ if [[ -n $KERNEL ]]; then
   # kernel_run PORT PID NAME: samples PID over a wrk run; writes NAME's requests, CPU
   # seconds and perf's per-symbol shares into $work/kernel-NAME.*.
   kernel_run() {
-    local ticks_before out
+    local ticks_before up_before core1_before out
     ticks_before=$(awk '{print $14 + $15}' "/proc/$2/stat")
+    up_before=$(awk '{print $14 + $15}' "/proc/$up_pid/stat")
+    # Core 1's busy time (all but idle and iowait): the load generator, the upstream and
+    # the kernel's work for them.
+    core1_before=$(awk '$1 == "cpu1" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)
     perf record -F 999 -p "$2" -o "$work/kernel-$3.data" -- sleep "$DURATION" >/dev/null 2>&1 &
     local perf_pid=$!
     out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$1/")
     wait "$perf_pid" || true
     awk -v b="$ticks_before" -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15 - b) / hz}' "/proc/$2/stat" >"$work/kernel-$3.cpu"
     awk '/ requests in/ {print $1}' <<<"$out" >"$work/kernel-$3.requests"
+    awk -v b="$up_before" -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15 - b) / hz}' "/proc/$up_pid/stat" >"$work/kernel-$3.upstream"
+    awk -v b="$core1_before" -v hz="$(getconf CLK_TCK)" '$1 == "cpu1" {printf "%.3f\n", ($2 + $3 + $4 + $7 + $8 - b) / hz}' /proc/stat >"$work/kernel-$3.core1"
     perf report -i "$work/kernel-$3.data" --stdio --sort sym --percent-limit 0 2>/dev/null >"$work/kernel-$3.report"
   }
   kernel_run "$HF" "$hf_pid" holdfast
@@ -325,12 +350,18 @@ def load(name):
             key = (m.group(2), m.group(3))
             shares[key] = shares.get(key, 0) + float(m.group(1)) / 100
     per = cpu / requests * 1e9
-    return {k: v * per for k, v in shares.items()}, per
-hf, hf_total = load("holdfast")
-ng, ng_total = load("nginx")
+    sides = {
+        side: float(open(f"{work}/kernel-{name}.{side}").read()) / requests * 1e9
+        for side in ("upstream", "core1")
+    }
+    return {k: v * per for k, v in shares.items()}, per, sides
+hf, hf_total, hf_sides = load("holdfast")
+ng, ng_total, ng_sides = load("nginx")
 print(f"| where | holdfast-proxy | nginx {nginx_version} |")
 print("| --- | --- | --- |")
-print(f"| all (CPU time / requests) | {hf_total:.0f} | {ng_total:.0f} |")
+print(f"| the upstream (holdfast-echo, core 1) | {hf_sides['upstream']:.0f} | {ng_sides['upstream']:.0f} |")
+print(f"| core 1 busy (wrk, the upstream, their kernel work) | {hf_sides['core1']:.0f} | {ng_sides['core1']:.0f} |")
+print(f"| the proxy, all (CPU time / requests) | {hf_total:.0f} | {ng_total:.0f} |")
 for side, label in (("k", "kernel"), (".", "user space")):
     print(f"| {label} | {sum(v for (s, _), v in hf.items() if s == side):.0f} | {sum(v for (s, _), v in ng.items() if s == side):.0f} |")
 kernel = {sym for (s, sym) in list(hf) + list(ng) if s == "k"}
