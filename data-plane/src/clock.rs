@@ -11,8 +11,10 @@
 //! [`USES`] reads' work) old: deadlines made from it are that much early, and request
 //! durations count from when the turn that read the request began.
 //!
-//! A thread whose runtime never called [`turn`] (tests, the hyper engine's runtimes)
-//! reads the clock each time, so a runtime with paused time is still followed.
+//! Request durations and upstream latencies measured with it are coarse too: a request
+//! served within one turn records zero. A thread whose runtime never called [`turn`] (a
+//! test's own runtime, the control runtime) reads the clock each time, so a runtime with
+//! paused time is still followed.
 
 use std::cell::Cell;
 
