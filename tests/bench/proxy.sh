@@ -19,7 +19,8 @@
 # off; -reuse: resumed sessions).
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
-#                        [--flamegraph FILE.svg] [--syscalls] [--kernel]
+#                        [--flamegraph FILE.svg] [--syscalls] [--kernel] [--kernel-rates R1,R2,...]
+#                        [--profile-only]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
@@ -34,12 +35,14 @@
 # oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL=''
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL='' KRATES='' PROFILE_ONLY=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
     --syscalls) SYSCALLS=1 ;;
     --kernel) KERNEL=1 ;;
+    --kernel-rates) KRATES=$2; shift ;;
+    --profile-only) PROFILE_ONLY=1 ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -267,24 +270,26 @@ done
 
 nginx_version=$(nginx -v 2>&1 | sed 's/.*\///')
 haproxy_version=$(haproxy -v | awk 'NR == 1 {print $3}')
-echo "### Proxy against nginx and HAProxy ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
-echo
-echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps | holdfast/HAProxy rps |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-hf=$(wrk_run holdfast "$HF" "$hf_pid"); ng=$(wrk_run nginx "$NG" "$ng_pid"); hp=$(wrk_run haproxy "$HP" "$hp_pid")
-echo "| wrk closed loop (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
-echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | | |"
-echo "| wrk closed loop (max) | HAProxy $haproxy_version | ${hp//|/ | } | | |"
-IFS=, read -ra rates <<<"$RATES"
-for rate in "${rates[@]}"; do
-  hf=$(oha_run holdfast "$HF" "$hf_pid" "$rate"); ng=$(oha_run nginx "$NG" "$ng_pid" "$rate")
-  hp=$(oha_run haproxy "$HP" "$hp_pid" "$rate")
-  echo "| $LOAD open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
-  echo "| $LOAD open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | | |"
-  echo "| $LOAD open loop $rate rps | HAProxy $haproxy_version | ${hp//|/ | } | | |"
-done
-echo
-echo "wrk $(wrk -v 2>&1 | awk 'NR == 1 {print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
+if [[ -z $PROFILE_ONLY ]]; then
+  echo "### Proxy against nginx and HAProxy ($(date -u +%F), ${DURATION} s per run, $CONNS connections)"
+  echo
+  echo "| load | proxy | achieved rps | p50 | p99 | p99.9 | errors | proxy CPU | proxy peak RSS | holdfast/nginx rps | holdfast/HAProxy rps |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  hf=$(wrk_run holdfast "$HF" "$hf_pid"); ng=$(wrk_run nginx "$NG" "$ng_pid"); hp=$(wrk_run haproxy "$HP" "$hp_pid")
+  echo "| wrk closed loop (max) | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+  echo "| wrk closed loop (max) | nginx $nginx_version | ${ng//|/ | } | | |"
+  echo "| wrk closed loop (max) | HAProxy $haproxy_version | ${hp//|/ | } | | |"
+  IFS=, read -ra rates <<<"$RATES"
+  for rate in "${rates[@]}"; do
+    hf=$(oha_run holdfast "$HF" "$hf_pid" "$rate"); ng=$(oha_run nginx "$NG" "$ng_pid" "$rate")
+    hp=$(oha_run haproxy "$HP" "$hp_pid" "$rate")
+    echo "| $LOAD open loop $rate rps | holdfast-proxy | ${hf//|/ | } | $(ratio "$hf" "$ng") | $(ratio "$hf" "$hp") |"
+    echo "| $LOAD open loop $rate rps | nginx $nginx_version | ${ng//|/ | } | | |"
+    echo "| $LOAD open loop $rate rps | HAProxy $haproxy_version | ${hp//|/ | } | | |"
+  done
+  echo
+  echo "wrk $(wrk -v 2>&1 | awk 'NR == 1 {print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
+fi
 
 if [[ -n $SYSCALLS ]]; then
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
@@ -311,37 +316,72 @@ PY
   echo "| HAProxy $haproxy_version | $(syscalls_run "$HP" "$hp_pid" | sed 's/|/ | /g') |"
 fi
 
-if [[ -n $KERNEL ]]; then
+if [[ -n $KERNEL || -n $KRATES ]]; then
   command -v perf >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >&2; }
-  # kernel_run PORT PID NAME: samples PID over a wrk run; writes NAME's requests, CPU
-  # seconds and perf's per-symbol shares into $work/kernel-NAME.*.
+  # threads PID: a line per thread, "name cpu_ticks voluntary_switches involuntary_switches".
+  threads() {
+    local task
+    for task in /proc/"$1"/task/*; do
+      { awk '{sub(/^[^)]*\) /, ""); printf "%s ", $12 + $13}' "$task/stat"
+        awk '/^Name:/ {n = $2} /^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {i = $2} END {print v, i, n}' "$task/status"
+      } 2>/dev/null || true
+    done
+  }
+  # kernel_run PORT PID NAME [RATE]: samples PID over a wrk run (or an open-loop run at
+  # RATE); writes NAME's requests, CPU seconds, threads and perf's per-symbol shares into
+  # $work/kernel-NAME.*.
   kernel_run() {
-    local ticks_before up_before core1_before out
+    local ticks_before up_before core1_before out perf_pid
     ticks_before=$(awk '{print $14 + $15}' "/proc/$2/stat")
     up_before=$(awk '{print $14 + $15}' "/proc/$up_pid/stat")
+    threads "$2" >"$work/kernel-$3.threads-before"
     # Core 1's busy time (all but idle and iowait): the load generator, the upstream and
     # the kernel's work for them.
     core1_before=$(awk '$1 == "cpu1" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)
     perf record -F 999 -p "$2" -o "$work/kernel-$3.data" -- sleep "$DURATION" >/dev/null 2>&1 &
-    local perf_pid=$!
-    out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$1/")
+    perf_pid=$!
+    if [[ -n ${4:-} ]]; then
+      load_open_loop "$1" "$4"
+      taskset -c 1 "${load[@]}" >"$work/kernel-$3.json"
+      python3 -c 'import json, sys; print(sum(json.load(open(sys.argv[1])).get("statusCodeDistribution", {}).values()))' \
+        "$work/kernel-$3.json" >"$work/kernel-$3.requests"
+    else
+      rm -f "$work/kernel-$3.json"
+      out=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$1/")
+      awk '/ requests in/ {print $1}' <<<"$out" >"$work/kernel-$3.requests"
+    fi
     wait "$perf_pid" || true
+    threads "$2" >"$work/kernel-$3.threads-after"
     awk -v b="$ticks_before" -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15 - b) / hz}' "/proc/$2/stat" >"$work/kernel-$3.cpu"
-    awk '/ requests in/ {print $1}' <<<"$out" >"$work/kernel-$3.requests"
     awk -v b="$up_before" -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15 - b) / hz}' "/proc/$up_pid/stat" >"$work/kernel-$3.upstream"
     awk -v b="$core1_before" -v hz="$(getconf CLK_TCK)" '$1 == "cpu1" {printf "%.3f\n", ($2 + $3 + $4 + $7 + $8 - b) / hz}' /proc/stat >"$work/kernel-$3.core1"
     perf report -i "$work/kernel-$3.data" --stdio --sort sym --percent-limit 0 2>/dev/null >"$work/kernel-$3.report"
   }
-  kernel_run "$HF" "$hf_pid" holdfast
-  kernel_run "$NG" "$ng_pid" nginx
-  echo
-  echo "### Where each proxy's CPU goes per request (perf record -F 999, wrk -c$CONNS for ${DURATION} s, one worker each; ns per request)"
-  echo
-  python3 - "$work" "$nginx_version" <<'PY'
+  # kernel_table WHAT: the two proxies' figures side by side.
+  kernel_table() {
+    echo
+    echo "### Where each proxy's CPU goes per request, $1 (perf record -F 999, ${DURATION} s, one worker each; ns per request)"
+    echo
+    python3 - "$work" "$nginx_version" "$(getconf CLK_TCK)" <<'PY'
 import re, sys
-work, nginx_version = sys.argv[1], sys.argv[2]
+work, nginx_version, hz = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def threads(name, requests):
+    def read(when):
+        out = {}
+        for line in open(f"{work}/kernel-{name}.threads-{when}"):
+            ticks, vol, invol, thread = line.split(maxsplit=3)
+            t = out.setdefault(thread.strip(), [0, 0, 0])
+            t[0] += int(ticks); t[1] += int(vol); t[2] += int(invol)
+        return out
+    before, after = read("before"), read("after")
+    return {
+        thread: [(a[i] - before.get(thread, [0, 0, 0])[i]) / requests for i in range(3)]
+        for thread, a in after.items()
+    }
 def load(name):
     requests = int(open(f"{work}/kernel-{name}.requests").read())
+    if requests <= 0:
+        sys.exit(f"kernel: no requests answered by {name}")
     cpu = float(open(f"{work}/kernel-{name}.cpu").read())
     shares = {}
     for line in open(f"{work}/kernel-{name}.report"):
@@ -354,21 +394,61 @@ def load(name):
         side: float(open(f"{work}/kernel-{name}.{side}").read()) / requests * 1e9
         for side in ("upstream", "core1")
     }
-    return {k: v * per for k, v in shares.items()}, per, sides
-hf, hf_total, hf_sides = load("holdfast")
-ng, ng_total, ng_sides = load("nginx")
+    return {k: v * per for k, v in shares.items()}, per, sides, threads(name, requests), requests
+hf, hf_total, hf_sides, hf_threads, hf_n = load("holdfast")
+ng, ng_total, ng_sides, ng_threads, ng_n = load("nginx")
 print(f"| where | holdfast-proxy | nginx {nginx_version} |")
 print("| --- | --- | --- |")
+print(f"| requests answered | {hf_n} | {ng_n} |")
+def latency(name, p):
+    try:
+        import json
+        v = json.load(open(f"{work}/kernel-{name}.json"))["latencyPercentiles"][p]
+    except FileNotFoundError:
+        return None
+    return "—" if v is None else f"{v * 1000:.2f} ms"
+for p in ("p50", "p99"):
+    hf_l, ng_l = latency("holdfast", p), latency("nginx", p)
+    if hf_l is not None:
+        print(f"| latency {p} (open loop, perf attached) | {hf_l} | {ng_l} |")
 print(f"| the upstream (holdfast-echo, core 1) | {hf_sides['upstream']:.0f} | {ng_sides['upstream']:.0f} |")
-print(f"| core 1 busy (wrk, the upstream, their kernel work) | {hf_sides['core1']:.0f} | {ng_sides['core1']:.0f} |")
+print(f"| core 1 busy (the load generator, the upstream, their kernel work) | {hf_sides['core1']:.0f} | {ng_sides['core1']:.0f} |")
 print(f"| the proxy, all (CPU time / requests) | {hf_total:.0f} | {ng_total:.0f} |")
 for side, label in (("k", "kernel"), (".", "user space")):
     print(f"| {label} | {sum(v for (s, _), v in hf.items() if s == side):.0f} | {sum(v for (s, _), v in ng.items() if s == side):.0f} |")
+for label, i in (("voluntary context switches per request", 1), ("involuntary context switches per request", 2)):
+    print(f"| {label} | {sum(t[i] for t in hf_threads.values()):.2f} | {sum(t[i] for t in ng_threads.values()):.2f} |")
+for name, ts in (("holdfast-proxy", hf_threads), ("nginx", ng_threads)):
+    for thread, t in sorted(ts.items(), key=lambda kv: -kv[1][0]):
+        if t[0] or t[1]:
+            print(f"| {name} thread `{thread}`: CPU ns, switches per request | {t[0] / hz * 1e9:.0f} ns, {t[1] + t[2]:.2f} | |")
 kernel = {sym for (s, sym) in list(hf) + list(ng) if s == "k"}
 top = sorted(kernel, key=lambda sym: -max(hf.get(("k", sym), 0), ng.get(("k", sym), 0)))[:15]
 for sym in top:
     print(f"| kernel: `{sym}` | {hf.get(('k', sym), 0):.0f} | {ng.get(('k', sym), 0):.0f} |")
+user = {sym for (s, sym) in list(hf) + list(ng) if s == "."}
+top = sorted(user, key=lambda sym: -max(hf.get((".", sym), 0), ng.get((".", sym), 0)))[:12]
+for sym in top:
+    print(f"| user: `{sym[:60]}` | {hf.get(('.', sym), 0):.0f} | {ng.get(('.', sym), 0):.0f} |")
 PY
+  }
+  if [[ -n $KERNEL ]]; then
+    kernel_run "$HF" "$hf_pid" holdfast
+    kernel_run "$NG" "$ng_pid" nginx
+    kernel_table "wrk -c$CONNS at the maximum"
+  fi
+  if [[ -n $KRATES ]]; then
+    IFS=, read -ra krates <<<"$KRATES"
+    for rate in "${krates[@]}"; do
+      kernel_run "$HF" "$hf_pid" holdfast "$rate"
+      kernel_run "$NG" "$ng_pid" nginx "$rate"
+      kernel_table "$LOAD open loop at $rate rps"
+    done
+  fi
+fi
+
+if [[ -n $PROFILE_ONLY ]]; then
+  exit 0
 fi
 
 # Warm all three over TLS.

@@ -761,27 +761,41 @@ fn scheme_len(target: &[u8]) -> Option<usize> {
     None
 }
 
-/// RFC 9110 §5.6.2 tchar.
+/// RFC 9110 §5.6.2 tchar: one load from [`TCHAR`] per byte (header names and methods
+/// are read byte by byte while parsing).
+#[inline]
 pub(crate) fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'!' | b'#'
-                | b'$'
-                | b'%'
-                | b'&'
-                | b'\''
-                | b'*'
-                | b'+'
-                | b'-'
-                | b'.'
-                | b'^'
-                | b'_'
-                | b'`'
-                | b'|'
-                | b'~'
-        )
+    TCHAR[usize::from(b)]
 }
+
+/// Which bytes are tchars (RFC 9110 §5.6.2): letters, digits and ``!#$%&'*+-.^_`|~``.
+static TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
 
 /// Bytes `http` accepts in a path (it refuses `<`, `>`, `` ` `` and controls; `#` would
 /// start a fragment, refused here).

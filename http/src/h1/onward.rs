@@ -110,9 +110,11 @@ fn changed<'a>(
             Known::ContentLength | Known::TransferEncoding
         )
     };
+    // A client line's name was recognised when it was parsed (`known`).
     let client = head.headers.iter().filter(move |h| {
-        let name = h.name.of(buf);
-        framing(name) || (!named(set, name) && !removed(name))
+        changes.is_none()
+            || matches!(h.known, Known::ContentLength | Known::TransferEncoding)
+            || (!named(set, h.name.of(buf)) && !removed(h.name.of(buf)))
     });
     // A name set twice keeps the last value (an insert replaces).
     let set_pairs = set.iter().enumerate().filter(move |(i, (n, _))| {
@@ -211,6 +213,8 @@ fn upstream_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let lines = changed(head, buf, onward.changes);
     let trusted = onward.hop.trusted;
+    // Only a head with a `Connection` line can name headers for removal.
+    let connection = lines.clone().any(|l| l.known() == Known::Connection);
     for line in lines.clone() {
         let name = line.name(buf);
         let keep = match line.known() {
@@ -225,7 +229,7 @@ fn upstream_head(
                         .iter()
                         .any(|f| f.as_bytes().eq_ignore_ascii_case(name))
             }
-            _ => !connection_names(lines.clone(), buf, name),
+            _ => !(connection && connection_names(lines.clone(), buf, name)),
         };
         if !keep {
             continue;
@@ -273,34 +277,47 @@ fn forwarding<'a>(
     buf: &'a [u8],
     hop: &Hop<'_>,
 ) {
-    // The first Forwarded line's value, if it is text.
-    let first_forwarded = lines
-        .clone()
-        .find(|l| l.name(buf).eq_ignore_ascii_case(b"forwarded"))
-        .map(|l| l.value(buf))
-        .filter(|v| is_text(v));
+    // The peer's address, rendered once for the three headers that carry it.
+    let mut rendered = [0u8; 64];
+    let client = {
+        let mut at = std::io::Cursor::new(&mut rendered[..]);
+        let _ = write!(at, "{}", hop.client);
+        let len = usize::try_from(at.position()).unwrap_or(0);
+        &rendered[..len]
+    };
+    let named = |l: &Line<'a>, name: &[u8]| {
+        l.known() == Known::Forwarding && l.name(buf).eq_ignore_ascii_case(name)
+    };
     out.extend_from_slice(b"x-forwarded-for: ");
-    let mut prior = lines
+    for l in lines
         .clone()
-        .filter(|l| l.name(buf).eq_ignore_ascii_case(b"x-forwarded-for") && is_text(l.value(buf)));
-    for l in prior.by_ref() {
+        .filter(|l| named(l, b"x-forwarded-for") && is_text(l.value(buf)))
+    {
         out.extend_from_slice(l.value(buf));
         out.extend_from_slice(b", ");
     }
-    let _ = write!(out, "{}\r\n", hop.client);
-    out.extend_from_slice(b"forwarded: ");
+    out.extend_from_slice(client);
+    out.extend_from_slice(b"\r\nforwarded: ");
+    // From a trusted peer, the first Forwarded line's value (if it is text) comes first.
     if hop.trusted
-        && let Some(prior) = first_forwarded
+        && let Some(prior) = lines
+            .clone()
+            .find(|l| named(l, b"forwarded"))
+            .map(|l| l.value(buf))
+            .filter(|v| is_text(v))
     {
         out.extend_from_slice(prior);
         out.extend_from_slice(b", ");
     }
     match hop.client {
-        IpAddr::V4(ip) => {
-            let _ = write!(out, "for={ip}");
+        IpAddr::V4(_) => {
+            out.extend_from_slice(b"for=");
+            out.extend_from_slice(client);
         }
-        IpAddr::V6(ip) => {
-            let _ = write!(out, "for=\"[{ip}]\"");
+        IpAddr::V6(_) => {
+            out.extend_from_slice(b"for=\"[");
+            out.extend_from_slice(client);
+            out.extend_from_slice(b"]\"");
         }
     }
     out.extend_from_slice(b";host=\"");
@@ -309,10 +326,7 @@ fn forwarding<'a>(
     out.extend_from_slice(hop.proto.as_bytes());
     out.extend_from_slice(b"\r\n");
     for name in FORWARDING_SET {
-        let present = lines
-            .clone()
-            .any(|l| l.name(buf).eq_ignore_ascii_case(name.as_bytes()));
-        if hop.trusted && present {
+        if hop.trusted && lines.clone().any(|l| named(&l, name.as_bytes())) {
             // Kept above, as they came.
             continue;
         }
@@ -322,7 +336,7 @@ fn forwarding<'a>(
             "x-forwarded-proto" => out.write_all(hop.proto.as_bytes()),
             "x-forwarded-host" => out.write_all(hop.host.as_bytes()),
             "x-forwarded-port" => write!(out, "{}", hop.port),
-            _ => write!(out, "{}", hop.client),
+            _ => out.write_all(client),
         };
         out.extend_from_slice(b"\r\n");
     }

@@ -795,3 +795,20 @@ fn the_fast_scans_agree_with_byte_at_a_time_ones() {
         })
         .unwrap();
 }
+
+/// The tchar table says what RFC 9110 §5.6.2 says, for every byte.
+#[test]
+fn the_tchar_table_is_rfc_9110s_token_characters() {
+    const SYMBOLS: &[u8] = b"!#$%&'*+-.^_`|~";
+    for b in 0..=u8::MAX {
+        let rfc = b.is_ascii_digit()
+            || b.is_ascii_lowercase()
+            || b.is_ascii_uppercase()
+            || SYMBOLS.contains(&b);
+        assert_eq!(is_tchar(b), rfc, "byte {b:#04x}");
+    }
+    assert_eq!(
+        (0..=u8::MAX).filter(|b| is_tchar(*b)).count(),
+        62 + SYMBOLS.len()
+    );
+}
