@@ -20,14 +20,14 @@
 //!   listeners on a small control runtime, the proxy listeners on worker threads, one
 //!   single-threaded runtime each).
 //!
-//! The HTTP mechanics (framing, header rules, path normalisation, in-flight counting) are
+//! The HTTP mechanics (framing, header rules, path normalisation, in-flight counting,
+//! upstream connections, tunnels, the connection timer and the workers' coarse clock) are
 //! in the `holdfast-http` crate (`http/`).
 //!
 //! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
 //! the control plane, in the `holdfast-process` crate (`process/`).
 
 pub mod admin;
-pub mod clock;
 pub mod config;
 pub mod gateway;
 pub mod listeners;
@@ -366,7 +366,7 @@ impl Workers {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 // The worker's coarse clock: read once per turn of its event loop.
-                .on_thread_unpark(clock::turn)
+                .on_thread_unpark(holdfast_http::clock::turn)
                 .build()
                 .context("starting a worker's runtime")?;
             // Registered with the worker's runtime, whose thread polls them.

@@ -37,8 +37,8 @@ mod upgrade;
 
 use balance::Balancer;
 pub use balance::is_local_error;
+use holdfast_http::tunnel::Tunnels;
 pub use routing::{Decision, RequestView, Routed};
-use upgrade::Tunnels;
 
 /// What the proxy answers: an upstream body streamed through, or a short local body.
 pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
@@ -1010,7 +1010,13 @@ impl Forwarder {
         {
             let held = (connection_slot, slot_permit.take());
             let upstream_upgrade = hyper::upgrade::on(&mut resp);
-            self.tunnels.open(client_upgrade, upstream_upgrade, held);
+            let (down, up) = (client_upgrade, upstream_upgrade);
+            use hyper_util::rt::TokioIo;
+            self.tunnels.open(
+                async { down.await.map(TokioIo::new) },
+                async { up.await.map(TokioIo::new) },
+                held,
+            );
         }
         let (mut parts, body) = resp.into_parts();
         Self::downstream_head(&mut parts, upgrade);

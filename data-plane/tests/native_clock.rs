@@ -1,10 +1,10 @@
-//! The native engine reads its worker's coarse clock ([`holdfast_data_plane::clock`]):
+//! The native engine reads its worker's coarse clock ([`holdfast_http::clock`]):
 //! the same 1,000 warm keep-alive requests read the clock at least half as often as with
 //! a clock read at every use. The client, the proxy's connection and the upstream run on
 //! one current-thread runtime (so several turns of its event loop serve each request), on
 //! real sockets on 127.0.0.1.
 
-use holdfast_data_plane::clock;
+use holdfast_http::clock;
 
 #[path = "../benches/common/native.rs"]
 mod native;

@@ -12,9 +12,16 @@
 //! - [`path`]: the request path normalised as the backend will see it (pure).
 //! - [`inflight`]: counted slots (requests, connections, HTTP/2 streams) given back
 //!   when dropped.
+//! - [`upstream`]: upstream connections: where each goes, an endpoint's number in a
+//!   worker's idle pool, opening one.
+//! - [`tunnel`]: upgraded connections' tunnels, with their idle timeout and shutdown.
+//! - [`clock`]: a worker's coarse clock, read once per turn of its event loop.
 
+pub mod clock;
 pub mod framing;
 pub mod h1;
 pub mod headers;
 pub mod inflight;
 pub mod path;
+pub mod tunnel;
+pub mod upstream;

@@ -26,7 +26,7 @@ pub fn runtime(coarse: bool) -> tokio::runtime::Runtime {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
     if coarse {
-        builder.on_thread_unpark(holdfast_data_plane::clock::turn);
+        builder.on_thread_unpark(holdfast_http::clock::turn);
     }
     builder.build().expect("a runtime")
 }

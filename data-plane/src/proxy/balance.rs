@@ -32,7 +32,7 @@ impl Balancer {
 
     fn now_ms(&self) -> u64 {
         // The worker's coarse clock: ejections last seconds.
-        crate::clock::now()
+        holdfast_http::clock::now()
             .into_std()
             .saturating_duration_since(self.epoch)
             .as_millis() as u64

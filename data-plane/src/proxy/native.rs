@@ -11,7 +11,7 @@
 //! request body's reads, the response timeout from the end of the request body to the
 //! response head, the send timeout for every write to the client. The waits every
 //! keep-alive request makes (for its head, the upstream write and the response head, the
-//! writes to the client) share the connection's one timer ([`timer`]); the rarer ones
+//! writes to the client) share the connection's one timer ([`holdfast_http::h1::timer`]); the rarer ones
 //! (body reads, the 100 Continue, connecting, the last shutdown) keep a
 //! `tokio::time::timeout` each.
 
@@ -32,15 +32,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-mod timer;
-
-use timer::{Timer, Until};
+use holdfast_http::h1::timer::{Timer, Until};
 
 use super::routing::{Decision, RequestView};
 use super::{Failure, Forwarder, LOOP_HEADER, Reason, Target, Via};
-use crate::clock;
 use crate::table::Route;
 use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number};
+use holdfast_http::clock;
 
 /// The largest read into a connection's buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -113,7 +111,7 @@ pub struct H1Conn<'f, S> {
     pieces: Vec<Run>,
     limits: Limits,
     timeouts: Timeouts,
-    /// The timer of the waits every keep-alive request makes ([`timer`]).
+    /// The timer of the waits every keep-alive request makes ([`holdfast_http::h1::timer`]).
     timer: Timer,
     peer: SocketAddr,
     port: u16,

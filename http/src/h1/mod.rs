@@ -17,6 +17,7 @@ pub mod chunked;
 pub mod onward;
 #[cfg(test)]
 mod tests;
+pub mod timer;
 
 use crate::headers::BadRequest;
 

@@ -51,6 +51,12 @@ pub struct Timer {
     armed: Option<Instant>,
 }
 
+impl Default for Timer {
+    fn default() -> Self {
+        Timer::new()
+    }
+}
+
 impl Timer {
     /// A timer, not armed.
     pub fn new() -> Self {
