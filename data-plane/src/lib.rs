@@ -21,8 +21,9 @@
 //!   single-threaded runtime each).
 //!
 //! The HTTP mechanics (framing, header rules, path normalisation, in-flight counting,
-//! upstream connections, tunnels, the connection timer and the workers' coarse clock) are
-//! in the `holdfast-http` crate (`http/`).
+//! upstream connections, tunnels, the connection timer, the workers' coarse clock and the
+//! native HTTP/1.1 engine, which serves the forwarder through its `Service` trait) are in
+//! the `holdfast-http` crate (`http/`).
 //!
 //! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
 //! the control plane, in the `holdfast-process` crate (`process/`).

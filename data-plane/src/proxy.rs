@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
+use holdfast_http::forward::{Failure, Target};
 use holdfast_http::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
 use holdfast_process::error_chain;
-use http::uri::{Authority, PathAndQuery};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
@@ -210,6 +211,8 @@ pub struct Forwarder {
     slots: Mutex<std::collections::HashMap<SocketAddr, Arc<tokio::sync::Semaphore>>>,
     /// Upgraded tunnels.
     tunnels: Tunnels,
+    /// What the native engine reads of the settings.
+    engine: holdfast_http::h1::engine::Settings,
     /// Shutting down: HTTP/1.1 responses carry `Connection: close`, so keep-alive clients
     /// move to new connections (which balancers send elsewhere) before the listener closes.
     draining: std::sync::atomic::AtomicBool,
@@ -380,21 +383,6 @@ impl<'t> Forwarding<'t> {
 /// A response head, with the connection it came on (None: an upgrade's).
 type Exchanged = (Response<Incoming>, Option<Box<Upstream<ReclaimBody>>>);
 
-/// Where one attempt goes (`Forwarder::target`).
-enum Target<'b> {
-    /// To this endpoint or name, with its connection slot (None: no cap).
-    Go(
-        Key,
-        crate::upstream::Number,
-        &'b Authority,
-        Option<tokio::sync::OwnedSemaphorePermit>,
-    ),
-    /// The endpoint picked stayed busy past the connect timeout.
-    Busy(SocketAddr),
-    /// No endpoint (left) to try.
-    None,
-}
-
 /// Why one exchange with an upstream failed.
 enum Failed {
     /// No connection took the request; its headers come back when it was built (it was
@@ -404,47 +392,14 @@ enum Failed {
     Timeout,
 }
 
-/// Why forwarding a routed request failed, with its cause: [`Failure::reason`] is the one
-/// mapping to a [`Reason`] (and so to the status), and the error with its sources is the
-/// detail for the log and `--verbose-errors`.
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    /// The backend has no endpoint to try: 502.
-    #[error("upstream connect failed: no endpoint")]
-    NoEndpoint,
-    /// Could not connect to any endpoint tried (the last one's error): 502.
-    #[error("upstream connect failed: {authority}")]
-    Connect {
-        authority: String,
-        #[source]
-        source: crate::upstream::ConnectError,
-    },
-    /// The upstream broke the protocol or the connection mid-way: 502.
-    #[error("upstream failed: {authority}")]
-    Upstream {
-        authority: String,
-        #[source]
-        source: BoxError,
-    },
-    /// No response head within the response timeout: 504.
-    #[error("upstream did not answer within {0:?}")]
-    Timeout(Duration),
-    /// Every connection slot of the endpoint stayed busy past the connect timeout: 503.
-    #[error("endpoint {0} busy: --max-upstream-connections-per-endpoint in use")]
-    Busy(SocketAddr),
-    /// The request body declared a length over `--max-request-body`: 413, at once.
-    #[error("request body of {0} bytes is over --max-request-body")]
-    DeclaredTooLarge(u64),
-    /// The request body grew past `--max-request-body` while it was sent: 413.
-    #[error("request body over --max-request-body")]
-    BodyTooLarge,
-    /// No request body bytes for `--body-read-timeout`: 408.
-    #[error("request body stalled")]
-    BodyStalled,
+/// The reason an error answer for a failure is counted under, which says its status:
+/// the one mapping from a [`Failure`] to a [`Reason`].
+pub(crate) trait FailureReason {
+    /// The reason.
+    fn reason(&self) -> Reason;
 }
 
-impl Failure {
-    /// The reason the error answer is counted under, which says its status.
+impl FailureReason for Failure {
     fn reason(&self) -> Reason {
         match self {
             Failure::NoEndpoint | Failure::Connect { .. } => Reason::UpstreamConnectFailed,
@@ -453,6 +408,7 @@ impl Failure {
             Failure::Busy(_) => Reason::EndpointBusy,
             Failure::DeclaredTooLarge(_) | Failure::BodyTooLarge => Reason::BodyTooLarge,
             Failure::BodyStalled => Reason::BodyStalled,
+            Failure::BadBody(_) => Reason::BadRequest,
         }
     }
 }
@@ -469,6 +425,16 @@ impl Forwarder {
             pool: Arc::new(Pool::new(settings.pool_idle_per_host, settings.workers)),
             balancer: Balancer::new(settings.eject_for),
             tunnels: Tunnels::new(settings.tunnel_idle_timeout),
+            engine: holdfast_http::h1::engine::Settings {
+                connect_timeout: settings.connect_timeout,
+                response_timeout: settings.response_timeout,
+                body_read_timeout: settings.body_read_timeout,
+                max_request_body: settings.max_request_body,
+                pool_idle_per_host: settings.pool_idle_per_host,
+                allow_upgrade: settings.allow_upgrade.clone(),
+                loop_header: LOOP_HEADER,
+                loop_token: settings.loop_token.clone(),
+            },
             settings,
             metrics,
             slots: Mutex::new(Default::default()),

@@ -308,7 +308,7 @@ impl Connection {
         let mut drain = self.drain.clone();
         let conn = crate::proxy::native::H1Conn::new(
             stream,
-            &forwarder,
+            &*forwarder,
             self.head_limits,
             timeouts,
             peer,

@@ -145,7 +145,7 @@ pub async fn start() -> (TcpStream, Arc<Forwarder>) {
         let (stream, peer) = listener.accept().await.expect("accept");
         let conn = H1Conn::new(
             stream,
-            &proxy,
+            &*proxy,
             Limits {
                 max_bytes: 65536,
                 max_headers: 100,

@@ -12,60 +12,14 @@ use super::{Forwarder, LOOP_HEADER, Reason, Via};
 use crate::gateway::{Action, HeaderChanges, Target};
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
-/// A request as routing reads it.
-pub struct RequestView<'r> {
-    /// The target's authority (absolute form, `:authority`), else Host; None when there
-    /// is neither or it is not UTF-8.
-    pub host: Option<&'r str>,
-    /// The path as sent (empty: `/`).
-    pub path: &'r str,
-    /// The query, without its `?`.
-    pub query: Option<&'r str>,
-    /// The headers (Gateway header matches, the loop header).
-    pub headers: &'r (dyn HeaderLookup + Sync),
-}
+pub use holdfast_http::routing::RequestView;
 
-impl RequestView<'_> {
-    fn path(&self) -> &str {
-        if self.path.is_empty() { "/" } else { self.path }
-    }
-}
-
-/// What to do with a request.
-pub enum Decision<'t, 'r> {
-    /// Forward it on a route.
-    Forward(Routed<'t, 'r>),
-    /// Answer it here with the reason's status; `detail` is for the debug log (and the
-    /// client only with `--verbose-errors`); `route` is the route matched, if any.
-    Refuse {
-        /// Why.
-        reason: Reason,
-        /// What went wrong, for the log.
-        detail: String,
-        /// The route matched, if any (its metrics count the answer).
-        route: Option<&'t Route>,
-    },
-    /// Redirect it.
-    Redirect {
-        /// 301, 302, 303, 307 or 308.
-        status: u16,
-        /// The Location.
-        location: String,
-    },
-}
+/// What to do with a request ([`holdfast_http::routing::Decision`] on this proxy's routes
+/// and reasons).
+pub type Decision<'t, 'r> = holdfast_http::routing::Decision<'t, 'r, Route, Reason>;
 
 /// Where a routed request goes.
-pub struct Routed<'t, 'r> {
-    /// The route it matched.
-    pub route: &'t Route,
-    /// The host as the client gave it (the target's authority, or Host): what the
-    /// backend gets as Host.
-    pub raw_host: &'r str,
-    /// The normalised path and query, when normalising changed the path.
-    pub forward_path: Option<PathAndQuery>,
-    /// A Gateway rule's request header changes.
-    pub header_changes: Option<&'t HeaderChanges>,
-}
+pub type Routed<'t, 'r> = holdfast_http::routing::Routed<'t, 'r, Route>;
 
 /// ACME HTTP-01 challenges are answered over plain HTTP (a certificate is being issued),
 /// so they are never redirected.
@@ -143,7 +97,9 @@ impl Forwarder {
             Ok(p) => p,
             Err(refused) => return refused,
         };
-        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        let path = normalised
+            .as_deref()
+            .unwrap_or_else(|| request.path_or_root());
         if !via.is_tls() && table.redirects_to_https(&host) && !path.starts_with(ACME_CHALLENGE) {
             let target = sent_or_normalised(request, forward_path.as_ref());
             return Decision::Redirect {
@@ -175,7 +131,7 @@ impl Forwarder {
     ) -> Result<(Option<String>, Option<PathAndQuery>), Decision<'t, 'r>> {
         let bad =
             |e: &dyn std::fmt::Display| refuse(Reason::BadRequest, format!("bad request: {e}"));
-        let normalised = match normalise(request.path(), self.settings.escaped_slashes) {
+        let normalised = match normalise(request.path_or_root(), self.settings.escaped_slashes) {
             Ok(std::borrow::Cow::Borrowed(_)) => None,
             Ok(std::borrow::Cow::Owned(p)) => Some(p),
             Err(e) => return Err(bad(&e)),
@@ -193,7 +149,9 @@ impl Forwarder {
             }
             None => None,
         };
-        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        let path = normalised
+            .as_deref()
+            .unwrap_or_else(|| request.path_or_root());
         if !self.settings.allow_dot_segment_params && has_dot_segment_params(path) {
             return Err(bad(&PathError::DotSegmentParams));
         }
@@ -228,7 +186,9 @@ impl Forwarder {
             Ok(p) => p,
             Err(refused) => return refused,
         };
-        let path = normalised.as_deref().unwrap_or_else(|| request.path());
+        let path = normalised
+            .as_deref()
+            .unwrap_or_else(|| request.path_or_root());
         let Some(matched) = l.lookup(host, path, request.headers) else {
             return refuse(
                 Reason::NoRoute,
@@ -301,7 +261,7 @@ fn forward_to<'t, 'r>(
 fn sent_or_normalised(request: &RequestView<'_>, normalised: Option<&PathAndQuery>) -> String {
     match (normalised, request.query) {
         (Some(pq), _) => pq.as_str().to_owned(),
-        (None, Some(q)) => format!("{}?{q}", request.path()),
-        (None, None) => request.path().to_owned(),
+        (None, Some(q)) => format!("{}?{q}", request.path_or_root()),
+        (None, None) => request.path_or_root().to_owned(),
     }
 }

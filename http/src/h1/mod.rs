@@ -14,6 +14,7 @@
 //! head its connection has seen.
 
 pub mod chunked;
+pub mod engine;
 pub mod onward;
 #[cfg(test)]
 mod tests;

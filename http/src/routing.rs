@@ -1,0 +1,65 @@
+//! What routing reads of a request ([`RequestView`]) and what it decides ([`Decision`]):
+//! the boundary between the HTTP mechanics and the proxy's routes. The engines read a
+//! request into a view, the proxy decides from the view alone (no I/O, no response
+//! built), and the engine acts on the decision. Generic over the proxy's route `R` and
+//! the reason `E` it answers an error with.
+
+use http::uri::PathAndQuery;
+
+use crate::headers::{HeaderChanges, HeaderLookup};
+
+/// A request as routing reads it.
+pub struct RequestView<'r> {
+    /// The target's authority (absolute form, `:authority`), else Host; None when there
+    /// is neither or it is not UTF-8.
+    pub host: Option<&'r str>,
+    /// The path as sent (empty: `/`).
+    pub path: &'r str,
+    /// The query, without its `?`.
+    pub query: Option<&'r str>,
+    /// The headers (Gateway header matches, the loop header).
+    pub headers: &'r (dyn HeaderLookup + Sync),
+}
+
+impl RequestView<'_> {
+    /// The path, `/` when none was sent.
+    pub fn path_or_root(&self) -> &str {
+        if self.path.is_empty() { "/" } else { self.path }
+    }
+}
+
+/// What to do with a request.
+pub enum Decision<'t, 'r, R, E> {
+    /// Forward it on a route.
+    Forward(Routed<'t, 'r, R>),
+    /// Answer it here with the reason's status; `detail` is for the debug log (and the
+    /// client only with `--verbose-errors`); `route` is the route matched, if any.
+    Refuse {
+        /// Why.
+        reason: E,
+        /// What went wrong, for the log.
+        detail: String,
+        /// The route matched, if any (its metrics count the answer).
+        route: Option<&'t R>,
+    },
+    /// Redirect it.
+    Redirect {
+        /// 301, 302, 303, 307 or 308.
+        status: u16,
+        /// The Location.
+        location: String,
+    },
+}
+
+/// Where a routed request goes.
+pub struct Routed<'t, 'r, R> {
+    /// The route it matched.
+    pub route: &'t R,
+    /// The host as the client gave it (the target's authority, or Host): what the
+    /// backend gets as Host.
+    pub raw_host: &'r str,
+    /// The normalised path and query, when normalising changed the path.
+    pub forward_path: Option<PathAndQuery>,
+    /// A Gateway rule's request header changes.
+    pub header_changes: Option<&'t HeaderChanges>,
+}
