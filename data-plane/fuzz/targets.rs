@@ -607,6 +607,11 @@ pub fn differential(engines: &Engines, bytes: &[u8]) -> Result<(), String> {
         // ended (that is how the whole ones are found): it must not be served.
         let why = stricter(bytes, ends.len());
         ensure!(
+            why.is_some(),
+            "after {} whole requests the native parse gives no reason to stop",
+            ends.len()
+        );
+        ensure!(
             all.get(ours.len()) != Some(&200),
             "after {} whole requests the native engine serves the next one ({why:?})",
             ends.len()
