@@ -100,7 +100,7 @@ fn forward(
     let (mut answer, ()) = response.into_parts();
     Forwarder::downstream_head(&mut answer, false);
     f.metrics().count_route(
-        || route.label(),
+        || route.series_key(),
         &route.counters,
         answer.status.as_u16(),
         started.elapsed(),

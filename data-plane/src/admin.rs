@@ -72,9 +72,9 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
                 "version": t.version,
                 "https_redirect": t.redirects_to_https(&normalised),
                 "certificate": certificate,
-                "route": { "host": r.host, "kind": format!("{:?}", r.kind), "path": r.path, "ingress": r.source },
+                "route": { "host": &*r.host, "kind": format!("{:?}", r.kind), "path": &*r.path, "ingress": r.source },
                 "backend": {
-                    "name": b.name,
+                    "name": &*b.name,
                     "endpoints": endpoints,
                     "external": b.external.as_ref().map(|e| &e.target),
                     "unavailable_reason": b.unavailable_reason,

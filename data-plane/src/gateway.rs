@@ -203,8 +203,10 @@ impl Listener {
         let mut table = Vec::new();
         for h in hosts {
             let mut list = Vec::with_capacity(h.routes.len());
+            // One copy of the name, for the listener's key and every route of the host.
+            let host: Arc<str> = h.host.as_str().into();
             for r in &h.routes {
-                let path = match MatchKind::try_from(r.match_kind) {
+                let rule = match MatchKind::try_from(r.match_kind) {
                     Ok(MatchKind::Exact) => PathRule::Exact(r.path.clone()),
                     _ => PathRule::Prefix(r.path.clone()),
                 };
@@ -213,7 +215,8 @@ impl Listener {
                     .iter()
                     .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
                     .collect::<Result<Vec<_>, _>>()?;
-                let label = format!("{} {}{}", l.name, h.host, r.path);
+                let label: Arc<str> = format!("{} {}{}", l.name, h.host, r.path).into();
+                let route_path: Arc<str> = r.path.as_str().into();
                 let action = match &r.redirect {
                     Some(d) => Action::Redirect(Redirect {
                         scheme: Some(d.scheme.clone()).filter(|s| !s.is_empty()),
@@ -230,16 +233,16 @@ impl Listener {
                                 Target::Unresolved(w.unresolved.clone())
                             } else {
                                 Target::Route(Arc::new(Route {
-                                    host: h.host.clone(),
-                                    kind: path_kind(&path),
-                                    path: r.path.clone(),
+                                    host: host.clone(),
+                                    kind: path_kind(&rule),
+                                    path: route_path.clone(),
                                     backend: backend(&w.backend)?,
                                     source: r
                                         .source
                                         .as_ref()
                                         .map(|s| format!("{}/{}", s.namespace, s.name))
                                         .unwrap_or_default(),
-                                    label: Label::Named(label.as_str().into()),
+                                    label: Label::Named(label.clone()),
                                     counters: RouteCounters::default(),
                                 }))
                             });
@@ -273,7 +276,7 @@ impl Listener {
                     }
                 };
                 list.push(Entry {
-                    path,
+                    path: rule,
                     headers,
                     action: Arc::new(Matched {
                         action,
@@ -282,7 +285,7 @@ impl Listener {
                 });
             }
             entries += list.len();
-            table.push((h.host.clone(), list));
+            table.push((host, list));
         }
         let public_port = match l.public_port {
             0 => port,
@@ -302,7 +305,7 @@ impl Listener {
             table: {
                 let mut hosts = Hosts::new(Selection::Gateway);
                 for (host, list) in table {
-                    hosts.insert(&host, Paths::new(list));
+                    hosts.insert(host, Paths::new(list));
                 }
                 hosts
             },

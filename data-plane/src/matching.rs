@@ -254,14 +254,16 @@ impl<V: Clone> Hosts<V> {
     }
 
     /// Sets the entry of `host` (lower case, as a snapshot names it: `*.suffix` a
-    /// wildcard, "" any host), returning the one it replaces.
-    pub fn insert(&mut self, host: &str, entry: V) -> Option<V> {
+    /// wildcard, "" any host), returning the one it replaces. An exact host's key is
+    /// `host` itself, so an entry that holds the name too can share it.
+    pub fn insert(&mut self, host: impl Into<Arc<str>>, entry: V) -> Option<V> {
+        let host: Arc<str> = host.into();
         if host.is_empty() {
             self.any.replace(entry)
         } else if let Some(suffix) = host.strip_prefix("*.") {
-            self.wildcard.insert(suffix.to_owned(), entry)
+            self.wildcard.insert(suffix.into(), entry)
         } else {
-            self.exact.insert(host.to_owned(), entry)
+            self.exact.insert(host, entry)
         }
     }
 

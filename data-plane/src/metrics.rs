@@ -1,41 +1,144 @@
 //! Prometheus metrics of the proxy (served on the admin listener's `/metrics`).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use holdfast_process::tls::ReloadCounters;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Labels of a served request.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    /// `<host><path>` of the matched route, or `(none)`.
-    pub route: String,
-    /// `2xx`, `3xx`, `4xx` or `5xx`.
-    pub class: String,
+/// What names a route's request series: the names of its route, shared with the route
+/// table (one copy of a host's name serves its entry, its routes and their series), and
+/// rendered into the `route` label only when the metrics are scraped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SeriesKey {
+    /// An Ingress route's: `<host><path>`.
+    HostPath(Arc<str>, Arc<str>),
+    /// A label of its own: the default backend's, a Gateway rule's.
+    Named(Arc<str>),
 }
 
-/// Labels of a route's latency histogram.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabel {
-    /// `<host><path>` of the matched route.
-    pub route: String,
+impl SeriesKey {
+    /// The `route` label.
+    pub fn label(&self) -> Cow<'_, str> {
+        match self {
+            SeriesKey::HostPath(host, path) => format!("{host}{path}").into(),
+            SeriesKey::Named(name) => (**name).into(),
+        }
+    }
 }
 
-/// A route's request counters, one per status class, and its latency histogram, looked up
-/// in their families on first use so that counting a request costs no allocation and no
-/// family lock. Not part of a route's identity: two routes compare equal whatever their
+/// The `route` label of the requests that matched no route.
+pub const UNROUTED: &str = "(none)";
+
+/// The request series (`requests` and `request_duration_seconds`): each route's, by its
+/// [`SeriesKey`], and the requests that matched no route. Encoded as a [`Collector`], so
+/// a series holds no label: each is rendered when the metrics are scraped.
+#[derive(Debug, Default)]
+pub struct RequestSeries {
+    routes: Mutex<HashMap<SeriesKey, Arc<RouteSeries>>>,
+    unrouted: [OnceLock<Counter>; 4],
+}
+
+impl RequestSeries {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<SeriesKey, Arc<RouteSeries>>> {
+        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The series of `key`, made if it has none: every route with that label counts into
+    /// it, whichever table it is in.
+    fn series(&self, key: SeriesKey) -> Arc<RouteSeries> {
+        self.routes()
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(RouteSeries {
+                    classes: Default::default(),
+                    latency: latency_histogram(),
+                })
+            })
+            .clone()
+    }
+
+    /// Number of routes with series.
+    pub fn len(&self) -> usize {
+        self.routes().len()
+    }
+
+    /// Whether no route has series.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Encodes the counter of each status class seen, labelled `route`.
+fn encode_classes(
+    family: &mut MetricEncoder<'_>,
+    route: &str,
+    classes: &[OnceLock<Counter>; 4],
+) -> Result<(), std::fmt::Error> {
+    for (class, counter) in CLASSES.iter().zip(classes) {
+        if let Some(counter) = counter.get() {
+            counter.encode(family.encode_family(&[("route", route), ("class", class)])?)?;
+        }
+    }
+    Ok(())
+}
+
+impl Collector for RequestSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // The labels are rendered outside the lock, which counting a route's first
+        // response takes.
+        let series: Vec<(SeriesKey, Arc<RouteSeries>)> = self
+            .routes()
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        let mut series: Vec<(Cow<'_, str>, &RouteSeries)> =
+            series.iter().map(|(k, s)| (k.label(), &**s)).collect();
+        series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        {
+            let mut family = encoder.encode_descriptor(
+                "requests",
+                "Requests served, by route and status class",
+                None,
+                MetricType::Counter,
+            )?;
+            for (route, s) in &series {
+                encode_classes(&mut family, route, &s.classes)?;
+            }
+            encode_classes(&mut family, UNROUTED, &self.unrouted)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "request_duration_seconds",
+            "Time from a request's head to its response's head (the proxy's own work, retries and the upstream's answer), by route",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (route, s) in &series {
+            s.latency
+                .encode(family.encode_family(&[("route", &**route)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// A route's request counters, one per status class, and its latency histogram, found in
+/// the [`RequestSeries`] on first use so that counting a request costs no allocation and
+/// no lock. Not part of a route's identity: two routes compare equal whatever their
 /// counters.
 #[derive(Debug, Default)]
 pub struct RouteCounters {
-    /// Made at the route's first response: most routes of a large table may never answer
-    /// one, and each then costs only this pointer.
+    /// Found (or made) at the route's first response: most routes of a large table may
+    /// never answer one, and each then costs only this pointer.
     series: OnceLock<Arc<RouteSeries>>,
     /// Set when the route is no longer served and its series are dropped: a request still
     /// in flight on it must not make them again.
@@ -43,7 +146,7 @@ pub struct RouteCounters {
 }
 
 /// A route's series: its counter per status class (each made at the first response of
-/// its class) and its latency histogram.
+/// its class) and its latency histogram. Shared by the routes of one [`SeriesKey`].
 #[derive(Debug)]
 struct RouteSeries {
     classes: [OnceLock<Counter>; 4],
@@ -102,15 +205,14 @@ pub struct LoadLabel {
     pub outcome: &'static str,
 }
 
-/// The status class label and its index in [`RouteCounters`].
-fn class_of(status: u16) -> (&'static str, usize) {
-    let i = match status {
+/// The index of `status`'s class in [`CLASSES`].
+fn class_of(status: u16) -> usize {
+    match status {
         200..=299 => 0,
         300..=399 => 1,
         400..=499 => 2,
         _ => 3,
-    };
-    (CLASSES[i], i)
+    }
 }
 
 /// Buckets of the latency histograms: 100 µs to about 13 s, doubling.
@@ -121,11 +223,10 @@ fn latency_histogram() -> Histogram {
 /// Every proxy metric; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// Requests by route and status class.
-    pub requests: Family<RequestLabels, Counter>,
-    /// Time from a request's head to its response's head, by matched route (series made
-    /// on a route's first request, dropped with the route like `requests`).
-    pub route_latency: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    /// Requests by route and status class, and the time from a request's head to its
+    /// response's head by matched route (a route's series made on its first response,
+    /// dropped with the route).
+    pub requests: Arc<RequestSeries>,
     /// The proxy's own error answers (4xx and 5xx it makes itself), by reason.
     pub errors: Family<ErrorLabels, Counter>,
     /// Time from sending upstream to the response head.
@@ -188,8 +289,7 @@ impl Metrics {
     /// Creates the metrics and registers them under `holdfast_proxy_`.
     pub fn new(registry: &mut Registry) -> Self {
         let m = Metrics {
-            requests: Family::default(),
-            route_latency: Family::new_with_constructor(latency_histogram),
+            requests: Arc::default(),
             errors: Family::default(),
             state_file_loads: Family::default(),
             upstream_latency: latency_histogram(),
@@ -218,11 +318,7 @@ impl Metrics {
             h1_engine: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("holdfast_proxy");
-        r.register(
-            "requests",
-            "Requests served, by route and status class",
-            m.requests.clone(),
-        );
+        r.register_collector(Box::new(m.requests.clone()));
         r.register(
             "h1_engine",
             "The HTTP/1.1 engine serving the proxy listeners (--h1-engine): 1 for the one in use",
@@ -232,11 +328,6 @@ impl Metrics {
             "state_file_loads",
             "The state file read at start, by outcome: served, none (no file yet) or rejected (corrupt or invalid; not used)",
             m.state_file_loads.clone(),
-        );
-        r.register(
-            "request_duration_seconds",
-            "Time from a request's head to its response's head (the proxy's own work, retries and the upstream's answer), by route",
-            m.route_latency.clone(),
         );
         r.register(
             "error_responses",
@@ -354,86 +445,130 @@ impl Metrics {
         m
     }
 
-    /// Counts a response that matched no route (label `route` as given).
-    pub fn count(&self, route: &str, status: u16) {
-        self.counter(route, class_of(status).0).inc();
+    /// Counts a response that matched no route (label `route` [`UNROUTED`]).
+    pub fn count_unrouted(&self, status: u16) {
+        let i = class_of(status);
+        self.requests.unrouted[i]
+            .get_or_init(Counter::default)
+            .inc();
     }
 
     /// Counts a response of a matched route that took `took` to its head, through the
-    /// route's own counters and histogram.
-    /// `label` makes the route's label, which only making its series needs.
-    pub fn count_route<'l>(
+    /// route's own counters and histogram. `key` names the route's series, which only
+    /// finding them on its first response needs.
+    pub fn count_route(
         &self,
-        label: impl FnOnce() -> std::borrow::Cow<'l, str>,
+        key: impl FnOnce() -> SeriesKey,
         counters: &RouteCounters,
         status: u16,
         took: Duration,
     ) {
-        let (class, i) = class_of(status);
-        if let Some(series) = counters.series.get()
-            && let Some(counter) = series.classes[i].get()
-        {
-            counter.inc();
-            series.latency.observe(took.as_secs_f64());
-            return;
-        }
-        // A request that ends on a route gone since it started is not counted: making
-        // its series would bring back a label no route has.
-        if counters.retired.load(Ordering::SeqCst) {
-            return;
-        }
-        let label = label();
-        let label = label.as_ref();
-        let series = counters.series.get_or_init(|| {
-            Arc::new(RouteSeries {
-                classes: Default::default(),
-                latency: self.latency(label),
-            })
-        });
-        series.classes[i]
-            .get_or_init(|| self.counter(label, class))
-            .inc();
+        let i = class_of(status);
+        let series = match counters.series.get() {
+            Some(series) => series,
+            None => {
+                // A request that ends on a route gone since it started is not counted:
+                // making its series would bring back a label no route has.
+                if counters.retired.load(Ordering::SeqCst) {
+                    return;
+                }
+                let key = key();
+                let series = counters
+                    .series
+                    .get_or_init(|| self.requests.series(key.clone()));
+                // Retired while the series were being found: `forget_routes` may have run
+                // before they existed, so drop them here (retire happens before forget, so
+                // one of the two sees the other).
+                if counters.retired.load(Ordering::SeqCst) {
+                    self.forget_routes(std::slice::from_ref(&key));
+                }
+                series
+            }
+        };
+        series.classes[i].get_or_init(Counter::default).inc();
         series.latency.observe(took.as_secs_f64());
-        // Retired while the series were being made: `forget_routes` may have run before
-        // they existed, so drop them here (retire happens before forget, so one of the two
-        // sees the other).
-        if counters.retired.load(Ordering::SeqCst) {
-            self.forget_routes(std::slice::from_ref(&label.to_owned()));
-        }
     }
 
-    /// Drops the request series of routes no longer served (`labels`, from
+    /// Drops the request series of routes no longer served (`keys`, from
     /// [`RouteTable::labels_gone`](crate::table::RouteTable::labels_gone)): the label set
     /// stays that of the routes served, however many come and go. A route that returns
     /// starts its series again from zero, which Prometheus reads as a counter reset.
-    pub fn forget_routes(&self, labels: &[String]) {
-        for route in labels {
-            for class in CLASSES {
-                self.requests.remove(&RequestLabels {
-                    route: route.clone(),
-                    class: class.to_owned(),
-                });
-            }
-            self.route_latency.remove(&RouteLabel {
-                route: route.clone(),
-            });
+    pub fn forget_routes(&self, keys: &[SeriesKey]) {
+        let mut routes = self.requests.routes();
+        for key in keys {
+            routes.remove(key);
         }
     }
+}
 
-    fn latency(&self, route: &str) -> Histogram {
-        self.route_latency
-            .get_or_create(&RouteLabel {
-                route: route.to_owned(),
-            })
-            .clone()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+        text
     }
 
-    fn counter(&self, route: &str, class: &str) -> Counter {
-        self.requests
-            .get_or_create(&RequestLabels {
-                route: route.to_owned(),
-                class: class.to_owned(),
-            })
-            .clone()
+    #[test]
+    fn routes_of_one_label_count_into_one_series_whatever_table_they_are_in() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let key = || SeriesKey::HostPath("a.test".into(), "/x".into());
+        // The route as one table compiled it, and as the next one compiled it again.
+        let (first, second) = (RouteCounters::default(), RouteCounters::default());
+        metrics.count_route(key, &first, 200, Duration::from_millis(1));
+        metrics.count_route(key, &second, 204, Duration::from_millis(1));
+        metrics.count_route(key, &second, 503, Duration::from_millis(1));
+        let named = || SeriesKey::Named("gw a.test/y".into());
+        metrics.count_route(named, &RouteCounters::default(), 302, Duration::ZERO);
+        metrics.count_unrouted(404);
+        metrics.count_unrouted(404);
+        let text = exposition(&registry);
+        for line in [
+            r#"holdfast_proxy_requests_total{route="a.test/x",class="2xx"} 2"#,
+            r#"holdfast_proxy_requests_total{route="a.test/x",class="5xx"} 1"#,
+            r#"holdfast_proxy_requests_total{route="gw a.test/y",class="3xx"} 1"#,
+            r#"holdfast_proxy_requests_total{route="(none)",class="4xx"} 2"#,
+            r#"holdfast_proxy_request_duration_seconds_count{route="a.test/x"} 3"#,
+            r#"holdfast_proxy_request_duration_seconds_bucket{le="0.0016",route="a.test/x"} 3"#,
+            r#"holdfast_proxy_request_duration_seconds_count{route="gw a.test/y"} 1"#,
+        ] {
+            assert!(text.contains(line), "no {line} in {text}");
+        }
+        // Only the classes seen have series.
+        assert!(!text.contains(r#"route="a.test/x",class="4xx""#), "{text}");
+        assert!(!text.contains(r#"route="(none)",class="2xx""#), "{text}");
+        assert_eq!(metrics.requests.len(), 2);
+    }
+
+    #[test]
+    fn a_series_holds_its_routes_names_until_the_route_goes() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let (host, path): (Arc<str>, Arc<str>) = ("a.test".into(), "/".into());
+        let key = || SeriesKey::HostPath(host.clone(), path.clone());
+        let counters = RouteCounters::default();
+        metrics.count_route(key, &counters, 200, Duration::ZERO);
+        // The caller's copy and the series set's: no label is kept beside them.
+        assert_eq!(Arc::strong_count(&host), 2);
+        assert_eq!(Arc::strong_count(&path), 2);
+        assert!(exposition(&registry).contains(r#"{route="a.test/",class="2xx"} 1"#));
+
+        counters.retire();
+        metrics.forget_routes(&[key()]);
+        assert_eq!(Arc::strong_count(&host), 1);
+        assert!(metrics.requests.is_empty());
+        let text = exposition(&registry);
+        assert!(!text.contains("a.test/"), "{text}");
+        // Requests in flight on the gone route make no series again: one that had its
+        // series, and one (another table's copy) that had none yet.
+        metrics.count_route(key, &counters, 200, Duration::ZERO);
+        let copy = RouteCounters::default();
+        copy.retire();
+        metrics.count_route(key, &copy, 200, Duration::ZERO);
+        assert!(metrics.requests.is_empty());
+        assert!(!exposition(&registry).contains("a.test/"));
     }
 }

@@ -464,13 +464,13 @@ impl Forwarder {
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        self.metrics.count("(none)", 400);
+        self.metrics.count_unrouted(400);
         response
     }
 
     /// The answer to an HTTP/2 stream that found no slot under --max-connections.
     pub fn overloaded(&self) -> Response<ProxyBody> {
-        self.metrics.count("(none)", 503);
+        self.metrics.count_unrouted(503);
         self.fail(
             Reason::Overloaded,
             "no connection slot left for this HTTP/2 stream",
@@ -659,12 +659,12 @@ impl Forwarder {
         let status = response.status().as_u16();
         match route {
             Some(route) => self.metrics.count_route(
-                || route.label(),
+                || route.series_key(),
                 &route.counters,
                 status,
                 started.elapsed(),
             ),
-            None => self.metrics.count("(none)", status),
+            None => self.metrics.count_unrouted(status),
         }
         response
     }

@@ -4,6 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// One shard: its entries by name.
+type Shard<V> = Arc<HashMap<Arc<str>, V>>;
+
 /// Number of shards of a [`Shards`] map.
 const SHARDS: usize = 256;
 
@@ -12,7 +15,7 @@ const SHARDS: usize = 256;
 /// make a new table in O(change) while requests in flight keep the old one.
 #[derive(Debug, Clone)]
 pub(crate) struct Shards<V> {
-    shards: Arc<Vec<Arc<HashMap<String, V>>>>,
+    shards: Arc<Vec<Shard<V>>>,
     len: usize,
 }
 
@@ -49,11 +52,13 @@ impl<V: Clone> Shards<V> {
         self.shards[Self::shard(key)].get(key)
     }
 
-    fn shard_mut(&mut self, key: &str) -> &mut HashMap<String, V> {
+    fn shard_mut(&mut self, key: &str) -> &mut HashMap<Arc<str>, V> {
         Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[Self::shard(key)])
     }
 
-    pub(crate) fn insert(&mut self, key: String, value: V) -> Option<V> {
+    /// Sets the entry of `key`. The key is an [`Arc`] so that the value can share the
+    /// name instead of holding a copy of it (a route its host, a backend its name).
+    pub(crate) fn insert(&mut self, key: Arc<str>, value: V) -> Option<V> {
         let old = self.shard_mut(&key).insert(key, value);
         self.len += usize::from(old.is_none());
         old

@@ -818,13 +818,18 @@ mod tests {
         let serve = |host: &str| {
             let t = table.load_full().expect("a table");
             let r = t.lookup(host, "/").expect("a route");
-            metrics.count_route(|| r.label(), &r.counters, 200, Duration::from_millis(3));
+            metrics.count_route(
+                || r.series_key(),
+                &r.counters,
+                200,
+                Duration::from_millis(3),
+            );
         };
         let all = ["a.test", "b.test", "c.test"];
         let first = snapshot_of(&all, 1);
         applier.apply(first.clone()).expect("applies");
         all.iter().for_each(|h| serve(h));
-        metrics.count("(none)", 404);
+        metrics.count_unrouted(404);
         assert_eq!(
             series(&registry),
             ["(none)", "a.test/", "b.test/", "c.test/"]
@@ -849,13 +854,13 @@ mod tests {
         assert_eq!(series(&registry), ["(none)", "a.test/"]);
         let in_flight = in_flight_table.lookup("c.test", "/").expect("a route");
         metrics.count_route(
-            || in_flight.label(),
+            || in_flight.series_key(),
             &in_flight.counters,
             503,
             Duration::ZERO,
         );
         metrics.count_route(
-            || in_flight.label(),
+            || in_flight.series_key(),
             &in_flight.counters,
             200,
             Duration::ZERO,

@@ -31,15 +31,15 @@ use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
 use crate::matching::{Entry, HostEntry, HostMiss, Hosts, Level, PathRule, Paths, Selection};
-use crate::metrics::RouteCounters;
+use crate::metrics::{RouteCounters, SeriesKey};
 use crate::shards::Shards;
 use crate::upstream::{Key, Number};
 
 /// A backend ready to forward to.
 #[derive(Debug)]
 pub struct Backend {
-    /// `namespace/service:port`.
-    pub name: String,
+    /// `namespace/service:port` (the table's key shares it).
+    pub name: Arc<str>,
     /// Ready endpoints.
     pub endpoints: Vec<SocketAddr>,
     /// How each endpoint (same order) is reached: as a URI authority, built once here,
@@ -97,12 +97,12 @@ pub struct External {
 #[derive(Debug)]
 pub struct Route {
     /// Virtual host it belongs to ("" for rules without a host, "*" for the default
-    /// backend).
-    pub host: String,
+    /// backend). Shared by the host's routes and its entry in the table.
+    pub host: Arc<str>,
     /// Exact or Prefix.
     pub kind: MatchKind,
     /// Its path ("" for the default backend).
-    pub path: String,
+    pub path: Arc<str>,
     /// The backend it forwards to.
     pub backend: Arc<Backend>,
     /// `namespace/name` of the Ingress it came from.
@@ -116,19 +116,20 @@ pub struct Route {
 /// What a route's metric label is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Label {
-    /// `<host><path>` (an Ingress route's), made when it is needed: most routes of a
-    /// large table may never count a request, and each then holds no label.
+    /// `<host><path>` (an Ingress route's): the route's own host and path, rendered
+    /// into a label only when the metrics are scraped.
     HostPath,
-    /// This one.
-    Named(Box<str>),
+    /// This one (shared by the routes that count into one series).
+    Named(Arc<str>),
 }
 
 impl Route {
-    /// The route's metric label.
-    pub fn label(&self) -> std::borrow::Cow<'_, str> {
+    /// What names the route's request series: its interned names, not a label made
+    /// from them ([`SeriesKey`] renders it at scrape time).
+    pub fn series_key(&self) -> SeriesKey {
         match &self.label {
-            Label::HostPath => format!("{}{}", self.host, self.path).into(),
-            Label::Named(name) => (**name).into(),
+            Label::HostPath => SeriesKey::HostPath(self.host.clone(), self.path.clone()),
+            Label::Named(name) => SeriesKey::Named(name.clone()),
         }
     }
 
@@ -139,7 +140,7 @@ impl Route {
                 self.host == other.host && self.path == other.path
             }
             (Label::Named(a), Label::Named(b)) => a == b,
-            _ => self.label() == other.label(),
+            _ => self.series_key().label() == other.series_key().label(),
         }
     }
 }
@@ -305,7 +306,8 @@ pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A backend of the snapshot, ready to forward to.
-fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileError> {
+/// Compiles `b`, and gives its name once for the table's key and the backend to share.
+fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<(Arc<str>, Backend), CompileError> {
     let mut endpoints = Vec::with_capacity(b.endpoints.len());
     let mut authorities = Vec::with_capacity(b.endpoints.len());
     // Checked whole before any number is taken: a backend that does not compile holds
@@ -357,14 +359,18 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<Backend, CompileEr
     } else {
         None
     };
-    Ok(Backend {
-        name: b.name.clone(),
-        endpoints,
-        dial,
-        external,
-        unavailable_reason,
-        next: AtomicUsize::new(0),
-    })
+    let name: Arc<str> = b.name.as_str().into();
+    Ok((
+        name.clone(),
+        Backend {
+            name,
+            endpoints,
+            dial,
+            external,
+            unavailable_reason,
+            next: AtomicUsize::new(0),
+        },
+    ))
 }
 
 /// A certificate of the snapshot, parsed for rustls.
@@ -408,12 +414,12 @@ impl RouteTable {
             gateways: Arc::default(),
         };
         for b in &snapshot.backends {
-            t.backends
-                .insert(b.name.clone(), Arc::new(compile_backend(b)?));
+            let (name, backend) = compile_backend(b)?;
+            t.backends.insert(name, Arc::new(backend));
         }
         for c in &snapshot.certificates {
             t.certificates
-                .insert(c.name.clone(), Arc::new(compile_certificate(c)?));
+                .insert(c.name.as_str().into(), Arc::new(compile_certificate(c)?));
         }
         t.default_certificate = t.certificate_named("", &snapshot.default_certificate)?;
         for vhost in &snapshot.virtual_hosts {
@@ -578,15 +584,15 @@ impl RouteTable {
             t.backends.remove(name);
         }
         for b in &delta.upserted_backends {
-            t.backends
-                .insert(b.name.clone(), Arc::new(compile_backend(b)?));
+            let (name, backend) = compile_backend(b)?;
+            t.backends.insert(name, Arc::new(backend));
         }
         for name in &delta.removed_certificates {
             t.certificates.remove(name);
         }
         for c in &delta.upserted_certificates {
             t.certificates
-                .insert(c.name.clone(), Arc::new(compile_certificate(c)?));
+                .insert(c.name.as_str().into(), Arc::new(compile_certificate(c)?));
         }
         if delta.default_certificate_changed {
             t.default_certificate_name = delta.default_certificate.clone();
@@ -688,7 +694,7 @@ impl RouteTable {
         Ok(Arc::new(Route {
             host: "*".into(),
             kind: MatchKind::Prefix,
-            path: String::new(),
+            path: "".into(),
             backend: self.backend_named(&d.backend)?,
             source: source_name(d.source.as_ref()),
             label: Label::Named("(default backend)".into()),
@@ -715,6 +721,8 @@ impl RouteTable {
         };
         table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
         let mut entries = Vec::with_capacity(vhost.routes.len());
+        // One copy of the name, for the table's key and every route of the host.
+        let host: Arc<str> = vhost.host.as_str().into();
         for r in &vhost.routes {
             let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
             entries.push(Entry {
@@ -724,9 +732,9 @@ impl RouteTable {
                 },
                 headers: Vec::new(),
                 action: Arc::new(Route {
-                    host: vhost.host.clone(),
+                    host: host.clone(),
                     kind,
-                    path: r.path.clone(),
+                    path: r.path.as_str().into(),
                     backend: self.backend_named(&r.backend)?,
                     source: source_name(r.source.as_ref()),
                     label: Label::HostPath,
@@ -738,7 +746,7 @@ impl RouteTable {
         table.paths = Paths::new(entries);
         self.remove_host(&vhost.host);
         self.host_routes += table.paths.entries().len();
-        self.hosts.insert(&vhost.host, Arc::new(table));
+        self.hosts.insert(host, Arc::new(table));
         Ok(())
     }
 
@@ -789,11 +797,11 @@ impl RouteTable {
     /// routes of `hosts` (virtual hosts as a snapshot names them; every host when None)
     /// and the default backend's. What a swap to `next` leaves behind in the request
     /// metrics: a delta names the hosts it touches, so this is O(change) for one.
-    pub fn labels_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<String> {
-        let mut gone: Vec<String> = self
+    pub fn labels_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<SeriesKey> {
+        let mut gone: Vec<SeriesKey> = self
             .routes_gone(next, hosts)
             .into_iter()
-            .map(|r| r.label().into_owned())
+            .map(|r| r.series_key())
             .collect();
         gone.sort();
         gone.dedup();
@@ -813,7 +821,7 @@ impl RouteTable {
         };
         old.into_iter()
             .filter(|r| {
-                let kept = if r.host == "*" {
+                let kept = if &*r.host == "*" {
                     next.default_route.iter().any(|d| d.same_label(r))
                 } else {
                     next.entry(&r.host)

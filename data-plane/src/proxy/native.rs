@@ -71,8 +71,8 @@ impl Service for Forwarder {
         match route {
             Some(r) => self
                 .metrics
-                .count_route(|| r.label(), &r.counters, status, took),
-            None => self.metrics.count("(none)", status),
+                .count_route(|| r.series_key(), &r.counters, status, took),
+            None => self.metrics.count_unrouted(status),
         }
     }
 

@@ -56,7 +56,9 @@ fn snapshot(routes: &[(&str, MatchKind, &str, &str)], default: Option<&str>) -> 
 }
 
 fn backend_for(t: &RouteTable, host: &str, path: &str) -> Option<String> {
-    t.lookup(host, path).ok().map(|r| r.backend.name.clone())
+    t.lookup(host, path)
+        .ok()
+        .map(|r| r.backend.name.to_string())
 }
 
 use MatchKind::{Exact, Prefix};
@@ -886,20 +888,27 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
             // The request series a swap drops: the labels the old table has and the new
             // one has not, found from the hosts the delta names alone.
             let labels = |t: &RouteTable| -> BTreeSet<String> {
-                t.routes().map(|r| r.label().into_owned()).collect()
+                t.routes()
+                    .map(|r| r.series_key().label().into_owned())
+                    .collect()
             };
             let gone: Vec<String> = labels(&table)
                 .difference(&labels(&changed))
                 .cloned()
                 .collect();
+            let rendered = |keys: Vec<crate::metrics::SeriesKey>| -> Vec<String> {
+                let mut labels: Vec<String> = keys.iter().map(|k| k.label().into_owned()).collect();
+                labels.sort();
+                labels
+            };
             let hosts: Vec<&str> = ingress_hosts_touched(&delta).collect();
             assert_eq!(
-                table.labels_gone(&changed, Some(&hosts)),
+                rendered(table.labels_gone(&changed, Some(&hosts))),
                 gone,
                 "seed {seed} step {step}"
             );
             assert_eq!(
-                table.labels_gone(&changed, None),
+                rendered(table.labels_gone(&changed, None)),
                 gone,
                 "seed {seed} step {step}"
             );
@@ -945,4 +954,33 @@ fn an_endpoint_has_one_number_in_every_table_holding_it_until_the_last_is_droppe
         !Number::is_held(&endpoint) && !Number::is_held(&external),
         "no table holds them: their numbers are free"
     );
+}
+
+#[test]
+fn a_hosts_routes_and_a_backends_entry_share_one_copy_of_their_name() {
+    let s = snapshot(
+        &[
+            ("a.test", Prefix, "/", "ns/svc:80"),
+            ("a.test", Exact, "/x", "ns/svc:80"),
+        ],
+        None,
+    );
+    let t = RouteTable::compile(&s).unwrap();
+    let routes: Vec<&Arc<Route>> = t.routes().collect();
+    assert_eq!(routes.len(), 2);
+    assert!(Arc::ptr_eq(&routes[0].host, &routes[1].host));
+    // The two routes and the host's key in the table.
+    assert_eq!(Arc::strong_count(&routes[0].host), 3);
+    // The backend and its key in the table.
+    let backend = t.backend("ns/svc:80").expect("the backend");
+    assert_eq!(Arc::strong_count(&backend.name), 2);
+    // A route's series key is its names, not a copy of them.
+    match routes[1].series_key() {
+        crate::metrics::SeriesKey::HostPath(host, path) => {
+            assert!(Arc::ptr_eq(&host, &routes[1].host));
+            assert!(Arc::ptr_eq(&path, &routes[1].path));
+        }
+        other => panic!("an Ingress route's key is its host and path: {other:?}"),
+    }
+    assert_eq!(routes[1].series_key().label(), "a.test/x");
 }
