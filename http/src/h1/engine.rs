@@ -726,18 +726,8 @@ where
             }
             None => {
                 let base = &self.buf[self.head_at..];
-                let mut slices = [std::io::IoSlice::new(&[]); MAX_PIECES + 1];
-                debug_assert!(self.pieces.len() <= slices.len());
-                let n = self.pieces.len().min(slices.len());
-                for (slice, piece) in slices.iter_mut().zip(&self.pieces) {
-                    *slice = std::io::IoSlice::new(piece.of(base, &self.out));
-                }
-                self.timer
-                    .within(
-                        Until::After(timeout),
-                        write_all_vectored(upstream, &mut slices[..n]),
-                    )
-                    .await
+                let write = write_runs(upstream, &self.pieces, base, &self.out);
+                self.timer.within(Until::After(timeout), write).await
             }
         };
         match written {
@@ -1299,6 +1289,25 @@ async fn write_all_vectored<S: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Writes `runs` (of `buf` and `out`) in order: in one vectored write when they fit in
+/// one, as a planned head does (`plan_upstream_head` makes at most [`MAX_PIECES`], the
+/// body's first bytes one more). More would take several writes, never a cut head.
+async fn write_runs<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    runs: &[Run],
+    buf: &[u8],
+    out: &[u8],
+) -> std::io::Result<()> {
+    for runs in runs.chunks(MAX_PIECES + 1) {
+        let mut slices = [std::io::IoSlice::new(&[]); MAX_PIECES + 1];
+        for (slice, run) in slices.iter_mut().zip(runs) {
+            *slice = std::io::IoSlice::new(run.of(buf, out));
+        }
+        write_all_vectored(io, &mut slices[..runs.len()]).await?;
+    }
+    Ok(())
+}
+
 /// Reads into `buf[end..]`, making room first (compacting, then growing up to `cap`).
 async fn fill<S: AsyncRead + Unpin>(
     io: &mut S,
@@ -1538,6 +1547,30 @@ mod tests {
             if take > whole.len() {
                 assert_eq!(w.calls, 1, "one write");
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn runs_past_one_vectored_write_go_whole_and_in_order() {
+        let buf = b"0123456789";
+        let out = b"abcdefghij";
+        for n in [1, MAX_PIECES + 1, MAX_PIECES + 2, 3 * (MAX_PIECES + 1) + 1] {
+            // Alternating one byte of each.
+            let runs: Vec<Run> = (0..n)
+                .map(|i| match i % 2 {
+                    0 => Run::Kept(i % 10, i % 10 + 1),
+                    _ => Run::Rendered(i % 10, i % 10 + 1),
+                })
+                .collect();
+            let whole: Vec<u8> = runs.iter().flat_map(|r| r.of(buf, out)).copied().collect();
+            let mut w = Taking {
+                got: Vec::new(),
+                take: usize::MAX / 2,
+                calls: 0,
+            };
+            write_runs(&mut w, &runs, buf, out).await.expect("written");
+            assert_eq!(w.got, whole, "{n} runs");
+            assert_eq!(w.calls, n.div_ceil(MAX_PIECES + 1), "{n} runs");
         }
     }
 
