@@ -20,7 +20,7 @@
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
 #                        [--flamegraph FILE.svg] [--syscalls] [--kernel] [--kernel-rates R1,R2,...]
-#                        [--profile-only]
+#                        [--profile-only] [--latency-rounds N]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
@@ -30,12 +30,17 @@
 # more wrk run each, and prints the time per request in user space, in the kernel, and in
 # the kernel functions that take the most, side by side, with what the upstream and the
 # load generator's core spent per request meanwhile.
+# --latency-rounds N repeats the open-loop runs at each of --rates N times, the three
+# proxies in a rotating order each round (so that a drift of the machine falls on each),
+# and prints each proxy's median, lowest and highest p99 and its median p99.9 over the
+# rounds: the tail, which one run gives a single noisy sample of. Runs with
+# --profile-only too.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL='' KRATES='' PROFILE_ONLY=''
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL='' KRATES='' PROFILE_ONLY='' LAT_ROUNDS=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
@@ -43,6 +48,7 @@ while (($#)); do
     --kernel) KERNEL=1 ;;
     --kernel-rates) KRATES=$2; shift ;;
     --profile-only) PROFILE_ONLY=1 ;;
+    --latency-rounds) LAT_ROUNDS=$2; shift ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -289,6 +295,48 @@ if [[ -z $PROFILE_ONLY ]]; then
   done
   echo
   echo "wrk $(wrk -v 2>&1 | awk 'NR == 1 {print $2}'), $([[ $LOAD == oha ]] && oha --version || echo holdfast-load), nginx $nginx_version: \`worker_processes 1; master_process off\`, upstream keepalive 128; HAProxy $haproxy_version: \`nbthread 1\`, \`http-reuse always\`; holdfast-proxy \`--worker-threads 1\`."
+fi
+
+if [[ -n $LAT_ROUNDS ]]; then
+  echo
+  echo "### The tail over $LAT_ROUNDS rounds ($LOAD open loop, ${DURATION} s per run, $CONNS connections; the three in a rotating order)"
+  echo
+  IFS=, read -ra rates <<<"$RATES"
+  names=(holdfast nginx haproxy) ports=("$HF" "$NG" "$HP") pids=("$hf_pid" "$ng_pid" "$hp_pid")
+  : >"$work/tail"
+  for ((round = 0; round < LAT_ROUNDS; round++)); do
+    for rate in "${rates[@]}"; do
+      for k in 0 1 2; do
+        i=$(((round + k) % 3))
+        line=$(oha_run "${names[i]}" "${ports[i]}" "${pids[i]}" "$rate")
+        echo "$rate ${names[i]} $line" >>"$work/tail"
+      done
+    done
+  done
+  python3 - "$work/tail" "$nginx_version" "$haproxy_version" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    rate, name, fields = line.split(" ", 2)
+    f = fields.strip().split("|")
+    ms = lambda v: float(v.rstrip("ms")) if v.endswith("ms") else None
+    if ms(f[2]) is None:
+        sys.exit(f"a run at {rate} rps through {name} gave no p99: {fields}")
+    runs.setdefault((int(rate), name), []).append((float(f[0]), ms(f[2]), ms(f[3])))
+label = {"holdfast": "holdfast-proxy", "nginx": f"nginx {sys.argv[2]}", "haproxy": f"HAProxy {sys.argv[3]}"}
+print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99.9 median | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for rate in sorted({r for r, _ in runs}):
+    med = {n: statistics.median(p99 for _, p99, _ in runs[(rate, n)]) for n in label}
+    for n in label:
+        rs = runs[(rate, n)]
+        p99s = [p for _, p, _ in rs]
+        p999 = [p for _, _, p in rs if p is not None]
+        ratios = f"{med['holdfast'] / med['nginx']:.2f} | {med['holdfast'] / med['haproxy']:.2f}" if n == "holdfast" else " | "
+        tail = f"{statistics.median(p999):.2f}ms" if p999 else "—"
+        rps = statistics.median(r for r, _, _ in rs)
+        print(f"| {rate} | {label[n]} | {len(rs)} | {rps:.0f} | {med[n]:.2f}ms | {min(p99s):.2f}ms | {max(p99s):.2f}ms | {tail} | {ratios} |")
+PY
 fi
 
 if [[ -n $SYSCALLS ]]; then
