@@ -267,6 +267,14 @@ impl<V: Clone> Hosts<V> {
         }
     }
 
+    /// The copy of exact host `host`'s name its entry is kept under, to share.
+    pub fn key_of(&self, host: &str) -> Option<Arc<str>> {
+        if host.is_empty() || host.starts_with("*.") {
+            return None;
+        }
+        self.exact.key_of(host)
+    }
+
     /// Removes the entry of `host` (as [`insert`](Self::insert) names it).
     pub fn remove(&mut self, host: &str) -> Option<V> {
         if host.is_empty() {

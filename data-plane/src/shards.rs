@@ -48,6 +48,13 @@ impl<V: Clone> Shards<V> {
         self.len == 0
     }
 
+    /// The map's own copy of `key`, to share.
+    pub(crate) fn key_of(&self, key: &str) -> Option<Arc<str>> {
+        self.shards[Self::shard(key)]
+            .get_key_value(key)
+            .map(|(k, _)| k.clone())
+    }
+
     pub(crate) fn get(&self, key: &str) -> Option<&V> {
         self.shards[Self::shard(key)].get(key)
     }

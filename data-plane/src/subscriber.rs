@@ -178,7 +178,7 @@ impl Applier {
         self.note_applied(&table);
         let hashed = delta::Hashed::of(&snapshot);
         *self.served.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(delta::Held::new(snapshot, hashed));
+            Some(delta::Held::sharing(snapshot, hashed, &table));
         let table = Arc::new(table);
         self.table.store(Some(table.clone()));
         self.installed(&table);
@@ -231,7 +231,7 @@ impl Applier {
             }
         }
         .map_err(Refused::Compile)?;
-        held.commit(change, checked);
+        held.commit_sharing(change, checked, &table);
         let persist_error = self.persist(Some(change), || Arc::new(held.to_snapshot()));
         drop(served);
         let hosts: Vec<&str> = crate::table::ingress_hosts_touched(change).collect();
@@ -295,10 +295,20 @@ impl Applier {
             served.as_ref(),
         )?;
         let hashed = delta::Hashed::verified(&snapshot).map_err(Refused::Invalid)?;
-        let table = RouteTable::compile(&snapshot).map_err(Refused::Compile)?;
+        // The names of hosts and backends are held once by the table and the held
+        // snapshot: the table takes those held already, the held snapshot the rest.
+        let names: &dyn delta::SharedNames = match served.as_ref() {
+            Some(held) => held,
+            None => &(),
+        };
+        let table = RouteTable::compile_sharing(&snapshot, names).map_err(Refused::Compile)?;
         let snapshot = Arc::new(snapshot);
         let persist_error = self.persist(None, || snapshot.clone());
-        *served = Some(delta::Held::new(Arc::unwrap_or_clone(snapshot), hashed));
+        *served = Some(delta::Held::sharing(
+            Arc::unwrap_or_clone(snapshot),
+            hashed,
+            &table,
+        ));
         drop(served);
         self.install_table(table, None);
         Ok(persist_error)
@@ -803,6 +813,50 @@ mod tests {
         routes.sort();
         routes.dedup();
         routes
+    }
+
+    #[test]
+    fn the_served_table_and_the_held_snapshot_hold_one_copy_of_each_name() {
+        use holdfast_proto::delta::SharedNames;
+        use holdfast_proto::v1::ResourceKind::{Backend as B, VirtualHost as V};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        crate::persist::prepare_dir(&state).expect("state dir");
+        let mut registry = prometheus_client::registry::Registry::default();
+        let table = Arc::new(ArcSwapOption::empty());
+        let applier = Applier::new(
+            table.clone(),
+            state,
+            Metrics::new(&mut registry),
+            usize::MAX,
+        );
+        let same = |kind, name: &str| {
+            let t = table.load_full().expect("a table");
+            let served = applier.served.lock().expect("lock");
+            let held = served
+                .as_ref()
+                .expect("held")
+                .shared(kind, name)
+                .expect("held");
+            let compiled = t.shared(kind, name).expect("in the table");
+            Arc::ptr_eq(&held, &compiled)
+        };
+        let first = snapshot_of(&["a.test"], 1);
+        applier.apply(first.clone()).expect("applies");
+        assert!(same(V, "a.test") && same(B, "ns/svc:80"));
+        // A delta adding a host; then a complete snapshot again.
+        let second = snapshot_of(&["a.test", "b.test"], 2);
+        let delta = holdfast_proto::delta::diff(
+            &first.version,
+            &holdfast_proto::delta::inventory(&first),
+            &second,
+        );
+        applier.apply_delta(&delta).expect("applies");
+        assert!(same(V, "a.test") && same(V, "b.test") && same(B, "ns/svc:80"));
+        applier
+            .apply(snapshot_of(&["a.test", "c.test"], 3))
+            .expect("applies");
+        assert!(same(V, "a.test") && same(V, "c.test") && same(B, "ns/svc:80"));
     }
 
     #[test]

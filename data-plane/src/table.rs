@@ -24,9 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use holdfast_proto::certificate::{self, Facts};
-use holdfast_proto::delta::Held;
+use holdfast_proto::delta::{Held, SharedNames};
 use holdfast_proto::snapshot;
-use holdfast_proto::v1::{GatewayHost, MatchKind, Snapshot, SnapshotDelta, VirtualHost};
+use holdfast_proto::v1::{
+    GatewayHost, MatchKind, ResourceKind, Snapshot, SnapshotDelta, VirtualHost,
+};
 use http::uri::Authority;
 use rustls::sign::CertifiedKey;
 
@@ -97,7 +99,8 @@ pub struct External {
 #[derive(Debug)]
 pub struct Route {
     /// Virtual host it belongs to ("" for rules without a host, "*" for the default
-    /// backend). Shared by the host's routes and its entry in the table.
+    /// backend). One copy for all the host's routes, which an exact host's entry in the
+    /// table and the snapshot held share too.
     pub host: Arc<str>,
     /// Exact or Prefix.
     pub kind: MatchKind,
@@ -207,6 +210,19 @@ pub struct RouteTable {
     gateways: Arc<HashMap<String, Arc<crate::gateway::Listener>>>,
 }
 
+/// The names of its exact hosts, backends and certificates, for the snapshot held
+/// ([`Held`]) to share.
+impl SharedNames for RouteTable {
+    fn shared(&self, kind: ResourceKind, name: &str) -> Option<Arc<str>> {
+        match kind {
+            ResourceKind::VirtualHost => self.hosts.key_of(name),
+            ResourceKind::Backend => self.backends.key_of(name),
+            ResourceKind::Certificate => self.certificates.key_of(name),
+            _ => None,
+        }
+    }
+}
+
 /// Why a request matched nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Miss {
@@ -306,8 +322,11 @@ pub fn normalise_host(host: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A backend of the snapshot, ready to forward to.
-/// Compiles `b`, and gives its name once for the table's key and the backend to share.
-fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<(Arc<str>, Backend), CompileError> {
+/// Compiles `b`, named `name` (the table's key shares it).
+fn compile_backend(
+    b: &holdfast_proto::v1::Backend,
+    name: Arc<str>,
+) -> Result<Backend, CompileError> {
     let mut endpoints = Vec::with_capacity(b.endpoints.len());
     let mut authorities = Vec::with_capacity(b.endpoints.len());
     // Checked whole before any number is taken: a backend that does not compile holds
@@ -359,18 +378,14 @@ fn compile_backend(b: &holdfast_proto::v1::Backend) -> Result<(Arc<str>, Backend
     } else {
         None
     };
-    let name: Arc<str> = b.name.as_str().into();
-    Ok((
-        name.clone(),
-        Backend {
-            name,
-            endpoints,
-            dial,
-            external,
-            unavailable_reason,
-            next: AtomicUsize::new(0),
-        },
-    ))
+    Ok(Backend {
+        name,
+        endpoints,
+        dial,
+        external,
+        unavailable_reason,
+        next: AtomicUsize::new(0),
+    })
 }
 
 /// A certificate of the snapshot, parsed for rustls.
@@ -399,6 +414,15 @@ fn source_name(source: Option<&holdfast_proto::v1::IngressRef>) -> String {
 impl RouteTable {
     /// Compiles a validated snapshot.
     pub fn compile(snapshot: &Snapshot) -> Result<Self, CompileError> {
+        RouteTable::compile_sharing(snapshot, &())
+    }
+
+    /// [`RouteTable::compile`], holding the names of hosts and backends `names` has (the
+    /// snapshot held, [`Held`]) rather than copies.
+    pub fn compile_sharing(
+        snapshot: &Snapshot,
+        names: &dyn SharedNames,
+    ) -> Result<Self, CompileError> {
         let mut t = RouteTable {
             version: snapshot.version.clone(),
             content_hash: snapshot.content_hash.clone(),
@@ -414,8 +438,7 @@ impl RouteTable {
             gateways: Arc::default(),
         };
         for b in &snapshot.backends {
-            let (name, backend) = compile_backend(b)?;
-            t.backends.insert(name, Arc::new(backend));
+            t.put_backend(b, names)?;
         }
         for c in &snapshot.certificates {
             t.certificates
@@ -423,7 +446,7 @@ impl RouteTable {
         }
         t.default_certificate = t.certificate_named("", &snapshot.default_certificate)?;
         for vhost in &snapshot.virtual_hosts {
-            t.put_host(vhost)?;
+            t.put_host(vhost, names)?;
         }
         t.default_route = snapshot
             .default_backend
@@ -584,8 +607,7 @@ impl RouteTable {
             t.backends.remove(name);
         }
         for b in &delta.upserted_backends {
-            let (name, backend) = compile_backend(b)?;
-            t.backends.insert(name, Arc::new(backend));
+            t.put_backend(b, held)?;
         }
         for name in &delta.removed_certificates {
             t.certificates.remove(name);
@@ -621,7 +643,7 @@ impl RouteTable {
             t.remove_host(host);
         }
         for vhost in &delta.upserted_virtual_hosts {
-            t.put_host(vhost)?;
+            t.put_host(vhost, held)?;
         }
         for g in delta
             .upserted_gateway_hosts
@@ -641,7 +663,7 @@ impl RouteTable {
                 None if touched.contains(name) => {}
                 None => {
                     if let Some(vhost) = held.virtual_host(name) {
-                        t.put_host(&vhost)?;
+                        t.put_host(&vhost, held)?;
                     }
                 }
             }
@@ -709,12 +731,16 @@ impl RouteTable {
             name: g.name.clone(),
             reason: e.to_string(),
         })?;
-        self.put_host(&vhost)
+        self.put_host(&vhost, &())
     }
 
     /// Compiles `vhost` against this table's backends and certificates, in place of the
     /// host's entry if it has one.
-    fn put_host(&mut self, vhost: &VirtualHost) -> Result<(), CompileError> {
+    fn put_host(
+        &mut self,
+        vhost: &VirtualHost,
+        names: &dyn SharedNames,
+    ) -> Result<(), CompileError> {
         let mut table = PathTable {
             certificate: self.certificate_named(&vhost.host, &vhost.certificate)?,
             ..PathTable::default()
@@ -722,7 +748,11 @@ impl RouteTable {
         table.ssl_redirect = vhost.ssl_redirect && table.certificate.is_some();
         let mut entries = Vec::with_capacity(vhost.routes.len());
         // One copy of the name, for the table's key and every route of the host.
-        let host: Arc<str> = vhost.host.as_str().into();
+        let host = self
+            .hosts
+            .key_of(&vhost.host)
+            .or_else(|| names.shared(ResourceKind::VirtualHost, &vhost.host))
+            .unwrap_or_else(|| vhost.host.as_str().into());
         for r in &vhost.routes {
             let kind = MatchKind::try_from(r.match_kind).unwrap_or(MatchKind::Prefix);
             entries.push(Entry {
@@ -747,6 +777,23 @@ impl RouteTable {
         self.remove_host(&vhost.host);
         self.host_routes += table.paths.entries().len();
         self.hosts.insert(host, Arc::new(table));
+        Ok(())
+    }
+
+    /// Compiles backend `b` in place of the one of its name if any, sharing the name with
+    /// that one, or else with `names`.
+    fn put_backend(
+        &mut self,
+        b: &holdfast_proto::v1::Backend,
+        names: &dyn SharedNames,
+    ) -> Result<(), CompileError> {
+        let name = self
+            .backends
+            .key_of(&b.name)
+            .or_else(|| names.shared(ResourceKind::Backend, &b.name))
+            .unwrap_or_else(|| b.name.as_str().into());
+        let backend = compile_backend(b, name.clone())?;
+        self.backends.insert(name, Arc::new(backend));
         Ok(())
     }
 
@@ -793,7 +840,8 @@ impl RouteTable {
         self.hosts.get(host).map(|t| &**t)
     }
 
-    /// The metric labels of this table's routes that `next` has no route for: among the
+    /// The request series (by [`SeriesKey`]) of this table's routes that `next` has no
+    /// route with the same label for: among the
     /// routes of `hosts` (virtual hosts as a snapshot names them; every host when None)
     /// and the default backend's. What a swap to `next` leaves behind in the request
     /// metrics: a delta names the hosts it touches, so this is O(change) for one.

@@ -658,7 +658,7 @@ fn merge<T: Clone>(
 }
 
 mod held;
-pub use held::{Checked, Held};
+pub use held::{Checked, Held, SharedNames};
 
 #[cfg(test)]
 mod tests;

@@ -983,4 +983,48 @@ fn a_hosts_routes_and_a_backends_entry_share_one_copy_of_their_name() {
         other => panic!("an Ingress route's key is its host and path: {other:?}"),
     }
     assert_eq!(routes[1].series_key().label(), "a.test/x");
+
+    // The snapshot held takes the table's names; a delta that replaces the host and the
+    // backend (an endpoint moved) keeps the one copy in both.
+    use holdfast_proto::delta::{Hashed, diff, inventory};
+    use holdfast_proto::snapshot::seal;
+    let mut s = s;
+    seal(&mut s, 1);
+    let t = RouteTable::compile(&s).unwrap();
+    let mut held = Held::sharing(s.clone(), Hashed::of(&s), &t);
+    let mut next = s.clone();
+    next.backends[0].endpoints[0].address = "10.0.0.9".into();
+    next.virtual_hosts[0].routes.push(PRoute {
+        match_kind: Exact as i32,
+        path: "/y".into(),
+        backend: "ns/svc:80".into(),
+        source: None,
+    });
+    seal(&mut next, 2);
+    let delta = diff(&s.version, &inventory(&s), &next);
+    let checked = held.check(&delta).expect("valid");
+    let changed = t.apply_delta(&held, &delta).unwrap();
+    held.commit_sharing(&delta, checked, &changed);
+    let name = |t: &RouteTable| t.backend("ns/svc:80").expect("the backend").name.clone();
+    assert!(Arc::ptr_eq(&name(&changed), &name(&t)));
+    let shared = |kind, n| held.shared(kind, n).expect("held");
+    assert!(Arc::ptr_eq(
+        &shared(ResourceKind::Backend, "ns/svc:80"),
+        &name(&changed)
+    ));
+    let host = changed
+        .lookup("a.test", "/y")
+        .expect("the new route")
+        .host
+        .clone();
+    assert!(Arc::ptr_eq(
+        &shared(ResourceKind::VirtualHost, "a.test"),
+        &host
+    ));
+    let before = t.lookup("a.test", "/").expect("the route").host.clone();
+    assert!(Arc::ptr_eq(&host, &before));
+    assert_eq!(
+        changed.backend("ns/svc:80").unwrap().endpoints,
+        ["10.0.0.9:80".parse().unwrap()]
+    );
 }

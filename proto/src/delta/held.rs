@@ -16,6 +16,10 @@
 //! snapshot is written out: a proxy keeps the compiled route table for serving, and this
 //! only to check and apply the next delta.
 //!
+//! A name is held once: the maps' keys are `Arc<str>`, which the who-uses-what pairs
+//! share, and [`SharedNames`] lets the data plane's route table share them too (the
+//! table takes the names held already; a delta's new names come from the table).
+//!
 //! The result is exactly what [`super::apply`] accepts and makes; the property test
 //! `held_accepts_and_makes_what_apply_does` holds the two together.
 
@@ -29,8 +33,8 @@ use prost::Message;
 use super::{HashEdit, Hashed, InvalidDelta, Inventory, hash_edit};
 use crate::snapshot::{self, InvalidSnapshot};
 use crate::v1::{
-    Backend, Certificate, DefaultBackend, GatewayHost, GatewayListener, KindProgress, Snapshot,
-    SnapshotDelta, VirtualHost,
+    Backend, Certificate, DefaultBackend, GatewayHost, GatewayListener, KindProgress, ResourceKind,
+    Snapshot, SnapshotDelta, VirtualHost,
 };
 
 /// Field numbers of `Snapshot`'s repeated resources (for its encoded length).
@@ -40,6 +44,44 @@ const CERTIFICATES_TAG: u32 = 8;
 const GATEWAY_LISTENERS_TAG: u32 = 11;
 const GATEWAY_HOSTS_TAG: u32 = 12;
 
+/// One kind of resource held, by name. A name is held once: the [`Uses`] pairs share the
+/// map's key (a host's routes name its backend by the backend's key).
+type ByName<T> = BTreeMap<Arc<str>, Encoded<T>>;
+
+/// Names of resources held somewhere else already, to hold rather than a copy: the data
+/// plane's route table and [`Held`] give each other theirs, so that a host's or a
+/// backend's name is one allocation for both.
+pub trait SharedNames {
+    /// The copy of `name`, a resource of `kind`, held here, if any.
+    fn shared(&self, kind: ResourceKind, name: &str) -> Option<Arc<str>>;
+}
+
+/// No names held elsewhere.
+impl SharedNames for () {
+    fn shared(&self, _: ResourceKind, _: &str) -> Option<Arc<str>> {
+        None
+    }
+}
+
+/// The names of the resources held (the keys of its maps).
+impl SharedNames for Held {
+    fn shared(&self, kind: ResourceKind, name: &str) -> Option<Arc<str>> {
+        match kind {
+            ResourceKind::VirtualHost => key_of(&self.virtual_hosts, name),
+            ResourceKind::Backend => key_of(&self.backends, name),
+            ResourceKind::Certificate => key_of(&self.certificates, name),
+            ResourceKind::GatewayListener => key_of(&self.gateway_listeners, name),
+            ResourceKind::GatewayHost => key_of(&self.gateway_hosts, name),
+            _ => None,
+        }
+    }
+}
+
+/// `held`'s key for `name`, if it holds one.
+fn key_of<T>(held: &BTreeMap<Arc<str>, T>, name: &str) -> Option<Arc<str>> {
+    held.get_key_value(name).map(|(key, _)| key.clone())
+}
+
 /// A verified snapshot, held by resource.
 #[derive(Debug, Clone, Default)]
 pub struct Held {
@@ -47,13 +89,13 @@ pub struct Held {
     content_hash: String,
     cluster_revision: u64,
     progress: Vec<KindProgress>,
-    virtual_hosts: BTreeMap<String, Encoded<VirtualHost>>,
-    backends: BTreeMap<String, Encoded<Backend>>,
-    certificates: BTreeMap<String, Encoded<Certificate>>,
+    virtual_hosts: ByName<VirtualHost>,
+    backends: ByName<Backend>,
+    certificates: ByName<Certificate>,
     default_backend: Option<Arc<DefaultBackend>>,
     default_certificate: String,
-    gateway_listeners: BTreeMap<String, Encoded<GatewayListener>>,
-    gateway_hosts: BTreeMap<String, Encoded<GatewayHost>>,
+    gateway_listeners: ByName<GatewayListener>,
+    gateway_hosts: ByName<GatewayHost>,
     hashed: Hashed,
     /// Backend name → the virtual hosts and Gateway hosts with a route to it (a Gateway
     /// host's name has a space, a virtual host's never does).
@@ -114,6 +156,11 @@ impl Held {
     /// Holds `snapshot`, whose hashes are `hashed` (from [`Hashed::verified`] or
     /// [`Hashed::of`]).
     pub fn new(snapshot: Snapshot, hashed: Hashed) -> Self {
+        Held::sharing(snapshot, hashed, &())
+    }
+
+    /// [`Held::new`], holding the names `names` has rather than copies.
+    pub fn sharing(snapshot: Snapshot, hashed: Hashed, names: &dyn SharedNames) -> Self {
         let mut held = Held {
             version: snapshot.version,
             content_hash: snapshot.content_hash,
@@ -125,19 +172,19 @@ impl Held {
             ..Held::default()
         };
         for b in &snapshot.backends {
-            held.insert_backend(b);
+            held.insert_backend(b, names);
         }
         for c in &snapshot.certificates {
-            held.insert_certificate(c);
+            held.insert_certificate(c, names);
         }
         for v in &snapshot.virtual_hosts {
-            held.insert_host(v);
+            held.insert_host(v, names);
         }
         for l in &snapshot.gateway_listeners {
-            held.insert_listener(l);
+            held.insert_listener(l, names);
         }
         for g in &snapshot.gateway_hosts {
-            held.insert_gateway_host(g);
+            held.insert_gateway_host(g, names);
         }
         held
     }
@@ -487,6 +534,17 @@ impl Held {
     /// Takes in `delta`, which [`Held::check`] accepted (as `checked`) against exactly
     /// what is held. O(change).
     pub fn commit(&mut self, delta: &SnapshotDelta, checked: Checked) {
+        self.commit_sharing(delta, checked, &());
+    }
+
+    /// [`Held::commit`], holding the names `names` has rather than copies (of the
+    /// resources the delta upserts that are not held yet).
+    pub fn commit_sharing(
+        &mut self,
+        delta: &SnapshotDelta,
+        checked: Checked,
+        names: &dyn SharedNames,
+    ) {
         for host in delta
             .removed_virtual_hosts
             .iter()
@@ -494,24 +552,25 @@ impl Held {
         {
             self.remove_host(host);
         }
-        for v in &delta.upserted_virtual_hosts {
-            self.insert_host(v);
-        }
         for name in &delta.removed_backends {
-            if let Some(old) = self.backends.remove(name) {
+            if let Some(old) = self.backends.remove(name.as_str()) {
                 self.resources_len -= old.field_len(BACKENDS_TAG);
             }
         }
         for b in &delta.upserted_backends {
-            self.insert_backend(b);
+            self.insert_backend(b, names);
         }
         for name in &delta.removed_certificates {
-            if let Some(old) = self.certificates.remove(name) {
+            if let Some(old) = self.certificates.remove(name.as_str()) {
                 self.resources_len -= old.field_len(CERTIFICATES_TAG);
             }
         }
         for c in &delta.upserted_certificates {
-            self.insert_certificate(c);
+            self.insert_certificate(c, names);
+        }
+        // After the backends and certificates they name, so that they share their names.
+        for v in &delta.upserted_virtual_hosts {
+            self.insert_host(v, names);
         }
         for name in delta
             .removed_gateway_hosts
@@ -528,10 +587,10 @@ impl Held {
             self.remove_listener(name);
         }
         for l in &delta.upserted_gateway_listeners {
-            self.insert_listener(l);
+            self.insert_listener(l, names);
         }
         for g in &delta.upserted_gateway_hosts {
-            self.insert_gateway_host(g);
+            self.insert_gateway_host(g, names);
         }
         if delta.default_backend_changed {
             self.default_backend = delta.default_backend.clone().map(Arc::new);
@@ -555,7 +614,7 @@ impl Held {
             .iter()
             .chain(delta.upserted_virtual_hosts.iter().map(|v| &v.host));
         len -= hosts
-            .filter_map(|h| self.virtual_hosts.get(h))
+            .filter_map(|h| self.virtual_hosts.get(h.as_str()))
             .map(|v| v.field_len(VIRTUAL_HOSTS_TAG))
             .sum::<usize>();
         let backends = delta
@@ -563,7 +622,7 @@ impl Held {
             .iter()
             .chain(delta.upserted_backends.iter().map(|b| &b.name));
         len -= backends
-            .filter_map(|b| self.backends.get(b))
+            .filter_map(|b| self.backends.get(b.as_str()))
             .map(|b| b.field_len(BACKENDS_TAG))
             .sum::<usize>();
         let certificates = delta
@@ -571,7 +630,7 @@ impl Held {
             .iter()
             .chain(delta.upserted_certificates.iter().map(|c| &c.name));
         len -= certificates
-            .filter_map(|c| self.certificates.get(c))
+            .filter_map(|c| self.certificates.get(c.as_str()))
             .map(|c| c.field_len(CERTIFICATES_TAG))
             .sum::<usize>();
         let listeners = delta
@@ -579,7 +638,7 @@ impl Held {
             .iter()
             .chain(delta.upserted_gateway_listeners.iter().map(|l| &l.name));
         len -= listeners
-            .filter_map(|l| self.gateway_listeners.get(l))
+            .filter_map(|l| self.gateway_listeners.get(l.as_str()))
             .map(|l| l.field_len(GATEWAY_LISTENERS_TAG))
             .sum::<usize>();
         let gateway_hosts = delta
@@ -587,7 +646,7 @@ impl Held {
             .iter()
             .chain(delta.upserted_gateway_hosts.iter().map(|g| &g.name));
         len -= gateway_hosts
-            .filter_map(|g| self.gateway_hosts.get(g))
+            .filter_map(|g| self.gateway_hosts.get(g.as_str()))
             .map(|g| g.field_len(GATEWAY_HOSTS_TAG))
             .sum::<usize>();
         len += delta
@@ -635,32 +694,47 @@ impl Held {
         identity.encoded_len() + len
     }
 
-    fn insert_backend(&mut self, b: &Backend) {
+    fn insert_backend(&mut self, b: &Backend, names: &dyn SharedNames) {
         let encoded = Encoded::new(b);
         self.resources_len += encoded.field_len(BACKENDS_TAG);
-        if let Some(old) = self.backends.insert(b.name.clone(), encoded) {
+        let name = name_from(names, &self.backends, ResourceKind::Backend, &b.name);
+        if let Some(old) = self.backends.insert(name, encoded) {
             self.resources_len -= old.field_len(BACKENDS_TAG);
         }
     }
 
-    fn insert_certificate(&mut self, c: &Certificate) {
+    fn insert_certificate(&mut self, c: &Certificate, names: &dyn SharedNames) {
         let encoded = Encoded::new(c);
         self.resources_len += encoded.field_len(CERTIFICATES_TAG);
-        if let Some(old) = self.certificates.insert(c.name.clone(), encoded) {
+        let name = name_from(
+            names,
+            &self.certificates,
+            ResourceKind::Certificate,
+            &c.name,
+        );
+        if let Some(old) = self.certificates.insert(name, encoded) {
             self.resources_len -= old.field_len(CERTIFICATES_TAG);
         }
     }
 
-    fn insert_host(&mut self, v: &VirtualHost) {
+    fn insert_host(&mut self, v: &VirtualHost, names: &dyn SharedNames) {
         let encoded = Encoded::new(v);
         self.resources_len += encoded.field_len(VIRTUAL_HOSTS_TAG);
+        let host = name_from(
+            names,
+            &self.virtual_hosts,
+            ResourceKind::VirtualHost,
+            &v.host,
+        );
         for r in &v.routes {
-            self.backend_users.add(&r.backend, &v.host);
+            self.backend_users
+                .add(name_in(&self.backends, &r.backend), host.clone());
         }
         if !v.certificate.is_empty() {
-            self.certificate_users.add(&v.certificate, &v.host);
+            self.certificate_users
+                .add(name_in(&self.certificates, &v.certificate), host.clone());
         }
-        self.virtual_hosts.insert(v.host.clone(), encoded);
+        self.virtual_hosts.insert(host, encoded);
     }
 
     fn remove_host(&mut self, host: &str) {
@@ -677,13 +751,16 @@ impl Held {
 }
 
 impl Held {
-    fn insert_listener(&mut self, l: &GatewayListener) {
+    fn insert_listener(&mut self, l: &GatewayListener, names: &dyn SharedNames) {
         let encoded = Encoded::new(l);
         self.resources_len += encoded.field_len(GATEWAY_LISTENERS_TAG);
+        let kind = ResourceKind::GatewayListener;
+        let name = name_from(names, &self.gateway_listeners, kind, &l.name);
         for c in snapshot::listener_certificates(l) {
-            self.certificate_users.add(c, &l.name);
+            self.certificate_users
+                .add(name_in(&self.certificates, c), name.clone());
         }
-        self.gateway_listeners.insert(l.name.clone(), encoded);
+        self.gateway_listeners.insert(name, encoded);
     }
 
     fn remove_listener(&mut self, name: &str) {
@@ -697,20 +774,29 @@ impl Held {
         }
     }
 
-    fn insert_gateway_host(&mut self, g: &GatewayHost) {
+    fn insert_gateway_host(&mut self, g: &GatewayHost, names: &dyn SharedNames) {
         let encoded = Encoded::new(g);
         self.resources_len += encoded.field_len(GATEWAY_HOSTS_TAG);
+        let name = name_from(
+            names,
+            &self.gateway_hosts,
+            ResourceKind::GatewayHost,
+            &g.name,
+        );
         for b in snapshot::gateway_host_backends(g) {
-            self.backend_users.add(b, &g.name);
+            self.backend_users
+                .add(name_in(&self.backends, b), name.clone());
         }
         if !g.certificate.is_empty() {
-            self.certificate_users.add(&g.certificate, &g.name);
+            self.certificate_users
+                .add(name_in(&self.certificates, &g.certificate), name.clone());
         }
         // An Ingress host has no Gateway listener to keep it with.
         if !snapshot::is_ingress_host(g) {
-            self.listener_hosts.add(&g.listener, &g.name);
+            self.listener_hosts
+                .add(name_in(&self.gateway_listeners, &g.listener), name.clone());
         }
-        self.gateway_hosts.insert(g.name.clone(), encoded);
+        self.gateway_hosts.insert(name, encoded);
     }
 
     fn remove_gateway_host(&mut self, name: &str) {
@@ -735,23 +821,45 @@ fn bad_gateway(kind: &'static str, name: &str, reason: String) -> InvalidSnapsho
     }
 }
 
+/// `name` as `held` keeps it (its key), or a copy of its own when `held` has no such
+/// resource (yet).
+fn name_in<T>(held: &BTreeMap<Arc<str>, T>, name: &str) -> Arc<str> {
+    key_of(held, name).unwrap_or_else(|| name.into())
+}
+
+/// The key to hold a resource `name` of `kind` under: the one `held` has already (a
+/// replaced resource keeps its key), else the copy `names` has, else a new one.
+fn name_from<T>(
+    names: &dyn SharedNames,
+    held: &BTreeMap<Arc<str>, T>,
+    kind: ResourceKind,
+    name: &str,
+) -> Arc<str> {
+    let key = key_of(held, name)
+        .or_else(|| names.shared(kind, name))
+        .unwrap_or_else(|| name.into());
+    debug_assert_eq!(&*key, name, "a shared name is the name asked for");
+    key
+}
+
 /// Who uses what, as (name, user) pairs: a name's users are one range of the set. One
-/// small entry per pair (a map of sets would make a hash table for each name).
+/// small entry per pair (a map of sets would make a hash table for each name), holding
+/// the names the maps of resources hold ([`name_in`]), not copies.
 #[derive(Debug, Clone, Default)]
-struct Uses(BTreeSet<(Box<str>, Box<str>)>);
+struct Uses(BTreeSet<(Arc<str>, Arc<str>)>);
 
 impl Uses {
-    fn add(&mut self, name: &str, user: &str) {
-        self.0.insert((name.into(), user.into()));
+    fn add(&mut self, name: Arc<str>, user: Arc<str>) {
+        self.0.insert((name, user));
     }
 
     fn remove(&mut self, name: &str, user: &str) {
-        self.0.remove(&(Box::from(name), Box::from(user)));
+        self.0.remove(&(Arc::from(name), Arc::from(user)));
     }
 
     /// The users of `name`.
     fn of<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> + use<'a> {
-        let from: (Box<str>, Box<str>) = (name.into(), "".into());
+        let from: (Arc<str>, Arc<str>) = (name.into(), "".into());
         let name = from.0.clone();
         self.0
             .range((Bound::Included(from), Bound::Unbounded))
@@ -769,7 +877,7 @@ struct Names<'a> {
 
 impl Names<'_> {
     /// Whether a resource named `name` exists after the delta.
-    fn after<T>(&self, name: &str, held: &BTreeMap<String, T>) -> bool {
+    fn after<T>(&self, name: &str, held: &BTreeMap<Arc<str>, T>) -> bool {
         self.upserted.contains(name) || (held.contains_key(name) && !self.removed.contains(name))
     }
 }
@@ -778,7 +886,7 @@ impl Names<'_> {
 /// the removal of one that is not held.
 fn names<'a, T, R>(
     kind: &'static str,
-    held: &BTreeMap<String, T>,
+    held: &BTreeMap<Arc<str>, T>,
     upserted: &'a [R],
     removed: &'a [String],
     name: impl Fn(&'a R) -> &'a String,
@@ -795,7 +903,7 @@ fn names<'a, T, R>(
                 name: gone.clone(),
             });
         }
-        if !held.contains_key(gone) {
+        if !held.contains_key(gone.as_str()) {
             return Err(InvalidDelta::UnknownRemoval {
                 kind,
                 name: gone.clone(),
@@ -818,16 +926,21 @@ fn names<'a, T, R>(
 
 #[cfg(test)]
 mod uses_tests {
-    use super::Uses;
+    use std::sync::Arc;
+
+    use super::{Held, Uses};
+    use crate::delta::{Hashed, diff, inventory};
+    use crate::v1::{Backend, MatchKind, Route, Snapshot, VirtualHost};
 
     #[test]
     fn a_names_users_are_its_own_when_another_name_starts_with_it() {
         let mut uses = Uses::default();
-        uses.add("a/b", "h1");
-        uses.add("a", "h2");
-        uses.add("a", "h3");
-        uses.add("a/bc", "h4");
-        uses.add("a", "h2");
+        let mut add = |name: &str, user: &str| uses.add(name.into(), user.into());
+        add("a/b", "h1");
+        add("a", "h2");
+        add("a", "h3");
+        add("a/bc", "h4");
+        add("a", "h2");
         let of = |uses: &Uses, name: &str| uses.of(name).map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(of(&uses, "a"), ["h2", "h3"]);
         assert_eq!(of(&uses, "a/b"), ["h1"]);
@@ -836,5 +949,62 @@ mod uses_tests {
         uses.remove("a", "h9");
         assert_eq!(of(&uses, "a"), ["h3"]);
         assert_eq!(of(&uses, "a/bc"), ["h4"]);
+    }
+
+    /// `hosts` as (host, backend), each backend in the snapshot.
+    fn snapshot(hosts: &[(&str, &str)], revision: u64) -> Snapshot {
+        let mut s = Snapshot {
+            virtual_hosts: hosts
+                .iter()
+                .map(|(host, backend)| VirtualHost {
+                    host: (*host).into(),
+                    routes: vec![Route {
+                        match_kind: MatchKind::Prefix as i32,
+                        path: "/".into(),
+                        backend: (*backend).into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            backends: hosts
+                .iter()
+                .map(|(_, backend)| Backend {
+                    name: (*backend).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        crate::snapshot::seal(&mut s, revision);
+        s
+    }
+
+    /// How many hold the name `key` of `held` (its key and each use of it).
+    fn holders<T>(held: &std::collections::BTreeMap<Arc<str>, T>, key: &str) -> usize {
+        let (key, _) = held.get_key_value(key).expect("held");
+        Arc::strong_count(key)
+    }
+
+    #[test]
+    fn a_name_is_held_once_by_its_resource_and_its_users() {
+        let first = snapshot(&[("a.test", "ns/a:80")], 1);
+        let mut held = Held::new(first.clone(), Hashed::of(&first));
+        // The map's key and the host's use of it.
+        assert_eq!(holders(&held.backends, "ns/a:80"), 2);
+        assert_eq!(holders(&held.virtual_hosts, "a.test"), 2);
+
+        // A delta that adds a host and the backend it uses.
+        let next = snapshot(&[("a.test", "ns/a:80"), ("b.test", "ns/b:80")], 2);
+        let delta = diff(&first.version, &inventory(&first), &next);
+        let checked = held.check(&delta).expect("valid");
+        held.commit(&delta, checked);
+        assert_eq!(holders(&held.backends, "ns/b:80"), 2);
+        assert_eq!(holders(&held.virtual_hosts, "b.test"), 2);
+        assert_eq!(
+            held.hosts_using_backend("ns/b:80").collect::<Vec<_>>(),
+            ["b.test"]
+        );
+        assert_eq!(held.to_snapshot(), next);
     }
 }
