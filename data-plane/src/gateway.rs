@@ -165,6 +165,21 @@ fn header_pair(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
 }
 
 impl Listener {
+    /// Its routes: one for each backend of each rule (what counts the rule's requests).
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.table
+            .values()
+            .flat_map(|paths| paths.entries())
+            .flat_map(|e| match &e.action.action {
+                Action::Forward { targets, .. } => targets.as_slice(),
+                Action::Redirect(_) => &[],
+            })
+            .filter_map(|t| match t {
+                Target::Route(r) => Some(r),
+                Target::Unresolved(_) => None,
+            })
+    }
+
     /// Compiles listener `l` with its `hosts`, naming backends and certificates through
     /// `backend` and `certificate` (a validated snapshot names only ones it has).
     pub fn compile<'a>(

@@ -841,10 +841,11 @@ impl RouteTable {
     }
 
     /// The request series (by [`SeriesKey`]) of this table's routes that `next` has no
-    /// route with the same label for: among the
-    /// routes of `hosts` (virtual hosts as a snapshot names them; every host when None)
-    /// and the default backend's. What a swap to `next` leaves behind in the request
-    /// metrics: a delta names the hosts it touches, so this is O(change) for one.
+    /// route with the same label for: among the routes of `hosts` (virtual hosts as a
+    /// snapshot names them; every host when None), the default backend's, and those of
+    /// the Gateway listeners `next` does not share with this table. What a swap to `next`
+    /// leaves behind in the request metrics: a delta names the hosts it touches, and
+    /// shares the listeners it leaves alone, so this is O(change) for one.
     pub fn labels_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<SeriesKey> {
         let mut gone: Vec<SeriesKey> = self
             .routes_gone(next, hosts)
@@ -858,6 +859,21 @@ impl RouteTable {
 
     /// The routes whose labels [`labels_gone`](Self::labels_gone) names.
     pub fn routes_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<&Arc<Route>> {
+        let mut gone = self.ingress_routes_gone(next, hosts);
+        for (name, old) in self.gateways.iter() {
+            // A Gateway route's label names its listener: only that listener's routes
+            // in `next` can keep it.
+            let kept: HashSet<SeriesKey> = match next.gateways.get(name) {
+                Some(new) if Arc::ptr_eq(old, new) => continue,
+                Some(new) => new.routes().map(|r| r.series_key()).collect(),
+                None => HashSet::new(),
+            };
+            gone.extend(old.routes().filter(|r| !kept.contains(&r.series_key())));
+        }
+        gone
+    }
+
+    fn ingress_routes_gone(&self, next: &RouteTable, hosts: Option<&[&str]>) -> Vec<&Arc<Route>> {
         let old: Vec<&Arc<Route>> = match hosts {
             None => self.routes().collect(),
             Some(hosts) => hosts

@@ -887,8 +887,11 @@ fn a_table_changed_by_deltas_serves_what_the_whole_snapshot_compiles_to() {
             assert_eq!(served(&changed), served(&whole), "seed {seed} step {step}");
             // The request series a swap drops: the labels the old table has and the new
             // one has not, found from the hosts the delta names alone.
+            // Every route's: the Ingress hosts', the default backend's, the Gateway
+            // listeners'.
             let labels = |t: &RouteTable| -> BTreeSet<String> {
                 t.routes()
+                    .chain(t.gateway_listeners().flat_map(|l| l.routes()))
                     .map(|r| r.series_key().label().into_owned())
                     .collect()
             };
