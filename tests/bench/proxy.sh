@@ -302,14 +302,15 @@ if [[ -n $LAT_ROUNDS ]]; then
   echo "### The tail over $LAT_ROUNDS rounds ($LOAD open loop, ${DURATION} s per run, $CONNS connections; the three in a rotating order)"
   echo
   IFS=, read -ra rates <<<"$RATES"
-  names=(holdfast nginx haproxy) ports=("$HF" "$NG" "$HP") pids=("$hf_pid" "$ng_pid" "$hp_pid")
+  # (not `pids`: the cleanup on exit stops the processes that array names)
+  lat_names=(holdfast nginx haproxy) lat_ports=("$HF" "$NG" "$HP") lat_pids=("$hf_pid" "$ng_pid" "$hp_pid")
   : >"$work/tail"
   for ((round = 0; round < LAT_ROUNDS; round++)); do
     for rate in "${rates[@]}"; do
       for k in 0 1 2; do
         i=$(((round + k) % 3))
-        line=$(oha_run "${names[i]}" "${ports[i]}" "${pids[i]}" "$rate")
-        echo "$rate ${names[i]} $line" >>"$work/tail"
+        line=$(oha_run "${lat_names[i]}" "${lat_ports[i]}" "${lat_pids[i]}" "$rate")
+        echo "$rate ${lat_names[i]} $line" >>"$work/tail"
       done
     done
   done
@@ -324,8 +325,8 @@ for line in open(sys.argv[1]):
         sys.exit(f"a run at {rate} rps through {name} gave no p99: {fields}")
     runs.setdefault((int(rate), name), []).append((float(f[0]), ms(f[2]), ms(f[3])))
 label = {"holdfast": "holdfast-proxy", "nginx": f"nginx {sys.argv[2]}", "haproxy": f"HAProxy {sys.argv[3]}"}
-print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99.9 median | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99 of each round | p99.9 median | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for rate in sorted({r for r, _ in runs}):
     med = {n: statistics.median(p99 for _, p99, _ in runs[(rate, n)]) for n in label}
     for n in label:
@@ -335,7 +336,8 @@ for rate in sorted({r for r, _ in runs}):
         ratios = f"{med['holdfast'] / med['nginx']:.2f} | {med['holdfast'] / med['haproxy']:.2f}" if n == "holdfast" else " | "
         tail = f"{statistics.median(p999):.2f}ms" if p999 else "—"
         rps = statistics.median(r for r, _, _ in rs)
-        print(f"| {rate} | {label[n]} | {len(rs)} | {rps:.0f} | {med[n]:.2f}ms | {min(p99s):.2f}ms | {max(p99s):.2f}ms | {tail} | {ratios} |")
+        each = ", ".join(f"{p:.2f}" for p in p99s)
+        print(f"| {rate} | {label[n]} | {len(rs)} | {rps:.0f} | {med[n]:.2f}ms | {min(p99s):.2f}ms | {max(p99s):.2f}ms | {each} | {tail} | {ratios} |")
 PY
 fi
 
