@@ -31,10 +31,10 @@
 # the kernel functions that take the most, side by side, with what the upstream and the
 # load generator's core spent per request meanwhile.
 # --latency-rounds N repeats the open-loop runs at each of --rates N times, the three
-# proxies in a rotating order each round (so that a drift of the machine falls on each),
-# and prints each proxy's median, lowest and highest p99 and its median p99.9 over the
-# rounds: the tail, which one run gives a single noisy sample of. Runs with
-# --profile-only too.
+# proxies and a run straight to the upstream (no proxy: the harness's own tail) in a
+# rotating order each round (so that a drift of the machine falls on each), and prints
+# each one's median, lowest and highest p99 and its median p99.9 over the rounds: the
+# tail, which one run gives a single noisy sample of. Runs with --profile-only too.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
@@ -299,16 +299,18 @@ fi
 
 if [[ -n $LAT_ROUNDS ]]; then
   echo
-  echo "### The tail over $LAT_ROUNDS rounds ($LOAD open loop, ${DURATION} s per run, $CONNS connections; the three in a rotating order)"
+  echo "### The tail over $LAT_ROUNDS rounds ($LOAD open loop, ${DURATION} s per run, $CONNS connections; the three proxies and the upstream alone, in a rotating order)"
   echo
   IFS=, read -ra rates <<<"$RATES"
   # (not `pids`: the cleanup on exit stops the processes that array names)
-  lat_names=(holdfast nginx haproxy) lat_ports=("$HF" "$NG" "$HP") lat_pids=("$hf_pid" "$ng_pid" "$hp_pid")
+  # `direct`: the load sent to the upstream itself, no proxy between: the harness's own tail.
+  lat_names=(holdfast nginx haproxy direct) lat_ports=("$HF" "$NG" "$HP" "$UP")
+  lat_pids=("$hf_pid" "$ng_pid" "$hp_pid" "$up_pid")
   : >"$work/tail"
   for ((round = 0; round < LAT_ROUNDS; round++)); do
     for rate in "${rates[@]}"; do
-      for k in 0 1 2; do
-        i=$(((round + k) % 3))
+      for k in 0 1 2 3; do
+        i=$(((round + k) % 4))
         line=$(oha_run "${lat_names[i]}" "${lat_ports[i]}" "${lat_pids[i]}" "$rate")
         echo "$rate ${lat_names[i]} $line" >>"$work/tail"
       done
@@ -324,7 +326,8 @@ for line in open(sys.argv[1]):
     if ms(f[2]) is None:
         sys.exit(f"a run at {rate} rps through {name} gave no p99: {fields}")
     runs.setdefault((int(rate), name), []).append((float(f[0]), ms(f[2]), ms(f[3])))
-label = {"holdfast": "holdfast-proxy", "nginx": f"nginx {sys.argv[2]}", "haproxy": f"HAProxy {sys.argv[3]}"}
+label = {"holdfast": "holdfast-proxy", "nginx": f"nginx {sys.argv[2]}", "haproxy": f"HAProxy {sys.argv[3]}",
+         "direct": "no proxy (to the upstream itself)"}
 print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99 of each round | p99.9 median | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for rate in sorted({r for r, _ in runs}):
