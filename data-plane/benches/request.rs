@@ -82,6 +82,7 @@ fn forward(
     let started = Instant::now();
     let (mut parts, ()) = request.into_parts();
     let Ok(routed) = f.route_hyper(
+        &parts.method,
         parts.version,
         &parts.uri,
         &parts.headers,

@@ -22,7 +22,7 @@ use holdfast_http::forward::{Failure, Target};
 use holdfast_http::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
 use holdfast_process::error_chain;
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -727,6 +727,7 @@ impl Forwarder {
     #[allow(clippy::result_large_err)]
     pub fn route_hyper<'t>(
         &self,
+        method: &Method,
         version: Version,
         uri: &Uri,
         headers: &HeaderMap,
@@ -734,7 +735,7 @@ impl Forwarder {
         table: Option<&'t RouteTable>,
     ) -> Result<Forwarding<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
         if version <= Version::HTTP_11
-            && let Err(e) = check_framing(headers)
+            && let Err(e) = check_framing(method, headers)
         {
             // A framing 400 always closes the connection: what follows cannot be trusted.
             let mut answer = self.fail(Reason::BadRequest, format!("bad request: {e}"));
@@ -780,7 +781,14 @@ impl Forwarder {
         table: Option<&'t RouteTable>,
     ) -> (Response<ProxyBody>, Option<&'t Route>) {
         let tls = via.is_tls();
-        let routed = match self.route_hyper(req.version(), req.uri(), req.headers(), via, table) {
+        let routed = match self.route_hyper(
+            req.method(),
+            req.version(),
+            req.uri(),
+            req.headers(),
+            via,
+            table,
+        ) {
             Ok(routed) => routed,
             Err(answer) => return answer,
         };
@@ -1326,7 +1334,7 @@ mod gateway_tests {
         let (f, t) = (forwarder(), table());
         let status = |via: &Via, path: &str| {
             let (uri, h) = head(path);
-            match f.route_hyper(Version::HTTP_11, &uri, &h, via, Some(&t)) {
+            match f.route_hyper(&Method::GET, Version::HTTP_11, &uri, &h, via, Some(&t)) {
                 Ok(r) => Ok(r.route.backend.name.clone()),
                 Err((answer, _)) => Err((
                     answer.status(),
@@ -1365,7 +1373,14 @@ mod gateway_tests {
     fn a_rules_header_changes_are_made_to_the_request_sent_upstream() {
         let (f, t) = (forwarder(), table());
         let (uri, h) = head("/mod");
-        let Ok(routed) = f.route_hyper(Version::HTTP_11, &uri, &h, &on_gateway(), Some(&t)) else {
+        let Ok(routed) = f.route_hyper(
+            &Method::GET,
+            Version::HTTP_11,
+            &uri,
+            &h,
+            &on_gateway(),
+            Some(&t),
+        ) else {
             panic!("routed");
         };
         let mut parts = Request::builder().uri(uri).body(()).unwrap().into_parts().0;

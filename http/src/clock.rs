@@ -69,6 +69,7 @@ fn read() -> Instant {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use std::time::Duration;

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Headers that apply to one hop only (RFC 9110 §7.6.1), always removed when forwarding.
@@ -91,6 +92,17 @@ pub enum BadRequest {
     /// handled: the two readers of the connection disagree, so it is refused.
     #[error("the request's framing could not be followed")]
     Unframed,
+    /// A chunked body on GET, HEAD or CONNECT. It is not forwarded: hyper's client cannot
+    /// send one (it would drop the body), and an upstream that reads no body on these
+    /// methods would take the body for the next request.
+    #[error("a chunked body on GET, HEAD or CONNECT")]
+    ChunkedWithoutBodyMethod,
+}
+
+/// The methods on which a chunked request body is refused
+/// ([`BadRequest::ChunkedWithoutBodyMethod`]).
+pub fn refuses_chunked(method: &[u8]) -> bool {
+    matches!(method, b"GET" | b"HEAD" | b"CONNECT")
 }
 
 /// Whether `authority` is `host[:port]` as RFC 3986 §3.2.2 allows it in a Host header or
@@ -144,7 +156,7 @@ fn valid_reg_name(b: &[u8]) -> bool {
 }
 
 /// Refuses the request shapes used for request smuggling.
-pub fn check_framing(headers: &HeaderMap) -> Result<(), BadRequest> {
+pub fn check_framing(method: &Method, headers: &HeaderMap) -> Result<(), BadRequest> {
     let lengths: Vec<&HeaderValue> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
     let te: Vec<&HeaderValue> = headers.get_all(header::TRANSFER_ENCODING).iter().collect();
     if !lengths.is_empty() && !te.is_empty() {
@@ -175,6 +187,9 @@ pub fn check_framing(headers: &HeaderMap) -> Result<(), BadRequest> {
             || codings.iter().filter(|c| *c == "chunked").count() != 1
         {
             return Err(BadRequest::BadTransferEncoding);
+        }
+        if refuses_chunked(method.as_str().as_bytes()) {
+            return Err(BadRequest::ChunkedWithoutBodyMethod);
         }
     }
     Ok(())
@@ -373,41 +388,53 @@ mod tests {
     #[test]
     fn smuggling_shapes_are_refused() {
         assert_eq!(
-            check_framing(&map(&[
-                ("content-length", "5"),
-                ("transfer-encoding", "chunked")
-            ])),
+            check_framing(
+                &Method::POST,
+                &map(&[("content-length", "5"), ("transfer-encoding", "chunked")])
+            ),
             Err(BadRequest::LengthAndChunked)
         );
         assert_eq!(
-            check_framing(&map(&[("content-length", "5"), ("content-length", "5")])),
+            check_framing(
+                &Method::POST,
+                &map(&[("content-length", "5"), ("content-length", "5")])
+            ),
             Err(BadRequest::DuplicateLength)
         );
         assert_eq!(
-            check_framing(&map(&[("content-length", "5, 5")])),
+            check_framing(&Method::POST, &map(&[("content-length", "5, 5")])),
             Err(BadRequest::DuplicateLength)
         );
         assert_eq!(
-            check_framing(&map(&[("content-length", "+5")])),
+            check_framing(&Method::POST, &map(&[("content-length", "+5")])),
             Err(BadRequest::BadLength)
         );
         assert_eq!(
-            check_framing(&map(&[("transfer-encoding", "chunked, gzip")])),
+            check_framing(
+                &Method::POST,
+                &map(&[("transfer-encoding", "chunked, gzip")])
+            ),
             Err(BadRequest::BadTransferEncoding)
         );
         assert_eq!(
-            check_framing(&map(&[
-                ("transfer-encoding", "chunked"),
-                ("transfer-encoding", "chunked")
-            ])),
+            check_framing(
+                &Method::POST,
+                &map(&[
+                    ("transfer-encoding", "chunked"),
+                    ("transfer-encoding", "chunked")
+                ])
+            ),
             Err(BadRequest::BadTransferEncoding)
         );
         assert_eq!(
-            check_framing(&map(&[("transfer-encoding", "xchunked")])),
+            check_framing(&Method::POST, &map(&[("transfer-encoding", "xchunked")])),
             Err(BadRequest::BadTransferEncoding)
         );
         assert_eq!(
-            check_framing(&map(&[("host", "a.test"), ("host", "b.test")])),
+            check_framing(
+                &Method::POST,
+                &map(&[("host", "a.test"), ("host", "b.test")])
+            ),
             Err(BadRequest::DuplicateHost)
         );
     }
@@ -452,15 +479,41 @@ mod tests {
     }
 
     #[test]
+    fn a_chunked_body_on_a_method_without_one_is_refused_and_a_length_passes() {
+        let chunked = map(&[("transfer-encoding", "chunked")]);
+        for method in [Method::GET, Method::HEAD, Method::CONNECT] {
+            assert_eq!(
+                check_framing(&method, &chunked),
+                Err(BadRequest::ChunkedWithoutBodyMethod),
+                "{method}"
+            );
+            let length = map(&[("content-length", "5")]);
+            assert_eq!(check_framing(&method, &length), Ok(()), "{method}");
+        }
+        for method in [Method::POST, Method::PUT, Method::DELETE, Method::OPTIONS] {
+            assert_eq!(check_framing(&method, &chunked), Ok(()), "{method}");
+        }
+        // Methods are case-sensitive (RFC 9110 §9.1): `get` is another method.
+        let lower = Method::from_bytes(b"get").unwrap();
+        assert_eq!(check_framing(&lower, &chunked), Ok(()));
+    }
+
+    #[test]
     fn ordinary_framing_passes() {
-        assert_eq!(check_framing(&map(&[])), Ok(()));
-        assert_eq!(check_framing(&map(&[("content-length", "42")])), Ok(()));
+        assert_eq!(check_framing(&Method::POST, &map(&[])), Ok(()));
         assert_eq!(
-            check_framing(&map(&[("transfer-encoding", "Chunked")])),
+            check_framing(&Method::POST, &map(&[("content-length", "42")])),
             Ok(())
         );
         assert_eq!(
-            check_framing(&map(&[("transfer-encoding", "gzip, chunked")])),
+            check_framing(&Method::POST, &map(&[("transfer-encoding", "Chunked")])),
+            Ok(())
+        );
+        assert_eq!(
+            check_framing(
+                &Method::POST,
+                &map(&[("transfer-encoding", "gzip, chunked")])
+            ),
             Ok(())
         );
     }

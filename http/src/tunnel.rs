@@ -68,6 +68,8 @@ impl Tunnels {
     }
 
     /// On shutdown: waits until `deadline` for the tunnels to end, then closes the rest.
+    // Once per shutdown, not per request.
+    #[allow(clippy::disallowed_methods)]
     pub async fn finish(&self, deadline: tokio::time::Instant) {
         self.tracker.close();
         if tokio::time::timeout_at(deadline, self.tracker.wait())
@@ -96,6 +98,8 @@ impl Tunnels {
 
 /// Copies both ways between the client and the upstream of an upgraded connection until
 /// either side closes, nothing moves for `idle`, or `close` turns true (shutdown).
+// A tunnel lives for many exchanges: its idle check is its own, not a per-request wait.
+#[allow(clippy::disallowed_methods)]
 async fn tunnel<A, B>(down: A, up: B, idle: Duration, mut close: tokio::sync::watch::Receiver<bool>)
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -178,6 +182,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Touched<'_, S> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -14,10 +14,11 @@
 //! timeout from that byte until the head is whole, the body read timeout between a
 //! request body's reads, the response timeout from the end of the request body to the
 //! response head, the send timeout for every write to the client. The waits every
-//! keep-alive request makes (for its head, the upstream write and the response head, the
-//! writes to the client) share the connection's one timer ([`super::timer`]); the rarer ones
-//! (body reads, the 100 Continue, connecting, the last shutdown) keep a
-//! `tokio::time::timeout` each.
+//! keep-alive request makes (for its head, its body's reads, the upstream write and the
+//! response head, the writes to the client) and the rarer ones (the 100 Continue,
+//! connecting, the last shutdown) all share the connection's one timer ([`super::timer`]):
+//! no wait arms a timer of its own. `http/clippy.toml` refuses `tokio::time::timeout` and
+//! `sleep` in this crate to keep it so.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -289,7 +290,8 @@ where
             let started = clock::now();
             let next = self.request(len, via, started).await;
             if next == Next::Close || *draining.borrow() {
-                let _ = tokio::time::timeout(self.timeouts.send, self.io.shutdown()).await;
+                let send = Until::After(self.timeouts.send);
+                let _ = self.timer.within(send, self.io.shutdown()).await;
                 return Ok(());
             }
         }
@@ -622,7 +624,7 @@ where
     /// A pooled connection to `key` (checked still open), or a new one; an upgrade always
     /// gets a new one. True when it came from the pool.
     async fn connection(
-        &self,
+        &mut self,
         key: &Key,
         number: Number,
         fresh: bool,
@@ -634,7 +636,9 @@ where
             return Ok((up, true));
         }
         let timeout = self.service.settings().connect_timeout;
-        let stream = tokio::time::timeout(timeout, crate::upstream::open(key))
+        let stream = self
+            .timer
+            .within(Until::After(timeout), crate::upstream::open(key))
             .await
             .unwrap_or(Err(ConnectError::Timeout))?;
         let _ = stream.set_nodelay(true);
@@ -678,9 +682,10 @@ where
             _ => false,
         };
         if body_left && self.head.expect_continue && self.head.minor == 1 {
-            let send = self.timeouts.send;
-            let go_on =
-                tokio::time::timeout(send, self.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n"));
+            let send = Until::After(self.timeouts.send);
+            let go_on = self
+                .timer
+                .within(send, self.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n"));
             if !matches!(go_on.await, Ok(Ok(()))) {
                 return Err(Exchange::ClientGone);
             }
@@ -875,17 +880,19 @@ where
     /// Reads more of a request body, within the body read timeout.
     async fn read_body_more(&mut self) -> Result<(), Exchange> {
         let timeout = self.service.settings().body_read_timeout;
-        let read = tokio::time::timeout(
-            timeout,
-            fill(
-                &mut self.io,
-                &mut self.buf,
-                &mut self.start,
-                &mut self.end,
-                READ_CHUNK * 4,
-            ),
-        )
-        .await;
+        let read = self
+            .timer
+            .within(
+                Until::After(timeout),
+                fill(
+                    &mut self.io,
+                    &mut self.buf,
+                    &mut self.start,
+                    &mut self.end,
+                    READ_CHUNK * 4,
+                ),
+            )
+            .await;
         match read {
             Ok(Ok(0)) | Ok(Err(_)) => Err(Exchange::ClientGone),
             Ok(Ok(_)) => Ok(()),
@@ -1440,6 +1447,7 @@ fn with_date<T>(f: impl FnOnce(&[u8]) -> T) -> T {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

@@ -20,7 +20,7 @@ pub mod onward;
 mod tests;
 pub mod timer;
 
-use crate::headers::BadRequest;
+use crate::headers::{BadRequest, refuses_chunked};
 
 /// A byte range of the buffer a head was parsed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -388,6 +388,9 @@ impl RequestHead {
             (Some(n), _) => BodyFraming::Length(n),
             (None, Some(_)) => {
                 self.codings_end_in_chunked(head)?;
+                if refuses_chunked(self.method.of(head)) {
+                    return Err(BadRequest::ChunkedWithoutBodyMethod.into());
+                }
                 BodyFraming::Chunked
             }
             (None, None) => BodyFraming::Empty,

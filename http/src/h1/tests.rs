@@ -91,7 +91,7 @@ fn http_1_0_closes_unless_it_asks_to_keep_alive_and_1_1_closes_when_asked() {
 
 #[test]
 fn smuggling_shapes_get_the_framing_checks_verdicts() {
-    let cases: [(&[u8], BadRequest); 11] = [
+    let cases: [(&[u8], BadRequest); 14] = [
         (
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
             BadRequest::LengthAndChunked,
@@ -130,6 +130,18 @@ fn smuggling_shapes_get_the_framing_checks_verdicts() {
             b"GET / HTTP/1.1\r\nHost: a\r\nConnection: up\xc3grade\r\n\r\n",
             BadRequest::BadConnection,
         ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            BadRequest::ChunkedWithoutBodyMethod,
+        ),
+        (
+            b"HEAD / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            BadRequest::ChunkedWithoutBodyMethod,
+        ),
+        (
+            b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\nTransfer-Encoding: chunked\r\n\r\n",
+            BadRequest::ChunkedWithoutBodyMethod,
+        ),
     ];
     for (head, why) in cases {
         assert_eq!(
@@ -141,6 +153,12 @@ fn smuggling_shapes_get_the_framing_checks_verdicts() {
     }
     let ok = parse(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n");
     assert_eq!(ok.unwrap().framing(), BodyFraming::Chunked);
+    let get = parse(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n");
+    assert_eq!(
+        get.unwrap().framing(),
+        BodyFraming::Length(5),
+        "a GET body by length"
+    );
 }
 
 #[test]

@@ -422,6 +422,16 @@ async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstrea
     assert!(raw(p.addr, listed).await?.contains(" 400 "));
     let two_hosts = "GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n";
     assert!(raw(p.addr, two_hosts).await?.contains(" 400 "));
+    // A chunked body on a method without one: refused, not forwarded without its body.
+    for method in ["GET", "HEAD"] {
+        let req = format!(
+            "{method} / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let line = raw(p.addr, &req).await?;
+        assert!(line.contains(" 400 "), "{method}: {line}");
+    }
+    let by_length = "GET / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello";
+    assert!(raw(p.addr, by_length).await?.contains(" 200 "));
     // A Host that is not host[:port] (RFC 3986) is refused before routing.
     for host in [
         "a.test/admin",
