@@ -20,7 +20,7 @@
 #
 #   tests/bench/proxy.sh [--smoke] [--duration S] [--connections N] [--rates R1,R2,...]
 #                        [--flamegraph FILE.svg] [--syscalls] [--kernel] [--kernel-rates R1,R2,...]
-#                        [--profile-only] [--latency-rounds N]
+#                        [--profile-only] [--latency-rounds N] [--two-core-rounds N]
 #
 # --flamegraph also records holdfast-proxy with perf (DWARF call graphs) during one more
 # wrk run and renders FILE.svg with inferno (installed with cargo when missing), keeping
@@ -35,12 +35,16 @@
 # rotating order each round (so that a drift of the machine falls on each), and prints
 # each one's median, lowest and highest p99 and its median p99.9 over the rounds: the
 # tail, which one run gives a single noisy sample of. Runs with --profile-only too.
+# --two-core-rounds N repeats the two-workers-on-two-cores closed-loop runs N times, the
+# three proxies in a rotating order, and prints for each run where the machine's CPU went
+# per request (the proxy, the upstream, the rest: wrk and the kernel) and its idle share,
+# then the medians and the median ratios. Runs with --profile-only too.
 #
 # Needs nginx, haproxy, wrk, taskset (installed from Debian when missing) and, but for --smoke,
 # oha (cargo install when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL='' KRATES='' PROFILE_ONLY='' LAT_ROUNDS=''
+DURATION=10 CONNS=50 RATES=5000,10000,20000,40000 FLAME='' SMOKE='' SYSCALLS='' KERNEL='' KRATES='' PROFILE_ONLY='' LAT_ROUNDS='' TWO_ROUNDS=''
 while (($#)); do
   case $1 in
     --flamegraph) FLAME=$(realpath -m "$2"); shift ;;
@@ -49,6 +53,7 @@ while (($#)); do
     --kernel-rates) KRATES=$2; shift ;;
     --profile-only) PROFILE_ONLY=1 ;;
     --latency-rounds) LAT_ROUNDS=$2; shift ;;
+    --two-core-rounds) TWO_ROUNDS=$2; shift ;;
     --smoke) DURATION=1 CONNS=10 RATES=1000 SMOKE=--smoke ;;
     --duration) DURATION=$2; shift ;;
     --connections) CONNS=$2; shift ;;
@@ -500,6 +505,112 @@ PY
   fi
 fi
 
+# Two workers each on both cores: holdfast-proxy --worker-threads 2 and nginx
+# worker_processes 2, the load generator (two threads) and the upstream on the same two
+# cores, so this compares the proxies sharing a whole machine with their load.
+start_two_workers() {
+  [[ -z ${hf2_pid:-} ]] || return 0
+  HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port); HP2=$(free_port)
+  RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF2" \
+    --admin-listen "127.0.0.1:$HF2A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
+    --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state2" --node-id bench2 --worker-threads 2 & pids+=($!)
+  hf2_pid=$!
+  sed -e "s/^worker_processes 1;/worker_processes 2;/" -e "s/^master_process off;/master_process on;/" \
+    -e "s|listen 127.0.0.1:$NG;|listen 127.0.0.1:$NG2;|" -e "/listen 127.0.0.1:$NGS ssl;/d" \
+    -e "s|$work/nginx.pid|$work/nginx2.pid|" "$work/nginx.conf" >"$work/nginx2.conf"
+  taskset -c 0,1 nginx -c "$work/nginx2.conf" -e "$work/nginx2-error.log" & pids+=($!)
+  ng2_pid=$!
+  haproxy_conf 2 "$HP2" >"$work/haproxy2.cfg"
+  taskset -c 0,1 haproxy -db -f "$work/haproxy2.cfg" & pids+=($!)
+  hp2_pid=$!
+  wait_port "$HF2"; wait_port "$NG2"; wait_port "$HP2"
+  for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF2/" >/dev/null && break; sleep 0.1; done
+}
+# nginx's CPU is its master's and workers' together.
+group_ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
+wrk2_run() {
+  local port=$1 pid=$2 t0 c0 t1 c1 out
+  taskset -c 0,1 wrk -t2 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$port/" >/dev/null
+  t0=$(date +%s.%N); c0=$(group_ticks "$pid")
+  out=$(taskset -c 0,1 wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H 'Host: bench.test' "http://127.0.0.1:$port/")
+  t1=$(date +%s.%N); c1=$(group_ticks "$pid")
+  python3 - "$out" "$c0" "$c1" "$t0" "$t1" "$TICKS" <<'PY'
+import re, sys
+text, c0, c1, t0, t1, ticks = sys.argv[1], *map(float, sys.argv[2:])
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+pct = lambda p: (m.group(1) if (m := re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)) else "—")
+cpu = (c1 - c0) / ticks / (t1 - t0)
+errs = "; ".join(l.strip() for l in text.splitlines() if "Non-2xx" in l or "Socket errors" in l) or "0"
+print(f"{rps:.0f}|{pct(50)}|{pct(99)}|{errs}|{cpu * 100:.0f}%|{cpu / rps * 1e6:.1f} µs")
+PY
+}
+# wrk2_round PORT PID: one closed-loop run as wrk2_run makes it, and where the whole
+# machine's CPU went per request meanwhile: "rps|proxy µs|upstream µs|the rest µs|idle %"
+# (the rest: wrk's two threads and the kernel's work outside the two processes).
+wrk2_round() {
+  local port=$1 pid=$2 t0 c0 u0 s0 t1 c1 u1 s1 out
+  taskset -c 0,1 wrk -t2 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$port/" >/dev/null
+  t0=$(date +%s.%N); c0=$(group_ticks "$pid"); u0=$(cpu_ticks "$up_pid")
+  s0=$(awk '$1 == "cpu0" || $1 == "cpu1" {b += $2 + $3 + $4 + $7 + $8; i += $5 + $6} END {print b, i}' /proc/stat)
+  out=$(taskset -c 0,1 wrk -t2 -c"$CONNS" -d"${DURATION}s" -H 'Host: bench.test' "http://127.0.0.1:$port/")
+  t1=$(date +%s.%N); c1=$(group_ticks "$pid"); u1=$(cpu_ticks "$up_pid")
+  s1=$(awk '$1 == "cpu0" || $1 == "cpu1" {b += $2 + $3 + $4 + $7 + $8; i += $5 + $6} END {print b, i}' /proc/stat)
+  python3 - "$out" "$c0" "$c1" "$u0" "$u1" "$s0" "$s1" "$TICKS" <<'PY'
+import re, sys
+text = sys.argv[1]
+c0, c1, u0, u1 = map(float, sys.argv[2:6])
+(b0, i0), (b1, i1) = (map(float, sys.argv[k].split()) for k in (6, 7))
+ticks = float(sys.argv[8])
+requests = int(re.search(r"(\d+) requests in", text).group(1))
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+us = lambda t: t / ticks / requests * 1e6
+proxy, upstream = us(c1 - c0), us(u1 - u0)
+print(f"{rps:.0f}|{proxy:.1f}|{upstream:.1f}|{us(b1 - b0) - proxy - upstream:.1f}|{(i1 - i0) / (b1 - b0 + i1 - i0) * 100:.0f}")
+PY
+}
+# two_core_rounds N: the two-worker runs N times, the three proxies in a rotating order
+# each round; each round's figures, then the medians.
+two_core_rounds() {
+  start_two_workers
+  local names=(holdfast nginx haproxy) round k i
+  local ports=("$HF2" "$NG2" "$HP2") procs=("$hf2_pid" "$ng2_pid" "$hp2_pid")
+  : >"$work/two-core"
+  for ((round = 0; round < $1; round++)); do
+    for k in 0 1 2; do
+      i=$(((round + k) % 3))
+      echo "$round ${names[i]} $(wrk2_round "${ports[i]}" "${procs[i]}")" >>"$work/two-core"
+    done
+  done
+  echo
+  echo "### Two workers each on both cores, $1 rounds (wrk -t2 -c$CONNS, ${DURATION} s per run, the three proxies in a rotating order; CPU in µs per request)"
+  echo
+  python3 - "$work/two-core" "$nginx_version" "$haproxy_version" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    round_, name, fields = line.split(" ", 2)
+    runs.setdefault(name, {})[int(round_)] = [float(v) for v in fields.strip().split("|")]
+label = {"holdfast": "holdfast-proxy `--worker-threads 2`", "nginx": f"nginx {sys.argv[2]} `worker_processes 2`",
+         "haproxy": f"HAProxy {sys.argv[3]} `nbthread 2`"}
+rounds = sorted(runs["holdfast"])
+print("| round | proxy | rps | proxy CPU | upstream CPU | the rest (wrk, kernel) | idle | holdfast/nginx rps | holdfast/HAProxy rps |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for r in rounds:
+    for n in label:
+        rps, proxy, up, rest, idle = runs[n][r]
+        ratios = (f"{rps / runs['nginx'][r][0]:.2f} | {rps / runs['haproxy'][r][0]:.2f}" if n == "holdfast" else " | ")
+        print(f"| {r + 1} | {label[n]} | {rps:.0f} | {proxy:.1f} | {up:.1f} | {rest:.1f} | {idle:.0f}% | {ratios} |")
+for n in label:
+    med = [statistics.median(runs[n][r][k] for r in rounds) for k in range(5)]
+    ratios = [runs["holdfast"][r][0] / runs[m][r][0] for r in rounds for m in ("nginx", "haproxy")]
+    cell = (f"{statistics.median(ratios[0::2]):.2f} | {statistics.median(ratios[1::2]):.2f}" if n == "holdfast" else " | ")
+    print(f"| median | {label[n]} | {med[0]:.0f} | {med[1]:.1f} | {med[2]:.1f} | {med[3]:.1f} | {med[4]:.0f}% | {cell} |")
+PY
+}
+if [[ -n $TWO_ROUNDS ]]; then
+  two_core_rounds "$TWO_ROUNDS"
+fi
+
 if [[ -n $PROFILE_ONLY ]]; then
   exit 0
 fi
@@ -542,42 +653,7 @@ done
 echo
 echo "$(openssl version | cut -d' ' -f1-2) s_time, one client connection at a time on the other core."
 
-# Two workers each on both cores: holdfast-proxy --worker-threads 2 and nginx
-# worker_processes 2, the load generator (two threads) and the upstream on the same two
-# cores, so this compares the proxies sharing a whole machine with their load.
-HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port); HP2=$(free_port)
-RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF2" \
-  --admin-listen "127.0.0.1:$HF2A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
-  --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state2" --node-id bench2 --worker-threads 2 & pids+=($!)
-hf2_pid=$!
-sed -e "s/^worker_processes 1;/worker_processes 2;/" -e "s/^master_process off;/master_process on;/" \
-  -e "s|listen 127.0.0.1:$NG;|listen 127.0.0.1:$NG2;|" -e "/listen 127.0.0.1:$NGS ssl;/d" \
-  -e "s|$work/nginx.pid|$work/nginx2.pid|" "$work/nginx.conf" >"$work/nginx2.conf"
-taskset -c 0,1 nginx -c "$work/nginx2.conf" -e "$work/nginx2-error.log" & pids+=($!)
-ng2_pid=$!
-haproxy_conf 2 "$HP2" >"$work/haproxy2.cfg"
-taskset -c 0,1 haproxy -db -f "$work/haproxy2.cfg" & pids+=($!)
-hp2_pid=$!
-wait_port "$HF2"; wait_port "$NG2"; wait_port "$HP2"
-for _ in $(seq 1 100); do curl -sf -H 'Host: bench.test' "http://127.0.0.1:$HF2/" >/dev/null && break; sleep 0.1; done
-# nginx's CPU is its master's and workers' together.
-group_ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
-wrk2_run() {
-  local port=$1 pid=$2 t0 c0 t1 c1 out
-  taskset -c 0,1 wrk -t2 -c"$CONNS" -d1s -H 'Host: bench.test' "http://127.0.0.1:$port/" >/dev/null
-  t0=$(date +%s.%N); c0=$(group_ticks "$pid")
-  out=$(taskset -c 0,1 wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -H 'Host: bench.test' "http://127.0.0.1:$port/")
-  t1=$(date +%s.%N); c1=$(group_ticks "$pid")
-  python3 - "$out" "$c0" "$c1" "$t0" "$t1" "$TICKS" <<'PY'
-import re, sys
-text, c0, c1, t0, t1, ticks = sys.argv[1], *map(float, sys.argv[2:])
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-pct = lambda p: (m.group(1) if (m := re.search(rf"^\s+{p}%\s+(\S+)", text, re.M)) else "—")
-cpu = (c1 - c0) / ticks / (t1 - t0)
-errs = "; ".join(l.strip() for l in text.splitlines() if "Non-2xx" in l or "Socket errors" in l) or "0"
-print(f"{rps:.0f}|{pct(50)}|{pct(99)}|{errs}|{cpu * 100:.0f}%|{cpu / rps * 1e6:.1f} µs")
-PY
-}
+start_two_workers
 echo
 echo "### Two workers each, on both cores (${DURATION} s per run, $CONNS connections, wrk -t2 on the same cores)"
 echo

@@ -37,6 +37,18 @@ impl ProxyProc {
         log_dir: &Path,
         extra: &[&str],
     ) -> Result<Self> {
+        Self::start_with_env(name, control_planes, state_dir, log_dir, extra, vec![])
+    }
+
+    /// [`Self::start`] with `envs` added to its environment.
+    pub fn start_with_env(
+        name: &str,
+        control_planes: &[String],
+        state_dir: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+        envs: Vec<(String, String)>,
+    ) -> Result<Self> {
         let mut args: Vec<String> = vec![
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -67,7 +79,7 @@ impl ProxyProc {
             name,
             &crate::workspace_bin("holdfast-proxy"),
             args,
-            vec![],
+            envs,
             log_dir.join(format!("{name}.log")),
         )?;
         let line = proc.wait_log("listening", 0, crate::wait::T)?;

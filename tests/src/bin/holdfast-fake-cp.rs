@@ -1,7 +1,9 @@
-//! `holdfast-fake-cp`: a stand-in control plane serving one fixed route, for benchmarks that
-//! measure the proxy alone (no API server). Not used by the end-to-end suite's real paths.
+//! `holdfast-fake-cp`: a stand-in control plane serving one fixed route (and optionally many
+//! more, replaced on SIGHUP), for benchmarks that measure the proxy alone (no API server).
+//! Not used by the end-to-end suite's real paths.
 
 use clap::Parser;
+use holdfast_proto::v1::Snapshot;
 use holdfast_tests::fake_control_plane::{FakeControlPlane, snapshot};
 
 /// Serves one Prefix "/" route for `--host` to `--upstream` over RouteDiscovery.
@@ -27,16 +29,54 @@ struct Args {
     /// own on the same upstreams), to measure the proxy with a large table loaded.
     #[arg(long, default_value_t = 0)]
     extra_hosts: usize,
+    /// On each SIGHUP, push a new snapshot that replaces the whole table: every extra
+    /// host goes to a backend of a new name, and host `round<N>.test` (N = 1, 2, ...) is
+    /// added, so a client can tell when round N is served. To measure an apply.
+    #[arg(long)]
+    replace_on_hup: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cp = FakeControlPlane::start(Some(args.listen)).await?;
+    cp.push(table(&args, 0)?);
+    eprintln!("listening grpc={}", cp.addr());
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut round = 0;
+    loop {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => return Ok(r?),
+            Some(()) = hup.recv(), if args.replace_on_hup => {
+                round += 1;
+                cp.push(table(&args, round)?);
+                eprintln!("pushed round {round}");
+            }
+        }
+    }
+}
+
+/// The snapshot of `round`: round 0 is the table the flags describe; each later round
+/// renames every extra host's backend and adds `round<N>.test`.
+fn table(args: &Args, round: u64) -> anyhow::Result<Snapshot> {
+    let suffix = if round == 0 {
+        String::new()
+    } else {
+        format!("-r{round}")
+    };
     let extra: Vec<(String, String)> = (0..args.extra_hosts)
-        .map(|i| (format!("h{i}.extra.test"), format!("extra/svc-{i}:80")))
+        .map(|i| {
+            (
+                format!("h{i}.extra.test"),
+                format!("extra/svc-{i}{suffix}:80"),
+            )
+        })
         .collect();
+    let marker = format!("round{round}.test");
     let mut routes = vec![(args.host.as_str(), "/", "bench")];
+    if round > 0 {
+        routes.push((marker.as_str(), "/", "bench"));
+    }
     routes.extend(extra.iter().map(|(h, b)| (h.as_str(), "/", b.as_str())));
     let mut backends = vec![("bench", args.upstream.as_slice())];
     backends.extend(
@@ -44,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .map(|(_, b)| (b.as_str(), args.upstream.as_slice())),
     );
-    let mut s = snapshot(1, &routes, &backends);
+    let mut s = snapshot(round + 1, &routes, &backends);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let issued = holdfast_tests::tls::Issued {
             cert_pem: std::fs::read_to_string(cert)?,
@@ -56,10 +96,7 @@ async fn main() -> anyhow::Result<()> {
         for v in s.virtual_hosts.iter_mut().filter(|v| v.host == args.host) {
             v.certificate = name.into();
         }
-        holdfast_proto::snapshot::seal(&mut s, 1);
+        holdfast_proto::snapshot::seal(&mut s, round + 1);
     }
-    cp.push(s);
-    eprintln!("listening grpc={}", cp.addr());
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+    Ok(s)
 }

@@ -402,6 +402,63 @@ async fn raw(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
         .to_owned())
 }
 
+/// The proxy runs with mimalloc's purge delay at 0, so memory goes back to the kernel as it
+/// is freed (an idle proxy does not run the allocator again to act on a delay): started
+/// without `MIMALLOC_PURGE_DELAY`, the same process (same pid) runs with it at 0 and serves;
+/// a value the environment sets is kept.
+#[tokio::test]
+async fn the_proxy_runs_with_the_allocators_purge_delay_at_zero_unless_one_is_set()
+-> anyhow::Result<()> {
+    fn environ(p: &ProxyProc) -> anyhow::Result<Vec<String>> {
+        let pid = p
+            .proc
+            .pid()
+            .ok_or_else(|| anyhow::anyhow!("the proxy has no pid"))?;
+        let raw = std::fs::read(format!("/proc/{pid}/environ"))?;
+        Ok(raw
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect())
+    }
+    anyhow::ensure!(
+        std::env::var_os("MIMALLOC_PURGE_DELAY").is_none(),
+        "this test needs MIMALLOC_PURGE_DELAY unset in its own environment"
+    );
+    let (state, logs) = dirs("purge");
+    let a = echo_on_loopback("echo-a").await;
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-purge", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let env = environ(&p)?;
+    assert!(env.iter().any(|v| v == "MIMALLOC_PURGE_DELAY=0"), "{env:?}");
+    assert_eq!(p.get("a.test", "/").await?.0, 200);
+
+    let (state, logs) = dirs("purge-set");
+    let set = vec![("MIMALLOC_PURGE_DELAY".to_owned(), "25".to_owned())];
+    let q = ProxyProc::start_with_env(
+        "proxy-purge-set",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &[],
+        set,
+    )?;
+    wait_version(&q, &s.version).await?;
+    let env = environ(&q)?;
+    assert!(
+        env.iter().any(|v| v == "MIMALLOC_PURGE_DELAY=25"),
+        "{env:?}"
+    );
+    assert!(
+        !env.iter().any(|v| v == "MIMALLOC_PURGE_DELAY=0"),
+        "{env:?}"
+    );
+    assert_eq!(q.get("a.test", "/").await?.0, 200);
+    Ok(())
+}
+
 #[tokio::test]
 async fn smuggling_shapes_get_400_and_hop_by_hop_headers_never_reach_the_upstream()
 -> anyhow::Result<()> {
