@@ -14,8 +14,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// `MIMALLOC_PURGE_DELAY` is set: memory goes back to the kernel as it is freed. mimalloc's
 /// own default (10 ms) is only acted on when the allocator next runs in that thread, and
 /// the request path allocates nothing, so a proxy left idle after applying a large
-/// snapshot kept what the apply freed (47.5 against 25.4 MiB with 10,001 routes,
-/// `tests/bench/proxy-memory.sh`, docs/benchmarks.md).
+/// snapshot kept what the apply freed (47.3 against 27.2 MiB once a 10,001-route table was
+/// replaced, `tests/bench/proxy-memory.sh`, docs/benchmarks.md).
 const PURGE_DELAY_MS: &str = "0";
 
 fn main() -> std::process::ExitCode {

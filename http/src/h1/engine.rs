@@ -17,7 +17,8 @@
 //! keep-alive request makes (for its head, its body's reads, the upstream write and the
 //! response head, the writes to the client) and the rarer ones (the 100 Continue,
 //! connecting, the last shutdown) all share the connection's one timer ([`super::timer`]):
-//! no wait arms a timer of its own. `http/clippy.toml` refuses `tokio::time::timeout` and
+//! none of the engine's waits arms a timer of its own (the proxy's wait for a free slot
+//! of an endpoint whose requests in flight are at their cap, outside this crate, does). `http/clippy.toml` refuses `tokio::time::timeout` and
 //! `sleep` in this crate to keep it so.
 
 use std::cell::RefCell;

@@ -42,12 +42,15 @@ async fn main() -> anyhow::Result<()> {
     let cp = FakeControlPlane::start(Some(args.listen)).await?;
     cp.push(table(&args, 0)?);
     eprintln!("listening grpc={}", cp.addr());
+    if !args.replace_on_hup {
+        return Ok(tokio::signal::ctrl_c().await?);
+    }
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut round = 0;
     loop {
         tokio::select! {
             r = tokio::signal::ctrl_c() => return Ok(r?),
-            Some(()) = hup.recv(), if args.replace_on_hup => {
+            Some(()) = hup.recv() => {
                 round += 1;
                 cp.push(table(&args, round)?);
                 eprintln!("pushed round {round}");

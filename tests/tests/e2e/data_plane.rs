@@ -429,10 +429,32 @@ async fn the_proxy_runs_with_the_allocators_purge_delay_at_zero_unless_one_is_se
     let cp = FakeControlPlane::start(None).await?;
     let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[a])]);
     cp.push(s.clone());
-    let p = ProxyProc::start("proxy-purge", &[cp.url()], state.path(), &logs, &[])?;
+    // MIMALLOC_VERBOSE: mimalloc reports its options as it starts, the only observation of
+    // the value it runs with (the first image reports its default, the second the one set).
+    let verbose = vec![("MIMALLOC_VERBOSE".to_owned(), "1".to_owned())];
+    let p = ProxyProc::start_with_env(
+        "proxy-purge",
+        &[cp.url()],
+        state.path(),
+        &logs,
+        &[],
+        verbose,
+    )?;
     wait_version(&p, &s.version).await?;
     let env = environ(&p)?;
     assert!(env.iter().any(|v| v == "MIMALLOC_PURGE_DELAY=0"), "{env:?}");
+    let log = p.proc.log();
+    let reported: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("option 'purge_delay'"))
+        .collect();
+    assert_eq!(
+        reported
+            .last()
+            .map(|l| l.trim_end().ends_with("option 'purge_delay': 0")),
+        Some(true),
+        "mimalloc's own report of its purge delay: {reported:?}"
+    );
     assert_eq!(p.get("a.test", "/").await?.0, 200);
 
     let (state, logs) = dirs("purge-set");
