@@ -13,12 +13,25 @@
 //! connection event in the same spirit). Times come from the worker's coarse clock
 //! ([`crate::clock`]), read afresh only when the timer has fired.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
+
+thread_local! {
+    /// Waits on this thread's timers that had to wait, and how often one was armed.
+    static COUNTS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// On this thread so far: the waits on connection timers that had to wait (were not over
+/// at their first poll), and the times a timer was armed (moved in the runtime's timer
+/// wheel). The second stays far below the first: what one timer per connection is for.
+pub fn counts() -> (u64, u64) {
+    COUNTS.with(Cell::get)
+}
 
 /// When a wait must be over.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +96,9 @@ impl Timer {
                 }
                 return Poll::Ready(Ok(out));
             }
+            if deadline.is_none() {
+                COUNTS.with(|c| c.set((c.get().0 + 1, c.get().1)));
+            }
             let at = *deadline.get_or_insert_with(|| match until {
                 Until::After(d) => crate::clock::now().checked_add(d),
                 Until::At(at) => Some(at),
@@ -94,6 +110,7 @@ impl Timer {
             loop {
                 if self.armed.is_none_or(|armed| armed > at) {
                     self.sleep.as_mut().reset(at);
+                    COUNTS.with(|c| c.set((c.get().0, c.get().1 + 1)));
                     self.armed = Some(at);
                 }
                 match self.sleep.as_mut().poll(cx) {
