@@ -1177,6 +1177,110 @@ async fn a_request_that_comes_back_to_the_proxy_gets_508() -> anyhow::Result<()>
     Ok(())
 }
 
+/// An upstream response with neither Content-Length nor Transfer-Encoding, its body ended by
+/// the upstream closing (RFC 9112 §6.3), reaches the client whole: 70,003 bytes written in
+/// pieces, more than the proxy's buffers hold. The native engine relays it as it comes and
+/// closes the connection after it (no length to give); hyper re-frames it as chunked.
+#[tokio::test]
+async fn an_upstream_response_delimited_by_its_close_reaches_the_client_whole() -> anyhow::Result<()>
+{
+    let body: Vec<u8> = (0..70_000u32)
+        .map(|i| b'a' + (i % 26) as u8)
+        .chain(b"end".iter().copied())
+        .collect();
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = upstream.local_addr()?;
+    let sent = body.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = upstream.accept().await {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                if !read_a_request_head(&mut c).await {
+                    return;
+                }
+                if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                for piece in sent.chunks(10_000) {
+                    if c.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    let all = one_request_through_a_proxy_to(addr, "until-close").await?;
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no response head in {} bytes", all.len()))?;
+    let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    let got = if head.contains("transfer-encoding: chunked") {
+        dechunk(&all[end + 4..])?
+    } else {
+        all[end + 4..].to_vec()
+    };
+    assert_eq!(got.len(), body.len(), "{head}");
+    assert!(got == body, "the body arrived changed");
+    Ok(())
+}
+
+/// What a client reads for `GET /` (`Connection: close`) through a new proxy (named after
+/// `tag`) whose one route goes to `addr`.
+async fn one_request_through_a_proxy_to(addr: SocketAddr, tag: &str) -> anyhow::Result<Vec<u8>> {
+    let (state, logs) = dirs(tag);
+    let cp = FakeControlPlane::start(None).await?;
+    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[addr])]);
+    cp.push(s.clone());
+    let name = format!("proxy-{tag}");
+    let p = ProxyProc::start(&name, &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
+    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut all = Vec::new();
+    tokio::time::timeout(T, c.read_to_end(&mut all)).await??;
+    Ok(all)
+}
+
+/// Reads `c` until a request head's end has arrived: false if it closes or fails first.
+async fn read_a_request_head(c: &mut tokio::net::TcpStream) -> bool {
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
+/// The data of a whole chunked body (no extensions, no trailers).
+fn dechunk(mut rest: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    loop {
+        let line = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| anyhow::anyhow!("a chunk size line never ended"))?;
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line])?.trim(), 16)?;
+        rest = &rest[line + 2..];
+        if size == 0 {
+            return Ok(data);
+        }
+        anyhow::ensure!(rest.len() >= size + 2, "a chunk cut short");
+        data.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
+
 /// An upstream response with both Transfer-Encoding and Content-Length reaches the client
 /// without the Content-Length (RFC 9112 §6.1), and its chunked body whole.
 #[tokio::test]
@@ -1186,13 +1290,8 @@ async fn an_upstream_response_with_both_lengths_loses_its_content_length() -> an
     tokio::spawn(async move {
         while let Ok((mut c, _)) = upstream.accept().await {
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+                if !read_a_request_head(&mut c).await {
+                    return;
                 }
                 let _ = c
                     .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\nx-holdfast-loop: 0123456789abcdef\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
@@ -1200,17 +1299,7 @@ async fn an_upstream_response_with_both_lengths_loses_its_content_length() -> an
             });
         }
     });
-    let (state, logs) = dirs("te-and-cl");
-    let cp = FakeControlPlane::start(None).await?;
-    let s = snapshot(1, &[("a.test", "/", "web")], &[("web", &[addr])]);
-    cp.push(s.clone());
-    let p = ProxyProc::start("proxy-te-and-cl", &[cp.url()], state.path(), &logs, &[])?;
-    wait_version(&p, &s.version).await?;
-    let mut c = tokio::net::TcpStream::connect(p.addr).await?;
-    c.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut all = Vec::new();
-    tokio::time::timeout(T, c.read_to_end(&mut all)).await??;
+    let all = one_request_through_a_proxy_to(addr, "te-and-cl").await?;
     let text = String::from_utf8_lossy(&all).to_ascii_lowercase();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     assert!(head.starts_with("http/1.1 200"), "{head}");
