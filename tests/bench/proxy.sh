@@ -311,17 +311,22 @@ if [[ -n $LAT_ROUNDS ]]; then
   # `direct`: the load sent to the upstream itself, no proxy between: the harness's own tail.
   lat_names=(holdfast nginx haproxy direct) lat_ports=("$HF" "$NG" "$HP" "$UP")
   lat_pids=("$hf_pid" "$ng_pid" "$hp_pid" "$up_pid")
+  # run_delay PID: nanoseconds its threads have spent runnable but waiting for a CPU
+  # (/proc/PID/task/*/schedstat, second field): the scheduling part of the tail.
+  run_delay() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{t += $2} END {printf "%d", t}'; }
   : >"$work/tail"
   for ((round = 0; round < LAT_ROUNDS; round++)); do
     for rate in "${rates[@]}"; do
       for k in 0 1 2 3; do
         i=$(((round + k) % 4))
+        waited=$(run_delay "${lat_pids[i]}")
         line=$(oha_run "${lat_names[i]}" "${lat_ports[i]}" "${lat_pids[i]}" "$rate")
-        echo "$rate ${lat_names[i]} $line" >>"$work/tail"
+        waited=$(($(run_delay "${lat_pids[i]}") - waited))
+        echo "$rate ${lat_names[i]} $line|$waited" >>"$work/tail"
       done
     done
   done
-  python3 - "$work/tail" "$nginx_version" "$haproxy_version" <<'PY'
+  python3 - "$work/tail" "$nginx_version" "$haproxy_version" "$DURATION" <<'PY'
 import statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
@@ -330,22 +335,23 @@ for line in open(sys.argv[1]):
     ms = lambda v: float(v.rstrip("ms")) if v.endswith("ms") else None
     if ms(f[2]) is None:
         sys.exit(f"a run at {rate} rps through {name} gave no p99: {fields}")
-    runs.setdefault((int(rate), name), []).append((float(f[0]), ms(f[2]), ms(f[3])))
+    runs.setdefault((int(rate), name), []).append((float(f[0]), ms(f[2]), ms(f[3]), int(f[-1])))
 label = {"holdfast": "holdfast-proxy", "nginx": f"nginx {sys.argv[2]}", "haproxy": f"HAProxy {sys.argv[3]}",
          "direct": "no proxy (to the upstream itself)"}
-print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99 of each round | p99.9 median | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| rate | proxy | rounds | achieved rps (median) | p99 median | p99 lowest | p99 highest | p99 of each round | p99.9 median | run-queue wait per request (median) | holdfast/nginx p99 (medians) | holdfast/HAProxy p99 (medians) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for rate in sorted({r for r, _ in runs}):
-    med = {n: statistics.median(p99 for _, p99, _ in runs[(rate, n)]) for n in label}
+    med = {n: statistics.median(p99 for _, p99, _, _ in runs[(rate, n)]) for n in label}
     for n in label:
         rs = runs[(rate, n)]
-        p99s = [p for _, p, _ in rs]
-        p999 = [p for _, _, p in rs if p is not None]
+        p99s = [p for _, p, _, _ in rs]
+        p999 = [p for _, _, p, _ in rs if p is not None]
+        wait = statistics.median(w / (r * float(sys.argv[4])) for r, _, _, w in rs)
         ratios = f"{med['holdfast'] / med['nginx']:.2f} | {med['holdfast'] / med['haproxy']:.2f}" if n == "holdfast" else " | "
         tail = f"{statistics.median(p999):.2f}ms" if p999 else "—"
-        rps = statistics.median(r for r, _, _ in rs)
+        rps = statistics.median(r for r, _, _, _ in rs)
         each = ", ".join(f"{p:.2f}" for p in p99s)
-        print(f"| {rate} | {label[n]} | {len(rs)} | {rps:.0f} | {med[n]:.2f}ms | {min(p99s):.2f}ms | {max(p99s):.2f}ms | {each} | {tail} | {ratios} |")
+        print(f"| {rate} | {label[n]} | {len(rs)} | {rps:.0f} | {med[n]:.2f}ms | {min(p99s):.2f}ms | {max(p99s):.2f}ms | {each} | {tail} | {wait:.0f} ns | {ratios} |")
 PY
 fi
 
