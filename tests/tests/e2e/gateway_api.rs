@@ -1464,13 +1464,25 @@ fn class_and_gateway(ns: &str, more: serde_json::Value) -> serde_json::Value {
 /// `n` consecutive ports free on 127.0.0.1 now (each bound once, then released): the
 /// container ports a test lets the control plane give Gateways.
 fn free_port_block(n: u16) -> anyhow::Result<u16> {
-    for _ in 0..50 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        if first.checked_add(n).is_none() {
-            continue;
-        }
+    // Below the kernel's ephemeral range, so that no port-0 listener and no outgoing
+    // connection of a test running beside this one can take a port of the block between
+    // this check and the proxy's bind (that raced once: the Gateway never Programmed).
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+    let ephemeral_low: u16 = range
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("the ephemeral port range's low end")?;
+    let (low, high) = (10_000u16, ephemeral_low.saturating_sub(n));
+    anyhow::ensure!(low < high, "no room below the ephemeral range {range:?}");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos()
+        ^ std::process::id();
+    let span = u32::from(high - low);
+    for i in 0..50u32 {
+        let offset = seed.wrapping_add(i.wrapping_mul(7_919)) % span;
+        let first = low + u16::try_from(offset)?;
         let held: Vec<_> = (first..first + n)
             .map_while(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
             .collect();
@@ -1478,7 +1490,7 @@ fn free_port_block(n: u16) -> anyhow::Result<u16> {
             return Ok(first);
         }
     }
-    anyhow::bail!("no {n} consecutive free ports on 127.0.0.1")
+    anyhow::bail!("no {n} consecutive free ports on 127.0.0.1 below {ephemeral_low}")
 }
 
 /// In a cluster (`--gateway-service-namespace`): a Gateway gets a Service in the proxies'
