@@ -89,10 +89,11 @@ cargo test --workspace --all-targets --locked "$@"
 phase "data-plane tests on the hyper engine"
 # The end-to-end tests that serve HTTP through the proxy again with hyper serving HTTP/1.1
 # (--h1-engine=hyper, kept for one release), so both engines pass them: the data plane,
-# HTTPS, h2spec, the Gateway API tests and the conformance suite. The admin test checks
-# which engine the proxy reports serving.
+# HTTPS, h2spec, the Gateway API tests and filters, and the conformance suite. The admin
+# test checks which engine the proxy reports serving.
 HOLDFAST_H1_ENGINE=hyper cargo test -p holdfast-tests --test e2e --locked -- \
-  data_plane:: data_plane_e2e:: https:: https_e2e:: h2spec:: gateway_api:: conformance::
+  data_plane:: data_plane_e2e:: https:: https_e2e:: h2spec:: gateway_api:: gateway_filters:: \
+  conformance::
 phase "AFL++ fuzzing"
 # Coverage-guided fuzzing (AFL++ through the pinned cargo-afl) of the framing tracker, the
 # native engine's HTTP/1.1 parse, the two HTTP/1.1 engines against each other, the path

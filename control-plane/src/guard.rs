@@ -513,7 +513,9 @@ fn keep_held_gateway_route(
         (
             r.match_kind != holdfast_proto::v1::MatchKind::Exact as i32,
             std::cmp::Reverse(r.path.len()),
+            r.method.is_empty(),
             std::cmp::Reverse(r.headers.len()),
+            std::cmp::Reverse(r.query_params.len()),
         )
     };
     let at = routes.partition_point(|r| class(r) <= class(route));

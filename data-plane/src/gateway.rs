@@ -20,15 +20,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use holdfast_http::headers::HeaderChanges;
-use holdfast_http::headers::HeaderLookup;
 use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
 use http::{HeaderName, HeaderValue};
 
 use crate::metrics::RouteCounters;
 use crate::table::{Backend, CompileError, Label, Route, TlsCertificate};
 
+use crate::matching::{Asked, Conditions, Hosts, Paths, Selection};
 pub use crate::matching::{Entry, PathRule};
-use crate::matching::{Hosts, Paths, Selection};
 
 /// The backend to use for the `n`-th request, by weight: over every `sum` consecutive
 /// requests each backend gets exactly its `weight`, in a spread order (request `n` takes
@@ -66,6 +65,49 @@ pub struct Redirect {
     pub port: Option<u16>,
     /// 301, 302, 303, 307 or 308.
     pub status: u16,
+    /// The path (None: the request's).
+    pub path: Option<PathModifier>,
+}
+
+/// A path replacement (`URLRewrite` and `RequestRedirect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathModifier {
+    /// True: `value` replaces the whole path; false: the prefix the entry matched.
+    pub full: bool,
+    /// The replacement (starts with `/`).
+    pub value: String,
+}
+
+impl PathModifier {
+    /// The path that replaces `path` (normalised), which the entry `matched` matched. A
+    /// prefix is replaced element-wise: what follows the matched prefix is kept (the
+    /// replacement's trailing `/` dropped first), and an empty result is `/`. An `Exact`
+    /// rule's prefix is the whole path.
+    pub fn apply(&self, matched: &PathRule, path: &str) -> String {
+        if self.full {
+            return self.value.clone();
+        }
+        let rest = match matched {
+            PathRule::Exact(_) => "",
+            PathRule::Prefix(p) => path.get(p.trim_end_matches('/').len()..).unwrap_or(""),
+        };
+        let mut out = String::with_capacity(self.value.len() + rest.len());
+        out.push_str(self.value.trim_end_matches('/'));
+        out.push_str(rest);
+        if !out.starts_with('/') {
+            out.insert(0, '/');
+        }
+        out
+    }
+}
+
+/// A `URLRewrite`: the host and path the backend is sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rewrite {
+    /// The host (None: the request's).
+    pub hostname: Option<String>,
+    /// The path (None: the request's).
+    pub path: Option<PathModifier>,
 }
 
 impl Redirect {
@@ -100,7 +142,8 @@ pub enum Target {
 /// What a matched entry does.
 #[derive(Debug)]
 pub enum Action {
-    /// Forward to one of `targets` by `weights`, after changing the request's headers.
+    /// Forward to one of `targets` by `weights`, after changing the request's headers
+    /// (and host and path, for a rewrite); the response's headers are changed too.
     Forward {
         /// Relative weights, one per target.
         weights: Vec<u32>,
@@ -108,6 +151,10 @@ pub enum Action {
         targets: Vec<Target>,
         /// Request header changes.
         headers: HeaderChanges,
+        /// Response header changes.
+        response: HeaderChanges,
+        /// The host and path sent upstream (None: the request's).
+        rewrite: Option<Box<Rewrite>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -162,6 +209,25 @@ fn header_pair(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
         HeaderName::from_bytes(name.as_bytes()).ok()?,
         HeaderValue::from_str(value).ok()?,
     ))
+}
+
+/// A snapshot's header modifier compiled (None: a name or value that is not one).
+fn header_changes(m: Option<&holdfast_proto::v1::HeaderModifier>) -> Option<HeaderChanges> {
+    let mut out = HeaderChanges::default();
+    let Some(m) = m else { return Some(out) };
+    let pairs = |list: &[holdfast_proto::v1::HeaderMatch]| {
+        list.iter()
+            .map(|p| header_pair(&p.name, &p.value))
+            .collect::<Option<Vec<_>>>()
+    };
+    out.set = pairs(&m.set)?;
+    out.add = pairs(&m.add)?;
+    out.remove = m
+        .remove
+        .iter()
+        .map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect::<Option<Vec<_>>>()?;
+    Some(out)
 }
 
 impl Listener {
@@ -230,6 +296,25 @@ impl Listener {
                     .iter()
                     .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
                     .collect::<Result<Vec<_>, _>>()?;
+                let more = (!r.method.is_empty() || !r.query_params.is_empty()).then(|| {
+                    Box::new(Conditions {
+                        method: Some(r.method.clone()).filter(|m| !m.is_empty()),
+                        query: r
+                            .query_params
+                            .iter()
+                            .map(|q| (q.name.clone(), q.value.clone()))
+                            .collect(),
+                    })
+                });
+                let path_of = |m: &holdfast_proto::v1::PathModifier| {
+                    m.value
+                        .starts_with('/')
+                        .then(|| PathModifier {
+                            full: m.full,
+                            value: m.value.clone(),
+                        })
+                        .ok_or_else(|| bad("path modifier"))
+                };
                 let label: Arc<str> = format!("{} {}{}", l.name, h.host, r.path).into();
                 let route_path: Arc<str> = r.path.as_str().into();
                 let action = match &r.redirect {
@@ -238,6 +323,7 @@ impl Listener {
                         hostname: Some(d.hostname.clone()).filter(|s| !s.is_empty()),
                         port: u16::try_from(d.port).ok().filter(|p| *p != 0),
                         status: u16::try_from(d.status_code).unwrap_or(302),
+                        path: d.path.as_ref().map(path_of).transpose()?,
                     }),
                     None => {
                         let mut weights = Vec::with_capacity(r.backends.len());
@@ -262,37 +348,29 @@ impl Listener {
                                 }))
                             });
                         }
-                        let mut headers = HeaderChanges::default();
-                        if let Some(m) = &r.request_headers {
-                            let pairs = |list: &[holdfast_proto::v1::HeaderMatch]| {
-                                list.iter()
-                                    .map(|p| {
-                                        header_pair(&p.name, &p.value)
-                                            .ok_or_else(|| bad("header change"))
-                                    })
-                                    .collect::<Result<Vec<_>, _>>()
-                            };
-                            headers.set = pairs(&m.set)?;
-                            headers.add = pairs(&m.add)?;
-                            headers.remove = m
-                                .remove
-                                .iter()
-                                .map(|n| {
-                                    HeaderName::from_bytes(n.as_bytes())
-                                        .map_err(|_| bad("header change"))
-                                })
-                                .collect::<Result<Vec<_>, _>>()?;
-                        }
+                        let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
+                            header_changes(m.as_ref()).ok_or_else(|| bad("header change"))
+                        };
+                        let rewrite = match &r.rewrite {
+                            None => None,
+                            Some(w) => Some(Box::new(Rewrite {
+                                hostname: Some(w.hostname.clone()).filter(|h| !h.is_empty()),
+                                path: w.path.as_ref().map(path_of).transpose()?,
+                            })),
+                        };
                         Action::Forward {
                             weights,
                             targets,
-                            headers,
+                            headers: changes(&r.request_headers)?,
+                            response: changes(&r.response_headers)?,
+                            rewrite,
                         }
                     }
                 };
                 list.push(Entry {
                     path: rule,
                     headers,
+                    more,
                     action: Arc::new(Matched {
                         action,
                         requests: AtomicU64::new(0),
@@ -328,18 +406,14 @@ impl Listener {
         })
     }
 
-    /// The entry for a request to `host` (normalised) at `path` (normalised) with
-    /// `headers`.
+    /// The entry for `request` to `host` (normalised) at `path` (normalised).
     pub fn lookup(
         &self,
         host: &str,
         path: &str,
-        headers: &dyn HeaderLookup,
-    ) -> Option<&Arc<Matched>> {
-        self.table
-            .lookup(host, path, Some(headers))
-            .ok()
-            .map(|e| &e.action)
+        request: &Asked<'_>,
+    ) -> Option<&Entry<Arc<Matched>>> {
+        self.table.lookup(host, path, Some(request)).ok()
     }
 
     /// The certificate for a TLS client that sent `sni` (lower case): that of the listener
@@ -450,12 +524,48 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_replacement_keeps_what_follows_the_matched_prefix_element_wise() {
+        let prefix = |value: &str| PathModifier {
+            full: false,
+            value: value.into(),
+        };
+        let at = |rule: &str, value: &str, path: &str| {
+            prefix(value).apply(&PathRule::Prefix(rule.into()), path)
+        };
+        // The Gateway API's table (HTTPPathModifier.replacePrefixMatch); a snapshot's
+        // prefixes have no trailing `/`.
+        assert_eq!(at("/foo", "/xyz", "/foo/bar"), "/xyz/bar");
+        assert_eq!(at("/foo", "/xyz/", "/foo/bar"), "/xyz/bar");
+        assert_eq!(at("/foo", "/xyz", "/foo"), "/xyz");
+        assert_eq!(at("/foo", "/xyz", "/foo/"), "/xyz/");
+        assert_eq!(at("/foo", "/", "/foo/bar"), "/bar");
+        assert_eq!(at("/foo", "/", "/foo/"), "/");
+        assert_eq!(at("/foo", "/", "/foo"), "/");
+        assert_eq!(at("/", "/api", "/x/y"), "/api/x/y");
+        assert_eq!(at("/", "/", "/"), "/");
+        assert_eq!(
+            prefix("/new").apply(&PathRule::Exact("/old".into()), "/old"),
+            "/new",
+            "an exact match's prefix is the whole path"
+        );
+        let full = PathModifier {
+            full: true,
+            value: "/one".into(),
+        };
+        assert_eq!(
+            full.apply(&PathRule::Prefix("/full".into()), "/full/x/y"),
+            "/one"
+        );
+    }
+
+    #[test]
     fn redirect_locations_change_only_what_they_name() {
         let r = |scheme: Option<&str>, hostname: Option<&str>, port: Option<u16>| Redirect {
             scheme: scheme.map(Into::into),
             hostname: hostname.map(Into::into),
             port,
             status: 302,
+            path: None,
         };
         assert_eq!(
             r(None, Some("example.org"), None).location("http", "a.test", 80, "/p?q=1"),

@@ -34,15 +34,59 @@ pub enum PathRule {
     Prefix(String),
 }
 
-/// One route entry: its path rule, its header matches and what it does.
+/// One route entry: its path rule, its header matches, any other conditions and what it
+/// does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry<A> {
     /// Path.
     pub path: PathRule,
     /// Header matches (all must hold).
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// A Gateway match's method and query parameter conditions (None: there are none;
+    /// boxed, as most entries have none).
+    pub more: Option<Box<Conditions>>,
     /// What a match does.
     pub action: A,
+}
+
+/// A Gateway match's conditions besides path and headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Conditions {
+    /// The method (upper case; None: any).
+    pub method: Option<String>,
+    /// Query parameters: the first parameter of each name (case-sensitive) must have
+    /// exactly the value, compared as sent.
+    pub query: Vec<(String, String)>,
+}
+
+impl Conditions {
+    /// Whether `request` meets every condition.
+    pub fn hold(&self, request: &Asked<'_>) -> bool {
+        self.method.as_deref().is_none_or(|m| m == request.method)
+            && self
+                .query
+                .iter()
+                .all(|(name, value)| first_parameter(request.query, name) == Some(value.as_str()))
+    }
+}
+
+/// The value of the first parameter named `name` in `query` (`a=1&b&c=3`: `b` has the
+/// value "").
+pub fn first_parameter<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?.split('&').find_map(|pair| {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (n == name).then_some(v)
+    })
+}
+
+/// What the lookup reads of a request besides its host and path.
+pub struct Asked<'a> {
+    /// The method, as sent.
+    pub method: &'a str,
+    /// The query, without its `?`.
+    pub query: Option<&'a str>,
+    /// The headers.
+    pub headers: &'a dyn HeaderLookup,
 }
 
 /// One hostname's entries, indexed by path once there are more than [`SCANNED`].
@@ -102,16 +146,17 @@ impl<A> Paths<A> {
 
     /// The first entry whose rule is `Exact(path)` (`exact`) or `Prefix(path)` and whose
     /// header matches hold.
-    fn first(
-        &self,
-        exact: bool,
-        path: &str,
-        headers: Option<&dyn HeaderLookup>,
-    ) -> Option<&Entry<A>> {
+    fn first(&self, exact: bool, path: &str, request: Option<&Asked<'_>>) -> Option<&Entry<A>> {
         let holds = |e: &&Entry<A>| {
             e.headers.iter().all(|(n, v)| {
-                headers.is_some_and(|h| h.any_value(n.as_str(), &mut |have| have == v.as_bytes()))
-            })
+                request.is_some_and(|r| {
+                    r.headers
+                        .any_value(n.as_str(), &mut |have| have == v.as_bytes())
+                })
+            }) && e
+                .more
+                .as_ref()
+                .is_none_or(|c| request.is_some_and(|r| c.hold(r)))
         };
         match &self.index {
             Some(index) => {
@@ -139,9 +184,9 @@ impl<A> Paths<A> {
         }
     }
 
-    /// The entry for a request at `path` (normalised) with `headers` (None: an entry with
-    /// header matches never matches), if any.
-    pub fn lookup(&self, path: &str, headers: Option<&dyn HeaderLookup>) -> Option<&Entry<A>> {
+    /// The entry for a request at `path` (normalised) that is `request` (None: an entry
+    /// with header or other conditions never matches), if any.
+    pub fn lookup(&self, path: &str, headers: Option<&Asked<'_>>) -> Option<&Entry<A>> {
         if let Some(e) = self.first(true, path, headers) {
             return Some(e);
         }
@@ -350,14 +395,14 @@ impl<V: Clone> Hosts<V> {
 
 impl<V: HostEntry + Clone> Hosts<V> {
     /// The route for a request to `host` (normalised: lower case, no port) at `path`
-    /// (normalised) with `headers` (None: an entry with header matches never matches):
+    /// (normalised) that is `headers` (None: an entry with conditions never matches):
     /// the one lookup of both APIs. Ingress: the entry [`select`](Hosts::select) gives,
     /// final. Gateway API: the first level, in that order, whose paths match.
     pub fn lookup<'s, 'h>(
         &'s self,
         host: &'h str,
         path: &str,
-        headers: Option<&dyn HeaderLookup>,
+        headers: Option<&Asked<'_>>,
     ) -> Result<&'s Entry<V::Action>, HostMiss<'h>> {
         if self.selection == Selection::Ingress {
             let (level, entry) = self.select(host).ok_or(HostMiss::NoHost)?;
@@ -394,6 +439,7 @@ pub(crate) mod tests {
     ) -> Entry<&'static str> {
         Entry {
             path,
+            more: None,
             headers: headers
                 .iter()
                 .map(|(n, v)| {
@@ -409,6 +455,15 @@ pub(crate) mod tests {
 
     pub(crate) fn p(s: &str) -> PathRule {
         PathRule::Prefix(s.into())
+    }
+
+    /// A GET without a query with these headers.
+    pub(crate) fn get(h: &HeaderMap) -> Asked<'_> {
+        Asked {
+            method: "GET",
+            query: None,
+            headers: h,
+        }
     }
 
     pub(crate) fn headers(h: &[(&str, &str)]) -> HeaderMap {
@@ -431,8 +486,9 @@ pub(crate) mod tests {
             e(p("/a/b"), &[], "ab"),
             e(p("/a"), &[], "a"),
         ]);
-        let at =
-            |path: &str, h: &[(&str, &str)]| t.lookup(path, Some(&headers(h))).map(|e| e.action);
+        let at = |path: &str, h: &[(&str, &str)]| {
+            t.lookup(path, Some(&get(&headers(h)))).map(|e| e.action)
+        };
         assert_eq!(at("/a", &[]), Some("exact"));
         assert_eq!(at("/a/", &[]), Some("a"), "exact is the whole path");
         assert_eq!(
@@ -454,6 +510,57 @@ pub(crate) mod tests {
         );
         // Without request headers (how Ingress looks up), header matches never hold.
         assert_eq!(t.lookup("/a/b/c", None).map(|e| e.action), Some("ab"));
+    }
+
+    #[test]
+    fn a_method_and_the_first_query_parameter_of_each_name_must_match() {
+        let mut by_method = e(p("/"), &[], "patch");
+        by_method.more = Some(Box::new(Conditions {
+            method: Some("PATCH".into()),
+            query: vec![],
+        }));
+        let mut by_query = e(p("/"), &[("v", "1")], "query");
+        by_query.more = Some(Box::new(Conditions {
+            method: None,
+            query: vec![
+                ("animal".into(), "whale".into()),
+                ("Color".into(), "".into()),
+            ],
+        }));
+        let t = Paths::new(vec![by_method, by_query, e(p("/"), &[], "any")]);
+        let h = headers(&[("v", "1")]);
+        let at = |method: &str, query: Option<&str>| {
+            let asked = Asked {
+                method,
+                query,
+                headers: &h,
+            };
+            t.lookup("/x", Some(&asked)).map(|e| e.action)
+        };
+        assert_eq!(at("PATCH", None), Some("patch"));
+        assert_eq!(at("patch", None), Some("any"), "methods are case-sensitive");
+        assert_eq!(at("GET", Some("animal=whale&Color=")), Some("query"));
+        assert_eq!(at("GET", Some("x=1&animal=whale&Color")), Some("query"));
+        assert_eq!(
+            at("GET", Some("animal=dolphin&animal=whale&Color=")),
+            Some("any"),
+            "the first parameter of a name is the one compared"
+        );
+        assert_eq!(
+            at("GET", Some("ANIMAL=whale&Color=")),
+            Some("any"),
+            "names are case-sensitive"
+        );
+        assert_eq!(at("GET", Some("animal=whaley&Color=")), Some("any"));
+        assert_eq!(at("GET", Some("animal=whale")), Some("any"));
+        assert_eq!(
+            t.lookup("/x", None).map(|e| e.action),
+            Some("any"),
+            "without the request, conditions never hold"
+        );
+        assert_eq!(first_parameter(Some("a=1&b&c=3"), "b"), Some(""));
+        assert_eq!(first_parameter(Some("a=1=2"), "a"), Some("1=2"));
+        assert_eq!(first_parameter(None, "a"), None);
     }
 
     proptest::proptest! {
@@ -492,7 +599,7 @@ pub(crate) mod tests {
             let indexed = Paths::build(entries, true);
             proptest::prop_assert!(scanned.index.is_none() && indexed.index.is_some());
             let found = |t: &Paths<&'static str>| {
-                t.lookup(PATHS[path], Some(&request)).map(|e| e.action)
+                t.lookup(PATHS[path], Some(&get(&request))).map(|e| e.action)
             };
             proptest::prop_assert_eq!(found(&scanned), found(&indexed));
         }
@@ -536,7 +643,8 @@ pub(crate) mod tests {
     fn gateway_hostnames_fall_through_exact_then_longest_wildcard_then_any() {
         let t = both(Selection::Gateway);
         let h = HeaderMap::new();
-        let at = |host: &str, path: &str| t.lookup(host, path, Some(&h)).ok().map(|e| e.action);
+        let at =
+            |host: &str, path: &str| t.lookup(host, path, Some(&get(&h))).ok().map(|e| e.action);
         assert_eq!(at("a.example.com", "/only-exact"), Some("exact"));
         assert_eq!(
             at("a.example.com", "/w"),
@@ -558,12 +666,12 @@ pub(crate) mod tests {
         let mut none = Hosts::new(Selection::Gateway);
         none.insert("a.example.com", Paths::new(vec![e(p("/x"), &[], "x")]));
         assert_eq!(
-            none.lookup("a.example.com", "/y", Some(&h))
+            none.lookup("a.example.com", "/y", Some(&get(&h)))
                 .map(|e| e.action),
             Err(HostMiss::NoPath(Level::Exact("a.example.com")))
         );
         assert_eq!(
-            none.lookup("b.example.com", "/x", Some(&h))
+            none.lookup("b.example.com", "/x", Some(&get(&h)))
                 .map(|e| e.action),
             Err(HostMiss::NoHost)
         );

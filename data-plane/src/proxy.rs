@@ -366,6 +366,10 @@ pub struct Forwarding<'t> {
     pub forward_path: Option<PathAndQuery>,
     /// A Gateway rule's request header changes.
     pub header_changes: Option<&'t crate::gateway::HeaderChanges>,
+    /// A Gateway rule's rewritten host: the backend's Host instead of `raw_host`.
+    pub upstream_host: Option<HeaderValue>,
+    /// A Gateway rule's response header changes.
+    pub response_changes: Option<&'t crate::gateway::HeaderChanges>,
 }
 
 impl<'t> Forwarding<'t> {
@@ -376,6 +380,11 @@ impl<'t> Forwarding<'t> {
             raw_host: HeaderValue::from_str(routed.raw_host).ok()?,
             forward_path: routed.forward_path,
             header_changes: routed.header_changes,
+            upstream_host: match routed.upstream_host {
+                Some(h) => Some(HeaderValue::from_str(h).ok()?),
+                None => None,
+            },
+            response_changes: routed.response_changes,
         })
     }
 }
@@ -697,7 +706,10 @@ impl Forwarder {
                 .any(|net| net.contains(&client.ip())),
         };
         add_forwarded(&mut parts.headers, hop);
-        parts.headers.insert(header::HOST, routed.raw_host);
+        parts.headers.insert(
+            header::HOST,
+            routed.upstream_host.unwrap_or(routed.raw_host),
+        );
         parts
             .headers
             .append(LOOP_HEADER, self.settings.loop_token.clone());
@@ -749,6 +761,7 @@ impl Forwarder {
             None => headers.get(header::HOST).and_then(|h| h.to_str().ok()),
         };
         let view = RequestView {
+            method: method.as_str(),
             host,
             path: uri.path(),
             query: uri.query(),
@@ -828,6 +841,7 @@ impl Forwarder {
             (hyper::upgrade::on(&mut req), slot)
         });
         let (mut parts, body) = req.into_parts();
+        let response_changes = routed.response_changes;
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
         let slot = Arc::new(self.body_slot(body).map_err(Failure::DeclaredTooLarge)?);
 
@@ -869,7 +883,11 @@ impl Forwarder {
                         .upstream_latency
                         .observe(sent.elapsed().as_secs_f64());
                     let client_upgrade = client_upgrade.take();
-                    return Ok(self.relay(resp, up, upgrade, client_upgrade, slot_permit));
+                    let mut answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
+                    if let Some(changes) = response_changes {
+                        changes.apply_to_response(answer.headers_mut(), LOOP_HEADER);
+                    }
+                    return Ok(answer);
                 }
                 Err(Failed::Timeout) => {
                     failure = Failure::Timeout(self.settings.response_timeout);
@@ -1195,7 +1213,7 @@ mod gateway_tests {
     use holdfast_proto::snapshot::{gateway_host_name, listener_name, seal};
     use holdfast_proto::v1::{
         Backend, Endpoint, GatewayHost, GatewayListener, GatewayRoute, HeaderMatch, HeaderModifier,
-        MatchKind, RequestRedirect, Snapshot, WeightedBackend,
+        MatchKind, PathModifier, RequestRedirect, Snapshot, UrlRewrite, WeightedBackend,
     };
 
     use super::*;
@@ -1263,6 +1281,7 @@ mod gateway_tests {
             hostname: "elsewhere.test".into(),
             port: 0,
             status_code: 301,
+            path: None,
         });
         let broken = forward(
             "/broken",
@@ -1303,6 +1322,43 @@ mod gateway_tests {
                         let mut by_header = forward("/hdr", vec![to("ns/b:80", 1)]);
                         by_header.headers = vec![pair("x-v", "2")];
                         by_header
+                    },
+                    {
+                        let mut rewritten = forward("/rw", vec![to("ns/b:80", 1)]);
+                        rewritten.rewrite = Some(UrlRewrite {
+                            hostname: "up.test".into(),
+                            path: Some(PathModifier {
+                                full: false,
+                                value: "/v2".into(),
+                            }),
+                        });
+                        rewritten.response_headers = Some(HeaderModifier {
+                            set: vec![pair("x-resp", "r")],
+                            ..Default::default()
+                        });
+                        rewritten
+                    },
+                    {
+                        let mut moved_path = forward("/old", vec![]);
+                        moved_path.redirect = Some(RequestRedirect {
+                            status_code: 302,
+                            path: Some(PathModifier {
+                                full: false,
+                                value: "/new".into(),
+                            }),
+                            ..Default::default()
+                        });
+                        moved_path
+                    },
+                    {
+                        let mut by_method = forward("/", vec![to("ns/b:80", 1)]);
+                        by_method.method = "PATCH".into();
+                        by_method
+                    },
+                    {
+                        let mut by_query = forward("/", vec![to("ns/b:80", 1)]);
+                        by_query.query_params = vec![pair("k", "v")];
+                        by_query
                     },
                     forward("/", vec![to("ns/a:80", 1), to("ns/b:80", 0)]),
                 ],
@@ -1402,6 +1458,56 @@ mod gateway_tests {
         assert!(!parts.headers.contains_key("x-gone"));
     }
 
+    /// A rule's method and query matches, its URL rewrite (host and path prefix, the
+    /// query kept), its response header changes and a redirect's path prefix.
+    #[test]
+    fn a_rules_matches_rewrite_and_redirect_path_decide_as_written() {
+        let (f, t) = (forwarder(), table());
+        let h = head("/").1;
+        let decide = |method: &str, path: &str, query: Option<&str>| {
+            let view = RequestView {
+                method,
+                host: Some("gw.test"),
+                path,
+                query,
+                headers: &h,
+            };
+            match f.route(&view, &on_gateway(), Some(&t)) {
+                Decision::Forward(r) => format!(
+                    "{} {} {:?} {}",
+                    r.route.backend.name,
+                    r.upstream_host.unwrap_or(r.raw_host),
+                    r.forward_path.as_ref().map(PathAndQuery::as_str),
+                    r.response_changes.is_some()
+                ),
+                Decision::Redirect { status, location } => format!("{status} {location}"),
+                Decision::Refuse { reason, .. } => format!("{reason:?}"),
+            }
+        };
+        assert_eq!(decide("GET", "/x", None), "ns/a:80 gw.test None false");
+        assert_eq!(decide("PATCH", "/x", None), "ns/b:80 gw.test None false");
+        assert_eq!(
+            decide("GET", "/x", Some("k=v")),
+            "ns/b:80 gw.test None false"
+        );
+        assert_eq!(
+            decide("GET", "/x", Some("k=w&k=v")),
+            "ns/a:80 gw.test None false"
+        );
+        assert_eq!(
+            decide("GET", "/rw/a/b", Some("q=1")),
+            "ns/b:80 up.test Some(\"/v2/a/b?q=1\") true"
+        );
+        assert_eq!(
+            decide("GET", "/rw", None),
+            "ns/b:80 up.test Some(\"/v2\") true"
+        );
+        assert_eq!(
+            decide("GET", "/old/page", Some("q=1")),
+            "302 http://gw.test/new/page?q=1"
+        );
+    }
+
     /// Routing reads a request the same way from hyper's head and from the native
     /// engine's parse in place: the same decision for each path, header and host.
     #[test]
@@ -1451,6 +1557,7 @@ mod gateway_tests {
             head.parse(buf, len, limits).expect("a valid head");
             let text = |s: holdfast_http::h1::Span| std::str::from_utf8(s.of(buf)).ok();
             let native = RequestView {
+                method: text(head.method).unwrap_or_default(),
                 host: head.routing_host().and_then(text),
                 path: text(head.path).unwrap_or_default(),
                 query: head.query.and_then(text),
@@ -1467,6 +1574,7 @@ mod gateway_tests {
                 );
             }
             let hyper = RequestView {
+                method: "GET",
                 host: match uri.authority() {
                     Some(a) => Some(a.as_str()),
                     None => h.get(header::HOST).and_then(|v| v.to_str().ok()),

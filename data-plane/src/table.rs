@@ -761,6 +761,7 @@ impl RouteTable {
                     _ => PathRule::Prefix(r.path.clone()),
                 },
                 headers: Vec::new(),
+                more: None,
                 action: Arc::new(Route {
                     host: host.clone(),
                     kind,

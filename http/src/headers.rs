@@ -58,6 +58,29 @@ impl HeaderChanges {
     }
 }
 
+impl HeaderChanges {
+    /// Applies the changes to a response's headers as [`Self::apply`] does, except to
+    /// the headers this hop owns (the framing, the connection's and an upgrade's) and to
+    /// `loop_header`: those a rule never changes.
+    pub fn apply_to_response(&self, headers: &mut HeaderMap, loop_header: &str) {
+        let changeable = |n: &HeaderName| {
+            !HOP_BY_HOP.contains(n)
+                && *n != header::CONTENT_LENGTH
+                && *n != header::UPGRADE
+                && !n.as_str().eq_ignore_ascii_case(loop_header)
+        };
+        for (n, v) in self.set.iter().filter(|(n, _)| changeable(n)) {
+            headers.insert(n.clone(), v.clone());
+        }
+        for (n, v) in self.add.iter().filter(|(n, _)| changeable(n)) {
+            headers.append(n.clone(), v.clone());
+        }
+        for n in self.remove.iter().filter(|n| changeable(n)) {
+            headers.remove(n);
+        }
+    }
+}
+
 /// Why a request is refused with 400 before routing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadRequest {

@@ -10,6 +10,8 @@ use crate::headers::{HeaderChanges, HeaderLookup};
 
 /// A request as routing reads it.
 pub struct RequestView<'r> {
+    /// The method, as sent.
+    pub method: &'r str,
     /// The target's authority (absolute form, `:authority`), else Host; None when there
     /// is neither or it is not UTF-8.
     pub host: Option<&'r str>,
@@ -62,4 +64,9 @@ pub struct Routed<'t, 'r, R> {
     pub forward_path: Option<PathAndQuery>,
     /// A Gateway rule's request header changes.
     pub header_changes: Option<&'t HeaderChanges>,
+    /// A Gateway rule's rewritten host: what the backend gets as Host instead of
+    /// `raw_host` (the forwarding headers still name `raw_host`).
+    pub upstream_host: Option<&'t str>,
+    /// A Gateway rule's response header changes.
+    pub response_changes: Option<&'t HeaderChanges>,
 }

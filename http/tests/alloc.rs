@@ -36,6 +36,7 @@ fn exchange(request: &mut RequestHead, response: &mut ResponseHead, out: &mut Ve
         keep_upgrade: false,
         loop_header: ("x-holdfast-loop", b"token"),
         changes: None,
+        upstream_host: None,
     };
     write_upstream_head(out, request, REQUEST, &onward);
     assert!(out.ends_with(b"\r\n\r\n"));

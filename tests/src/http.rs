@@ -30,12 +30,26 @@ pub async fn get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<(u16, http::HeaderMap, String)> {
+    request_with(addr, "GET", host, path, headers).await
+}
+
+/// Like [`get_with`], with `method` (no body).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, http::HeaderMap, String)> {
     let fut = async {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(conn);
-        let mut req = http::Request::get(path).header(http::header::HOST, host);
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, host);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -48,7 +62,7 @@ pub async fn get_with(
     };
     tokio::time::timeout(Duration::from_secs(10), fut)
         .await
-        .with_context(|| format!("GET http://{addr}{path} (Host {host}) timed out"))?
+        .with_context(|| format!("{method} http://{addr}{path} (Host {host}) timed out"))?
 }
 
 /// The value of the first sample of metric `name` in Prometheus text `body` (a line

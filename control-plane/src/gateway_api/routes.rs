@@ -6,17 +6,20 @@
 //! wildcards from the longest, then routes for any hostname: a request falls through to
 //! the next hostname level when no entry of one matches); within a hostname, an `Exact`
 //! path, then the longest `PathPrefix`, then a method match, then the most header
-//! matches, then the oldest route, then `namespace/name`, then rule and match order. The
-//! first entry that matches wins.
+//! matches, then the most query parameter matches, then the oldest route, then
+//! `namespace/name`, then rule and match order. The first entry that matches wins.
 //!
 //! What this version serves of a rule: path matches (`Exact`, `PathPrefix`; a trailing
-//! `/` of a prefix is ignored, and a match without a path is `PathPrefix /`), header
-//! matches of type `Exact` (names compared case-insensitively; of several matches for one
-//! name only the first counts), weighted `backendRefs` (weight 1 by default; an
-//! unresolvable backend keeps its share and answers 500; a rule with no backend answers
-//! 500), and the filters `RequestHeaderModifier` and `RequestRedirect` (scheme, hostname,
-//! port, status code). A match or filter it cannot serve is refused with the reason and
-//! the entry is left out, never served more broadly than written.
+//! `/` of a prefix is ignored, and a match without a path is `PathPrefix /`), method
+//! matches, header matches of type `Exact` (names compared case-insensitively) and query
+//! parameter matches of type `Exact` (names case-sensitive; of several matches for one
+//! name only the first counts, for headers and parameters alike), weighted `backendRefs`
+//! (weight 1 by default; an unresolvable backend keeps its share and answers 500; a rule
+//! with no backend answers 500), and the filters `RequestHeaderModifier`,
+//! `ResponseHeaderModifier`, `URLRewrite` (hostname, `ReplaceFullPath`,
+//! `ReplacePrefixMatch`) and `RequestRedirect` (scheme, hostname, port, path, status
+//! code). A match or filter it cannot serve is refused with the reason and the entry is
+//! left out, never served more broadly than written.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -42,7 +45,7 @@ struct Match {
     path: Option<PathSpec>,
     headers: Vec<HeaderSpec>,
     method: Option<String>,
-    query_params: Vec<serde_json::Value>,
+    query_params: Vec<HeaderSpec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -68,7 +71,26 @@ struct Filter {
     #[serde(rename = "type")]
     kind: String,
     request_header_modifier: Option<HeaderModifier>,
+    response_header_modifier: Option<HeaderModifier>,
     request_redirect: Option<RedirectSpec>,
+    #[serde(rename = "urlRewrite")]
+    url_rewrite: Option<RewriteSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RewriteSpec {
+    hostname: Option<String>,
+    path: Option<PathModifierSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PathModifierSpec {
+    #[serde(rename = "type")]
+    kind: String,
+    replace_full_path: Option<String>,
+    replace_prefix_match: Option<String>,
 }
 
 /// A `RequestHeaderModifier`: headers set (replacing), added (appended) and removed.
@@ -100,7 +122,7 @@ struct RedirectSpec {
     hostname: Option<String>,
     port: Option<i64>,
     status_code: Option<i64>,
-    path: Option<serde_json::Value>,
+    path: Option<PathModifierSpec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -142,17 +164,42 @@ pub struct Redirect {
     pub port: Option<u16>,
     /// 301, 302, 303, 307 or 308.
     pub status: u16,
+    /// The path (None: the request's).
+    pub path: Option<PathModifier>,
+}
+
+/// A path replacement (`URLRewrite` and `RequestRedirect`); the query is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathModifier {
+    /// True: `value` replaces the whole path; false: the prefix the entry matched.
+    pub full: bool,
+    /// The replacement.
+    pub value: String,
+}
+
+/// A `URLRewrite`: what the backend is sent instead of the request's host and path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rewrite {
+    /// The host (None: the request's).
+    pub hostname: Option<String>,
+    /// The path (None: the request's).
+    pub path: Option<PathModifier>,
 }
 
 /// What a matched entry does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Forward to one of `backends` by weight, after changing the request's headers.
+    /// Forward to one of `backends` by weight, after changing the request's headers,
+    /// host and path; the response's headers are changed too.
     Forward {
         /// The backends (an empty list, or only weight 0: 500).
         backends: Vec<Weighted>,
-        /// Header changes.
+        /// Request header changes.
         headers: HeaderModifier,
+        /// Response header changes.
+        response_headers: HeaderModifier,
+        /// The host and path sent upstream.
+        rewrite: Option<Rewrite>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -163,23 +210,34 @@ pub enum Action {
 pub struct Entry {
     /// Path.
     pub path: PathMatch,
+    /// The method (upper case; None: any).
+    pub method: Option<String>,
     /// Header matches: lower-case name, exact value.
     pub headers: Vec<(String, String)>,
+    /// Query parameter matches: name (case-sensitive), exact value.
+    pub query: Vec<(String, String)>,
     /// What it does.
     pub action: Action,
     /// `namespace/name` of the HTTPRoute, and the rule's index.
     pub source: (String, usize),
     /// Precedence among entries of one hostname (lower first).
-    order: (
-        u8,
-        std::cmp::Reverse<usize>,
-        std::cmp::Reverse<usize>,
-        Option<String>,
-        String,
-        usize,
-        usize,
-    ),
+    order: Order,
 }
+
+/// An entry's precedence key: Exact before PathPrefix, the longer path, a method match,
+/// more header matches, more query parameter matches, the older route, `namespace/name`,
+/// then rule and match index.
+type Order = (
+    u8,
+    std::cmp::Reverse<usize>,
+    bool,
+    std::cmp::Reverse<usize>,
+    std::cmp::Reverse<usize>,
+    Option<String>,
+    String,
+    usize,
+    usize,
+);
 
 /// The routes served on one Gateway address and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,7 +391,12 @@ pub fn route_entries(
         };
         for (mi, m) in matches.iter().enumerate() {
             match entry(m) {
-                Ok((path, headers)) => {
+                Ok(Conditions {
+                    path,
+                    method,
+                    headers,
+                    query,
+                }) => {
                     let kind = u8::from(matches!(path, PathMatch::Prefix(_)));
                     let len = match &path {
                         PathMatch::Exact(p) | PathMatch::Prefix(p) => p.len(),
@@ -341,7 +404,9 @@ pub fn route_entries(
                     let order = (
                         kind,
                         std::cmp::Reverse(len),
+                        method.is_none(),
                         std::cmp::Reverse(headers.len()),
+                        std::cmp::Reverse(query.len()),
                         created.clone(),
                         source.clone(),
                         ri,
@@ -349,7 +414,9 @@ pub fn route_entries(
                     );
                     entries.push(Entry {
                         path,
+                        method,
                         headers,
+                        query,
                         action: action.clone(),
                         source: (source.clone(), ri),
                         order,
@@ -437,13 +504,41 @@ pub fn routes(resolved: &Resolved, state: &ClusterState) -> (Vec<PortRoutes>, Ve
     (ports.into_values().collect(), refused)
 }
 
-/// A match's path and header conditions, or why it cannot be served.
-fn entry(m: &Match) -> Result<(PathMatch, Vec<(String, String)>), String> {
-    if m.method.is_some() {
-        return Err("method matches are not served yet".into());
-    }
-    if !m.query_params.is_empty() {
-        return Err("query parameter matches are not served yet".into());
+/// What one match of a rule requires of a request.
+struct Conditions {
+    path: PathMatch,
+    method: Option<String>,
+    headers: Vec<(String, String)>,
+    query: Vec<(String, String)>,
+}
+
+/// The methods a match can name (`HTTPMethod`).
+const METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// A match's conditions, or why it cannot be served.
+fn entry(m: &Match) -> Result<Conditions, String> {
+    let method = match m.method.as_deref() {
+        None => None,
+        Some(name) if METHODS.contains(&name) => Some(name.to_owned()),
+        Some(other) => return Err(format!("method {other:?} is not an HTTP method")),
+    };
+    let mut query: Vec<(String, String)> = Vec::new();
+    for q in &m.query_params {
+        if q.kind.as_deref().unwrap_or("Exact") != "Exact" {
+            return Err(format!(
+                "query parameter match type {:?} is not served",
+                q.kind
+            ));
+        }
+        if q.name.is_empty() || q.name.contains(['&', '=', '#', ' ']) {
+            return Err(format!("{:?} is not a query parameter name", q.name));
+        }
+        // Only the first match of a name counts.
+        if !query.iter().any(|(n, _)| *n == q.name) {
+            query.push((q.name.clone(), q.value.clone()));
+        }
     }
     let path = match &m.path {
         None => PathMatch::Prefix("/".into()),
@@ -483,7 +578,68 @@ fn entry(m: &Match) -> Result<(PathMatch, Vec<(String, String)>), String> {
             headers.push((name, h.value.clone()));
         }
     }
-    Ok((path, headers))
+    Ok(Conditions {
+        path,
+        method,
+        headers,
+        query,
+    })
+}
+
+/// A header modifier's names and values checked.
+fn checked_modifier(m: &HeaderModifier) -> Result<HeaderModifier, String> {
+    for nv in m.set.iter().chain(&m.add) {
+        if http::HeaderName::from_bytes(nv.name.as_bytes()).is_err()
+            || http::HeaderValue::from_str(&nv.value).is_err()
+        {
+            return Err(format!("header {:?}: not a valid header", nv.name));
+        }
+    }
+    for name in &m.remove {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!("header {name:?}: not a valid header name"));
+        }
+    }
+    Ok(m.clone())
+}
+
+/// A path modifier checked: an absolute path without a query or fragment.
+fn path_modifier(spec: &PathModifierSpec) -> Result<PathModifier, String> {
+    let (full, value) = match spec.kind.as_str() {
+        "ReplaceFullPath" => (true, spec.replace_full_path.as_deref()),
+        "ReplacePrefixMatch" => (false, spec.replace_prefix_match.as_deref()),
+        other => return Err(format!("path modifier type {other:?} is not served")),
+    };
+    let value = value.unwrap_or("/");
+    if !value.starts_with('/')
+        || value.contains(['?', '#'])
+        || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "replacement path {value:?} is not an absolute path"
+        ));
+    }
+    Ok(PathModifier {
+        full,
+        value: value.to_owned(),
+    })
+}
+
+/// A hostname for a rewrite or redirect: lower case, a valid name without a wildcard.
+fn hostname(name: &str) -> Result<String, String> {
+    let lower = name.to_ascii_lowercase();
+    let ok = !lower.is_empty()
+        && lower.len() <= 253
+        && lower.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if ok {
+        Ok(lower)
+    } else {
+        Err(format!("{name:?} is not a hostname"))
+    }
 }
 
 /// What a rule does, or why it cannot be served.
@@ -494,27 +650,32 @@ fn action(
     service_port: &impl Fn(&str, &str, i64) -> bool,
 ) -> Result<Action, String> {
     let mut headers = HeaderModifier::default();
+    let mut response_headers = HeaderModifier::default();
+    let mut rewrite = None;
     let mut redirect = None;
     for f in &rule.filters {
-        match (
-            f.kind.as_str(),
-            &f.request_header_modifier,
-            &f.request_redirect,
-        ) {
-            ("RequestHeaderModifier", Some(m), _) => {
-                for nv in m.set.iter().chain(&m.add) {
-                    if http::HeaderName::from_bytes(nv.name.as_bytes()).is_err()
-                        || http::HeaderValue::from_str(&nv.value).is_err()
-                    {
-                        return Err(format!("header {:?}: not a valid header", nv.name));
-                    }
+        match f.kind.as_str() {
+            "RequestHeaderModifier" => {
+                if let Some(m) = &f.request_header_modifier {
+                    headers = checked_modifier(m)?;
                 }
-                headers = m.clone();
             }
-            ("RequestRedirect", _, Some(r)) => {
-                if r.path.is_some() {
-                    return Err("a redirect's path is not served yet".into());
+            "ResponseHeaderModifier" => {
+                if let Some(m) = &f.response_header_modifier {
+                    response_headers = checked_modifier(m)?;
                 }
+            }
+            "URLRewrite" => {
+                let Some(r) = &f.url_rewrite else { continue };
+                rewrite = Some(Rewrite {
+                    hostname: r.hostname.as_deref().map(hostname).transpose()?,
+                    path: r.path.as_ref().map(path_modifier).transpose()?,
+                });
+            }
+            "RequestRedirect" => {
+                let Some(r) = &f.request_redirect else {
+                    continue;
+                };
                 let status = match r.status_code.unwrap_or(302) {
                     s @ (301 | 302 | 303 | 307 | 308) => s as u16,
                     other => {
@@ -539,15 +700,19 @@ fn action(
                 };
                 redirect = Some(Redirect {
                     scheme,
-                    hostname: r.hostname.clone().map(|h| h.to_ascii_lowercase()),
+                    hostname: r.hostname.as_deref().map(hostname).transpose()?,
                     port,
                     status,
+                    path: r.path.as_ref().map(path_modifier).transpose()?,
                 });
             }
-            (other, _, _) => return Err(format!("filter {other} is not served yet")),
+            other => return Err(format!("filter {other} is not served yet")),
         }
     }
     if let Some(r) = redirect {
+        if rewrite.is_some() {
+            return Err("a rule cannot both redirect and rewrite".into());
+        }
         return Ok(Action::Redirect(r));
     }
     let mut backends = Vec::new();
@@ -568,7 +733,12 @@ fn action(
             weight,
         });
     }
-    Ok(Action::Forward { backends, headers })
+    Ok(Action::Forward {
+        backends,
+        headers,
+        response_headers,
+        rewrite,
+    })
 }
 
 /// Whether the Service exists with that port (a reference without a port never
@@ -690,6 +860,47 @@ mod tests {
     }
 
     #[test]
+    fn at_one_path_a_method_match_comes_first_then_most_headers_then_most_query_parameters() {
+        let st = state(vec![route(
+            "m",
+            "2026-01-01T00:00:00Z",
+            json!({
+            "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+            "rules": [
+                { "matches": [{ "queryParams": [{ "name": "a", "value": "1" }, { "name": "b", "value": "2" }] }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "headers": [{ "name": "h", "value": "1" }],
+                                "queryParams": [{ "name": "a", "value": "1" }, { "name": "a", "value": "9" }] }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "headers": [{ "name": "h", "value": "1" }] }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "method": "PATCH" }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "method": "FETCH" }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] }
+            ] }),
+        )]);
+        let (ports, refused) = build(&st);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].reason.contains("FETCH"), "{refused:?}");
+        let http = ports.iter().find(|p| p.port == 80).unwrap();
+        let shape: Vec<(Option<&str>, usize, usize)> = http.hosts[""]
+            .iter()
+            .map(|e| (e.method.as_deref(), e.headers.len(), e.query.len()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (Some("PATCH"), 0, 0),
+                (None, 1, 1),
+                (None, 1, 0),
+                (None, 0, 2)
+            ],
+            "of several matches of one parameter name only the first counts"
+        );
+    }
+
+    #[test]
     fn backends_are_weighted_and_an_unresolved_one_keeps_its_share() {
         let st = state(vec![route(
             "w",
@@ -753,7 +964,22 @@ mod tests {
                   "backendRefs": [{ "name": "v1", "port": 8080 }] },
                 { "matches": [{ "path": { "value": "/r" } }],
                   "filters": [{ "type": "RequestRedirect", "requestRedirect": { "hostname": "Example.org", "statusCode": 301 } }] },
-                { "matches": [{ "path": { "value": "/m" }, "method": "GET" }],
+                { "matches": [{ "path": { "value": "/m" },
+                                "queryParams": [{ "type": "RegularExpression", "name": "q", "value": "a.*" }] }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/w" } }],
+                  "filters": [
+                      { "type": "URLRewrite", "urlRewrite": { "hostname": "Up.example", "path": {
+                          "type": "ReplacePrefixMatch", "replacePrefixMatch": "/v2/" } } },
+                      { "type": "ResponseHeaderModifier", "responseHeaderModifier": {
+                          "add": [{ "name": "X-Out", "value": "o" }], "remove": ["Server"] } }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/p" } }],
+                  "filters": [{ "type": "RequestRedirect", "requestRedirect": {
+                      "path": { "type": "ReplaceFullPath", "replaceFullPath": "/new" } } }] },
+                { "matches": [{ "path": { "value": "/bad" } }],
+                  "filters": [{ "type": "URLRewrite", "urlRewrite": { "path": {
+                      "type": "ReplaceFullPath", "replaceFullPath": "no-slash" } } }],
                   "backendRefs": [{ "name": "v1", "port": 8080 }] },
                 { "matches": [{ "path": { "type": "RegularExpression", "value": "/x.*" } }],
                   "backendRefs": [{ "name": "v1", "port": 8080 }] },
@@ -787,10 +1013,41 @@ mod tests {
                 scheme: None,
                 hostname: Some("example.org".into()),
                 port: None,
-                status: 301
+                status: 301,
+                path: None,
             }))
         );
-        for p in ["/m", "/x.*", "/c"] {
+        let Some(Action::Forward {
+            rewrite,
+            response_headers,
+            ..
+        }) = by_path("/w")
+        else {
+            panic!("/w forwards")
+        };
+        assert_eq!(
+            rewrite,
+            Some(Rewrite {
+                hostname: Some("up.example".into()),
+                path: Some(PathModifier {
+                    full: false,
+                    value: "/v2/".into()
+                }),
+            })
+        );
+        assert_eq!(response_headers.remove, vec!["Server".to_owned()]);
+        assert_eq!(response_headers.add.len(), 1);
+        let Some(Action::Redirect(r)) = by_path("/p") else {
+            panic!("/p redirects")
+        };
+        assert_eq!(
+            r.path,
+            Some(PathModifier {
+                full: true,
+                value: "/new".into()
+            })
+        );
+        for p in ["/m", "/x.*", "/c", "/bad"] {
             assert_eq!(
                 by_path(p),
                 None,
@@ -798,8 +1055,13 @@ mod tests {
             );
         }
         let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
-        assert_eq!(refused.len(), 3, "{reasons:?}");
-        assert!(reasons.iter().any(|r| r.contains("method")));
+        assert_eq!(refused.len(), 4, "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("query parameter match type"))
+        );
+        assert!(reasons.iter().any(|r| r.contains("no-slash")));
         assert!(reasons.iter().any(|r| r.contains("RegularExpression")));
         assert!(reasons.iter().any(|r| r.contains("CORS")));
     }

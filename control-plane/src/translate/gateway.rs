@@ -21,7 +21,8 @@ use std::sync::Arc;
 use holdfast_proto::snapshot::{gateway_host_name, listener_name};
 use holdfast_proto::v1::{
     GatewayHost, GatewayListener, GatewayRef, GatewayRoute, HeaderMatch, HeaderModifier,
-    ListenerCertificates, MatchKind, RequestRedirect, RouteRef, WeightedBackend,
+    ListenerCertificates, MatchKind, PathModifier, RequestRedirect, RouteRef, UrlRewrite,
+    WeightedBackend,
 };
 
 use super::*;
@@ -139,6 +140,15 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
         match_kind: match_kind as i32,
         path,
         headers: e.headers.iter().map(|(n, v)| pair(n, v)).collect(),
+        method: e.method.clone().unwrap_or_default(),
+        query_params: e
+            .query
+            .iter()
+            .map(|(n, v)| HeaderMatch {
+                name: n.clone(),
+                value: v.clone(),
+            })
+            .collect(),
         source: e.source.0.split_once('/').map(|(ns, name)| RouteRef {
             namespace: ns.to_owned(),
             name: name.to_owned(),
@@ -147,7 +157,12 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
         ..Default::default()
     };
     match &e.action {
-        Action::Forward { backends, headers } => {
+        Action::Forward {
+            backends,
+            headers,
+            response_headers,
+            rewrite,
+        } => {
             r.backends = backends
                 .iter()
                 .map(|w| match &w.backend {
@@ -163,25 +178,12 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                     },
                 })
                 .collect();
-            if *headers != routes::HeaderModifier::default() {
-                r.request_headers = Some(HeaderModifier {
-                    set: headers
-                        .set
-                        .iter()
-                        .map(|h| pair(&h.name, &h.value))
-                        .collect(),
-                    add: headers
-                        .add
-                        .iter()
-                        .map(|h| pair(&h.name, &h.value))
-                        .collect(),
-                    remove: headers
-                        .remove
-                        .iter()
-                        .map(|n| n.to_ascii_lowercase())
-                        .collect(),
-                });
-            }
+            r.request_headers = modifier_of(headers);
+            r.response_headers = modifier_of(response_headers);
+            r.rewrite = rewrite.as_ref().map(|w| UrlRewrite {
+                hostname: w.hostname.clone().unwrap_or_default(),
+                path: w.path.as_ref().map(path_of),
+            });
         }
         Action::Redirect(d) => {
             r.redirect = Some(RequestRedirect {
@@ -193,10 +195,35 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                     .unwrap_or_default(),
                 port: d.port.map_or(0, u32::from),
                 status_code: u32::from(d.status),
+                path: d.path.as_ref().map(path_of),
             });
         }
     }
     r
+}
+
+/// A header modifier as the snapshot carries it (None: it changes nothing).
+fn modifier_of(m: &routes::HeaderModifier) -> Option<HeaderModifier> {
+    if *m == routes::HeaderModifier::default() {
+        return None;
+    }
+    let pair = |h: &routes::NameValue| HeaderMatch {
+        name: h.name.to_ascii_lowercase(),
+        value: h.value.clone(),
+    };
+    Some(HeaderModifier {
+        set: m.set.iter().map(pair).collect(),
+        add: m.add.iter().map(pair).collect(),
+        remove: m.remove.iter().map(|n| n.to_ascii_lowercase()).collect(),
+    })
+}
+
+/// A path modifier as the snapshot carries it.
+fn path_of(m: &routes::PathModifier) -> PathModifier {
+    PathModifier {
+        full: m.full,
+        value: m.value.clone(),
+    }
 }
 
 /// The listener of one address and port.

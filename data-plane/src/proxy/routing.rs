@@ -10,6 +10,7 @@ use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
 
 use super::{Forwarder, LOOP_HEADER, Reason, Via};
 use crate::gateway::{Action, HeaderChanges, Target};
+use crate::matching::Asked;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
 pub use holdfast_http::routing::RequestView;
@@ -189,17 +190,31 @@ impl Forwarder {
         let path = normalised
             .as_deref()
             .unwrap_or_else(|| request.path_or_root());
-        let Some(matched) = l.lookup(host, path, request.headers) else {
+        let asked = Asked {
+            method: request.method,
+            query: request.query,
+            headers: request.headers,
+        };
+        let Some(entry) = l.lookup(host, path, &asked) else {
             return refuse(
                 Reason::NoRoute,
                 format!("no route: no rule of listener {listener} matches {host}{path}"),
             );
         };
-        let changes = match &matched.action {
-            Action::Forward { headers, .. } => headers,
+        let matched = &entry.action;
+        let (changes, response, rewrite) = match &matched.action {
+            Action::Forward {
+                headers,
+                response,
+                rewrite,
+                ..
+            } => (headers, response, rewrite),
             Action::Redirect(redirect) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
-                let target = sent_or_normalised(request, forward_path.as_ref());
+                let target = match &redirect.path {
+                    Some(m) => with_query(m.apply(&entry.path, path), request.query),
+                    None => sent_or_normalised(request, forward_path.as_ref()),
+                };
                 return Decision::Redirect {
                     status: redirect.status,
                     location: redirect.location(scheme, host, l.public_port, &target),
@@ -221,8 +236,28 @@ impl Forwarder {
                 );
             }
         };
+        let forward_path = match rewrite.as_ref().and_then(|w| w.path.as_ref()) {
+            None => forward_path,
+            Some(m) => {
+                match PathAndQuery::try_from(with_query(m.apply(&entry.path, path), request.query))
+                {
+                    Ok(pq) => Some(pq),
+                    Err(_) => {
+                        return refuse(Reason::BadRequest, "bad request: unusable rewritten path");
+                    }
+                }
+            }
+        };
         let changes = Some(changes).filter(|c| **c != HeaderChanges::default());
-        forward_to(route, raw_host, forward_path, changes)
+        match forward_to(route, raw_host, forward_path, changes) {
+            Decision::Forward(mut routed) => {
+                routed.upstream_host = rewrite.as_ref().and_then(|w| w.hostname.as_deref());
+                routed.response_changes =
+                    Some(response).filter(|c| **c != HeaderChanges::default());
+                Decision::Forward(routed)
+            }
+            other => other,
+        }
     }
 
     /// Whether the request carries this proxy's own loop token.
@@ -254,7 +289,18 @@ fn forward_to<'t, 'r>(
         raw_host,
         forward_path,
         header_changes,
+        upstream_host: None,
+        response_changes: None,
     })
+}
+
+/// `path` with the request's query, if it had one.
+fn with_query(mut path: String, query: Option<&str>) -> String {
+    if let Some(q) = query {
+        path.push('?');
+        path.push_str(q);
+    }
+    path
 }
 
 /// The path and query a redirect keeps: the normalised ones, or as sent.

@@ -524,7 +524,12 @@ fn served(t: &RouteTable) -> Vec<String> {
                     if with {
                         h.insert("x-v", http::HeaderValue::from_static("1"));
                     }
-                    let what = match l.lookup(host, path, &h).map(|m| &m.action) {
+                    let asked = crate::matching::Asked {
+                        method: "GET",
+                        query: None,
+                        headers: &h,
+                    };
+                    let what = match l.lookup(host, path, &asked).map(|m| &m.action.action) {
                         None => "none".to_owned(),
                         Some(crate::gateway::Action::Redirect(r)) => {
                             format!("redirect {}", r.location("http", host, l.port, path))
@@ -533,6 +538,7 @@ fn served(t: &RouteTable) -> Vec<String> {
                             weights,
                             targets,
                             headers,
+                            ..
                         }) => {
                             let targets: Vec<String> = targets
                                 .iter()
@@ -818,6 +824,7 @@ fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
                     hostname: "moved.test".into(),
                     port: 0,
                     status_code: [301, 302][w.below(2) as usize],
+                    path: None,
                 });
             } else {
                 r.backends = (0..1 + w.below(2))

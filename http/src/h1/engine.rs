@@ -42,7 +42,7 @@ use super::{
 };
 use crate::clock;
 use crate::forward::{Failure, Target};
-use crate::headers::{HeaderLookup, Hop};
+use crate::headers::{HeaderChanges, HeaderLookup, Hop};
 use crate::routing::{Decision, RequestView};
 use crate::tunnel::Tunnels;
 use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number};
@@ -382,6 +382,7 @@ where
             buf,
         };
         let view = RequestView {
+            method: text(self.head.method).unwrap_or_default(),
             host: self.head.routing_host().and_then(text),
             path: if self.head.form == Some(TargetForm::Asterisk) {
                 "*"
@@ -392,7 +393,7 @@ where
             headers: &headers,
         };
         let decision = self.service.decide(&view, via, &table);
-        let (route, upgrade) = match decision {
+        let (route, upgrade, response_changes) = match decision {
             Decision::Forward(r) => {
                 let upgrade = self.head.minor == 1
                     && self.head.upgrade
@@ -419,9 +420,10 @@ where
                     keep_upgrade: upgrade,
                     loop_header: (settings.loop_header, settings.loop_token.as_bytes()),
                     changes: r.header_changes,
+                    upstream_host: r.upstream_host,
                 };
                 plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
-                (r.route, upgrade)
+                (r.route, upgrade, r.response_changes)
             }
             Decision::Refuse {
                 reason,
@@ -453,7 +455,7 @@ where
             return Next::Close;
         }
         self.start = head_at + len;
-        let (status, next) = self.forward(route, body, upgrade).await;
+        let (status, next) = self.forward(route, body, upgrade, response_changes).await;
         self.count(Some(route), status, started);
         next
     }
@@ -534,7 +536,13 @@ where
     /// Forwards the request whose upstream head is in `out` and whose body starts at
     /// `start`: at most two attempts on different endpoints, the second only while no
     /// byte of the body has gone. The status answered and what follows.
-    async fn forward(&mut self, route: &F::Route, body: BodyFraming, upgrade: bool) -> (u16, Next) {
+    async fn forward(
+        &mut self,
+        route: &F::Route,
+        body: BodyFraming,
+        upgrade: bool,
+        changes: Option<&HeaderChanges>,
+    ) -> (u16, Next) {
         let index = self.service.first_index(route);
         let mut tried = None;
         let mut failure = Failure::NoEndpoint;
@@ -587,7 +595,7 @@ where
                     let took = clock::now().duration_since(sent);
                     self.service.upstream_answered(took);
                     return self
-                        .relay_response(upstream, key, number, upgrade, permit)
+                        .relay_response(upstream, key, number, upgrade, permit, changes)
                         .await;
                 }
                 Err(Exchange::Refused(failure)) => {
@@ -910,6 +918,7 @@ where
         number: Number,
         upgrade: bool,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        changes: Option<&HeaderChanges>,
     ) -> (u16, Next) {
         let status = self.response.status;
         let len = self.response.len;
@@ -944,6 +953,7 @@ where
                 keep_alive: !close && client_http10,
                 loop_header: self.service.settings().loop_header,
                 date_line,
+                changes,
             };
             let buf = &self.up[self.up_start..self.up_end];
             write_downstream_head(&mut self.out, &self.response, buf, &back);
@@ -1624,6 +1634,8 @@ mod tests {
                 raw_host: request.host.unwrap_or_default(),
                 forward_path: None,
                 header_changes: None,
+                upstream_host: None,
+                response_changes: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {

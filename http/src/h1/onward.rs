@@ -30,6 +30,8 @@ pub struct Onward<'a> {
     pub loop_header: (&'a str, &'a [u8]),
     /// A Gateway rule's header changes.
     pub changes: Option<&'a HeaderChanges>,
+    /// A Gateway rule's rewritten host, sent as Host instead of `hop.host`.
+    pub upstream_host: Option<&'a str>,
 }
 
 /// One header of the request as changed by a Gateway rule: a line of the client's head
@@ -252,7 +254,7 @@ fn upstream_head(
     }
     forwarding(out, lines, buf, &onward.hop);
     out.extend_from_slice(b"host: ");
-    out.extend_from_slice(onward.hop.host.as_bytes());
+    out.extend_from_slice(onward.upstream_host.unwrap_or(onward.hop.host).as_bytes());
     out.extend_from_slice(b"\r\n");
     if onward.keep_upgrade {
         out.extend_from_slice(b"connection: upgrade\r\n");
@@ -357,6 +359,9 @@ pub struct Back<'a> {
     pub loop_header: &'a str,
     /// `date: ...\r\n`, added when the upstream sent none.
     pub date_line: &'a [u8],
+    /// A Gateway rule's response header changes (set, then add, then remove); never
+    /// to the framing or hop-by-hop headers, which are this hop's.
+    pub changes: Option<&'a HeaderChanges>,
 }
 
 /// Writes the response head sent to the client for `response` (parsed from `buf`) into
@@ -388,6 +393,30 @@ pub fn write_downstream_head(
             .any(|h| h.known == Known::TransferEncoding);
     let lines = response.headers.iter().map(Line::Client);
     let mut dated = false;
+    let (set, add, remove): (&[_], &[_], &[_]) = match back.changes {
+        Some(c) => (&c.set, &c.add, &c.remove),
+        None => (&[], &[], &[]),
+    };
+    let in_list = |list: &[HeaderName], name: &[u8]| {
+        list.iter()
+            .any(|n| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    };
+    let set_names = |name: &[u8]| {
+        set.iter()
+            .any(|(n, _)| n.as_str().as_bytes().eq_ignore_ascii_case(name))
+    };
+    // What a rule may change: not this hop's framing and connection headers, nor the
+    // loop header.
+    let changeable = |name: &[u8]| {
+        !matches!(
+            Known::of(name),
+            Known::Connection
+                | Known::TransferEncoding
+                | Known::HopByHop
+                | Known::ContentLength
+                | Known::Upgrade
+        ) && !name.eq_ignore_ascii_case(back.loop_header.as_bytes())
+    };
     for header in &response.headers {
         let name = header.name.of(buf);
         let keep = match header.known {
@@ -397,11 +426,26 @@ pub fn write_downstream_head(
             _ => {
                 !name.eq_ignore_ascii_case(back.loop_header.as_bytes())
                     && !connection_names(lines.clone(), buf, name)
+                    && !set_names(name)
+                    && !in_list(remove, name)
             }
         };
         if keep {
             dated |= name.eq_ignore_ascii_case(b"date");
             out.extend_from_slice(header.line.of(buf));
+        }
+    }
+    // A name set twice keeps the last value (an insert replaces).
+    let set_pairs = set
+        .iter()
+        .enumerate()
+        .filter(|(i, (n, _))| !set[i + 1..].iter().any(|(later, _)| later == n))
+        .map(|(_, pair)| pair);
+    for (n, v) in set_pairs.chain(add) {
+        let name = n.as_str().as_bytes();
+        if changeable(name) && !in_list(remove, name) {
+            dated |= name == b"date";
+            Line::Rule(n, v.as_bytes()).write(buf, out);
         }
     }
     if !dated {

@@ -541,6 +541,7 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
                 keep_upgrade,
                 loop_header: ("x-holdfast-loop", token.as_bytes()),
                 changes,
+                upstream_host: None,
             };
             // Planned for a vectored write, the head is the same bytes.
             let (mut rendered, mut pieces) = (Vec::new(), Vec::new());
@@ -616,7 +617,7 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
 #[test]
 fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
     use super::onward::{Back, write_downstream_head};
-    use crate::headers::strip_hop_by_hop;
+    use crate::headers::{HeaderChanges, strip_hop_by_hop};
     use http::{HeaderMap, HeaderName, HeaderValue};
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -645,11 +646,47 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
         "204 No Content",
         "404 Not Found",
     ];
+    let pair = |n: &str, v: &str| {
+        (
+            HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        )
+    };
+    let name = |n: &str| HeaderName::from_bytes(n.as_bytes()).unwrap();
+    // A Gateway rule's response header changes: none; the usual kinds; and ones naming
+    // what this hop owns (framing, connection, upgrade, the loop header), never changed.
+    let rules = [
+        HeaderChanges::default(),
+        HeaderChanges {
+            set: vec![
+                pair("x-keep", "set"),
+                pair("x-new", "n"),
+                pair("x-new", "last"),
+            ],
+            add: vec![pair("set-cookie", "c=3"), pair("x-added", "a")],
+            remove: vec![name("content-type"), name("x-added")],
+        },
+        HeaderChanges {
+            set: vec![
+                pair("content-length", "99"),
+                pair("connection", "close"),
+                pair("x-holdfast-loop", "mine"),
+                pair("date", "Tue, 01 Dec 2026 00:00:00 GMT"),
+            ],
+            add: vec![
+                pair("transfer-encoding", "gzip"),
+                pair("upgrade", "h2c"),
+                pair("x-drop", "again"),
+            ],
+            remove: vec![name("keep-alive"), name("set-cookie"), name("trailer")],
+        },
+    ];
     let strategy = (
         0..statuses.len(),
         proptest::collection::vec(0..pool.len(), 0..8),
         any::<bool>(),
         any::<bool>(),
+        0..rules.len(),
     );
     let mut runner = TestRunner::new(Config {
         cases: 2000,
@@ -668,7 +705,7 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
     };
     let out = std::cell::RefCell::new(Vec::new());
     runner
-        .run(&strategy, |(status, picked, upgrade, close)| {
+        .run(&strategy, |(status, picked, upgrade, close, rule)| {
             let out = &mut *out.borrow_mut();
             let mut raw = format!("HTTP/1.1 {}\r\n", statuses[status]).into_bytes();
             for i in &picked {
@@ -688,6 +725,7 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
                 keep_alive: false,
                 loop_header: "x-holdfast-loop",
                 date_line: b"date: Mon, 07 Dec 2026 00:00:00 GMT\r\n",
+                changes: Some(&rules[rule]).filter(|c| **c != HeaderChanges::default()),
             };
             write_downstream_head(out, &response, &raw, &back);
             let out = &out[..];
@@ -704,6 +742,7 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
             let switching = response.status == 101;
             strip_hop_by_hop(&mut theirs, switching && upgrade);
             theirs.remove("x-holdfast-loop");
+            rules[rule].apply_to_response(&mut theirs, "x-holdfast-loop");
             // What this hop adds: a Date when there is none, its framing, and how the
             // connection goes on.
             if !theirs.contains_key(http::header::DATE) {
@@ -735,11 +774,12 @@ fn the_downstream_head_has_the_headers_the_hyper_engine_sends() {
                 prop_assert_eq!(
                     a,
                     b,
-                    "{} for {:?} (upgrade {}, close {})",
+                    "{} for {:?} (upgrade {}, close {}, rule {})",
                     name,
                     String::from_utf8_lossy(&raw),
                     upgrade,
-                    close
+                    close,
+                    rule
                 );
             }
             Ok(())

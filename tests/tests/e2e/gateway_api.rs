@@ -700,7 +700,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
 }
 
 /// `kubectl create` of `objects` (a JSON array), through a file in the cluster's directory.
-fn create_all(
+pub(crate) fn create_all(
     cluster: &LocalCluster,
     name: &str,
     objects: serde_json::Value,
@@ -713,7 +713,7 @@ fn create_all(
 }
 
 /// An object as `kubectl get -o json` prints it.
-fn get_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value, String> {
+pub(crate) fn get_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value, String> {
     let mut all = vec!["get"];
     all.extend_from_slice(args);
     all.extend_from_slice(&["-o", "json"]);
@@ -722,7 +722,7 @@ fn get_json(cluster: &LocalCluster, args: &[&str]) -> Result<serde_json::Value, 
 }
 
 /// The condition `kind` in `conditions`, if present.
-fn find_condition(conditions: &serde_json::Value, kind: &str) -> serde_json::Value {
+pub(crate) fn find_condition(conditions: &serde_json::Value, kind: &str) -> serde_json::Value {
     conditions
         .as_array()
         .and_then(|c| c.iter().find(|c| c["type"] == kind))
@@ -1361,7 +1361,11 @@ async fn a_gateway_is_programmed_only_once_a_proxy_has_bound_its_listeners() -> 
 }
 
 /// Waits for the first address in the status of Gateway `name` in `ns`.
-async fn gateway_address(cluster: &LocalCluster, ns: &str, name: &str) -> anyhow::Result<String> {
+pub(crate) async fn gateway_address(
+    cluster: &LocalCluster,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<String> {
     wait::until(&format!("Gateway {name}'s address"), wait::T, || async {
         let gw = get_json(cluster, &["gateway", "-n", ns, name])?;
         Ok(gw["status"]["addresses"][0]["value"]
@@ -1421,7 +1425,7 @@ async fn refused(addr: SocketAddr) -> anyhow::Result<()> {
 
 /// A scenario with `ingresses` Ingresses and one proxy, the Gateway API CRDs installed,
 /// and a control plane that gives Gateways addresses from `pool` (and takes `more` flags).
-async fn gateway_scenario(
+pub(crate) async fn gateway_scenario(
     name: &str,
     ingresses: usize,
     pool: &str,
@@ -1446,7 +1450,7 @@ async fn gateway_scenario(
 
 /// Our GatewayClass `<ns>-gw` and a Gateway `gw` of it in `ns` with one HTTP listener on
 /// port 80, followed by `more` (a JSON array of objects).
-fn class_and_gateway(ns: &str, more: serde_json::Value) -> serde_json::Value {
+pub(crate) fn class_and_gateway(ns: &str, more: serde_json::Value) -> serde_json::Value {
     let group = "gateway.networking.k8s.io";
     let class = format!("{ns}-gw");
     let mut all = vec![

@@ -15,6 +15,7 @@
 //! - [`deploy`], [`demo`]: the manifests, the chart, the alerts and the demo, as an operator
 //!   uses them;
 //! - [`gateway_api`]: the pinned Gateway API CRDs, echo-basic and conformance suite;
+//! - [`gateway_filters`]: HTTPRoute matches and filters beyond the core, on the real stack;
 //! - [`workloads`]: the local cluster that runs workloads (controllers, scheduler, kwok);
 //! - [`docs`]: every test the README and docs/design.md cite exists.
 //!
@@ -30,6 +31,7 @@ mod deploy;
 mod docs;
 mod faults;
 mod gateway_api;
+mod gateway_filters;
 mod h2spec;
 mod ha;
 mod https;

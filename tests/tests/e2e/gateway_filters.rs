@@ -1,0 +1,136 @@
+//! HTTPRoute matches and filters beyond the core, end to end: the real API server and
+//! control plane, our proxy, the echo backends. The Gateway API suite checks the same
+//! features (tests/tests/e2e/conformance.rs); these check what the suite leaves out: the
+//! precedence between them, the query kept through a rewrite, and that a response header
+//! rule never touches this hop's framing.
+
+use std::net::SocketAddr;
+
+use holdfast_tests::http as web;
+use holdfast_tests::wait;
+use serde_json::json;
+
+use super::gateway_api::{class_and_gateway, create_all, gateway_address, gateway_scenario};
+
+/// One HTTPRoute for `filters.test` with a rule per feature; each is asked what it serves
+/// and each answer is checked by its status and the echo's report of the request it got
+/// (method, host and path) or the redirect's Location.
+#[tokio::test]
+async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_are_served_as_written()
+-> anyhow::Result<()> {
+    let s = gateway_scenario("gwfilters", 1, "127.75.0.0/16", &[]).await?;
+    let ns = &s.ns;
+    let respond = |rule: &str| {
+        json!({ "type": "ResponseHeaderModifier", "responseHeaderModifier": {
+            "set": [{ "name": "X-Rule", "value": rule }] } })
+    };
+    create_all(
+        &s.cluster,
+        "gateway",
+        class_and_gateway(
+            ns,
+            json!([
+                { "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                  "metadata": { "name": "filters", "namespace": ns },
+                  "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": ["filters.test"],
+                    "rules": [
+                      { "matches": [{ "method": "PATCH" }],
+                        "filters": [respond("patch")],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "queryParams": [{ "name": "animal", "value": "whale" }] }],
+                        "filters": [{ "type": "ResponseHeaderModifier", "responseHeaderModifier": {
+                            "set": [{ "name": "X-Rule", "value": "whale" },
+                                    { "name": "Content-Length", "value": "1" }],
+                            "add": [{ "name": "X-Added", "value": "a" }],
+                            "remove": ["X-Echo-Headers"] } }],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/rw" } }],
+                        "filters": [{ "type": "URLRewrite", "urlRewrite": {
+                            "hostname": "up.test",
+                            "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/v2" } } }],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/full" } }],
+                        "filters": [{ "type": "URLRewrite", "urlRewrite": {
+                            "path": { "type": "ReplaceFullPath", "replaceFullPath": "/one" } } }],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/old" } }],
+                        "filters": [{ "type": "RequestRedirect", "requestRedirect": {
+                            "statusCode": 301,
+                            "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/new" } } }] },
+                      { "filters": [respond("default")],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] }
+                    ] } }
+            ]),
+        ),
+    )?;
+    let at: SocketAddr = (
+        gateway_address(&s.cluster, ns, "gw")
+            .await?
+            .parse::<std::net::IpAddr>()?,
+        80,
+    )
+        .into();
+    let ask = |method: &'static str, path: &'static str| async move {
+        web::request_with(at, method, "filters.test", path, &[]).await
+    };
+    // Served once the route is: the default rule answers for its backend.
+    wait::until("the route served", wait::T, || async {
+        Ok(ask("GET", "/x")
+            .await
+            .ok()
+            .filter(|(status, h, _)| {
+                *status == 200 && h.get("x-rule").is_some_and(|v| v == "default")
+            })
+            .map(|_| ()))
+    })
+    .await?;
+
+    // A method match wins over the rules after it; another method is not it.
+    let (status, h, _) = ask("PATCH", "/x").await?;
+    assert_eq!((status, &h["x-rule"]), (200, &"patch".parse()?));
+    let (_, h, _) = ask("PUT", "/x").await?;
+    assert_eq!(h["x-rule"], "default");
+
+    // A query parameter match: the first `animal` is the one compared; the response's
+    // headers are changed as the rule says, its framing never.
+    let (status, h, body) = ask("GET", "/x?animal=whale&b=1").await?;
+    assert_eq!(status, 200);
+    assert_eq!(h["x-rule"], "whale");
+    assert_eq!(h["x-added"], "a");
+    assert!(!h.contains_key("x-echo-headers"), "{h:?}");
+    let echo = h["x-echo-name"].to_str()?;
+    assert_eq!(
+        body,
+        format!("{echo}\n"),
+        "the body whole, by its own length"
+    );
+    assert_eq!(h["content-length"], body.len().to_string().as_str());
+    let (_, h, _) = ask("GET", "/x?animal=dolphin&animal=whale").await?;
+    assert_eq!(
+        h["x-rule"], "default",
+        "only the first parameter of a name counts"
+    );
+    let (_, h, _) = ask("GET", "/x?ANIMAL=whale").await?;
+    assert_eq!(h["x-rule"], "default", "names are case-sensitive");
+
+    // URLRewrite: the host and the matched prefix, element-wise; the query is kept. The
+    // forwarding headers still name the host the client asked for.
+    let (status, h, _) = ask("GET", "/rw/a/b?q=1").await?;
+    assert_eq!(status, 200);
+    assert_eq!(h["x-echo-host"], "up.test");
+    assert_eq!(h["x-echo-path"], "/v2/a/b?q=1");
+    assert_eq!(h["x-echo-x-forwarded-host"], "filters.test");
+    let (_, h, _) = ask("GET", "/rw").await?;
+    assert_eq!(h["x-echo-path"], "/v2");
+    let (_, h, _) = ask("GET", "/rwx").await?;
+    assert_eq!(h["x-echo-path"], "/rwx", "/rwx is not under the prefix /rw");
+    let (_, h, _) = ask("GET", "/full/x/y?q=2").await?;
+    assert_eq!(h["x-echo-path"], "/one?q=2");
+    assert_eq!(h["x-echo-host"], "filters.test");
+
+    // A redirect's path: the matched prefix replaced, the rest and the query kept.
+    let (status, h, _) = ask("GET", "/old/page?q=3").await?;
+    assert_eq!(status, 301);
+    assert_eq!(h["location"], "http://filters.test/new/page?q=3");
+    Ok(())
+}
