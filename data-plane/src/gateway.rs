@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use holdfast_http::headers::HeaderChanges;
+pub use holdfast_http::routing::Timeouts;
 use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
 use http::{HeaderName, HeaderValue};
 
@@ -155,6 +156,8 @@ pub enum Action {
         response: HeaderChanges,
         /// The host and path sent upstream (None: the request's).
         rewrite: Option<Box<Rewrite>>,
+        /// How long a request may take.
+        timeouts: Timeouts,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -209,6 +212,24 @@ fn header_pair(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
         HeaderName::from_bytes(name.as_bytes()).ok()?,
         HeaderValue::from_str(value).ok()?,
     ))
+}
+
+/// A snapshot's rule timeouts: a request limit of 0 is none; a backend limit of 0 is no
+/// limit at all (not even the proxy's).
+fn timeouts_of(t: Option<&holdfast_proto::v1::RouteTimeouts>) -> Timeouts {
+    let Some(t) = t else {
+        return Timeouts::default();
+    };
+    Timeouts {
+        request: t
+            .request_ms
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis),
+        backend: t.backend_request_ms.map(|ms| match ms {
+            0 => std::time::Duration::MAX,
+            ms => std::time::Duration::from_millis(ms),
+        }),
+    }
 }
 
 /// A snapshot's header modifier compiled (None: a name or value that is not one).
@@ -364,6 +385,7 @@ impl Listener {
                             headers: changes(&r.request_headers)?,
                             response: changes(&r.response_headers)?,
                             rewrite,
+                            timeouts: timeouts_of(r.timeouts.as_ref()),
                         }
                     }
                 };

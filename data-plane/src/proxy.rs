@@ -370,6 +370,8 @@ pub struct Forwarding<'t> {
     pub upstream_host: Option<HeaderValue>,
     /// A Gateway rule's response header changes.
     pub response_changes: Option<&'t crate::gateway::HeaderChanges>,
+    /// A Gateway rule's timeouts.
+    pub timeouts: crate::gateway::Timeouts,
 }
 
 impl<'t> Forwarding<'t> {
@@ -385,6 +387,7 @@ impl<'t> Forwarding<'t> {
                 None => None,
             },
             response_changes: routed.response_changes,
+            timeouts: routed.timeouts.copied().unwrap_or_default(),
         })
     }
 }
@@ -560,9 +563,17 @@ impl Forwarder {
     /// within the response timeout, counted from when the request body has been read whole
     /// (a slow upload is bounded by the body read timeout between its bytes, not by the
     /// response timeout).
-    async fn timed<F: Future>(&self, response: F, slot: &BodySlot) -> Result<F::Output, ()> {
-        let timeout = self.settings.response_timeout;
+    async fn timed<F: Future>(
+        &self,
+        response: F,
+        slot: &BodySlot,
+        timeout: Duration,
+    ) -> Result<F::Output, ()> {
         tokio::pin!(response);
+        // A rule's "no limit" is a timeout too long to have an instant.
+        let Some(_) = tokio::time::Instant::now().checked_add(timeout) else {
+            return Ok(response.await);
+        };
         let mut deadline = slot
             .is_done()
             .then(|| tokio::time::Instant::now() + timeout);
@@ -604,17 +615,18 @@ impl Forwarder {
         mut request: Request<ReclaimBody>,
         upgrade: bool,
         slot: &BodySlot,
+        wait: Duration,
     ) -> Result<Exchanged, Failed> {
         if upgrade {
             let mut send = up.spawn_with_upgrades();
-            return match self.timed(send.send_request(request), slot).await {
+            return match self.timed(send.send_request(request), slot, wait).await {
                 Ok(Ok(response)) => Ok((response, None)),
                 Ok(Err(e)) => Err(Failed::Upstream(e)),
                 Err(()) => Err(Failed::Timeout),
             };
         }
         loop {
-            match self.timed(up.send(request), slot).await {
+            match self.timed(up.send(request), slot, wait).await {
                 Ok(Ok(response)) => return Ok((response, Some(up))),
                 Ok(Err(Ok(unsent))) if up.reused() => {
                     up = match self.connection(key, true).await {
@@ -806,7 +818,16 @@ impl Forwarder {
             Err(answer) => return answer,
         };
         let route = routed.route;
-        let answer = match self.forward(req, routed, client, tls, port).await {
+        let forwarded = match routed.timeouts.request {
+            // A rule's limit on the whole request: every attempt, to the response head.
+            Some(limit) => {
+                tokio::time::timeout(limit, self.forward(req, routed, client, tls, port))
+                    .await
+                    .unwrap_or(Err(Failure::Timeout(limit)))
+            }
+            None => self.forward(req, routed, client, tls, port).await,
+        };
+        let answer = match forwarded {
             Ok(response) => response,
             Err(failure) => {
                 let mut answer = self.fail(failure.reason(), error_chain(&failure));
@@ -842,6 +863,10 @@ impl Forwarder {
         });
         let (mut parts, body) = req.into_parts();
         let response_changes = routed.response_changes;
+        let wait = routed
+            .timeouts
+            .backend
+            .unwrap_or(self.settings.response_timeout);
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
         let slot = Arc::new(self.body_slot(body).map_err(Failure::DeclaredTooLarge)?);
 
@@ -873,7 +898,8 @@ impl Forwarder {
                     *upstream.uri_mut() = Uri::from(path_and_query.clone());
                     *upstream.version_mut() = Version::HTTP_11;
                     *upstream.headers_mut() = request_headers;
-                    self.exchange(up, &key, upstream, upgrade, &slot).await
+                    self.exchange(up, &key, upstream, upgrade, &slot, wait)
+                        .await
                 }
                 Err(e) => Err(Failed::Connect(e, None)),
             };
@@ -890,7 +916,7 @@ impl Forwarder {
                     return Ok(answer);
                 }
                 Err(Failed::Timeout) => {
-                    failure = Failure::Timeout(self.settings.response_timeout);
+                    failure = Failure::Timeout(wait);
                     break;
                 }
                 Err(Failed::Connect(e, unsent)) => {

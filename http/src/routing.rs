@@ -4,6 +4,8 @@
 //! built), and the engine acts on the decision. Generic over the proxy's route `R` and
 //! the reason `E` it answers an error with.
 
+use std::time::Duration;
+
 use http::uri::PathAndQuery;
 
 use crate::headers::{HeaderChanges, HeaderLookup};
@@ -69,4 +71,17 @@ pub struct Routed<'t, 'r, R> {
     pub upstream_host: Option<&'t str>,
     /// A Gateway rule's response header changes.
     pub response_changes: Option<&'t HeaderChanges>,
+    /// A Gateway rule's timeouts (None: the proxy's own).
+    pub timeouts: Option<&'t Timeouts>,
+}
+
+/// A Gateway rule's timeouts (`HTTPRouteRule.timeouts`); the default is the proxy's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole request, from its head read to the response head, over every attempt
+    /// (then 504); None: no such limit.
+    pub request: Option<Duration>,
+    /// Each attempt's wait for the response head after the request went whole, instead
+    /// of the proxy's response timeout (then 504); `Duration::MAX`: no limit.
+    pub backend: Option<Duration>,
 }

@@ -34,6 +34,8 @@ pub struct Options {
     pub default_api_timeouts: bool,
     /// kube-apiserver logs every request it receives ([`Scenario::audit`]).
     pub audit: bool,
+    /// Extra flags for each proxy the scenario starts.
+    pub proxy_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -44,6 +46,7 @@ impl Default for Options {
             cp_args: Vec::new(),
             default_api_timeouts: false,
             audit: false,
+            proxy_args: Vec::new(),
         }
     }
 }
@@ -169,8 +172,9 @@ impl Scenario {
             ingresses: opts.ingresses,
             audit,
         };
+        let proxy_args: Vec<&str> = opts.proxy_args.iter().map(String::as_str).collect();
         for i in 0..opts.proxies {
-            s.add_proxy(&format!("proxy-{i}"), &[s.cp.grpc_url()])?;
+            s.add_proxy_with(&format!("proxy-{i}"), &[s.cp.grpc_url()], &proxy_args)?;
         }
         s.wait_all_served().await?;
         Ok(s)
@@ -178,8 +182,18 @@ impl Scenario {
 
     /// Starts one more proxy with its own state directory.
     pub fn add_proxy(&mut self, name: &str, control_planes: &[String]) -> Result<()> {
+        self.add_proxy_with(name, control_planes, &[])
+    }
+
+    /// Starts one more proxy with its own state directory and `args`.
+    pub fn add_proxy_with(
+        &mut self,
+        name: &str,
+        control_planes: &[String],
+        args: &[&str],
+    ) -> Result<()> {
         let state = tempfile::tempdir()?;
-        let p = ProxyProc::start(name, control_planes, state.path(), &self.logs, &[])?;
+        let p = ProxyProc::start(name, control_planes, state.path(), &self.logs, args)?;
         self.state_dirs.push(state);
         self.proxies.push(p);
         Ok(())

@@ -37,6 +37,14 @@ struct Rule {
     matches: Vec<Match>,
     filters: Vec<Filter>,
     backend_refs: Vec<BackendRef>,
+    timeouts: Option<TimeoutsSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct TimeoutsSpec {
+    request: Option<String>,
+    backend_request: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -186,6 +194,50 @@ pub struct Rewrite {
     pub path: Option<PathModifier>,
 }
 
+/// A rule's timeouts (`HTTPRouteRule.timeouts`): None is not given; zero is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole request, to the response head.
+    pub request: Option<std::time::Duration>,
+    /// Each attempt, from the request sent to the response head.
+    pub backend_request: Option<std::time::Duration>,
+}
+
+/// A Gateway API `Duration` (GEP-2257): one to four numbers of at most five digits, each
+/// with a unit `h`, `m`, `s` or `ms`, added (`1h30m`, `500ms`, `0s`).
+pub fn gateway_duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{text:?} is not a duration (like 10s, 500ms or 1m30s)");
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = text;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 5 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (std::time::Duration::from_millis(1), 2)
+        } else if rest.starts_with('h') {
+            (std::time::Duration::from_secs(3600), 1)
+        } else if rest.starts_with('m') {
+            (std::time::Duration::from_secs(60), 1)
+        } else if rest.starts_with('s') {
+            (std::time::Duration::from_secs(1), 1)
+        } else {
+            return Err(bad());
+        };
+        rest = &rest[len..];
+        total += unit * u32::try_from(n).map_err(|_| bad())?;
+        parts += 1;
+    }
+    if parts == 0 || parts > 4 {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
 /// What a matched entry does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -200,6 +252,8 @@ pub enum Action {
         response_headers: HeaderModifier,
         /// The host and path sent upstream.
         rewrite: Option<Rewrite>,
+        /// How long a request may take.
+        timeouts: Timeouts,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -733,11 +787,30 @@ fn action(
             weight,
         });
     }
+    let spec = rule.timeouts.clone().unwrap_or_default();
+    let timeouts = Timeouts {
+        request: spec.request.as_deref().map(gateway_duration).transpose()?,
+        backend_request: spec
+            .backend_request
+            .as_deref()
+            .map(gateway_duration)
+            .transpose()?,
+    };
+    if let Timeouts {
+        request: Some(request),
+        backend_request: Some(backend),
+    } = timeouts
+        && !request.is_zero()
+        && backend > request
+    {
+        return Err("timeouts.backendRequest must not be longer than timeouts.request".into());
+    }
     Ok(Action::Forward {
         backends,
         headers,
         response_headers,
         rewrite,
+        timeouts,
     })
 }
 
@@ -898,6 +971,20 @@ mod tests {
             ],
             "of several matches of one parameter name only the first counts"
         );
+    }
+
+    #[test]
+    fn durations_are_read_as_the_gateway_api_writes_them() {
+        use std::time::Duration;
+        assert_eq!(gateway_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(gateway_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(
+            gateway_duration("1h30m5s10ms"),
+            Ok(Duration::from_millis(5_405_010))
+        );
+        for bad in ["", "10", "1.5s", "1d", "123456s", "1h1m1s1ms1s", "-1s", "s"] {
+            assert!(gateway_duration(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

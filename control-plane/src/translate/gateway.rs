@@ -21,8 +21,8 @@ use std::sync::Arc;
 use holdfast_proto::snapshot::{gateway_host_name, listener_name};
 use holdfast_proto::v1::{
     GatewayHost, GatewayListener, GatewayRef, GatewayRoute, HeaderMatch, HeaderModifier,
-    ListenerCertificates, MatchKind, PathModifier, RequestRedirect, RouteRef, UrlRewrite,
-    WeightedBackend,
+    ListenerCertificates, MatchKind, PathModifier, RequestRedirect, RouteRef, RouteTimeouts,
+    UrlRewrite, WeightedBackend,
 };
 
 use super::*;
@@ -162,6 +162,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             headers,
             response_headers,
             rewrite,
+            timeouts,
         } => {
             r.backends = backends
                 .iter()
@@ -180,6 +181,13 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                 .collect();
             r.request_headers = modifier_of(headers);
             r.response_headers = modifier_of(response_headers);
+            if *timeouts != routes::Timeouts::default() {
+                let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                r.timeouts = Some(RouteTimeouts {
+                    request_ms: timeouts.request.map(ms),
+                    backend_request_ms: timeouts.backend_request.map(ms),
+                });
+            }
             r.rewrite = rewrite.as_ref().map(|w| UrlRewrite {
                 hostname: w.hostname.clone().unwrap_or_default(),
                 path: w.path.as_ref().map(path_of),

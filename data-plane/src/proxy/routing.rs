@@ -9,7 +9,7 @@ use holdfast_http::headers::{BadRequest, HeaderLookup, valid_authority};
 use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
 
 use super::{Forwarder, LOOP_HEADER, Reason, Via};
-use crate::gateway::{Action, HeaderChanges, Target};
+use crate::gateway::{Action, HeaderChanges, Target, Timeouts};
 use crate::matching::Asked;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
@@ -202,13 +202,14 @@ impl Forwarder {
             );
         };
         let matched = &entry.action;
-        let (changes, response, rewrite) = match &matched.action {
+        let (changes, response, rewrite, timeouts) = match &matched.action {
             Action::Forward {
                 headers,
                 response,
                 rewrite,
+                timeouts,
                 ..
-            } => (headers, response, rewrite),
+            } => (headers, response, rewrite, timeouts),
             Action::Redirect(redirect) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let target = match &redirect.path {
@@ -254,6 +255,7 @@ impl Forwarder {
                 routed.upstream_host = rewrite.as_ref().and_then(|w| w.hostname.as_deref());
                 routed.response_changes =
                     Some(response).filter(|c| **c != HeaderChanges::default());
+                routed.timeouts = Some(timeouts).filter(|t| **t != Timeouts::default());
                 Decision::Forward(routed)
             }
             other => other,
@@ -291,6 +293,7 @@ fn forward_to<'t, 'r>(
         header_changes,
         upstream_host: None,
         response_changes: None,
+        timeouts: None,
     })
 }
 

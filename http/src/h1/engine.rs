@@ -206,6 +206,12 @@ pub struct H1Conn<'f, F, S> {
     timeouts: Timeouts,
     /// The timer of the waits every keep-alive request makes ([`super::timer`]).
     timer: Timer,
+    /// The current request's wait for each response head (its rule's, else the proxy's
+    /// response timeout; `Duration::MAX` none).
+    wait: Duration,
+    /// When the current request's rule says it must have its response head by, and the
+    /// rule's limit.
+    deadline: Option<(Instant, Duration)>,
     peer: SocketAddr,
     port: u16,
     requests: u64,
@@ -254,6 +260,8 @@ where
             limits,
             timeouts,
             timer: Timer::new(),
+            wait: service.settings().response_timeout,
+            deadline: None,
             peer,
             port,
             requests: 0,
@@ -422,6 +430,11 @@ where
                     changes: r.header_changes,
                     upstream_host: r.upstream_host,
                 };
+                let rule = r.timeouts.copied().unwrap_or_default();
+                self.wait = rule.backend.unwrap_or(settings.response_timeout);
+                self.deadline = rule
+                    .request
+                    .and_then(|d| Some((started.checked_add(d)?, d)));
                 plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
                 (r.route, upgrade, r.response_changes)
             }
@@ -605,7 +618,7 @@ where
                 }
                 Err(Exchange::ClientGone) => return (499, Next::Close),
                 Err(Exchange::Timeout) => {
-                    failure = Failure::Timeout(self.service.settings().response_timeout);
+                    failure = Failure::Timeout(self.wait);
                     break;
                 }
                 Err(Exchange::Stale) => {
@@ -625,9 +638,27 @@ where
                 }
             }
         }
+        // Past the rule's deadline, whatever failed last, the request timed out.
+        if let Some((deadline, limit)) = self.deadline
+            && clock::now() >= deadline
+        {
+            failure = Failure::Timeout(limit);
+        }
         let (reason, detail) = self.service.failed(&failure);
         let _ = self.answer(reason, detail, true).await;
         (self.service.status(reason).as_u16(), Next::Close)
+    }
+
+    /// The earlier of `after` from now and the request's deadline.
+    fn by(&self, after: Duration) -> Until {
+        match (
+            self.deadline.map(|d| d.0),
+            Until::after(clock::now(), after),
+        ) {
+            (None, own) => own,
+            (Some(deadline), Until::At(at)) => Until::At(at.min(deadline)),
+            (Some(deadline), _) => Until::At(deadline),
+        }
     }
 
     /// A pooled connection to `key` (checked still open), or a new one; an upgrade always
@@ -644,10 +675,10 @@ where
         if !fresh && let Some(up) = take_idle(number, key, check) {
             return Ok((up, true));
         }
-        let timeout = self.service.settings().connect_timeout;
+        let by = self.by(self.service.settings().connect_timeout);
         let stream = self
             .timer
-            .within(Until::After(timeout), crate::upstream::open(key))
+            .within(by, crate::upstream::open(key))
             .await
             .unwrap_or(Err(ConnectError::Timeout))?;
         let _ = stream.set_nodelay(true);
@@ -704,7 +735,6 @@ where
             BodyFraming::Chunked => self.relay_chunked_up(upstream).await,
             _ => Ok(()),
         };
-        let timeout = self.service.settings().response_timeout;
         match sent {
             Ok(()) => {}
             // The upstream stopped taking the body: it may have answered already (a 413
@@ -719,8 +749,7 @@ where
             }
             Err(other) => return Err(other),
         }
-        self.read_final(upstream, Until::after(clock::now(), timeout))
-            .await
+        self.read_final(upstream, self.by(self.wait)).await
     }
 
     /// Writes `buf[from..to]` to the upstream, or with `None` the planned head (and the
@@ -730,18 +759,16 @@ where
         upstream: &mut TcpStream,
         bytes: Option<(usize, usize)>,
     ) -> std::io::Result<()> {
-        let timeout = self.service.settings().response_timeout;
+        let by = self.by(self.wait);
         let written = match bytes {
             Some((from, to)) => {
                 let data = &self.buf[from..to];
-                self.timer
-                    .within(Until::After(timeout), upstream.write_all(data))
-                    .await
+                self.timer.within(by, upstream.write_all(data)).await
             }
             None => {
                 let base = &self.buf[self.head_at..];
                 let write = write_runs(upstream, &self.pieces, base, &self.out);
-                self.timer.within(Until::After(timeout), write).await
+                self.timer.within(by, write).await
             }
         };
         match written {
@@ -1636,6 +1663,7 @@ mod tests {
                 header_changes: None,
                 upstream_host: None,
                 response_changes: None,
+                timeouts: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {

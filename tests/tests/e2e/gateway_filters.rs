@@ -10,15 +10,28 @@ use holdfast_tests::http as web;
 use holdfast_tests::wait;
 use serde_json::json;
 
-use super::gateway_api::{class_and_gateway, create_all, gateway_address, gateway_scenario};
+use super::gateway_api::{class_and_gateway, create_all, gateway_address};
 
 /// One HTTPRoute for `filters.test` with a rule per feature; each is asked what it serves
 /// and each answer is checked by its status and the echo's report of the request it got
-/// (method, host and path) or the redirect's Location.
+/// (method, host and path) or the redirect's Location. The proxy waits 1 s for a response
+/// head unless a rule says otherwise; the echo answers after `delay_ms`.
 #[tokio::test]
 async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_are_served_as_written()
 -> anyhow::Result<()> {
-    let s = gateway_scenario("gwfilters", 1, "127.75.0.0/16", &[]).await?;
+    use holdfast_tests::scenario::{Options, Scenario, gateway_cp_args};
+    let s = Scenario::start(
+        "gwfilters",
+        Options {
+            ingresses: 1,
+            proxies: 1,
+            cp_args: gateway_cp_args("127.75.0.0/16"),
+            proxy_args: vec!["--upstream-response-timeout".into(), "1s".into()],
+            ..Options::default()
+        },
+    )
+    .await?;
+    s.cluster.install_gateway_api()?;
     let ns = &s.ns;
     let respond = |rule: &str| {
         json!({ "type": "ResponseHeaderModifier", "responseHeaderModifier": {
@@ -57,6 +70,15 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
                         "filters": [{ "type": "RequestRedirect", "requestRedirect": {
                             "statusCode": 301,
                             "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/new" } } }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/whole" } }],
+                        "timeouts": { "request": "300ms" },
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/attempt" } }],
+                        "timeouts": { "backendRequest": "300ms" },
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/patient" } }],
+                        "timeouts": { "request": "0s", "backendRequest": "0s" },
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
                       { "filters": [respond("default")],
                         "backendRefs": [{ "name": "app0", "port": 80 }] }
                     ] } }
@@ -132,5 +154,20 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
     let (status, h, _) = ask("GET", "/old/page?q=3").await?;
     assert_eq!(status, 301);
     assert_eq!(h["location"], "http://filters.test/new/page?q=3");
+
+    // Timeouts: a rule's limit on the whole request and on each attempt answer 504 while
+    // the echo still waits; "0s" lifts even the proxy's own 1 s; without a rule's, the
+    // proxy's applies.
+    for (path, status) in [
+        ("/whole?delay_ms=0", 200),
+        ("/whole?delay_ms=800", 504),
+        ("/attempt?delay_ms=0", 200),
+        ("/attempt?delay_ms=800", 504),
+        ("/patient?delay_ms=1500", 200),
+        ("/x?delay_ms=1500", 504),
+    ] {
+        let (got, _, _) = ask("GET", path).await?;
+        assert_eq!(got, status, "{path}");
+    }
     Ok(())
 }
