@@ -27,6 +27,7 @@ use http::{HeaderName, HeaderValue};
 use crate::metrics::RouteCounters;
 use crate::table::{Backend, CompileError, Label, Route, TlsCertificate};
 
+use crate::cors::Cors;
 use crate::matching::{Asked, Conditions, Hosts, Paths, Selection};
 pub use crate::matching::{Entry, PathRule};
 
@@ -158,6 +159,8 @@ pub enum Action {
         rewrite: Option<Box<Rewrite>>,
         /// How long a request may take.
         timeouts: Timeouts,
+        /// A CORS filter.
+        cors: Option<Box<Cors>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -386,6 +389,16 @@ impl Listener {
                             response: changes(&r.response_headers)?,
                             rewrite,
                             timeouts: timeouts_of(r.timeouts.as_ref()),
+                            cors: r.cors.as_ref().map(|c| {
+                                Box::new(Cors {
+                                    allow_origins: c.allow_origins.clone(),
+                                    allow_credentials: c.allow_credentials,
+                                    allow_methods: c.allow_methods.clone(),
+                                    allow_headers: c.allow_headers.clone(),
+                                    expose_headers: c.expose_headers.clone(),
+                                    max_age: c.max_age_seconds,
+                                })
+                            }),
                         }
                     }
                 };

@@ -30,6 +30,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod cors;
 pub mod gateway;
 pub mod listeners;
 pub mod matching;

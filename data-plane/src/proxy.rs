@@ -369,7 +369,7 @@ pub struct Forwarding<'t> {
     /// A Gateway rule's rewritten host: the backend's Host instead of `raw_host`.
     pub upstream_host: Option<HeaderValue>,
     /// A Gateway rule's response header changes.
-    pub response_changes: Option<&'t crate::gateway::HeaderChanges>,
+    pub response_changes: holdfast_http::routing::ResponseChanges<'t>,
     /// A Gateway rule's timeouts.
     pub timeouts: crate::gateway::Timeouts,
 }
@@ -793,6 +793,7 @@ impl Forwarder {
                 route,
             } => Err((self.fail(reason, detail), route)),
             Decision::Redirect { status, location } => Err((redirect(status, &location), None)),
+            Decision::Answer { status, headers } => Err((answer_with(status, &headers), None)),
         }
     }
 
@@ -848,7 +849,7 @@ impl Forwarder {
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        routed: Forwarding<'_>,
+        mut routed: Forwarding<'_>,
         client: SocketAddr,
         tls: bool,
         port: u16,
@@ -862,7 +863,7 @@ impl Forwarder {
             (hyper::upgrade::on(&mut req), slot)
         });
         let (mut parts, body) = req.into_parts();
-        let response_changes = routed.response_changes;
+        let response_changes = std::mem::take(&mut routed.response_changes);
         let wait = routed
             .timeouts
             .backend
@@ -910,7 +911,7 @@ impl Forwarder {
                         .observe(sent.elapsed().as_secs_f64());
                     let client_upgrade = client_upgrade.take();
                     let mut answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
-                    if let Some(changes) = response_changes {
+                    if let Some(changes) = response_changes.get() {
                         changes.apply_to_response(answer.headers_mut(), LOOP_HEADER);
                     }
                     return Ok(answer);
@@ -1062,6 +1063,16 @@ fn redirect(status: u16, location: &str) -> Response<ProxyBody> {
             "400 bad request: unusable host or path",
         ),
     }
+}
+
+/// An answer with `status`, `headers` (their `set`) and no body (a CORS preflight's).
+fn answer_with(status: u16, headers: &crate::gateway::HeaderChanges) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::NO_CONTENT);
+    for (name, value) in &headers.set {
+        response.headers_mut().append(name.clone(), value.clone());
+    }
+    response
 }
 
 /// Why a request body was cut short by the proxy's own limits.
@@ -1504,10 +1515,11 @@ mod gateway_tests {
                     r.route.backend.name,
                     r.upstream_host.unwrap_or(r.raw_host),
                     r.forward_path.as_ref().map(PathAndQuery::as_str),
-                    r.response_changes.is_some()
+                    r.response_changes.get().is_some()
                 ),
                 Decision::Redirect { status, location } => format!("{status} {location}"),
                 Decision::Refuse { reason, .. } => format!("{reason:?}"),
+                Decision::Answer { status, .. } => format!("answer {status}"),
             }
         };
         assert_eq!(decide("GET", "/x", None), "ns/a:80 gw.test None false");
@@ -1560,6 +1572,7 @@ mod gateway_tests {
                 )
             }
             Decision::Redirect { status, location } => format!("redirect {status} {location}"),
+            Decision::Answer { status, headers } => format!("answer {status} {headers:?}"),
         };
         let mut decisions = Vec::new();
         for (target, extra) in [

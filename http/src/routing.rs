@@ -53,6 +53,36 @@ pub enum Decision<'t, 'r, R, E> {
         /// The Location.
         location: String,
     },
+    /// Answer it here, without a body (a CORS preflight).
+    Answer {
+        /// The status.
+        status: u16,
+        /// The answer's headers (`set`).
+        headers: Box<HeaderChanges>,
+    },
+}
+
+/// The response header changes of one forwarded request.
+#[derive(Debug, Default)]
+pub enum ResponseChanges<'t> {
+    /// None.
+    #[default]
+    None,
+    /// A Gateway rule's.
+    Rule(&'t HeaderChanges),
+    /// Made for this request: a rule's, then a CORS filter's.
+    Made(Box<HeaderChanges>),
+}
+
+impl ResponseChanges<'_> {
+    /// The changes, if any.
+    pub fn get(&self) -> Option<&HeaderChanges> {
+        match self {
+            ResponseChanges::None => None,
+            ResponseChanges::Rule(c) => Some(c),
+            ResponseChanges::Made(c) => Some(c),
+        }
+    }
 }
 
 /// Where a routed request goes.
@@ -70,7 +100,7 @@ pub struct Routed<'t, 'r, R> {
     /// `raw_host` (the forwarding headers still name `raw_host`).
     pub upstream_host: Option<&'t str>,
     /// A Gateway rule's response header changes.
-    pub response_changes: Option<&'t HeaderChanges>,
+    pub response_changes: ResponseChanges<'t>,
     /// A Gateway rule's timeouts (None: the proxy's own).
     pub timeouts: Option<&'t Timeouts>,
 }

@@ -26,6 +26,10 @@ use std::net::Ipv4Addr;
 
 use serde::Deserialize;
 
+/// A CORS filter as the snapshot carries it (origins lower case; max age in seconds, the
+/// specification's default 5).
+pub use holdfast_proto::v1::Cors;
+
 use super::attach::{self, Hostnames, ObjectRef, Unresolved};
 use super::model::{Attachment, OurGateway, Resolved};
 use crate::translate::ClusterState;
@@ -83,6 +87,64 @@ struct Filter {
     request_redirect: Option<RedirectSpec>,
     #[serde(rename = "urlRewrite")]
     url_rewrite: Option<RewriteSpec>,
+    cors: Option<CorsSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct CorsSpec {
+    allow_origins: Vec<String>,
+    allow_credentials: Option<bool>,
+    allow_methods: Vec<String>,
+    allow_headers: Vec<String>,
+    expose_headers: Vec<String>,
+    max_age: Option<i64>,
+}
+
+/// A CORS filter checked, or why it cannot be served.
+fn cors(spec: &CorsSpec) -> Result<Cors, String> {
+    let mut origins = Vec::new();
+    for o in &spec.allow_origins {
+        let lower = o.to_ascii_lowercase();
+        let ok = lower == "*"
+            || lower.split_once("://").is_some_and(|(scheme, rest)| {
+                !scheme.is_empty()
+                    && scheme
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+                    && !rest.is_empty()
+                    && !rest.contains(['/', '?', '#', ' '])
+            });
+        if !ok {
+            return Err(format!(
+                "CORS origin {o:?} is not \"*\" or scheme://host[:port]"
+            ));
+        }
+        origins.push(lower);
+    }
+    let token = |t: &String| t == "*" || http::Method::from_bytes(t.as_bytes()).is_ok();
+    if let Some(bad) = spec.allow_methods.iter().find(|m| !token(m)) {
+        return Err(format!("CORS method {bad:?} is not a method"));
+    }
+    let name = |h: &String| h == "*" || http::HeaderName::from_bytes(h.as_bytes()).is_ok();
+    if let Some(bad) = spec
+        .allow_headers
+        .iter()
+        .chain(&spec.expose_headers)
+        .find(|h| !name(h))
+    {
+        return Err(format!("CORS header {bad:?} is not a header name"));
+    }
+    Ok(Cors {
+        allow_origins: origins,
+        allow_credentials: spec.allow_credentials.unwrap_or(false),
+        allow_methods: spec.allow_methods.clone(),
+        allow_headers: spec.allow_headers.clone(),
+        expose_headers: spec.expose_headers.clone(),
+        max_age_seconds: spec
+            .max_age
+            .map_or(5, |s| u32::try_from(s.max(0)).unwrap_or(u32::MAX)),
+    })
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -254,6 +316,8 @@ pub enum Action {
         rewrite: Option<Rewrite>,
         /// How long a request may take.
         timeouts: Timeouts,
+        /// A CORS filter.
+        cors: Option<Box<Cors>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -707,6 +771,7 @@ fn action(
     let mut response_headers = HeaderModifier::default();
     let mut rewrite = None;
     let mut redirect = None;
+    let mut cors_filter = None;
     for f in &rule.filters {
         match f.kind.as_str() {
             "RequestHeaderModifier" => {
@@ -717,6 +782,11 @@ fn action(
             "ResponseHeaderModifier" => {
                 if let Some(m) = &f.response_header_modifier {
                     response_headers = checked_modifier(m)?;
+                }
+            }
+            "CORS" => {
+                if let Some(c) = &f.cors {
+                    cors_filter = Some(Box::new(cors(c)?));
                 }
             }
             "URLRewrite" => {
@@ -811,6 +881,7 @@ fn action(
         response_headers,
         rewrite,
         timeouts,
+        cors: cors_filter,
     })
 }
 
@@ -1071,7 +1142,8 @@ mod tests {
                 { "matches": [{ "path": { "type": "RegularExpression", "value": "/x.*" } }],
                   "backendRefs": [{ "name": "v1", "port": 8080 }] },
                 { "matches": [{ "path": { "value": "/c" } }],
-                  "filters": [{ "type": "CORS", "cors": {} }],
+                  "filters": [{ "type": "ExtensionRef", "extensionRef": {
+                      "group": "example.com", "kind": "Thing", "name": "t" } }],
                   "backendRefs": [{ "name": "v1", "port": 8080 }] }
             ] }),
         )]);
@@ -1150,6 +1222,6 @@ mod tests {
         );
         assert!(reasons.iter().any(|r| r.contains("no-slash")));
         assert!(reasons.iter().any(|r| r.contains("RegularExpression")));
-        assert!(reasons.iter().any(|r| r.contains("CORS")));
+        assert!(reasons.iter().any(|r| r.contains("ExtensionRef")));
     }
 }

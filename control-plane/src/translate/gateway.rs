@@ -163,6 +163,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             response_headers,
             rewrite,
             timeouts,
+            cors,
         } => {
             r.backends = backends
                 .iter()
@@ -188,6 +189,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                     backend_request_ms: timeouts.backend_request.map(ms),
                 });
             }
+            r.cors = cors.as_deref().cloned();
             r.rewrite = rewrite.as_ref().map(|w| UrlRewrite {
                 hostname: w.hostname.clone().unwrap_or_default(),
                 path: w.path.as_ref().map(path_of),

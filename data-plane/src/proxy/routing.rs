@@ -14,6 +14,7 @@ use crate::matching::Asked;
 use crate::table::{Miss, Route, RouteTable, normalise_host};
 
 pub use holdfast_http::routing::RequestView;
+use holdfast_http::routing::ResponseChanges;
 
 /// What to do with a request ([`holdfast_http::routing::Decision`] on this proxy's routes
 /// and reasons).
@@ -202,14 +203,15 @@ impl Forwarder {
             );
         };
         let matched = &entry.action;
-        let (changes, response, rewrite, timeouts) = match &matched.action {
+        let (changes, response, rewrite, timeouts, cors) = match &matched.action {
             Action::Forward {
                 headers,
                 response,
                 rewrite,
                 timeouts,
+                cors,
                 ..
-            } => (headers, response, rewrite, timeouts),
+            } => (headers, response, rewrite, timeouts, cors),
             Action::Redirect(redirect) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let target = match &redirect.path {
@@ -222,6 +224,26 @@ impl Forwarder {
                 };
             }
         };
+        // A CORS preflight is answered here: with the filter's headers to an allowed
+        // origin, without them to another (the browser then refuses the request).
+        let origin = cors
+            .as_ref()
+            .and_then(|_| first_value(request.headers, "origin"));
+        if let (Some(cors), Some(origin)) = (cors, origin.as_deref())
+            && request.method == "OPTIONS"
+            && let Some(method) = first_value(request.headers, "access-control-request-method")
+        {
+            let headers = if cors.allows(origin) {
+                let asked = first_value(request.headers, "access-control-request-headers");
+                cors.preflight(origin, &method, asked.as_deref())
+            } else {
+                HeaderChanges::default()
+            };
+            return Decision::Answer {
+                status: 204,
+                headers: Box::new(headers),
+            };
+        }
         let route = match matched.next_target() {
             Some(Target::Route(r)) => &**r,
             Some(Target::Unresolved(why)) => {
@@ -253,8 +275,15 @@ impl Forwarder {
         match forward_to(route, raw_host, forward_path, changes) {
             Decision::Forward(mut routed) => {
                 routed.upstream_host = rewrite.as_ref().and_then(|w| w.hostname.as_deref());
-                routed.response_changes =
-                    Some(response).filter(|c| **c != HeaderChanges::default());
+                let rule = Some(response).filter(|c| **c != HeaderChanges::default());
+                routed.response_changes = match (cors, origin.as_deref()) {
+                    (Some(cors), Some(origin)) if cors.allows(origin) => {
+                        let mut made = rule.cloned().unwrap_or_default();
+                        made.set.extend(cors.actual(origin));
+                        ResponseChanges::Made(Box::new(made))
+                    }
+                    _ => rule.map_or(ResponseChanges::None, ResponseChanges::Rule),
+                };
                 routed.timeouts = Some(timeouts).filter(|t| **t != Timeouts::default());
                 Decision::Forward(routed)
             }
@@ -292,9 +321,21 @@ fn forward_to<'t, 'r>(
         forward_path,
         header_changes,
         upstream_host: None,
-        response_changes: None,
+        response_changes: ResponseChanges::None,
         timeouts: None,
     })
+}
+
+/// The first value of header `name` as text, if any.
+fn first_value(headers: &dyn HeaderLookup, name: &str) -> Option<String> {
+    let mut found = None;
+    headers.any_value(name, &mut |v| {
+        if found.is_none() {
+            found = std::str::from_utf8(v).ok().map(str::to_owned);
+        }
+        found.is_some()
+    });
+    found
 }
 
 /// `path` with the request's query, if it had one.

@@ -455,6 +455,12 @@ where
                 self.count(None, status, started);
                 return self.after_answer(len, close).await;
             }
+            Decision::Answer { status, headers } => {
+                let close = self.head.close || !self.discardable();
+                let _ = self.answer_with(status, &headers, close).await;
+                self.count(None, status, started);
+                return self.after_answer(len, close).await;
+            }
         };
         let body = self.head.framing();
         let max = self.service.settings().max_request_body;
@@ -468,7 +474,9 @@ where
             return Next::Close;
         }
         self.start = head_at + len;
-        let (status, next) = self.forward(route, body, upgrade, response_changes).await;
+        let (status, next) = self
+            .forward(route, body, upgrade, response_changes.get())
+            .await;
         self.count(Some(route), status, started);
         next
     }
@@ -1214,6 +1222,44 @@ where
     }
 
     /// A redirect answer.
+    /// Answers with `status`, `headers` (their `set`) and no body (a 204 preflight).
+    async fn answer_with(
+        &mut self,
+        status: u16,
+        headers: &HeaderChanges,
+        close: bool,
+    ) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let code = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::NO_CONTENT);
+        self.out.clear();
+        let phrase = code.canonical_reason().unwrap_or("");
+        let _ = write!(self.out, "HTTP/1.1 {} {phrase}\r\n", code.as_u16());
+        for (name, value) in &headers.set {
+            self.out.extend_from_slice(name.as_str().as_bytes());
+            self.out.extend_from_slice(b": ");
+            self.out.extend_from_slice(value.as_bytes());
+            self.out.extend_from_slice(b"\r\n");
+        }
+        if code != http::StatusCode::NO_CONTENT {
+            self.out.extend_from_slice(b"content-length: 0\r\n");
+        }
+        self.end_local_head(close);
+        self.send_out()
+            .await
+            .map_err(|_| std::io::Error::other("client gone"))
+    }
+
+    /// Ends a head written here: how the connection goes on, the Date, the blank line.
+    fn end_local_head(&mut self, close: bool) {
+        if close {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        } else if self.head.minor == 0 {
+            self.out.extend_from_slice(b"connection: keep-alive\r\n");
+        }
+        with_date(|line| self.out.extend_from_slice(line));
+        self.out.extend_from_slice(b"\r\n");
+    }
+
     async fn redirect(&mut self, status: u16, location: &str, close: bool) -> std::io::Result<()> {
         if location.bytes().any(|b| !(b' '..=b'~').contains(&b)) {
             let body = "400 bad request: unusable host or path";
@@ -1245,13 +1291,7 @@ where
         if let Some(location) = location {
             let _ = write!(self.out, "location: {location}\r\n");
         }
-        if close {
-            self.out.extend_from_slice(b"connection: close\r\n");
-        } else if self.head.minor == 0 {
-            self.out.extend_from_slice(b"connection: keep-alive\r\n");
-        }
-        with_date(|line| self.out.extend_from_slice(line));
-        self.out.extend_from_slice(b"\r\n");
+        self.end_local_head(close);
         // No body for HEAD.
         if !self.head_request {
             self.out.extend_from_slice(body.as_bytes());
@@ -1662,7 +1702,7 @@ mod tests {
                 forward_path: None,
                 header_changes: None,
                 upstream_host: None,
-                response_changes: None,
+                response_changes: Default::default(),
                 timeouts: None,
             })
         }

@@ -79,6 +79,15 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
                       { "matches": [{ "path": { "type": "PathPrefix", "value": "/patient" } }],
                         "timeouts": { "request": "0s", "backendRequest": "0s" },
                         "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/cors" } }],
+                        "filters": [{ "type": "CORS", "cors": {
+                            "allowOrigins": ["https://app.test", "https://*.apps.test"],
+                            "allowCredentials": true,
+                            "allowMethods": ["GET", "PUT"],
+                            "allowHeaders": ["x-token"],
+                            "exposeHeaders": ["x-echo-name"],
+                            "maxAge": 600 } }],
+                        "backendRefs": [{ "name": "app0", "port": 80 }] },
                       { "filters": [respond("default")],
                         "backendRefs": [{ "name": "app0", "port": 80 }] }
                     ] } }
@@ -154,6 +163,44 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
     let (status, h, _) = ask("GET", "/old/page?q=3").await?;
     assert_eq!(status, 301);
     assert_eq!(h["location"], "http://filters.test/new/page?q=3");
+
+    // CORS: a preflight from an allowed origin is answered here with what is allowed;
+    // from another, without it; an actual request goes to the backend, and its response
+    // names the allowed origin alone.
+    let preflight = |origin: &'static str| async move {
+        let headers = [
+            ("origin", origin),
+            ("access-control-request-method", "PUT"),
+            ("access-control-request-headers", "x-token"),
+        ];
+        web::request_with(at, "OPTIONS", "filters.test", "/cors/a", &headers).await
+    };
+    let (status, h, _) = preflight("https://a.b.apps.test").await?;
+    assert_eq!(status, 204);
+    assert!(
+        !h.contains_key("x-echo-name"),
+        "answered by the proxy: {h:?}"
+    );
+    assert_eq!(h["access-control-allow-origin"], "https://a.b.apps.test");
+    assert_eq!(h["access-control-allow-methods"], "GET, PUT");
+    assert_eq!(h["access-control-allow-headers"], "x-token");
+    assert_eq!(h["access-control-allow-credentials"], "true");
+    assert_eq!(h["access-control-max-age"], "600");
+    let (status, h, _) = preflight("https://evil.test").await?;
+    assert_eq!(status, 204);
+    assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+    assert!(!h.contains_key("x-echo-name"), "{h:?}");
+    let actual = |origin: &'static str| async move {
+        web::request_with(at, "GET", "filters.test", "/cors/a", &[("origin", origin)]).await
+    };
+    let (status, h, _) = actual("https://app.test").await?;
+    assert_eq!(status, 200);
+    assert!(h.contains_key("x-echo-name"), "forwarded: {h:?}");
+    assert_eq!(h["access-control-allow-origin"], "https://app.test");
+    assert_eq!(h["access-control-expose-headers"], "x-echo-name");
+    let (status, h, _) = actual("https://evil.test").await?;
+    assert_eq!(status, 200);
+    assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
 
     // Timeouts: a rule's limit on the whole request and on each attempt answer 504 while
     // the echo still waits; "0s" lifts even the proxy's own 1 s; without a rule's, the
