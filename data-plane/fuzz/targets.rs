@@ -349,6 +349,7 @@ impl Engines {
                     allow_upgrade: vec![],
                     trust_forwarded_from: vec![],
                     allow_dot_segment_params: false,
+                    retry_budget: 0.2,
                     loop_token: token.clone(),
                 },
                 holdfast_data_plane::metrics::Metrics::new(&mut registry),

@@ -217,6 +217,12 @@ pub struct Args {
     /// `/public`. Turn it on only if no backend does that.
     #[arg(long, env = "HOLDFAST_ALLOW_DOT_SEGMENT_PARAMS")]
     pub allow_dot_segment_params: bool,
+    /// Retries a Gateway rule's retry policy may add, as a share of the requests on
+    /// routes with one (0 to 1): each such request earns this much of a retry, a retry
+    /// spends one, and at most 10 are saved up. A retry past the budget is not made (and
+    /// is counted).
+    #[arg(long, env = "HOLDFAST_RETRY_BUDGET", default_value_t = 0.2)]
+    pub retry_budget: f64,
     /// Largest snapshot applied, in encoded bytes (default 64 MiB); larger ones are
     /// NACKed and the current one keeps serving. Memory: about three times this while
     /// applying, plus the state file (in a memory-backed volume in deploy/kubernetes).
@@ -353,6 +359,9 @@ impl Args {
         if self.max_headers == 0 {
             return Err(ConfigError::new("max-headers", "must be at least 1"));
         }
+        if !(0.0..=1.0).contains(&self.retry_budget) {
+            return Err(ConfigError::new("retry-budget", "must be from 0 to 1"));
+        }
         if self.max_header_bytes < 1024 {
             return Err(ConfigError::new(
                 "max-header-bytes",
@@ -459,6 +468,7 @@ impl Args {
                 body_read_timeout: self.body_read_timeout,
                 trust_forwarded_from: self.trust_forwarded_from,
                 allow_dot_segment_params: self.allow_dot_segment_params,
+                retry_budget: self.retry_budget,
                 loop_token: crate::proxy::new_loop_token(),
                 allow_upgrade: self
                     .allow_upgrade

@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use holdfast_http::forward::Retry;
 pub use holdfast_http::headers::HeaderChanges;
 pub use holdfast_http::routing::Timeouts;
 use holdfast_proto::v1::{GatewayHost, GatewayListener, MatchKind};
@@ -161,6 +162,8 @@ pub enum Action {
         timeouts: Timeouts,
         /// A CORS filter.
         cors: Option<Box<Cors>>,
+        /// When a response is tried again.
+        retry: Option<Box<Retry>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -389,6 +392,17 @@ impl Listener {
                             response: changes(&r.response_headers)?,
                             rewrite,
                             timeouts: timeouts_of(r.timeouts.as_ref()),
+                            retry: r.retry.as_ref().map(|p| {
+                                Box::new(Retry {
+                                    codes: p
+                                        .codes
+                                        .iter()
+                                        .filter_map(|c| u16::try_from(*c).ok())
+                                        .collect(),
+                                    attempts: p.attempts,
+                                    backoff: std::time::Duration::from_millis(p.backoff_ms),
+                                })
+                            }),
                             cors: r.cors.as_ref().map(|c| {
                                 Box::new(Cors {
                                     allow_origins: c.allow_origins.clone(),

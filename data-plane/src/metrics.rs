@@ -63,6 +63,7 @@ impl RequestSeries {
                 Arc::new(RouteSeries {
                     classes: Default::default(),
                     latency: latency_histogram(),
+                    retries: OnceLock::new(),
                 })
             })
             .clone()
@@ -117,15 +118,28 @@ impl Collector for RequestSeries {
             }
             encode_classes(&mut family, UNROUTED, &self.unrouted)?;
         }
+        {
+            let mut family = encoder.encode_descriptor(
+                "request_duration_seconds",
+                "Time from a request's head to its response's head (the proxy's own work, retries and the upstream's answer), by route",
+                None,
+                MetricType::Histogram,
+            )?;
+            for (route, s) in &series {
+                s.latency
+                    .encode(family.encode_family(&[("route", &**route)])?)?;
+            }
+        }
         let mut family = encoder.encode_descriptor(
-            "request_duration_seconds",
-            "Time from a request's head to its response's head (the proxy's own work, retries and the upstream's answer), by route",
+            "route_retries",
+            "Requests sent again by their rule's retry policy, by route",
             None,
-            MetricType::Histogram,
+            MetricType::Counter,
         )?;
         for (route, s) in &series {
-            s.latency
-                .encode(family.encode_family(&[("route", &**route)])?)?;
+            if let Some(retries) = s.retries.get() {
+                retries.encode(family.encode_family(&[("route", &**route)])?)?;
+            }
         }
         Ok(())
     }
@@ -151,6 +165,8 @@ pub struct RouteCounters {
 struct RouteSeries {
     classes: [OnceLock<Counter>; 4],
     latency: Histogram,
+    /// Requests sent again by a rule's retry policy (made at the first).
+    retries: OnceLock<Counter>,
 }
 
 /// A copy is a route of a new table: it counts into the same series, and is not retired.
@@ -278,6 +294,8 @@ pub struct Metrics {
     pub gateway_listeners_unbound: Gauge,
     /// Failed attempts to bind a Gateway listener.
     pub gateway_bind_failures: Counter,
+    /// Retries a rule's policy allowed that the retry budget did not.
+    pub retries_over_budget: Counter,
     /// Reloads of the control-plane connection's TLS files, and changed files that did
     /// not load.
     pub tls_reloads: ReloadCounters,
@@ -314,6 +332,7 @@ impl Metrics {
             gateway_listeners: Gauge::default(),
             gateway_listeners_unbound: Gauge::default(),
             gateway_bind_failures: Counter::default(),
+            retries_over_budget: Counter::default(),
             tls_reloads: ReloadCounters::default(),
             h1_engine: Family::default(),
         };
@@ -430,6 +449,11 @@ impl Metrics {
             "Failed attempts to bind a Gateway listener",
             m.gateway_bind_failures.clone(),
         );
+        r.register(
+            "retries_over_budget",
+            "Retries a Gateway rule's policy allowed that the retry budget (--retry-budget) did not",
+            m.retries_over_budget.clone(),
+        );
         m.tls_reloads
             .register(r, "tls", "the control-plane connection's");
         r.register(
@@ -464,13 +488,34 @@ impl Metrics {
         took: Duration,
     ) {
         let i = class_of(status);
+        let Some(series) = self.series_of(key, counters) else {
+            return;
+        };
+        series.classes[i].get_or_init(Counter::default).inc();
+        series.latency.observe(took.as_secs_f64());
+    }
+
+    /// Counts a retry of a request on a route (its rule's retry policy).
+    pub fn count_retry(&self, key: impl FnOnce() -> SeriesKey, counters: &RouteCounters) {
+        if let Some(series) = self.series_of(key, counters) {
+            series.retries.get_or_init(Counter::default).inc();
+        }
+    }
+
+    /// A route's series, found (or made) at its first use; None for a route no longer
+    /// served.
+    fn series_of<'c>(
+        &self,
+        key: impl FnOnce() -> SeriesKey,
+        counters: &'c RouteCounters,
+    ) -> Option<&'c Arc<RouteSeries>> {
         let series = match counters.series.get() {
             Some(series) => series,
             None => {
                 // A request that ends on a route gone since it started is not counted:
                 // making its series would bring back a label no route has.
                 if counters.retired.load(Ordering::SeqCst) {
-                    return;
+                    return None;
                 }
                 let key = key();
                 let series = counters
@@ -485,8 +530,7 @@ impl Metrics {
                 series
             }
         };
-        series.classes[i].get_or_init(Counter::default).inc();
-        series.latency.observe(took.as_secs_f64());
+        Some(series)
     }
 
     /// Drops the request series of routes no longer served (`keys`, from

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use holdfast_http::forward::{Failure, Target};
+use holdfast_http::forward::{Failure, Retry, Target};
 use holdfast_http::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
 use holdfast_process::error_chain;
 use http::uri::PathAndQuery;
@@ -146,6 +146,8 @@ pub struct ForwardSettings {
     /// Forward paths with a dot segment carrying parameters (`/..;/`, `/.;x/`), which
     /// Java servlet containers read as `..` and `.` (`--allow-dot-segment-params`).
     pub allow_dot_segment_params: bool,
+    /// A Gateway rule's retries, as a share of its requests (`--retry-budget`).
+    pub retry_budget: f64,
     /// This proxy's token in the loop-detection header [`LOOP_HEADER`]: random, made at
     /// start.
     pub loop_token: HeaderValue,
@@ -216,6 +218,8 @@ pub struct Forwarder {
     /// Shutting down: HTTP/1.1 responses carry `Connection: close`, so keep-alive clients
     /// move to new connections (which balancers send elsewhere) before the listener closes.
     draining: std::sync::atomic::AtomicBool,
+    /// What Gateway rules' retries may add (`--retry-budget`).
+    retry_budget: holdfast_http::forward::RetryBudget,
 }
 
 /// Why the proxy answered a request itself with an error, and the status that carries:
@@ -372,6 +376,8 @@ pub struct Forwarding<'t> {
     pub response_changes: holdfast_http::routing::ResponseChanges<'t>,
     /// A Gateway rule's timeouts.
     pub timeouts: crate::gateway::Timeouts,
+    /// A Gateway rule's retry policy.
+    pub retry: Option<&'t Retry>,
 }
 
 impl<'t> Forwarding<'t> {
@@ -388,6 +394,7 @@ impl<'t> Forwarding<'t> {
             },
             response_changes: routed.response_changes,
             timeouts: routed.timeouts.copied().unwrap_or_default(),
+            retry: routed.retry,
         })
     }
 }
@@ -447,10 +454,25 @@ impl Forwarder {
                 loop_header: LOOP_HEADER,
                 loop_token: settings.loop_token.clone(),
             },
+            retry_budget: holdfast_http::forward::RetryBudget::new(settings.retry_budget),
             settings,
             metrics,
             slots: Mutex::new(Default::default()),
             draining: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A request on `route` whose rule's policy allows a retry: true when the retry
+    /// budget has a token (the retry is counted on the route), false when it has none
+    /// (counted as over the budget).
+    pub fn retry(&self, route: &Route) -> bool {
+        if self.retry_budget.take() {
+            self.metrics
+                .count_retry(|| route.series_key(), &route.counters);
+            true
+        } else {
+            self.metrics.retries_over_budget.inc();
+            false
         }
     }
 
@@ -868,85 +890,111 @@ impl Forwarder {
             .timeouts
             .backend
             .unwrap_or(self.settings.response_timeout);
+        let route = routed.route;
+        let retry = routed.retry;
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
         let slot = Arc::new(self.body_slot(body).map_err(Failure::DeclaredTooLarge)?);
 
+        // A rule's retry policy sends again only a request that can go twice; its
+        // headers are kept for that.
+        let retry = retry
+            .filter(|_| Retry::safe(parts.method.as_str().as_bytes(), !slot.is_done()) && !upgrade);
+        let again = retry.map(|_| parts.headers.clone());
+        let mut retried = 0;
         let mut headers = Some(parts.headers);
-        let start = backend.next_index();
+        let mut start = backend.next_index();
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::NoEndpoint;
-        for attempt in 0..2 {
-            let (key, authority, slot_permit) =
-                match self.target(backend, attempt, start, &mut tried).await {
-                    Target::Go(key, _, authority, permit) => (key, authority, permit),
-                    Target::Busy(endpoint) => {
-                        failure = Failure::Busy(endpoint);
-                        continue;
+        'retry: loop {
+            for attempt in 0..2 {
+                let (key, authority, slot_permit) =
+                    match self.target(backend, attempt, start, &mut tried).await {
+                        Target::Go(key, _, authority, permit) => (key, authority, permit),
+                        Target::Busy(endpoint) => {
+                            failure = Failure::Busy(endpoint);
+                            continue;
+                        }
+                        Target::None => break,
+                    };
+                let sent = Instant::now();
+                let result = match self.connection(&key, upgrade).await {
+                    Ok(up) => {
+                        // Taken only once connected: a failed connect leaves them for the
+                        // next endpoint, so they are never copied.
+                        let Some(request_headers) = headers.take() else {
+                            break;
+                        };
+                        // Origin-form: the connection is to the endpoint, Host names the site.
+                        let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
+                        *upstream.method_mut() = parts.method.clone();
+                        *upstream.uri_mut() = Uri::from(path_and_query.clone());
+                        *upstream.version_mut() = Version::HTTP_11;
+                        *upstream.headers_mut() = request_headers;
+                        self.exchange(up, &key, upstream, upgrade, &slot, wait)
+                            .await
                     }
-                    Target::None => break,
+                    Err(e) => Err(Failed::Connect(e, None)),
                 };
-            let sent = Instant::now();
-            let result = match self.connection(&key, upgrade).await {
-                Ok(up) => {
-                    // Taken only once connected: a failed connect leaves them for the
-                    // next endpoint, so they are never copied.
-                    let Some(request_headers) = headers.take() else {
-                        break;
-                    };
-                    // Origin-form: the connection is to the endpoint, Host names the site.
-                    let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
-                    *upstream.method_mut() = parts.method.clone();
-                    *upstream.uri_mut() = Uri::from(path_and_query.clone());
-                    *upstream.version_mut() = Version::HTTP_11;
-                    *upstream.headers_mut() = request_headers;
-                    self.exchange(up, &key, upstream, upgrade, &slot, wait)
-                        .await
-                }
-                Err(e) => Err(Failed::Connect(e, None)),
-            };
-            match result {
-                Ok((resp, up)) => {
-                    self.metrics
-                        .upstream_latency
-                        .observe(sent.elapsed().as_secs_f64());
-                    let client_upgrade = client_upgrade.take();
-                    let mut answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
-                    if let Some(changes) = response_changes.get() {
-                        changes.apply_to_response(answer.headers_mut(), LOOP_HEADER);
+                match result {
+                    Ok((resp, up)) => {
+                        self.metrics
+                            .upstream_latency
+                            .observe(sent.elapsed().as_secs_f64());
+                        if let Some(policy) = retry
+                            && policy.wants(resp.status().as_u16(), retried)
+                            && self.retry(route)
+                        {
+                            // The answer is dropped with its connection, unread.
+                            drop((resp, up, slot_permit));
+                            retried += 1;
+                            if !policy.backoff.is_zero() {
+                                tokio::time::sleep(policy.backoff).await;
+                            }
+                            headers = again.clone();
+                            start = backend.next_index();
+                            tried = None;
+                            continue 'retry;
+                        }
+                        let client_upgrade = client_upgrade.take();
+                        let mut answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
+                        if let Some(changes) = response_changes.get() {
+                            changes.apply_to_response(answer.headers_mut(), LOOP_HEADER);
+                        }
+                        return Ok(answer);
                     }
-                    return Ok(answer);
-                }
-                Err(Failed::Timeout) => {
-                    failure = Failure::Timeout(wait);
-                    break;
-                }
-                Err(Failed::Connect(e, unsent)) => {
-                    // Its headers go to the next endpoint.
-                    if unsent.is_some() {
-                        headers = unsent;
-                    }
-                    self.metrics.upstream_connect_errors.inc();
-                    if let Some(a) = tried {
-                        self.balancer.connect_failed(a, &backend.name, &e);
-                    }
-                    failure = Failure::Connect {
-                        authority: authority.to_string(),
-                        source: e,
-                    };
-                    // Retry only if the request body was never sent.
-                    let unsent = slot.body.lock().map(|s| s.is_some()).unwrap_or(false);
-                    if !unsent {
+                    Err(Failed::Timeout) => {
+                        failure = Failure::Timeout(wait);
                         break;
                     }
-                }
-                Err(Failed::Upstream(e)) => {
-                    failure = Failure::Upstream {
-                        authority: authority.to_string(),
-                        source: e.into(),
-                    };
-                    break;
+                    Err(Failed::Connect(e, unsent)) => {
+                        // Its headers go to the next endpoint.
+                        if unsent.is_some() {
+                            headers = unsent;
+                        }
+                        self.metrics.upstream_connect_errors.inc();
+                        if let Some(a) = tried {
+                            self.balancer.connect_failed(a, &backend.name, &e);
+                        }
+                        failure = Failure::Connect {
+                            authority: authority.to_string(),
+                            source: e,
+                        };
+                        // Retry only if the request body was never sent.
+                        let unsent = slot.body.lock().map(|s| s.is_some()).unwrap_or(false);
+                        if !unsent {
+                            break;
+                        }
+                    }
+                    Err(Failed::Upstream(e)) => {
+                        failure = Failure::Upstream {
+                            authority: authority.to_string(),
+                            source: e.into(),
+                        };
+                        break;
+                    }
                 }
             }
+            break;
         }
         // A body cut short by our own limits says so, whatever the upstream did then.
         Err(match slot.limit.get() {
@@ -1274,6 +1322,7 @@ mod gateway_tests {
                 allow_upgrade: vec![],
                 trust_forwarded_from: vec![],
                 allow_dot_segment_params: false,
+                retry_budget: 0.2,
                 loop_token: new_loop_token(),
             },
             Metrics::new(&mut registry),

@@ -24,6 +24,7 @@
 #   k8s.sh cert-manager-crds           fetch cert-manager's CRDs at the pinned version (Go
 #                                      module proxy, cached) and print their directory
 #   k8s.sh gateway-api-crds            the same for Gateway API's standard-channel CRDs
+#   k8s.sh gateway-api-experimental-crds   the same for its experimental channel
 #   k8s.sh gateway-api-conformance     print the pinned conformance module's directory (its
 #                                      base/manifests.yaml is what the suite applies)
 #
@@ -326,22 +327,34 @@ cached_crds() {
 # gateway-api-crds: Gateway API's standard-channel CustomResourceDefinitions at
 # GATEWAY_API_VERSION, from the Go module's config/crd/standard (the same YAML as the
 # release's standard-install.yaml, without its ValidatingAdmissionPolicy).
+# gateway-api-experimental-crds: the experimental channel's, from config/crd/experimental
+# (what the features still experimental at that version need, such as HTTPRoute retry).
 
 GATEWAY_API_CRDS=$TOOLS_DIR/gateway-api-$GATEWAY_API_VERSION/crds
+GATEWAY_API_EXPERIMENTAL_CRDS=$TOOLS_DIR/gateway-api-$GATEWAY_API_VERSION/crds-experimental
 
-fetch_gateway_api_crds() {
-  local work mod f crd
-  work=$(crds_workdir "$GATEWAY_API_CRDS")
+# fetch_channel_crds CHANNEL DEST
+fetch_channel_crds() {
+  local channel=$1 dest=$2 work mod f crd
+  work=$(crds_workdir "$dest")
   mod=$(module_dir "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION") || fail "$work" "no module directory"
-  for f in "$mod"/config/crd/standard/*.yaml; do
+  for f in "$mod"/config/crd/"$channel"/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" && cp "$f" "$work/"
   done
   for crd in gatewayclasses gateways httproutes referencegrants; do
     [[ -f $work/gateway.networking.k8s.io_$crd.yaml ]] ||
-      fail "$work" "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/standard"
+      fail "$work" "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/$channel"
   done
   chmod 0644 "$work"/*.yaml
-  publish_crds "$work" "$GATEWAY_API_CRDS" "Gateway API $GATEWAY_API_VERSION standard"
+  publish_crds "$work" "$dest" "Gateway API $GATEWAY_API_VERSION $channel"
+}
+
+fetch_gateway_api_crds() {
+  fetch_channel_crds standard "$GATEWAY_API_CRDS"
+}
+
+fetch_gateway_api_experimental_crds() {
+  fetch_channel_crds experimental "$GATEWAY_API_EXPERIMENTAL_CRDS"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -774,6 +787,9 @@ main() {
   tools-dir) echo "$BIN" ;;
   cert-manager-crds) cached_crds "$CERT_MANAGER_CRDS" fetch_cert_manager_crds ;;
   gateway-api-crds) cached_crds "$GATEWAY_API_CRDS" fetch_gateway_api_crds ;;
+  gateway-api-experimental-crds)
+    cached_crds "$GATEWAY_API_EXPERIMENTAL_CRDS" fetch_gateway_api_experimental_crds
+    ;;
   gateway-api-conformance)
     need_go
     module_dir "sigs.k8s.io/gateway-api/conformance@$GATEWAY_API_VERSION"

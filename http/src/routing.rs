@@ -103,6 +103,8 @@ pub struct Routed<'t, 'r, R> {
     pub response_changes: ResponseChanges<'t>,
     /// A Gateway rule's timeouts (None: the proxy's own).
     pub timeouts: Option<&'t Timeouts>,
+    /// A Gateway rule's retry policy.
+    pub retry: Option<&'t crate::forward::Retry>,
 }
 
 /// A Gateway rule's timeouts (`HTTPRouteRule.timeouts`); the default is the proxy's own.

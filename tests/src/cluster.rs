@@ -256,7 +256,18 @@ impl LocalCluster {
     /// and waits until GatewayClass, Gateway, HTTPRoute and ReferenceGrant are
     /// Established.
     pub fn install_gateway_api(&self) -> Result<()> {
-        let crds = run_script(&["gateway-api-crds"])?;
+        self.install_gateway_api_channel("gateway-api-crds")
+    }
+
+    /// Installs Gateway API's experimental-channel CRDs at the pinned version (a superset
+    /// of the standard channel: what features still experimental there need) and waits
+    /// until they are established.
+    pub fn install_gateway_api_experimental(&self) -> Result<()> {
+        self.install_gateway_api_channel("gateway-api-experimental-crds")
+    }
+
+    fn install_gateway_api_channel(&self, command: &str) -> Result<()> {
+        let crds = run_script(&[command])?;
         self.kubectl_run(&["apply", "--server-side", "-f", crds.trim()])?;
         self.kubectl_run(&[
             "wait",

@@ -5,7 +5,9 @@
 //! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
 //!
 //! `?delay_ms=N` makes it wait N ms before answering (a slow upstream); `?bytes=N`
-//! answers N bytes of `x` instead of the name. A request with
+//! answers N bytes of `x` instead of the name; `?status=S` answers S (a failing
+//! upstream), and with `&fail_first=N&key=K` only the first N requests with key K do.
+//! A request with
 //! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
 //! every byte back, unless the query has `refuse_upgrade` (then it is answered normally).
 
@@ -20,6 +22,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+
+/// Requests seen per `key` by the failing answers (`fail_first`).
+static FAILED: std::sync::Mutex<std::collections::BTreeMap<String, u32>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Serves the echo backend `name` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, name: String) -> std::io::Result<()> {
@@ -74,6 +80,36 @@ async fn respond(
             .header("x-echo-name", &*name)
             .body(Full::new(Bytes::new()))
             .expect("static response parts are valid"));
+    }
+    // A failing backend: `status=S` answers S; with `fail_first=N&key=K`, only the first
+    // N requests with key K do (counted in this process), the rest are answered normally.
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    if let Some(status) = param("status").and_then(|s| s.parse::<u16>().ok()) {
+        let fails = match (param("fail_first"), param("key")) {
+            (Some(n), Some(key)) => {
+                let n: u32 = n.parse().unwrap_or(0);
+                let mut seen = FAILED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let count = seen.entry(key).or_insert(0);
+                *count += 1;
+                *count <= n
+            }
+            _ => true,
+        };
+        if fails {
+            return Ok(Response::builder()
+                .status(status)
+                .header("x-echo-name", &*name)
+                .body(Full::new(Bytes::from_static(b"failing on purpose\n")))
+                .unwrap_or_default());
+        }
     }
     let delay = req
         .uri()

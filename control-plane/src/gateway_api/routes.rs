@@ -29,6 +29,8 @@ use serde::Deserialize;
 /// A CORS filter as the snapshot carries it (origins lower case; max age in seconds, the
 /// specification's default 5).
 pub use holdfast_proto::v1::Cors;
+/// A rule's retry policy as the snapshot carries it.
+pub use holdfast_proto::v1::RetryPolicy;
 
 use super::attach::{self, Hostnames, ObjectRef, Unresolved};
 use super::model::{Attachment, OurGateway, Resolved};
@@ -42,6 +44,15 @@ struct Rule {
     filters: Vec<Filter>,
     backend_refs: Vec<BackendRef>,
     timeouts: Option<TimeoutsSpec>,
+    retry: Option<RetrySpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct RetrySpec {
+    codes: Vec<i64>,
+    attempts: Option<i64>,
+    backoff: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -318,6 +329,8 @@ pub enum Action {
         timeouts: Timeouts,
         /// A CORS filter.
         cors: Option<Box<Cors>>,
+        /// When a response is tried again.
+        retry: Option<Box<RetryPolicy>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -882,6 +895,37 @@ fn action(
         rewrite,
         timeouts,
         cors: cors_filter,
+        retry: rule
+            .retry
+            .as_ref()
+            .map(|r| retry_policy(r).map(Box::new))
+            .transpose()?,
+    })
+}
+
+/// A rule's `retry`, checked: codes 500-599 (the specification's range); attempts, 1
+/// when not given (the specification leaves that default to implementations); backoff a
+/// duration.
+fn retry_policy(spec: &RetrySpec) -> Result<RetryPolicy, String> {
+    let mut codes = Vec::new();
+    for c in &spec.codes {
+        match u32::try_from(*c) {
+            Ok(code @ 500..=599) => codes.push(code),
+            _ => return Err(format!("retry code {c} is not 500-599")),
+        }
+    }
+    let attempts = match spec.attempts {
+        None => 1,
+        Some(n) => u32::try_from(n).map_err(|_| format!("retry attempts {n}"))?,
+    };
+    let backoff_ms = match spec.backoff.as_deref() {
+        None => 0,
+        Some(text) => u64::try_from(gateway_duration(text)?.as_millis()).unwrap_or(u64::MAX),
+    };
+    Ok(RetryPolicy {
+        codes,
+        attempts,
+        backoff_ms,
     })
 }
 

@@ -164,6 +164,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             rewrite,
             timeouts,
             cors,
+            retry,
         } => {
             r.backends = backends
                 .iter()
@@ -190,6 +191,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                 });
             }
             r.cors = cors.as_deref().cloned();
+            r.retry = retry.as_deref().cloned();
             r.rewrite = rewrite.as_ref().map(|w| UrlRewrite {
                 hostname: w.hostname.clone().unwrap_or_default(),
                 path: w.path.as_ref().map(path_of),

@@ -79,6 +79,7 @@ pub fn forwarder(table: RouteTable) -> Forwarder {
             allow_upgrade: vec!["websocket".into()],
             trust_forwarded_from: vec![],
             allow_dot_segment_params: false,
+            retry_budget: 0.2,
             loop_token: holdfast_data_plane::proxy::new_loop_token(),
         },
         Metrics::new(&mut registry),

@@ -105,6 +105,10 @@ impl Service for Forwarder {
         self.metrics.upstream_latency.observe(took.as_secs_f64());
     }
 
+    fn retry(&self, route: &Route) -> bool {
+        Forwarder::retry(self, route)
+    }
+
     fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

@@ -203,15 +203,16 @@ impl Forwarder {
             );
         };
         let matched = &entry.action;
-        let (changes, response, rewrite, timeouts, cors) = match &matched.action {
+        let (changes, response, rewrite, timeouts, cors, retry) = match &matched.action {
             Action::Forward {
                 headers,
                 response,
                 rewrite,
                 timeouts,
                 cors,
+                retry,
                 ..
-            } => (headers, response, rewrite, timeouts, cors),
+            } => (headers, response, rewrite, timeouts, cors, retry),
             Action::Redirect(redirect) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let target = match &redirect.path {
@@ -285,6 +286,10 @@ impl Forwarder {
                     _ => rule.map_or(ResponseChanges::None, ResponseChanges::Rule),
                 };
                 routed.timeouts = Some(timeouts).filter(|t| **t != Timeouts::default());
+                routed.retry = retry.as_deref();
+                if retry.is_some() {
+                    self.retry_budget.deposit();
+                }
                 Decision::Forward(routed)
             }
             other => other,
@@ -323,6 +328,7 @@ fn forward_to<'t, 'r>(
         upstream_host: None,
         response_changes: ResponseChanges::None,
         timeouts: None,
+        retry: None,
     })
 }
 

@@ -41,7 +41,7 @@ use super::{
     TargetForm,
 };
 use crate::clock;
-use crate::forward::{Failure, Target};
+use crate::forward::{Failure, Retry, Target};
 use crate::headers::{HeaderChanges, HeaderLookup, Hop};
 use crate::routing::{Decision, RequestView};
 use crate::tunnel::Tunnels;
@@ -123,6 +123,9 @@ pub trait Service: Sync {
     fn draining(&self) -> bool;
     /// The upgraded tunnels.
     fn tunnels(&self) -> &Tunnels;
+    /// A request on `route` that its rule's retry policy would send again: whether the
+    /// proxy's retry budget lets it (counted either way).
+    fn retry(&self, route: &Self::Route) -> bool;
 }
 
 /// What the engine reads of the proxy's settings.
@@ -401,7 +404,7 @@ where
             headers: &headers,
         };
         let decision = self.service.decide(&view, via, &table);
-        let (route, upgrade, response_changes) = match decision {
+        let (route, upgrade, (response_changes, retry)) = match decision {
             Decision::Forward(r) => {
                 let upgrade = self.head.minor == 1
                     && self.head.upgrade
@@ -436,7 +439,7 @@ where
                     .request
                     .and_then(|d| Some((started.checked_add(d)?, d)));
                 plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
-                (r.route, upgrade, r.response_changes)
+                (r.route, upgrade, (r.response_changes, r.retry))
             }
             Decision::Refuse {
                 reason,
@@ -475,7 +478,7 @@ where
         }
         self.start = head_at + len;
         let (status, next) = self
-            .forward(route, body, upgrade, response_changes.get())
+            .forward(route, body, upgrade, response_changes.get(), retry)
             .await;
         self.count(Some(route), status, started);
         next
@@ -563,88 +566,115 @@ where
         body: BodyFraming,
         upgrade: bool,
         changes: Option<&HeaderChanges>,
+        retry: Option<&Retry>,
     ) -> (u16, Next) {
-        let index = self.service.first_index(route);
+        let mut index = self.service.first_index(route);
         let mut tried = None;
         let mut failure = Failure::NoEndpoint;
-        for attempt in 0..2 {
-            let (key, number, authority, permit) =
-                match self.service.target(route, attempt, index, &mut tried).await {
-                    Target::Go(key, number, authority, permit) => (key, number, authority, permit),
-                    Target::Busy(endpoint) => {
-                        failure = Failure::Busy(endpoint);
-                        continue;
-                    }
-                    Target::None => break,
-                };
-            let (mut upstream, reused) = match self.connection(&key, number, upgrade).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.service.connect_failed(route, tried, &e);
-                    failure = Failure::Connect {
-                        authority: authority.to_string(),
-                        source: e,
+        // A rule's retry policy sends again only a request that can go twice.
+        let has_body = !matches!(body, BodyFraming::Empty | BodyFraming::Length(0));
+        let retry = retry.filter(|_| {
+            Retry::safe(self.head.method.of(&self.buf[self.head_at..]), has_body) && !upgrade
+        });
+        let mut retried = 0;
+        'retry: loop {
+            for attempt in 0..2 {
+                let (key, number, authority, permit) =
+                    match self.service.target(route, attempt, index, &mut tried).await {
+                        Target::Go(key, number, authority, permit) => {
+                            (key, number, authority, permit)
+                        }
+                        Target::Busy(endpoint) => {
+                            failure = Failure::Busy(endpoint);
+                            continue;
+                        }
+                        Target::None => break,
                     };
-                    continue;
-                }
-            };
-            let sent = clock::now();
-            let mut exchanged = self.exchange(&mut upstream, body).await;
-            // A pooled connection the upstream closed meanwhile fails before any byte of
-            // an answer: a request without a body goes again on a new one.
-            if reused
-                && body == BodyFraming::Empty
-                && (self.get || self.head_request)
-                && matches!(exchanged, Err(Exchange::Stale))
-            {
-                match self.connection(&key, number, true).await {
-                    Ok((fresh, _)) => {
-                        upstream = fresh;
-                        exchanged = self.exchange(&mut upstream, body).await;
-                    }
+                let (mut upstream, reused) = match self.connection(&key, number, upgrade).await {
+                    Ok(c) => c,
                     Err(e) => {
+                        self.service.connect_failed(route, tried, &e);
                         failure = Failure::Connect {
                             authority: authority.to_string(),
                             source: e,
+                        };
+                        continue;
+                    }
+                };
+                let sent = clock::now();
+                let mut exchanged = self.exchange(&mut upstream, body).await;
+                // A pooled connection the upstream closed meanwhile fails before any byte of
+                // an answer: a request without a body goes again on a new one.
+                if reused
+                    && body == BodyFraming::Empty
+                    && (self.get || self.head_request)
+                    && matches!(exchanged, Err(Exchange::Stale))
+                {
+                    match self.connection(&key, number, true).await {
+                        Ok((fresh, _)) => {
+                            upstream = fresh;
+                            exchanged = self.exchange(&mut upstream, body).await;
+                        }
+                        Err(e) => {
+                            failure = Failure::Connect {
+                                authority: authority.to_string(),
+                                source: e,
+                            };
+                            break;
+                        }
+                    }
+                }
+                match exchanged {
+                    Ok(()) => {
+                        let took = clock::now().duration_since(sent);
+                        self.service.upstream_answered(took);
+                        if let Some(policy) = retry
+                            && policy.wants(self.response.status, retried)
+                            && self.service.retry(route)
+                        {
+                            // The answer is dropped with its connection, unread.
+                            drop((upstream, permit));
+                            retried += 1;
+                            if !policy.backoff.is_zero() {
+                                let by = self.by(policy.backoff);
+                                let _ = self.timer.within(by, std::future::pending::<()>()).await;
+                            }
+                            index = self.service.first_index(route);
+                            tried = None;
+                            continue 'retry;
+                        }
+                        return self
+                            .relay_response(upstream, key, number, upgrade, permit, changes)
+                            .await;
+                    }
+                    Err(Exchange::Refused(failure)) => {
+                        let (reason, detail) = self.service.failed(&failure);
+                        let _ = self.answer(reason, detail, true).await;
+                        return (self.service.status(reason).as_u16(), Next::Close);
+                    }
+                    Err(Exchange::ClientGone) => return (499, Next::Close),
+                    Err(Exchange::Timeout) => {
+                        failure = Failure::Timeout(self.wait);
+                        break;
+                    }
+                    Err(Exchange::Stale) => {
+                        let e = std::io::Error::other("the upstream closed the connection");
+                        failure = Failure::Upstream {
+                            authority: authority.to_string(),
+                            source: e.into(),
+                        };
+                        break;
+                    }
+                    Err(Exchange::Upstream(e)) => {
+                        failure = Failure::Upstream {
+                            authority: authority.to_string(),
+                            source: e.into(),
                         };
                         break;
                     }
                 }
             }
-            match exchanged {
-                Ok(()) => {
-                    let took = clock::now().duration_since(sent);
-                    self.service.upstream_answered(took);
-                    return self
-                        .relay_response(upstream, key, number, upgrade, permit, changes)
-                        .await;
-                }
-                Err(Exchange::Refused(failure)) => {
-                    let (reason, detail) = self.service.failed(&failure);
-                    let _ = self.answer(reason, detail, true).await;
-                    return (self.service.status(reason).as_u16(), Next::Close);
-                }
-                Err(Exchange::ClientGone) => return (499, Next::Close),
-                Err(Exchange::Timeout) => {
-                    failure = Failure::Timeout(self.wait);
-                    break;
-                }
-                Err(Exchange::Stale) => {
-                    let e = std::io::Error::other("the upstream closed the connection");
-                    failure = Failure::Upstream {
-                        authority: authority.to_string(),
-                        source: e.into(),
-                    };
-                    break;
-                }
-                Err(Exchange::Upstream(e)) => {
-                    failure = Failure::Upstream {
-                        authority: authority.to_string(),
-                        source: e.into(),
-                    };
-                    break;
-                }
-            }
+            break;
         }
         // Past the rule's deadline, whatever failed last, the request timed out.
         if let Some((deadline, limit)) = self.deadline
@@ -1704,6 +1734,7 @@ mod tests {
                 upstream_host: None,
                 response_changes: Default::default(),
                 timeouts: None,
+                retry: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {
@@ -1746,6 +1777,9 @@ mod tests {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         fn upstream_answered(&self, _: Duration) {}
+        fn retry(&self, _: &()) -> bool {
+            false
+        }
         fn draining(&self) -> bool {
             false
         }

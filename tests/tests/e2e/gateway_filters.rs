@@ -7,10 +7,51 @@
 use std::net::SocketAddr;
 
 use holdfast_tests::http as web;
+use holdfast_tests::scenario::{Options, Scenario, gateway_cp_args};
 use holdfast_tests::wait;
 use serde_json::json;
 
 use super::gateway_api::{class_and_gateway, create_all, gateway_address};
+
+/// A scenario with one app (`app0`), one proxy started with `proxy_args`, and a control
+/// plane giving Gateways addresses from `pool`.
+async fn scenario(name: &str, pool: &str, proxy_args: &[&str]) -> anyhow::Result<Scenario> {
+    Scenario::start(
+        name,
+        Options {
+            ingresses: 1,
+            proxies: 1,
+            cp_args: gateway_cp_args(pool),
+            proxy_args: proxy_args.iter().map(|a| (*a).to_owned()).collect(),
+            ..Options::default()
+        },
+    )
+    .await
+}
+
+/// Our GatewayClass, Gateway `gw` and HTTPRoute `route` for `hostname` with `rules`.
+fn with_route(s: &Scenario, hostname: &str, rules: serde_json::Value) -> anyhow::Result<()> {
+    let ns = &s.ns;
+    create_all(
+        &s.cluster,
+        "gateway",
+        class_and_gateway(
+            ns,
+            json!([
+                { "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                  "metadata": { "name": "route", "namespace": ns },
+                  "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": [hostname],
+                            "rules": rules } }
+            ]),
+        ),
+    )
+}
+
+/// Port 80 of Gateway `gw`'s address.
+async fn gateway_at(s: &Scenario) -> anyhow::Result<SocketAddr> {
+    let address = gateway_address(&s.cluster, &s.ns, "gw").await?;
+    Ok((address.parse::<std::net::IpAddr>()?, 80).into())
+}
 
 /// One HTTPRoute for `filters.test` with a rule per feature; each is asked what it serves
 /// and each answer is checked by its status and the echo's report of the request it got
@@ -19,34 +60,21 @@ use super::gateway_api::{class_and_gateway, create_all, gateway_address};
 #[tokio::test]
 async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_are_served_as_written()
 -> anyhow::Result<()> {
-    use holdfast_tests::scenario::{Options, Scenario, gateway_cp_args};
-    let s = Scenario::start(
+    let s = scenario(
         "gwfilters",
-        Options {
-            ingresses: 1,
-            proxies: 1,
-            cp_args: gateway_cp_args("127.75.0.0/16"),
-            proxy_args: vec!["--upstream-response-timeout".into(), "1s".into()],
-            ..Options::default()
-        },
+        "127.75.0.0/16",
+        &["--upstream-response-timeout", "1s"],
     )
     .await?;
     s.cluster.install_gateway_api()?;
-    let ns = &s.ns;
     let respond = |rule: &str| {
         json!({ "type": "ResponseHeaderModifier", "responseHeaderModifier": {
             "set": [{ "name": "X-Rule", "value": rule }] } })
     };
-    create_all(
-        &s.cluster,
-        "gateway",
-        class_and_gateway(
-            ns,
-            json!([
-                { "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-                  "metadata": { "name": "filters", "namespace": ns },
-                  "spec": { "parentRefs": [{ "name": "gw" }], "hostnames": ["filters.test"],
-                    "rules": [
+    with_route(
+        &s,
+        "filters.test",
+        json!([
                       { "matches": [{ "method": "PATCH" }],
                         "filters": [respond("patch")],
                         "backendRefs": [{ "name": "app0", "port": 80 }] },
@@ -90,17 +118,9 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
                         "backendRefs": [{ "name": "app0", "port": 80 }] },
                       { "filters": [respond("default")],
                         "backendRefs": [{ "name": "app0", "port": 80 }] }
-                    ] } }
-            ]),
-        ),
+        ]),
     )?;
-    let at: SocketAddr = (
-        gateway_address(&s.cluster, ns, "gw")
-            .await?
-            .parse::<std::net::IpAddr>()?,
-        80,
-    )
-        .into();
+    let at = gateway_at(&s).await?;
     let ask = |method: &'static str, path: &'static str| async move {
         web::request_with(at, method, "filters.test", path, &[]).await
     };
@@ -216,5 +236,105 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
         let (got, _, _) = ask("GET", path).await?;
         assert_eq!(got, status, "{path}");
     }
+    Ok(())
+}
+
+/// The sum of the samples of `name` whose labels contain `needle`; an error when there is
+/// none (a missing series is never read as zero).
+fn series_sum(metrics: &str, name: &str, needle: &str) -> anyhow::Result<f64> {
+    let samples: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    anyhow::ensure!(!samples.is_empty(), "no series {name} with {needle:?}");
+    Ok(samples.iter().sum())
+}
+
+/// A rule's retry policy, end to end against one backend that fails on purpose: a
+/// listed status is retried up to the attempts and the request then succeeds or gets the
+/// last answer; an unlisted status and a POST are never retried; each retry is counted
+/// on the route; and with `--retry-budget 0` the budget's 10 saved retries are spent and
+/// the next retry is refused (counted), its request answered with what the backend said.
+#[tokio::test]
+async fn retries_send_again_only_safe_requests_up_to_the_attempts_and_within_the_budget()
+-> anyhow::Result<()> {
+    use holdfast_tests::objects::{create, endpoint_slice, service};
+    let s = scenario("gwretry", "127.74.0.0/16", &["--retry-budget", "0"]).await?;
+    // HTTPRoute's `retry` is in the experimental channel at the pinned version.
+    s.cluster.install_gateway_api_experimental()?;
+    let ns = &s.ns;
+    // One endpoint, so the backend's count of a key's requests is every attempt's.
+    create(&s.client, Some(ns), &service("one", 80, 8080)).await?;
+    let first = s.backends[0].as_str();
+    create(
+        &s.client,
+        Some(ns),
+        &endpoint_slice("one-1", "one", 8080, &[first]),
+    )
+    .await?;
+    with_route(
+        &s,
+        "retry.test",
+        json!([
+                      { "retry": { "codes": [500, 503], "attempts": 2, "backoff": "10ms" },
+                        "backendRefs": [{ "name": "one", "port": 80 }] }
+        ]),
+    )?;
+    let at = gateway_at(&s).await?;
+    let ask = |method: &'static str, path: String| async move {
+        web::request_with(at, method, "retry.test", &path, &[])
+            .await
+            .map(|(status, _, _)| status)
+    };
+    wait::until("the route served", wait::T, || async {
+        Ok((ask("GET", "/".into()).await.ok() == Some(200)).then_some(()))
+    })
+    .await?;
+    let retries = || async {
+        let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+        series_sum(&metrics, "holdfast_proxy_route_retries_total", "retry.test")
+    };
+    let over_budget = || async {
+        let metrics = web::get(s.proxies[0].admin, "admin", "/metrics").await?.1;
+        web::metric_value(&metrics, "holdfast_proxy_retries_over_budget_total")
+    };
+
+    // Fails twice, then succeeds: two retries.
+    assert_eq!(
+        ask("GET", "/?status=500&fail_first=2&key=a".into()).await?,
+        200
+    );
+    assert_eq!(retries().await?, 2.0);
+    // Fails more often than the attempts allow: the last answer, after two retries.
+    assert_eq!(
+        ask("GET", "/?status=503&fail_first=5&key=b".into()).await?,
+        503
+    );
+    assert_eq!(retries().await?, 4.0);
+    // A status the policy does not list, and a method that is not idempotent: once.
+    assert_eq!(
+        ask("GET", "/?status=502&fail_first=1&key=c".into()).await?,
+        502
+    );
+    assert_eq!(
+        ask("POST", "/?status=500&fail_first=1&key=d".into()).await?,
+        500
+    );
+    assert_eq!(retries().await?, 4.0);
+    assert_eq!(over_budget().await?, 0.0);
+    // The budget saved 10 retries and earns none (--retry-budget 0): six more are
+    // made, then the next is refused and its request gets the backend's 500.
+    for key in ["e", "f", "g"] {
+        let path = format!("/?status=500&fail_first=9&key={key}");
+        assert_eq!(ask("GET", path).await?, 500);
+    }
+    assert_eq!(retries().await?, 10.0);
+    assert_eq!(
+        ask("GET", "/?status=500&fail_first=1&key=h".into()).await?,
+        500
+    );
+    assert_eq!(retries().await?, 10.0);
+    assert_eq!(over_budget().await?, 1.0);
     Ok(())
 }
