@@ -680,6 +680,7 @@ mod change_tests {
                                 backend: "b".into(),
                                 weight: 1,
                                 unresolved: String::new(),
+                                ..Default::default()
                             }],
                             ..Default::default()
                         })
@@ -1045,6 +1046,7 @@ mod gateway_hold_tests {
                             backend: "ns/b:80".into(),
                             weight: 1,
                             unresolved: String::new(),
+                            ..Default::default()
                         }],
                         ..Default::default()
                     })

@@ -164,9 +164,22 @@ pub enum Action {
         cors: Option<Box<Cors>>,
         /// When a response is tried again.
         retry: Option<Box<Retry>>,
+        /// Per target, the header changes when it has its own (a backendRef's filters):
+        /// the rule's and its own, made one.
+        per_target: Vec<Option<Box<TargetChanges>>>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
+}
+
+/// A target's header changes with its rule's: requests get the rule's, then the target's;
+/// responses the target's, then the rule's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetChanges {
+    /// Request header changes.
+    pub request: HeaderChanges,
+    /// Response header changes.
+    pub response: HeaderChanges,
 }
 
 /// One compiled entry: its action, and the count that spreads requests over the weights.
@@ -180,6 +193,11 @@ pub struct Matched {
 impl Matched {
     /// The target of the next request (None: every weight is 0, or there is no target).
     pub fn next_target(&self) -> Option<&Target> {
+        self.next_pick().map(|(_, t)| t)
+    }
+
+    /// The target of the next request, and its index among the rule's.
+    pub fn next_pick(&self) -> Option<(usize, &Target)> {
         let Action::Forward {
             weights, targets, ..
         } = &self.action
@@ -187,7 +205,7 @@ impl Matched {
             return None;
         };
         let n = self.requests.fetch_add(1, Ordering::Relaxed);
-        pick(weights, n).and_then(|i| targets.get(i))
+        pick(weights, n).and_then(|i| Some((i, targets.get(i)?)))
     }
 }
 
@@ -353,9 +371,22 @@ impl Listener {
                         path: d.path.as_ref().map(path_of).transpose()?,
                     }),
                     None => {
+                        let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
+                            header_changes(m.as_ref()).ok_or_else(|| bad("header change"))
+                        };
+                        let (rule_request, rule_response) =
+                            (changes(&r.request_headers)?, changes(&r.response_headers)?);
                         let mut weights = Vec::with_capacity(r.backends.len());
                         let mut targets = Vec::with_capacity(r.backends.len());
+                        let mut per_target = Vec::new();
                         for w in &r.backends {
+                            if w.request_headers.is_some() || w.response_headers.is_some() {
+                                per_target.resize(targets.len(), None);
+                                per_target.push(Some(Box::new(TargetChanges {
+                                    request: rule_request.then(&changes(&w.request_headers)?),
+                                    response: changes(&w.response_headers)?.then(&rule_response),
+                                })));
+                            }
                             weights.push(w.weight);
                             targets.push(if w.backend.is_empty() {
                                 Target::Unresolved(w.unresolved.clone())
@@ -375,9 +406,6 @@ impl Listener {
                                 }))
                             });
                         }
-                        let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
-                            header_changes(m.as_ref()).ok_or_else(|| bad("header change"))
-                        };
                         let rewrite = match &r.rewrite {
                             None => None,
                             Some(w) => Some(Box::new(Rewrite {
@@ -388,8 +416,9 @@ impl Listener {
                         Action::Forward {
                             weights,
                             targets,
-                            headers: changes(&r.request_headers)?,
-                            response: changes(&r.response_headers)?,
+                            headers: rule_request,
+                            response: rule_response,
+                            per_target,
                             rewrite,
                             timeouts: timeouts_of(r.timeouts.as_ref()),
                             retry: r.retry.as_ref().map(|p| {

@@ -1343,6 +1343,7 @@ mod gateway_tests {
             backend: backend.into(),
             weight,
             unresolved: String::new(),
+            ..Default::default()
         }
     }
 
@@ -1375,6 +1376,7 @@ mod gateway_tests {
                 backend: String::new(),
                 weight: 1,
                 unresolved: "BackendNotFound".into(),
+                ..Default::default()
             }],
         );
         let backend = |name: &str| Backend {

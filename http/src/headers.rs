@@ -59,6 +59,61 @@ impl HeaderChanges {
 }
 
 impl HeaderChanges {
+    /// The changes that make what `self` and then `next` make (a rule's, then its
+    /// backend's): [`Self::apply`] of the result equals applying both in turn.
+    pub fn then(&self, next: &HeaderChanges) -> HeaderChanges {
+        let mut names: Vec<&HeaderName> = Vec::new();
+        for c in [self, next] {
+            let touched = c.set.iter().chain(&c.add).map(|(n, _)| n).chain(&c.remove);
+            for n in touched {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+        let last_set = |c: &HeaderChanges, n: &HeaderName| {
+            c.set
+                .iter()
+                .rev()
+                .find(|(m, _)| m == n)
+                .map(|(_, v)| v.clone())
+        };
+        let adds = |c: &HeaderChanges, n: &HeaderName| -> Vec<HeaderValue> {
+            c.add
+                .iter()
+                .filter(|(m, _)| m == n)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let mut out = HeaderChanges::default();
+        for n in names {
+            let pairs = |values: Vec<HeaderValue>| values.into_iter().map(|v| (n.clone(), v));
+            if next.remove.contains(n) {
+                out.remove.push(n.clone());
+            } else if let Some(v) = last_set(next, n) {
+                out.set.push((n.clone(), v));
+                out.add.extend(pairs(adds(next, n)));
+            } else if self.remove.contains(n) {
+                // Gone after `self`: only what `next` adds is left.
+                let mut added = adds(next, n).into_iter();
+                match added.next() {
+                    None => out.remove.push(n.clone()),
+                    Some(first) => {
+                        out.set.push((n.clone(), first));
+                        out.add.extend(added.map(|v| (n.clone(), v)));
+                    }
+                }
+            } else {
+                if let Some(v) = last_set(self, n) {
+                    out.set.push((n.clone(), v));
+                }
+                out.add.extend(pairs(adds(self, n)));
+                out.add.extend(pairs(adds(next, n)));
+            }
+        }
+        out
+    }
+
     /// Applies the changes to a response's headers as [`Self::apply`] does, except to
     /// the headers this hop owns (the framing, the connection's and an upgrade's) and to
     /// `loop_header`: those a rule never changes.
@@ -396,6 +451,47 @@ pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// A rule's changes then its backend's, made one change list, change any headers
+        /// as applying the two in turn does.
+        #[test]
+        fn changes_then_changes_are_one_set_of_changes(
+            first in changes(),
+            second in changes(),
+            start in proptest::collection::vec((0..3usize, 0..3usize), 0..5),
+        ) {
+            let mut h = HeaderMap::new();
+            for (n, v) in start {
+                h.append(NAMES[n].clone(), HeaderValue::from_static(VALUES[v]));
+            }
+            let mut in_turn = h.clone();
+            first.apply(&mut in_turn);
+            second.apply(&mut in_turn);
+            let mut at_once = h;
+            first.then(&second).apply(&mut at_once);
+            proptest::prop_assert_eq!(at_once, in_turn);
+        }
+    }
+
+    const NAMES: [HeaderName; 3] = [
+        HeaderName::from_static("x-a"),
+        HeaderName::from_static("x-b"),
+        HeaderName::from_static("x-c"),
+    ];
+    const VALUES: [&str; 3] = ["1", "2", "3"];
+
+    fn changes() -> impl proptest::strategy::Strategy<Value = HeaderChanges> {
+        use proptest::prelude::*;
+        let pair = (0..3usize, 0..3usize)
+            .prop_map(|(n, v)| (NAMES[n].clone(), HeaderValue::from_static(VALUES[v])));
+        (
+            proptest::collection::vec(pair.clone(), 0..3),
+            proptest::collection::vec(pair, 0..3),
+            proptest::collection::vec((0..3usize).prop_map(|n| NAMES[n].clone()), 0..2),
+        )
+            .prop_map(|(set, add, remove)| HeaderChanges { set, add, remove })
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -427,6 +427,7 @@ pub fn ingress_gateway_host(v: &VirtualHost) -> GatewayHost {
                     backend: r.backend.clone(),
                     weight: 1,
                     unresolved: String::new(),
+                    ..Default::default()
                 }],
                 ingress: r.source.clone(),
                 ..GatewayRoute::default()
@@ -1002,6 +1003,7 @@ mod tests {
                     backend: "default/web:80".into(),
                     weight: 3,
                     unresolved: String::new(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             }],
@@ -1062,6 +1064,7 @@ mod tests {
                 backend: String::new(),
                 weight: 1,
                 unresolved: "service default/gone not found".into(),
+                ..Default::default()
             });
         seal(&mut s, 1);
         assert_eq!(validate(&s), Ok(()));

@@ -212,7 +212,7 @@ struct BackendRef {
     #[serde(flatten)]
     target: ObjectRef,
     weight: Option<i64>,
-    filters: Vec<serde_json::Value>,
+    filters: Vec<Filter>,
 }
 
 /// How a path is matched.
@@ -232,6 +232,10 @@ pub struct Weighted {
     pub backend: Result<String, Unresolved>,
     /// Relative weight (0: never chosen).
     pub weight: u32,
+    /// This backend's request header changes (after the rule's).
+    pub request_headers: HeaderModifier,
+    /// This backend's response header changes (before the rule's).
+    pub response_headers: HeaderModifier,
 }
 
 /// A redirect (`RequestRedirect`).
@@ -854,8 +858,20 @@ fn action(
     }
     let mut backends = Vec::new();
     for b in &rule.backend_refs {
-        if !b.filters.is_empty() {
-            return Err("backendRef filters are not served yet".into());
+        let mut request_headers = HeaderModifier::default();
+        let mut response_headers = HeaderModifier::default();
+        for f in &b.filters {
+            match (
+                f.kind.as_str(),
+                &f.request_header_modifier,
+                &f.response_header_modifier,
+            ) {
+                ("RequestHeaderModifier", Some(m), _) => request_headers = checked_modifier(m)?,
+                ("ResponseHeaderModifier", _, Some(m)) => response_headers = checked_modifier(m)?,
+                (other, _, _) => {
+                    return Err(format!("backendRef filter {other} is not served"));
+                }
+            }
         }
         let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
         let resolved = attach::backend_ref(&b.target, route_ns, grants, |ns, name| {
@@ -868,6 +884,8 @@ fn action(
         backends.push(Weighted {
             backend: resolved,
             weight,
+            request_headers,
+            response_headers,
         });
     }
     let spec = rule.timeouts.clone().unwrap_or_default();
@@ -1134,19 +1152,27 @@ mod tests {
             &vec![
                 Weighted {
                     backend: Ok("infra/v1:8080".into()),
-                    weight: 3
+                    weight: 3,
+                    request_headers: HeaderModifier::default(),
+                    response_headers: HeaderModifier::default(),
                 },
                 Weighted {
                     backend: Ok("infra/v2:8080".into()),
-                    weight: 1
+                    weight: 1,
+                    request_headers: HeaderModifier::default(),
+                    response_headers: HeaderModifier::default(),
                 },
                 Weighted {
                     backend: Err(Unresolved::BackendNotFound),
-                    weight: 2
+                    weight: 2,
+                    request_headers: HeaderModifier::default(),
+                    response_headers: HeaderModifier::default(),
                 },
                 Weighted {
                     backend: Err(Unresolved::BackendNotFound),
-                    weight: 1
+                    weight: 1,
+                    request_headers: HeaderModifier::default(),
+                    response_headers: HeaderModifier::default(),
                 },
             ]
         );

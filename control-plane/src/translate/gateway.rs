@@ -168,17 +168,18 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
         } => {
             r.backends = backends
                 .iter()
-                .map(|w| match &w.backend {
-                    Ok(name) => WeightedBackend {
-                        backend: name.clone(),
+                .map(|w| {
+                    let (backend, unresolved) = match &w.backend {
+                        Ok(name) => (name.clone(), String::new()),
+                        Err(why) => (String::new(), why.reason().to_owned()),
+                    };
+                    WeightedBackend {
+                        backend,
                         weight: w.weight,
-                        unresolved: String::new(),
-                    },
-                    Err(why) => WeightedBackend {
-                        backend: String::new(),
-                        weight: w.weight,
-                        unresolved: why.reason().to_owned(),
-                    },
+                        unresolved,
+                        request_headers: modifier_of(&w.request_headers),
+                        response_headers: modifier_of(&w.response_headers),
+                    }
                 })
                 .collect();
             r.request_headers = modifier_of(headers);

@@ -203,7 +203,8 @@ impl Forwarder {
             );
         };
         let matched = &entry.action;
-        let (changes, response, rewrite, timeouts, cors, retry) = match &matched.action {
+        let (changes, response, rewrite, timeouts, cors, retry, per_target) = match &matched.action
+        {
             Action::Forward {
                 headers,
                 response,
@@ -211,8 +212,11 @@ impl Forwarder {
                 timeouts,
                 cors,
                 retry,
+                per_target,
                 ..
-            } => (headers, response, rewrite, timeouts, cors, retry),
+            } => (
+                headers, response, rewrite, timeouts, cors, retry, per_target,
+            ),
             Action::Redirect(redirect) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let target = match &redirect.path {
@@ -245,7 +249,16 @@ impl Forwarder {
                 headers: Box::new(headers),
             };
         }
-        let route = match matched.next_target() {
+        let (picked, target) = match matched.next_pick() {
+            Some((i, t)) => (i, Some(t)),
+            None => (0, None),
+        };
+        // A backend with its own header changes: the rule's and its own, made one.
+        let (changes, response) = match per_target.get(picked).and_then(Option::as_deref) {
+            Some(own) => (&own.request, &own.response),
+            None => (changes, response),
+        };
+        let route = match target {
             Some(Target::Route(r)) => &**r,
             Some(Target::Unresolved(why)) => {
                 return refuse(

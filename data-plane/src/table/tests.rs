@@ -834,12 +834,14 @@ fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
                                 backend: String::new(),
                                 weight: 1,
                                 unresolved: "BackendNotFound".into(),
+                                ..Default::default()
                             }
                         } else {
                             WeightedBackend {
                                 backend: backends[w.below(backends.len() as u64) as usize].clone(),
                                 weight: w.below(4) as u32,
                                 unresolved: String::new(),
+                                ..Default::default()
                             }
                         }
                     })

@@ -76,11 +76,13 @@ fn gateway_host(i: u8, listener_index: u8, backend: u8) -> GatewayHost {
                     backend: format!("b{backend}"),
                     weight: 1,
                     unresolved: String::new(),
+                    ..Default::default()
                 },
                 WeightedBackend {
                     backend: String::new(),
                     weight: 1,
                     unresolved: "not found".into(),
+                    ..Default::default()
                 },
             ],
             ..Default::default()

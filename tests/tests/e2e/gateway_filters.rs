@@ -116,6 +116,22 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
                             "exposeHeaders": ["x-echo-name"],
                             "maxAge": 600 } }],
                         "backendRefs": [{ "name": "app0", "port": 80 }] },
+                      { "matches": [{ "path": { "type": "PathPrefix", "value": "/per-backend" } }],
+                        "filters": [
+                          { "type": "RequestHeaderModifier", "requestHeaderModifier": {
+                              "set": [{ "name": "X-Rule-Req", "value": "r" }] } },
+                          respond("per-backend")],
+                        "backendRefs": [
+                          { "name": "app0", "port": 80, "filters": [
+                              { "type": "RequestHeaderModifier", "requestHeaderModifier": {
+                                  "set": [{ "name": "X-First", "value": "1" }] } },
+                              { "type": "ResponseHeaderModifier", "responseHeaderModifier": {
+                                  "set": [{ "name": "X-From", "value": "first" }] } }] },
+                          { "name": "app0", "port": 80, "filters": [
+                              { "type": "RequestHeaderModifier", "requestHeaderModifier": {
+                                  "set": [{ "name": "X-Second", "value": "2" }],
+                                  "remove": ["X-Rule-Req"] } }] }
+                        ] },
                       { "filters": [respond("default")],
                         "backendRefs": [{ "name": "app0", "port": 80 }] }
         ]),
@@ -221,6 +237,28 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
     let (status, h, _) = actual("https://evil.test").await?;
     assert_eq!(status, 200);
     assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+
+    // A backendRef's own header changes, after the rule's (requests) or before them
+    // (responses): each of the two backends' requests carries its own header alone.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let (status, h, _) = ask("GET", "/per-backend").await?;
+        assert_eq!(status, 200);
+        assert_eq!(h["x-rule"], "per-backend");
+        let names = h["x-echo-headers"].to_str()?.to_owned();
+        let has = |n: &str| names.split(',').any(|x| x == n);
+        let first = has("x-first");
+        assert_ne!(first, has("x-second"), "one backend's change: {names}");
+        assert_eq!(
+            has("x-rule-req"),
+            first,
+            "the second removes the rule's: {names}"
+        );
+        assert_eq!(h.contains_key("x-from"), first, "{h:?}");
+        seen.push(first);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, [false, true], "both backends, by their equal weights");
 
     // Timeouts: a rule's limit on the whole request and on each attempt answer 504 while
     // the echo still waits; "0s" lifts even the proxy's own 1 s; without a rule's, the
