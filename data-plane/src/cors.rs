@@ -4,8 +4,9 @@
 //! response's headers to the upstream's (replacing any it sent).
 //!
 //! Origins are compared as the Fetch standard serialises them (`scheme://host[:port]`,
-//! case-insensitively): `*` allows any; `https://*.example.com` allows any host with one
-//! or more labels before `.example.com` on that scheme, and no port unless it names one.
+//! case-insensitively, a scheme's default port, 80 or 443, the same as none): `*` allows
+//! any; `https://*.example.com` allows any host with one or more labels before
+//! `.example.com` on that scheme, and no other port unless it names one.
 
 use holdfast_http::headers::HeaderChanges;
 use http::{HeaderName, HeaderValue, header};
@@ -27,7 +28,20 @@ pub struct Cors {
     pub max_age: u32,
 }
 
-/// One pattern against one origin, both lower case.
+/// An origin or pattern as compared: lower case, without its scheme's default port.
+pub fn normal_origin(origin: &str) -> String {
+    let lower = origin.to_ascii_lowercase();
+    for (scheme, port) in [("http://", ":80"), ("https://", ":443")] {
+        if lower.starts_with(scheme)
+            && let Some(bare) = lower.strip_suffix(port)
+        {
+            return bare.to_owned();
+        }
+    }
+    lower
+}
+
+/// One pattern against one origin, both as [`normal_origin`] makes them.
 fn origin_matches(pattern: &str, origin: &str) -> bool {
     if pattern == "*" {
         return true;
@@ -58,9 +72,10 @@ fn value(text: &str) -> Option<HeaderValue> {
 }
 
 impl Cors {
-    /// Whether `origin` (as the request's Origin sent it) is allowed.
+    /// Whether `origin` (as the request's Origin sent it) is allowed; the patterns are
+    /// as [`normal_origin`] makes them.
     pub fn allows(&self, origin: &str) -> bool {
-        let origin = origin.to_ascii_lowercase();
+        let origin = normal_origin(origin);
         origin != "null"
             && self
                 .allow_origins
@@ -72,15 +87,20 @@ impl Cors {
         list.iter().any(|m| m == "*")
     }
 
+    /// Whether every origin gets `*` (so no answer depends on the Origin).
+    fn any(&self) -> bool {
+        Self::wildcard(&self.allow_origins) && !self.allow_credentials
+    }
+
     /// The Allow-Origin and Allow-Credentials headers for an allowed `origin`.
     fn origin_headers(&self, origin: &str, out: &mut Vec<(HeaderName, HeaderValue)>) {
-        let any = Self::wildcard(&self.allow_origins) && !self.allow_credentials;
-        let allowed = if any { value("*") } else { value(origin) };
+        let allowed = if self.any() {
+            value("*")
+        } else {
+            value(origin)
+        };
         if let Some(v) = allowed {
             out.push((header::ACCESS_CONTROL_ALLOW_ORIGIN, v));
-        }
-        if !any {
-            out.push((header::VARY, HeaderValue::from_static("origin")));
         }
         if self.allow_credentials {
             out.push((
@@ -126,23 +146,49 @@ impl Cors {
         ));
         HeaderChanges {
             set,
+            add: self.vary(),
             ..HeaderChanges::default()
         }
     }
 
+    /// Access-Control-Expose-Headers; with credentials a `*` is not a wildcard (the Fetch
+    /// standard), so it is left out.
     fn expose(&self, out: &mut Vec<(HeaderName, HeaderValue)>) {
-        let exposed = self.expose_headers.join(", ");
+        let names: Vec<&str> = self
+            .expose_headers
+            .iter()
+            .map(String::as_str)
+            .filter(|h| !(self.allow_credentials && *h == "*"))
+            .collect();
+        let exposed = names.join(", ");
         if let Some(v) = value(&exposed).filter(|_| !exposed.is_empty()) {
             out.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, v));
         }
     }
 
-    /// The headers an actual response to an allowed `origin` gets.
-    pub fn actual(&self, origin: &str) -> Vec<(HeaderName, HeaderValue)> {
+    /// `Vary: origin` appended (the backend's own Vary kept) when the answer depends on
+    /// the Origin, so a cache never serves one origin's answer to another.
+    fn vary(&self) -> Vec<(HeaderName, HeaderValue)> {
+        if self.any() {
+            Vec::new()
+        } else {
+            vec![(header::VARY, HeaderValue::from_static("origin"))]
+        }
+    }
+
+    /// The changes to an actual response to a request from `origin`: the CORS headers
+    /// when it is allowed, and `Vary: origin` whether it is or not.
+    pub fn actual(&self, origin: &str) -> HeaderChanges {
         let mut set = Vec::new();
-        self.origin_headers(origin, &mut set);
-        self.expose(&mut set);
-        set
+        if self.allows(origin) {
+            self.origin_headers(origin, &mut set);
+            self.expose(&mut set);
+        }
+        HeaderChanges {
+            set,
+            add: self.vary(),
+            ..HeaderChanges::default()
+        }
     }
 }
 
@@ -176,6 +222,7 @@ mod tests {
                 "https://www.foo.com",
                 "https://*.bar.com",
                 "http://*.p.test:8080",
+                "https://d.test",
             ],
             true,
             &["GET"],
@@ -187,15 +234,20 @@ mod tests {
             "https://www.bar.com",
             "https://xpto.www.bar.com",
             "http://a.p.test:8080",
+            "https://d.test:443",
+            "https://x.bar.com:443",
         ] {
             assert!(c.allows(allowed), "{allowed}");
         }
+        assert_eq!(normal_origin("HTTPS://A.test:443"), "https://a.test");
+        assert_eq!(normal_origin("http://a.test:80"), "http://a.test");
+        assert_eq!(normal_origin("http://a.test:443"), "http://a.test:443");
         for refused in [
             "https://foobar.com",
             "http://www.foo.com",
             "https://www.foo.com:8443",
             "https://bar.com",
-            "https://x.bar.com:443",
+            "https://x.bar.com:8443",
             "http://a.p.test",
             "null",
             "",
@@ -232,7 +284,7 @@ mod tests {
         );
         assert_eq!(get(&h, "access-control-max-age"), Some("3600"));
         assert_eq!(get(&h, "access-control-allow-credentials"), Some("true"));
-        assert_eq!(get(&h, "vary"), Some("origin"));
+        assert_eq!(h.add.len(), 1, "Vary: origin appended, the backend's kept");
 
         // Wildcards with credentials: the origin, method and headers asked for are echoed.
         let echoing = cors(&["*"], true, &["*"], &["*"]);
@@ -250,16 +302,13 @@ mod tests {
         assert_eq!(get(&h, "access-control-allow-methods"), Some("*"));
         assert_eq!(get(&h, "access-control-allow-headers"), Some("*"));
         assert_eq!(get(&h, "access-control-allow-credentials"), None);
-        assert_eq!(get(&h, "vary"), None);
+        assert!(h.add.is_empty(), "no answer depends on the origin");
     }
 
     #[test]
     fn an_actual_response_gets_the_origin_credentials_and_exposed_headers() {
-        let c = cors(&["https://www.foo.com"], true, &["GET"], &[]);
-        let set = HeaderChanges {
-            set: c.actual("https://www.foo.com"),
-            ..HeaderChanges::default()
-        };
+        let mut c = cors(&["https://www.foo.com"], true, &["GET"], &[]);
+        let set = c.actual("https://www.foo.com");
         assert_eq!(
             get(&set, "access-control-allow-origin"),
             Some("https://www.foo.com")
@@ -270,5 +319,17 @@ mod tests {
             Some("x-header-3, x-header-4")
         );
         assert_eq!(get(&set, "access-control-allow-methods"), None);
+        let other = c.actual("https://evil.test");
+        assert!(other.set.is_empty(), "{other:?}");
+        assert_eq!(other.add.len(), 1, "Vary: origin all the same");
+        // With credentials, `*` is not a wildcard for exposed headers: left out.
+        c.expose_headers = vec!["*".into(), "x-a".into()];
+        assert_eq!(
+            get(
+                &c.actual("https://www.foo.com"),
+                "access-control-expose-headers"
+            ),
+            Some("x-a")
+        );
     }
 }

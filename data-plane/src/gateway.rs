@@ -352,8 +352,7 @@ impl Listener {
                     })
                 });
                 let path_of = |m: &holdfast_proto::v1::PathModifier| {
-                    m.value
-                        .starts_with('/')
+                    (m.value.starts_with('/') || (m.value.is_empty() && !m.full))
                         .then(|| PathModifier {
                             full: m.full,
                             value: m.value.clone(),
@@ -434,7 +433,11 @@ impl Listener {
                             }),
                             cors: r.cors.as_ref().map(|c| {
                                 Box::new(Cors {
-                                    allow_origins: c.allow_origins.clone(),
+                                    allow_origins: c
+                                        .allow_origins
+                                        .iter()
+                                        .map(|o| crate::cors::normal_origin(o))
+                                        .collect(),
                                     allow_credentials: c.allow_credentials,
                                     allow_methods: c.allow_methods.clone(),
                                     allow_headers: c.allow_headers.clone(),
@@ -621,6 +624,10 @@ mod tests {
         assert_eq!(at("/foo", "/", "/foo"), "/");
         assert_eq!(at("/", "/api", "/x/y"), "/api/x/y");
         assert_eq!(at("/", "/", "/"), "/");
+        // An empty replacement drops the prefix.
+        assert_eq!(at("/foo", "", "/foo/bar"), "/bar");
+        assert_eq!(at("/foo", "", "/foo/"), "/");
+        assert_eq!(at("/foo", "", "/foo"), "/");
         assert_eq!(
             prefix("/new").apply(&PathRule::Exact("/old".into()), "/old"),
             "/new",

@@ -17,6 +17,7 @@
 //! default backend); a Gateway API wildcard covers one or more labels and the hostname
 //! levels fall through (exact, each wildcard from the longest, any).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -55,7 +56,8 @@ pub struct Conditions {
     /// The method (upper case; None: any).
     pub method: Option<String>,
     /// Query parameters: the first parameter of each name (case-sensitive) must have
-    /// exactly the value, compared as sent.
+    /// exactly the value, both compared percent-decoded (`%74rue` is `true`, as a
+    /// backend reads it; `+` is kept as it is).
     pub query: Vec<(String, String)>,
 }
 
@@ -63,20 +65,52 @@ impl Conditions {
     /// Whether `request` meets every condition.
     pub fn hold(&self, request: &Asked<'_>) -> bool {
         self.method.as_deref().is_none_or(|m| m == request.method)
-            && self
-                .query
-                .iter()
-                .all(|(name, value)| first_parameter(request.query, name) == Some(value.as_str()))
+            && self.query.iter().all(|(name, value)| {
+                first_parameter(request.query, name).is_some_and(|v| v == value.as_str())
+            })
     }
 }
 
 /// The value of the first parameter named `name` in `query` (`a=1&b&c=3`: `b` has the
-/// value "").
-pub fn first_parameter<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+/// value ""), name and value percent-decoded.
+pub fn first_parameter<'q>(query: Option<&'q str>, name: &str) -> Option<Cow<'q, str>> {
     query?.split('&').find_map(|pair| {
         let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (n == name).then_some(v)
+        (percent_decoded(n) == name).then(|| percent_decoded(v))
     })
+}
+
+/// `text` with each `%XX` decoded; as it is when it has none, or when the decoded bytes
+/// are not UTF-8 (then it matches only a value written that way).
+fn percent_decoded(text: &str) -> Cow<'_, str> {
+    if !text.contains('%') {
+        return Cow::Borrowed(text);
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                let (h, l) = (hex(h).unwrap_or(0), hex(l).unwrap_or(0));
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    match String::from_utf8(out) {
+        Ok(s) => Cow::Owned(s),
+        Err(_) => Cow::Borrowed(text),
+    }
 }
 
 /// What the lookup reads of a request besides its host and path.
@@ -558,9 +592,17 @@ pub(crate) mod tests {
             Some("any"),
             "without the request, conditions never hold"
         );
-        assert_eq!(first_parameter(Some("a=1&b&c=3"), "b"), Some(""));
-        assert_eq!(first_parameter(Some("a=1=2"), "a"), Some("1=2"));
+        assert_eq!(first_parameter(Some("a=1&b&c=3"), "b").as_deref(), Some(""));
+        assert_eq!(first_parameter(Some("a=1=2"), "a").as_deref(), Some("1=2"));
         assert_eq!(first_parameter(None, "a"), None);
+        // Compared as a backend reads them: percent-decoded.
+        assert_eq!(at("GET", Some("%61nimal=%77hale&Color=")), Some("query"));
+        assert_eq!(
+            first_parameter(Some("x=%zz%2"), "x").as_deref(),
+            Some("%zz%2"),
+            "a broken escape stays as it is"
+        );
+        assert_eq!(first_parameter(Some("x=%ff"), "x").as_deref(), Some("%ff"));
     }
 
     proptest::proptest! {

@@ -1113,11 +1113,12 @@ fn redirect(status: u16, location: &str) -> Response<ProxyBody> {
     }
 }
 
-/// An answer with `status`, `headers` (their `set`) and no body (a CORS preflight's).
+/// An answer with `status`, `headers` (their `set` and `add`) and no body (a CORS
+/// preflight's).
 fn answer_with(status: u16, headers: &crate::gateway::HeaderChanges) -> Response<ProxyBody> {
     let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::NO_CONTENT);
-    for (name, value) in &headers.set {
+    for (name, value) in headers.set.iter().chain(&headers.add) {
         response.headers_mut().append(name.clone(), value.clone());
     }
     response

@@ -57,7 +57,7 @@ pub enum Decision<'t, 'r, R, E> {
     Answer {
         /// The status.
         status: u16,
-        /// The answer's headers (`set`).
+        /// The answer's headers (`set`, then `add`).
         headers: Box<HeaderChanges>,
     },
 }

@@ -524,8 +524,16 @@ pub fn route_entries(
         } else {
             rule.matches.clone()
         };
+        let replaces_prefix = replaces_prefix(&action);
         for (mi, m) in matches.iter().enumerate() {
             match entry(m) {
+                Ok(c) if replaces_prefix && matches!(c.path, PathMatch::Exact(_)) => {
+                    refused.push(Refused {
+                        route: source.clone(),
+                        rule: ri,
+                        reason: "ReplacePrefixMatch needs a PathPrefix match, not Exact".into(),
+                    });
+                }
                 Ok(Conditions {
                     path,
                     method,
@@ -721,6 +729,15 @@ fn entry(m: &Match) -> Result<Conditions, String> {
     })
 }
 
+/// Whether a rule's rewrite or redirect replaces the matched path prefix.
+fn replaces_prefix(action: &Action) -> bool {
+    let path = match action {
+        Action::Forward { rewrite, .. } => rewrite.as_ref().and_then(|w| w.path.as_ref()),
+        Action::Redirect(r) => r.path.as_ref(),
+    };
+    path.is_some_and(|p| !p.full)
+}
+
 /// A header modifier's names and values checked.
 fn checked_modifier(m: &HeaderModifier) -> Result<HeaderModifier, String> {
     for nv in m.set.iter().chain(&m.add) {
@@ -745,8 +762,9 @@ fn path_modifier(spec: &PathModifierSpec) -> Result<PathModifier, String> {
         "ReplacePrefixMatch" => (false, spec.replace_prefix_match.as_deref()),
         other => return Err(format!("path modifier type {other:?} is not served")),
     };
-    let value = value.unwrap_or("/");
-    if !value.starts_with('/')
+    let value = value.unwrap_or(if full { "/" } else { "" });
+    // An empty prefix replacement drops the matched prefix (the specification's table).
+    if !(value.starts_with('/') || (value.is_empty() && !full))
         || value.contains(['?', '#'])
         || value.chars().any(|c| c.is_whitespace() || c.is_control())
     {
@@ -921,15 +939,15 @@ fn action(
     })
 }
 
-/// A rule's `retry`, checked: codes 500-599 (the specification's range); attempts, 1
+/// A rule's `retry`, checked: codes 400-599 (the CRD's range); attempts, 1
 /// when not given (the specification leaves that default to implementations); backoff a
 /// duration.
 fn retry_policy(spec: &RetrySpec) -> Result<RetryPolicy, String> {
     let mut codes = Vec::new();
     for c in &spec.codes {
         match u32::try_from(*c) {
-            Ok(code @ 500..=599) => codes.push(code),
-            _ => return Err(format!("retry code {c} is not 500-599")),
+            Ok(code @ 400..=599) => codes.push(code),
+            _ => return Err(format!("retry code {c} is not 400-599")),
         }
     }
     let attempts = match spec.attempts {
@@ -1205,6 +1223,14 @@ mod tests {
                 { "matches": [{ "path": { "value": "/p" } }],
                   "filters": [{ "type": "RequestRedirect", "requestRedirect": {
                       "path": { "type": "ReplaceFullPath", "replaceFullPath": "/new" } } }] },
+                { "matches": [{ "path": { "type": "Exact", "value": "/exact" } }],
+                  "filters": [{ "type": "URLRewrite", "urlRewrite": { "path": {
+                      "type": "ReplacePrefixMatch", "replacePrefixMatch": "/x" } } }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/strip" } }],
+                  "filters": [{ "type": "URLRewrite", "urlRewrite": { "path": {
+                      "type": "ReplacePrefixMatch", "replacePrefixMatch": "" } } }],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
                 { "matches": [{ "path": { "value": "/bad" } }],
                   "filters": [{ "type": "URLRewrite", "urlRewrite": { "path": {
                       "type": "ReplaceFullPath", "replaceFullPath": "no-slash" } } }],
@@ -1284,7 +1310,12 @@ mod tests {
             );
         }
         let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
-        assert_eq!(refused.len(), 4, "{reasons:?}");
+        assert_eq!(refused.len(), 5, "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("needs a PathPrefix")));
+        assert!(
+            by_path("/strip").is_some(),
+            "an empty prefix replacement is served"
+        );
         assert!(
             reasons
                 .iter()

@@ -291,9 +291,8 @@ impl Forwarder {
                 routed.upstream_host = rewrite.as_ref().and_then(|w| w.hostname.as_deref());
                 let rule = Some(response).filter(|c| **c != HeaderChanges::default());
                 routed.response_changes = match (cors, origin.as_deref()) {
-                    (Some(cors), Some(origin)) if cors.allows(origin) => {
-                        let mut made = rule.cloned().unwrap_or_default();
-                        made.set.extend(cors.actual(origin));
+                    (Some(cors), Some(origin)) => {
+                        let made = rule.cloned().unwrap_or_default().then(&cors.actual(origin));
                         ResponseChanges::Made(Box::new(made))
                     }
                     _ => rule.map_or(ResponseChanges::None, ResponseChanges::Rule),

@@ -579,6 +579,10 @@ where
         let mut retried = 0;
         'retry: loop {
             for attempt in 0..2 {
+                // Past the rule's deadline nothing more is tried (below: 504).
+                if self.past_deadline() {
+                    break 'retry;
+                }
                 let (key, number, authority, permit) =
                     match self.service.target(route, attempt, index, &mut tried).await {
                         Target::Go(key, number, authority, permit) => {
@@ -592,6 +596,8 @@ where
                     };
                 let (mut upstream, reused) = match self.connection(&key, number, upgrade).await {
                     Ok(c) => c,
+                    // The rule's deadline cut the connect, not the endpoint: not ejected.
+                    Err(_) if self.past_deadline() => break 'retry,
                     Err(e) => {
                         self.service.connect_failed(route, tried, &e);
                         failure = Failure::Connect {
@@ -685,6 +691,11 @@ where
         let (reason, detail) = self.service.failed(&failure);
         let _ = self.answer(reason, detail, true).await;
         (self.service.status(reason).as_u16(), Next::Close)
+    }
+
+    /// Whether the request's rule deadline has passed.
+    fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|(d, _)| clock::now() >= d)
     }
 
     /// The earlier of `after` from now and the request's deadline.
@@ -797,7 +808,8 @@ where
         upstream: &mut TcpStream,
         bytes: Option<(usize, usize)>,
     ) -> std::io::Result<()> {
-        let by = self.by(self.wait);
+        // A rule's "no limit" is on the wait for an answer: writes keep the proxy's.
+        let by = self.by(self.wait.min(self.service.settings().response_timeout));
         let written = match bytes {
             Some((from, to)) => {
                 let data = &self.buf[from..to];
@@ -1252,7 +1264,8 @@ where
     }
 
     /// A redirect answer.
-    /// Answers with `status`, `headers` (their `set`) and no body (a 204 preflight).
+    /// Answers with `status`, `headers` (their `set` and `add`) and no body (a 204
+    /// preflight).
     async fn answer_with(
         &mut self,
         status: u16,
@@ -1264,7 +1277,7 @@ where
         self.out.clear();
         let phrase = code.canonical_reason().unwrap_or("");
         let _ = write!(self.out, "HTTP/1.1 {} {phrase}\r\n", code.as_u16());
-        for (name, value) in &headers.set {
+        for (name, value) in headers.set.iter().chain(&headers.add) {
             self.out.extend_from_slice(name.as_str().as_bytes());
             self.out.extend_from_slice(b": ");
             self.out.extend_from_slice(value.as_bytes());

@@ -603,21 +603,16 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         }
     };
     let class = accepted_at(1).await?;
+    // Exactly the features served are claimed: the leader writes the control plane's
+    // list (each feature in it is proven by the conformance suite's tests for it).
+    let claimed: Vec<serde_json::Value> = holdfast_control_plane::gateway_api::SUPPORTED_FEATURES
+        .iter()
+        .map(|f| serde_json::json!({ "name": f }))
+        .collect();
     assert_eq!(
         class["status"]["supportedFeatures"],
-        serde_json::json!([
-            { "name": "Gateway" },
-            { "name": "GatewayPort8080" },
-            { "name": "HTTPRoute" },
-            { "name": "HTTPRoute303RedirectStatusCode" },
-            { "name": "HTTPRoute307RedirectStatusCode" },
-            { "name": "HTTPRoute308RedirectStatusCode" },
-            { "name": "HTTPRouteParentRefPort" },
-            { "name": "HTTPRoutePortRedirect" },
-            { "name": "HTTPRouteSchemeRedirect" },
-            { "name": "ReferenceGrant" }
-        ]),
-        "exactly the features served are claimed (the GATEWAY-HTTP core, listeners on 8080 and the redirects): {class}"
+        serde_json::Value::Array(claimed),
+        "exactly the features served are claimed: {class}"
     );
     cluster.kubectl_run(&[
         "patch",

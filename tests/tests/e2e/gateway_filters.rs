@@ -234,9 +234,11 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
     assert!(h.contains_key("x-echo-name"), "forwarded: {h:?}");
     assert_eq!(h["access-control-allow-origin"], "https://app.test");
     assert_eq!(h["access-control-expose-headers"], "x-echo-name");
+    assert_eq!(h["vary"], "origin", "a cache keeps one answer per origin");
     let (status, h, _) = actual("https://evil.test").await?;
     assert_eq!(status, 200);
     assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+    assert_eq!(h["vary"], "origin", "{h:?}");
 
     // A backendRef's own header changes, after the rule's (requests) or before them
     // (responses): each of the two backends' requests carries its own header alone.
