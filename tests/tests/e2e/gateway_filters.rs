@@ -55,8 +55,9 @@ async fn gateway_at(s: &Scenario) -> anyhow::Result<SocketAddr> {
 
 /// One HTTPRoute for `filters.test` with a rule per feature; each is asked what it serves
 /// and each answer is checked by its status and the echo's report of the request it got
-/// (method, host and path) or the redirect's Location. The proxy waits 1 s for a response
-/// head unless a rule says otherwise; the echo answers after `delay_ms`.
+/// (method, host and path) or the redirect's Location, over HTTP/1.1 and then over h2c.
+/// The proxy waits 1 s for a response head unless a rule says otherwise; the echo
+/// answers after `delay_ms`.
 #[tokio::test]
 async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_are_served_as_written()
 -> anyhow::Result<()> {
@@ -261,6 +262,59 @@ async fn method_and_query_matches_rewrites_redirect_paths_and_response_headers_a
     }
     seen.sort_unstable();
     assert_eq!(seen, [false, true], "both backends, by their equal weights");
+
+    // The same rules over HTTP/2 (h2c, prior knowledge): one connection, several
+    // features.
+    let stream = tokio::net::TcpStream::connect(at).await?;
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    let mut over_h2 = async |method: &str, path: &str, headers: &[(&str, &str)]| {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://filters.test{path}"));
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        let resp = h2
+            .send_request(req.body(http_body_util::Empty::<bytes::Bytes>::new())?)
+            .await?;
+        anyhow::ensure!(resp.version() == http::Version::HTTP_2, "{resp:?}");
+        Ok::<_, anyhow::Error>((resp.status().as_u16(), resp.headers().clone()))
+    };
+    let (status, h) = over_h2("PATCH", "/x", &[]).await?;
+    assert_eq!(
+        (status, &h["x-rule"]),
+        (200, &"patch".parse::<http::HeaderValue>()?)
+    );
+    let (_, h) = over_h2("GET", "/x?animal=whale", &[]).await?;
+    assert_eq!(h["x-rule"], "whale");
+    assert!(!h.contains_key("x-echo-headers"), "{h:?}");
+    let (_, h) = over_h2("GET", "/rw/a?q=1", &[]).await?;
+    assert_eq!(h["x-echo-path"], "/v2/a?q=1");
+    assert_eq!(h["x-echo-host"], "up.test");
+    let (status, h) = over_h2(
+        "OPTIONS",
+        "/cors/a",
+        &[
+            ("origin", "https://app.test"),
+            ("access-control-request-method", "GET"),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 204);
+    assert_eq!(h["access-control-allow-origin"], "https://app.test");
+    let (status, h) = over_h2("GET", "/old/page?q=3", &[]).await?;
+    assert_eq!(
+        (status, &h["location"]),
+        (
+            301,
+            &"http://filters.test/new/page?q=3".parse::<http::HeaderValue>()?
+        )
+    );
 
     // Timeouts: a rule's limit on the whole request and on each attempt answer 504 while
     // the echo still waits; "0s" lifts even the proxy's own 1 s; without a rule's, the
