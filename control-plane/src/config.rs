@@ -83,6 +83,19 @@ pub struct Args {
     /// Most paths (over all its rules) one Ingress may have; a larger one is skipped.
     #[arg(long, env = "HOLDFAST_MAX_PATHS_PER_INGRESS", default_value_t = 5_000)]
     pub max_paths_per_ingress: usize,
+    /// Serve the ingress-nginx annotations (`nginx.ingress.kubernetes.io/...`) of
+    /// Ingresses (docs/ingress-nginx.md lists them). An annotation not served, and every
+    /// `*-snippet`, is ignored with a Warning Event. `=false`: none is served, and an
+    /// Ingress carrying any gets a Warning Event saying so.
+    #[arg(
+        long,
+        env = "HOLDFAST_INGRESS_NGINX_ANNOTATIONS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub ingress_nginx_annotations: bool,
     /// Let ExternalName Services be backends. Off by default: an ExternalName can send the
     /// proxies to any DNS name, including another namespace's internal Services
     /// (CVE-2021-25740). Off, such a route answers 503 and its Ingress gets a Warning Event.
@@ -470,9 +483,10 @@ impl Args {
             allow_certificates: tls.is_some() || self.allow_plaintext_secrets,
             allow_external_name: self.allow_external_name,
             host_ownership: self.host_ownership,
-            ingress_limits: translate::IngressLimits {
+            ingress_reading: translate::IngressReading {
                 max_rules: self.max_rules_per_ingress,
                 max_paths: self.max_paths_per_ingress,
+                nginx_annotations: self.ingress_nginx_annotations,
             },
             default_backend_namespaces: self
                 .default_backend_namespaces

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use holdfast_proto::snapshot::{
     gateway_route_key, ingress_gateway_host, ingress_virtual_host, is_ingress_host, route_count,
 };
-use holdfast_proto::v1::{GatewayHost, Snapshot, VirtualHost};
+use holdfast_proto::v1::{GatewayHost, GatewayRoute, Snapshot, VirtualHost};
 
 /// The identity of a route: host, match kind and path ("" host and "*" path for the
 /// default backend). An Ingress route has the same key in either form of its host (a
@@ -349,7 +349,7 @@ pub fn keep_held(
         let Some((before, published_form)) = ingress_host(published, host) else {
             continue;
         };
-        let routes: Vec<&holdfast_proto::v1::Route> = routes
+        let routes: Vec<&GatewayRoute> = routes
             .iter()
             .filter_map(|(kind, path)| {
                 before
@@ -364,7 +364,7 @@ pub fn keep_held(
         // The candidate's host, in its form, or the published one re-made without
         // routes, in the form it was published in.
         let (mut v, form) = ingress_host(&out, host).unwrap_or_else(|| {
-            let empty = VirtualHost {
+            let empty = GatewayHost {
                 routes: Vec::new(),
                 ..before.clone()
             };
@@ -389,9 +389,11 @@ pub fn keep_held(
         }
         for route in routes {
             v.routes.push(route.clone());
-            need_backend(&route.backend, &mut out);
+            for b in route.backends.iter().filter(|b| !b.backend.is_empty()) {
+                need_backend(&b.backend, &mut out);
+            }
         }
-        crate::translate::sort_routes(&mut v.routes);
+        crate::translate::sort_ingress_routes(&mut v.routes);
         put_ingress_host(&mut out, v, form);
     }
     out.virtual_hosts.sort_by(|a, b| a.host.cmp(&b.host));
@@ -411,28 +413,33 @@ enum Form {
     Gateway,
 }
 
-/// Ingress host `host` of `s` as a virtual host, and the form `s` gives it in.
-fn ingress_host(s: &Snapshot, host: &str) -> Option<(VirtualHost, Form)> {
+/// Ingress host `host` of `s` in the one route model (a Gateway host of listener
+/// `ingress`), and the form `s` gives it in.
+fn ingress_host(s: &Snapshot, host: &str) -> Option<(GatewayHost, Form)> {
     if let Some(v) = s.virtual_hosts.iter().find(|v| v.host == host) {
-        return Some((v.clone(), Form::Virtual));
+        return Some((ingress_gateway_host(v), Form::Virtual));
     }
     s.gateway_hosts
         .iter()
         .find(|g| is_ingress_host(g) && g.host == host)
-        .and_then(|g| ingress_virtual_host(g).ok())
-        .map(|v| (v, Form::Gateway))
+        .map(|g| (g.clone(), Form::Gateway))
 }
 
-/// Puts Ingress host `v` into `out` in `form`, in place of the host's entry if it has
-/// one.
-fn put_ingress_host(out: &mut Snapshot, v: VirtualHost, form: Form) {
-    match form {
-        Form::Virtual => match out.virtual_hosts.iter_mut().find(|x| x.host == v.host) {
+/// Puts Ingress host `g` into `out` in `form`, in place of the host's entry if it has
+/// one. A host with filters goes in as a Gateway host whatever `form` says (a virtual
+/// host cannot carry them).
+fn put_ingress_host(out: &mut Snapshot, g: GatewayHost, form: Form) {
+    let virtual_host = match form {
+        Form::Virtual => ingress_virtual_host(&g).ok(),
+        Form::Gateway => None,
+    };
+    match virtual_host {
+        Some(v) => match out.virtual_hosts.iter_mut().find(|x| x.host == v.host) {
             Some(x) => *x = v,
             None => out.virtual_hosts.push(v),
         },
-        Form::Gateway => {
-            let g = ingress_gateway_host(&v);
+        None => {
+            out.virtual_hosts.retain(|x| x.host != g.host);
             match out.gateway_hosts.iter_mut().find(|x| x.name == g.name) {
                 Some(x) => *x = g,
                 None => out.gateway_hosts.push(g),
@@ -931,6 +938,58 @@ mod change_tests {
         let mut gone = published.clone();
         gone.gateway_hosts.clear();
         gone.certificates.clear();
+        let held = removed_routes(&published, &gone);
+        assert_eq!(held.len(), 2);
+        assert_eq!(
+            keep_held(&gone, &published, &held).gateway_hosts,
+            published.gateway_hosts
+        );
+    }
+
+    /// An Ingress host whose entries have filters (ingress-nginx annotations): a held
+    /// entry comes back with its filters, into the candidate's host or the host re-made.
+    #[test]
+    fn a_held_ingress_route_with_filters_comes_back_with_them() {
+        use holdfast_proto::v1::{HeaderMatch, HeaderModifier, UrlRewrite};
+        let mut published = in_forms(
+            full(
+                &std::collections::BTreeMap::from([(2u8, vec![(false, 0u8), (false, 1)])]),
+                false,
+                1,
+            ),
+            0xff,
+        );
+        for r in &mut published.gateway_hosts[0].routes {
+            r.ingress = Some(holdfast_proto::v1::IngressRef {
+                namespace: "ns".into(),
+                name: "web".into(),
+            });
+            r.rewrite = Some(UrlRewrite {
+                hostname: "internal.example".into(),
+                path: None,
+            });
+            r.request_headers = Some(HeaderModifier {
+                set: vec![HeaderMatch {
+                    name: "x-forwarded-prefix".into(),
+                    value: "/p".into(),
+                }],
+                ..Default::default()
+            });
+        }
+        assert!(
+            holdfast_proto::snapshot::ingress_virtual_host(&published.gateway_hosts[0]).is_err()
+        );
+        let mut candidate = published.clone();
+        candidate.gateway_hosts[0].routes.remove(0);
+        let held = removed_routes(&published, &candidate);
+        assert_eq!(held.len(), 1);
+        let kept = keep_held(&candidate, &published, &held);
+        assert_eq!(kept.gateway_hosts, published.gateway_hosts);
+        let mut sealed = kept.clone();
+        holdfast_proto::snapshot::seal(&mut sealed, 2);
+        assert_eq!(holdfast_proto::snapshot::validate(&sealed), Ok(()));
+        let mut gone = published.clone();
+        gone.gateway_hosts.clear();
         let held = removed_routes(&published, &gone);
         assert_eq!(held.len(), 2);
         assert_eq!(

@@ -77,6 +77,7 @@ use std::collections::HashMap;
 mod digest;
 mod gateway;
 mod incremental;
+pub mod nginx;
 mod resolve;
 mod rules;
 
@@ -146,7 +147,7 @@ pub struct Options {
     /// Who may add rules to a host (`--host-ownership`).
     pub host_ownership: HostOwnership,
     /// How large one Ingress may be.
-    pub ingress_limits: IngressLimits,
+    pub ingress_reading: IngressReading,
     /// `namespace/name` of the proxies' own Service (`--publish-service`): an endpoint
     /// address of any of its pods is refused as a backend endpoint (it would send the
     /// proxies to themselves).
@@ -188,7 +189,7 @@ impl Default for Options {
             allow_certificates: true,
             allow_external_name: false,
             host_ownership: HostOwnership::FirstNamespace,
-            ingress_limits: IngressLimits::default(),
+            ingress_reading: IngressReading::default(),
             default_backend_namespaces: None,
             proxy_service: None,
             gateway_controller: crate::gateway_api::DEFAULT_CONTROLLER_NAME.into(),
@@ -202,8 +203,13 @@ impl Default for Options {
 /// reason, and the `reason` label of `holdfast_problems`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProblemReason {
-    /// An annotation of ours with a value that cannot work.
+    /// An annotation of ours (or an ingress-nginx one) with a value that cannot work.
     InvalidAnnotation,
+    /// An ingress-nginx annotation holdfast does not serve (ignored; the rest is served).
+    UnservedAnnotation,
+    /// An ingress-nginx `*-snippet` annotation: raw nginx configuration, refused on
+    /// purpose.
+    SnippetRefused,
     /// A `tls` entry that cannot be used.
     InvalidTls,
     /// A wildcard host that would cover a public suffix.
@@ -255,6 +261,8 @@ impl ProblemReason {
     pub fn as_str(self) -> &'static str {
         match self {
             ProblemReason::InvalidAnnotation => "InvalidAnnotation",
+            ProblemReason::UnservedAnnotation => "UnservedAnnotation",
+            ProblemReason::SnippetRefused => "SnippetRefused",
             ProblemReason::InvalidTls => "InvalidTLS",
             ProblemReason::PublicSuffixWildcard => "PublicSuffixWildcard",
             ProblemReason::IngressTooLarge => "IngressTooLarge",
@@ -721,7 +729,7 @@ pub fn named_hosts(state: &ClusterState, opts: &Options) -> claims::Named {
     let mut digests: Vec<IngressDigest> = state
         .ingresses
         .iter()
-        .map(|ing| digest_ingress_within(ing, opts.ingress_limits))
+        .map(|ing| digest_ingress_within(ing, opts.ingress_reading))
         .filter(|d| class_is_ours(d.class.as_deref(), &classes, default_is_ours))
         .collect();
     digests.sort_unstable_by(by_age);
@@ -775,7 +783,7 @@ impl Translator {
         self.generation += 1;
         let generation = self.generation;
         let ingresses = self.ingresses.refresh(&state.ingresses, generation, |ing| {
-            digest_ingress_within(ing, opts.ingress_limits)
+            digest_ingress_within(ing, opts.ingress_reading)
         });
         let services = self
             .services

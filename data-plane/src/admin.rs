@@ -13,7 +13,8 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::table::{Miss, RouteTable, normalise_host};
+use crate::gateway::Action;
+use crate::table::{Found, Miss, RouteTable, normalise_host};
 use holdfast_http::path::EscapedSlashes;
 
 fn json_reply(status: StatusCode, v: serde_json::Value) -> Page {
@@ -48,8 +49,20 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
         return json!({ "matched": false, "status": 503, "reason": "no route table yet: waiting for a snapshot" });
     };
     let normalised = normalise_host(host);
-    match t.lookup(&normalised, path) {
-        Ok(r) => {
+    let found = t.lookup_entry(&normalised, path, None).map(|f| match f {
+        Found::Route(r) => (Some(r), None),
+        Found::Matched(_, m) => (m.routes().next().map(|r| &**r), Some(m)),
+    });
+    match found {
+        // A path with filters that forwards nowhere: a redirect (or 500).
+        Ok((None, m)) => {
+            let status = match m.map(|m| &m.action) {
+                Some(Action::Redirect(r)) => r.status,
+                _ => 500,
+            };
+            json!({ "matched": true, "status": status, "version": t.version, "filters": true })
+        }
+        Ok((Some(r), filters)) => {
             let b = &r.backend;
             let endpoints: Vec<String> = b.endpoints.iter().map(|e| e.to_string()).collect();
             let status = if b.unavailable_reason.is_some() {
@@ -73,6 +86,7 @@ fn explain_normalised(table: Option<&RouteTable>, host: &str, path: &str) -> ser
                 "https_redirect": t.redirects_to_https(&normalised),
                 "certificate": certificate,
                 "route": { "host": &*r.host, "kind": format!("{:?}", r.kind), "path": &*r.path, "ingress": r.source },
+                "filters": filters.is_some(),
                 "backend": {
                     "name": &*b.name,
                     "endpoints": endpoints,

@@ -70,6 +70,9 @@ pub struct Redirect {
     pub status: u16,
     /// The path (None: the request's).
     pub path: Option<PathModifier>,
+    /// The whole location, nothing of the request kept (ingress-nginx's
+    /// `permanent-redirect`); the fields above are then unused.
+    pub location: Option<String>,
 }
 
 /// A path replacement (`URLRewrite` and `RequestRedirect`).
@@ -117,6 +120,9 @@ impl Redirect {
     /// The `Location` for a request with `scheme`, `host` (without port), `port` (the
     /// listener's) and `path_and_query`. A port that is the scheme's default is left out.
     pub fn location(&self, scheme: &str, host: &str, port: u16, path_and_query: &str) -> String {
+        if let Some(location) = &self.location {
+            return location.clone();
+        }
         let new_scheme = self.scheme.as_deref().unwrap_or(scheme);
         let default = |s: &str| if s == "https" { 443 } else { 80 };
         let new_port = match (self.port, self.scheme.as_deref()) {
@@ -187,10 +193,25 @@ pub struct TargetChanges {
 pub struct Matched {
     /// What it does.
     pub action: Action,
+    /// A plain-HTTP request is redirected to https first (an Ingress's
+    /// `force-ssl-redirect`).
+    pub https_redirect: bool,
     requests: AtomicU64,
 }
 
 impl Matched {
+    /// Its targets' routes (what counts its requests).
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        let targets = match &self.action {
+            Action::Forward { targets, .. } => targets.as_slice(),
+            Action::Redirect(_) => &[],
+        };
+        targets.iter().filter_map(|t| match t {
+            Target::Route(r) => Some(r),
+            Target::Unresolved(_) => None,
+        })
+    }
+
     /// The target of the next request (None: every weight is 0, or there is no target).
     pub fn next_target(&self) -> Option<&Target> {
         self.next_pick().map(|(_, t)| t)
@@ -275,20 +296,151 @@ fn header_changes(m: Option<&holdfast_proto::v1::HeaderModifier>) -> Option<Head
     Some(out)
 }
 
+/// Compiles one route entry of `host` (a Gateway host's, or an Ingress host's with
+/// filters): its matches and what it does, its targets' routes labelled `label`.
+pub(crate) fn compile_entry(
+    r: &holdfast_proto::v1::GatewayRoute,
+    host: &Arc<str>,
+    label: Label,
+    backend: &impl Fn(&str) -> Result<Arc<Backend>, CompileError>,
+    bad: &impl Fn(&str) -> CompileError,
+) -> Result<Entry<Arc<Matched>>, CompileError> {
+    let source = match (&r.source, &r.ingress) {
+        (Some(s), _) => format!("{}/{}", s.namespace, s.name),
+        (None, Some(i)) => format!("{}/{}", i.namespace, i.name),
+        (None, None) => String::new(),
+    };
+    let rule = match MatchKind::try_from(r.match_kind) {
+        Ok(MatchKind::Exact) => PathRule::Exact(r.path.clone()),
+        _ => PathRule::Prefix(r.path.clone()),
+    };
+    let headers = r
+        .headers
+        .iter()
+        .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = (!r.method.is_empty() || !r.query_params.is_empty()).then(|| {
+        Box::new(Conditions {
+            method: Some(r.method.clone()).filter(|m| !m.is_empty()),
+            query: r
+                .query_params
+                .iter()
+                .map(|q| (q.name.clone(), q.value.clone()))
+                .collect(),
+        })
+    });
+    let path_of = |m: &holdfast_proto::v1::PathModifier| {
+        (m.value.starts_with('/') || (m.value.is_empty() && !m.full))
+            .then(|| PathModifier {
+                full: m.full,
+                value: m.value.clone(),
+            })
+            .ok_or_else(|| bad("path modifier"))
+    };
+    let route_path: Arc<str> = r.path.as_str().into();
+    let action = match &r.redirect {
+        Some(d) => Action::Redirect(Redirect {
+            scheme: Some(d.scheme.clone()).filter(|s| !s.is_empty()),
+            hostname: Some(d.hostname.clone()).filter(|s| !s.is_empty()),
+            port: u16::try_from(d.port).ok().filter(|p| *p != 0),
+            status: u16::try_from(d.status_code).unwrap_or(302),
+            path: d.path.as_ref().map(path_of).transpose()?,
+            location: Some(d.location.clone()).filter(|l| !l.is_empty()),
+        }),
+        None => {
+            let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
+                header_changes(m.as_ref()).ok_or_else(|| bad("header change"))
+            };
+            let (rule_request, rule_response) =
+                (changes(&r.request_headers)?, changes(&r.response_headers)?);
+            let mut weights = Vec::with_capacity(r.backends.len());
+            let mut targets = Vec::with_capacity(r.backends.len());
+            let mut per_target = Vec::new();
+            for w in &r.backends {
+                if w.request_headers.is_some() || w.response_headers.is_some() {
+                    per_target.resize(targets.len(), None);
+                    per_target.push(Some(Box::new(TargetChanges {
+                        request: rule_request.then(&changes(&w.request_headers)?),
+                        response: changes(&w.response_headers)?.then(&rule_response),
+                    })));
+                }
+                weights.push(w.weight);
+                targets.push(if w.backend.is_empty() {
+                    Target::Unresolved(w.unresolved.clone())
+                } else {
+                    Target::Route(Arc::new(Route {
+                        host: host.clone(),
+                        kind: path_kind(&rule),
+                        path: route_path.clone(),
+                        backend: backend(&w.backend)?,
+                        source: source.clone(),
+                        label: label.clone(),
+                        counters: RouteCounters::default(),
+                    }))
+                });
+            }
+            let rewrite = match &r.rewrite {
+                None => None,
+                Some(w) => Some(Box::new(Rewrite {
+                    hostname: Some(w.hostname.clone()).filter(|h| !h.is_empty()),
+                    path: w.path.as_ref().map(path_of).transpose()?,
+                })),
+            };
+            Action::Forward {
+                weights,
+                targets,
+                headers: rule_request,
+                response: rule_response,
+                per_target,
+                rewrite,
+                timeouts: timeouts_of(r.timeouts.as_ref()),
+                retry: r.retry.as_ref().map(|p| {
+                    Box::new(Retry {
+                        codes: p
+                            .codes
+                            .iter()
+                            .filter_map(|c| u16::try_from(*c).ok())
+                            .collect(),
+                        attempts: p.attempts,
+                        backoff: std::time::Duration::from_millis(p.backoff_ms),
+                    })
+                }),
+                cors: r.cors.as_ref().map(|c| {
+                    Box::new(Cors {
+                        allow_origins: c
+                            .allow_origins
+                            .iter()
+                            .map(|o| crate::cors::normal_origin(o))
+                            .collect(),
+                        allow_credentials: c.allow_credentials,
+                        allow_methods: c.allow_methods.clone(),
+                        allow_headers: c.allow_headers.clone(),
+                        expose_headers: c.expose_headers.clone(),
+                        max_age: c.max_age_seconds,
+                    })
+                }),
+            }
+        }
+    };
+    Ok(Entry {
+        path: rule,
+        headers,
+        more,
+        action: Arc::new(Matched {
+            action,
+            https_redirect: r.https_redirect,
+            requests: AtomicU64::new(0),
+        }),
+    })
+}
+
 impl Listener {
     /// Its routes: one for each backend of each rule (what counts the rule's requests).
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.table
             .values()
             .flat_map(|paths| paths.entries())
-            .flat_map(|e| match &e.action.action {
-                Action::Forward { targets, .. } => targets.as_slice(),
-                Action::Redirect(_) => &[],
-            })
-            .filter_map(|t| match t {
-                Target::Route(r) => Some(r),
-                Target::Unresolved(_) => None,
-            })
+            .flat_map(|e| e.action.routes())
     }
 
     /// Compiles listener `l` with its `hosts`, naming backends and certificates through
@@ -332,131 +484,14 @@ impl Listener {
             // One copy of the name, for the listener's key and every route of the host.
             let host: Arc<str> = h.host.as_str().into();
             for r in &h.routes {
-                let rule = match MatchKind::try_from(r.match_kind) {
-                    Ok(MatchKind::Exact) => PathRule::Exact(r.path.clone()),
-                    _ => PathRule::Prefix(r.path.clone()),
-                };
-                let headers = r
-                    .headers
-                    .iter()
-                    .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let more = (!r.method.is_empty() || !r.query_params.is_empty()).then(|| {
-                    Box::new(Conditions {
-                        method: Some(r.method.clone()).filter(|m| !m.is_empty()),
-                        query: r
-                            .query_params
-                            .iter()
-                            .map(|q| (q.name.clone(), q.value.clone()))
-                            .collect(),
-                    })
-                });
-                let path_of = |m: &holdfast_proto::v1::PathModifier| {
-                    (m.value.starts_with('/') || (m.value.is_empty() && !m.full))
-                        .then(|| PathModifier {
-                            full: m.full,
-                            value: m.value.clone(),
-                        })
-                        .ok_or_else(|| bad("path modifier"))
-                };
                 let label: Arc<str> = format!("{} {}{}", l.name, h.host, r.path).into();
-                let route_path: Arc<str> = r.path.as_str().into();
-                let action = match &r.redirect {
-                    Some(d) => Action::Redirect(Redirect {
-                        scheme: Some(d.scheme.clone()).filter(|s| !s.is_empty()),
-                        hostname: Some(d.hostname.clone()).filter(|s| !s.is_empty()),
-                        port: u16::try_from(d.port).ok().filter(|p| *p != 0),
-                        status: u16::try_from(d.status_code).unwrap_or(302),
-                        path: d.path.as_ref().map(path_of).transpose()?,
-                    }),
-                    None => {
-                        let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
-                            header_changes(m.as_ref()).ok_or_else(|| bad("header change"))
-                        };
-                        let (rule_request, rule_response) =
-                            (changes(&r.request_headers)?, changes(&r.response_headers)?);
-                        let mut weights = Vec::with_capacity(r.backends.len());
-                        let mut targets = Vec::with_capacity(r.backends.len());
-                        let mut per_target = Vec::new();
-                        for w in &r.backends {
-                            if w.request_headers.is_some() || w.response_headers.is_some() {
-                                per_target.resize(targets.len(), None);
-                                per_target.push(Some(Box::new(TargetChanges {
-                                    request: rule_request.then(&changes(&w.request_headers)?),
-                                    response: changes(&w.response_headers)?.then(&rule_response),
-                                })));
-                            }
-                            weights.push(w.weight);
-                            targets.push(if w.backend.is_empty() {
-                                Target::Unresolved(w.unresolved.clone())
-                            } else {
-                                Target::Route(Arc::new(Route {
-                                    host: host.clone(),
-                                    kind: path_kind(&rule),
-                                    path: route_path.clone(),
-                                    backend: backend(&w.backend)?,
-                                    source: r
-                                        .source
-                                        .as_ref()
-                                        .map(|s| format!("{}/{}", s.namespace, s.name))
-                                        .unwrap_or_default(),
-                                    label: Label::Named(label.clone()),
-                                    counters: RouteCounters::default(),
-                                }))
-                            });
-                        }
-                        let rewrite = match &r.rewrite {
-                            None => None,
-                            Some(w) => Some(Box::new(Rewrite {
-                                hostname: Some(w.hostname.clone()).filter(|h| !h.is_empty()),
-                                path: w.path.as_ref().map(path_of).transpose()?,
-                            })),
-                        };
-                        Action::Forward {
-                            weights,
-                            targets,
-                            headers: rule_request,
-                            response: rule_response,
-                            per_target,
-                            rewrite,
-                            timeouts: timeouts_of(r.timeouts.as_ref()),
-                            retry: r.retry.as_ref().map(|p| {
-                                Box::new(Retry {
-                                    codes: p
-                                        .codes
-                                        .iter()
-                                        .filter_map(|c| u16::try_from(*c).ok())
-                                        .collect(),
-                                    attempts: p.attempts,
-                                    backoff: std::time::Duration::from_millis(p.backoff_ms),
-                                })
-                            }),
-                            cors: r.cors.as_ref().map(|c| {
-                                Box::new(Cors {
-                                    allow_origins: c
-                                        .allow_origins
-                                        .iter()
-                                        .map(|o| crate::cors::normal_origin(o))
-                                        .collect(),
-                                    allow_credentials: c.allow_credentials,
-                                    allow_methods: c.allow_methods.clone(),
-                                    allow_headers: c.allow_headers.clone(),
-                                    expose_headers: c.expose_headers.clone(),
-                                    max_age: c.max_age_seconds,
-                                })
-                            }),
-                        }
-                    }
-                };
-                list.push(Entry {
-                    path: rule,
-                    headers,
-                    more,
-                    action: Arc::new(Matched {
-                        action,
-                        requests: AtomicU64::new(0),
-                    }),
-                });
+                list.push(compile_entry(
+                    r,
+                    &host,
+                    Label::Named(label),
+                    &backend,
+                    &bad,
+                )?);
             }
             entries += list.len();
             table.push((host, list));
@@ -651,6 +686,7 @@ mod tests {
             port,
             status: 302,
             path: None,
+            location: None,
         };
         assert_eq!(
             r(None, Some("example.org"), None).location("http", "a.test", 80, "/p?q=1"),

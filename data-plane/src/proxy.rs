@@ -1330,6 +1330,20 @@ mod gateway_tests {
         )
     }
 
+    /// Backend `name` with one ready endpoint.
+    fn backend(name: &str) -> Backend {
+        Backend {
+            name: name.into(),
+            endpoints: vec![Endpoint {
+                address: "10.0.0.1".into(),
+                port: 8080,
+                zone: String::new(),
+                ready: true,
+            }],
+            ..Default::default()
+        }
+    }
+
     fn forward(path: &str, backends: Vec<WeightedBackend>) -> GatewayRoute {
         GatewayRoute {
             match_kind: MatchKind::Prefix as i32,
@@ -1370,6 +1384,7 @@ mod gateway_tests {
             port: 0,
             status_code: 301,
             path: None,
+            location: String::new(),
         });
         let broken = forward(
             "/broken",
@@ -1380,16 +1395,6 @@ mod gateway_tests {
                 ..Default::default()
             }],
         );
-        let backend = |name: &str| Backend {
-            name: name.into(),
-            endpoints: vec![Endpoint {
-                address: "10.0.0.1".into(),
-                port: 8080,
-                zone: String::new(),
-                ready: true,
-            }],
-            ..Default::default()
-        };
         let mut s = Snapshot {
             backends: vec![backend("ns/a:80"), backend("ns/b:80")],
             gateway_listeners: vec![GatewayListener {
@@ -1458,6 +1463,132 @@ mod gateway_tests {
         seal(&mut s, 1);
         holdfast_proto::snapshot::validate(&s).expect("a valid snapshot");
         RouteTable::compile(&s).expect("compiles")
+    }
+
+    /// An Ingress host `in.test` whose entries have filters (ingress-nginx annotations):
+    /// `/perm` a redirect to a location, Exact `/` an app-root redirect, `/secure` an https
+    /// redirect, `/up` a Host rewrite and a header, `/.well-known` an https redirect to
+    /// `ns/b:80`; `/` plain, to `ns/b:80`.
+    fn ingress_table() -> RouteTable {
+        use holdfast_proto::snapshot::{INGRESS_LISTENER, ingress_gateway_host};
+        use holdfast_proto::v1::{IngressRef, Route as IngressRoute, VirtualHost};
+        let source = IngressRef {
+            namespace: "ns".into(),
+            name: "web".into(),
+        };
+        let plain = |path: &str, backend: &str| IngressRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: path.into(),
+            backend: backend.into(),
+            source: Some(source.clone()),
+        };
+        let mut g = ingress_gateway_host(&VirtualHost {
+            host: "in.test".into(),
+            routes: vec![
+                plain("/secure", "ns/a:80"),
+                plain("/perm", "ns/a:80"),
+                plain("/up", "ns/a:80"),
+                plain("/.well-known", "ns/b:80"),
+                plain("/", "ns/b:80"),
+            ],
+            ..Default::default()
+        });
+        g.routes[0].https_redirect = true;
+        g.routes[3].https_redirect = true;
+        g.routes[1].backends.clear();
+        g.routes[1].redirect = Some(RequestRedirect {
+            status_code: 301,
+            location: "https://example.org/new".into(),
+            ..Default::default()
+        });
+        g.routes[2].rewrite = Some(UrlRewrite {
+            hostname: "internal.test".into(),
+            path: None,
+        });
+        g.routes[2].request_headers = Some(HeaderModifier {
+            set: vec![HeaderMatch {
+                name: "x-forwarded-prefix".into(),
+                value: "/up".into(),
+            }],
+            ..Default::default()
+        });
+        let mut root = GatewayRoute {
+            match_kind: MatchKind::Exact as i32,
+            path: "/".into(),
+            ingress: Some(source.clone()),
+            ..Default::default()
+        };
+        root.redirect = Some(RequestRedirect {
+            status_code: 302,
+            path: Some(PathModifier {
+                full: true,
+                value: "/app".into(),
+            }),
+            ..Default::default()
+        });
+        g.routes.insert(0, root);
+        assert_eq!(g.listener, INGRESS_LISTENER);
+        let mut s = Snapshot {
+            backends: vec![backend("ns/a:80"), backend("ns/b:80")],
+            gateway_hosts: vec![g],
+            ..Default::default()
+        };
+        seal(&mut s, 1);
+        holdfast_proto::snapshot::validate(&s).expect("a valid snapshot");
+        RouteTable::compile(&s).expect("compiles")
+    }
+
+    /// An Ingress path with filters acts as a Gateway entry would, with Ingress host
+    /// selection: a location redirect, an app-root redirect keeping the Host's port, an
+    /// https redirect (not for ACME challenges), a Host rewrite with a header set; the
+    /// plain path beside them forwards as before.
+    #[test]
+    fn an_ingress_path_with_filters_redirects_and_rewrites_as_its_annotations_say() {
+        let (f, t) = (forwarder(), ingress_table());
+        let h = HeaderMap::new();
+        let decide = |host: &str, path: &str| {
+            let view = RequestView {
+                method: "GET",
+                host: Some(host),
+                path,
+                query: None,
+                headers: &h,
+            };
+            match f.route(&view, &Via::Http, Some(&t)) {
+                Decision::Forward(r) => format!(
+                    "{} {} {}",
+                    r.route.backend.name,
+                    r.upstream_host.unwrap_or(r.raw_host),
+                    r.header_changes.map_or(0, |c| c.set.len())
+                ),
+                Decision::Redirect { status, location } => format!("{status} {location}"),
+                Decision::Refuse { reason, .. } => format!("{reason:?}"),
+                Decision::Answer { status, .. } => format!("answer {status}"),
+            }
+        };
+        assert_eq!(decide("in.test", "/perm/x"), "301 https://example.org/new");
+        assert_eq!(decide("in.test:8080", "/"), "302 http://in.test:8080/app");
+        assert_eq!(decide("IN.test", "/"), "302 http://in.test/app");
+        assert_eq!(
+            decide("in.test", "/secure/a"),
+            "308 https://in.test/secure/a"
+        );
+        assert_eq!(
+            decide("in.test", "/.well-known/acme-challenge/t"),
+            "ns/b:80 in.test 0"
+        );
+        assert_eq!(
+            decide("in.test", "/.well-known/other"),
+            "308 https://in.test/.well-known/other"
+        );
+        assert_eq!(decide("in.test", "/up/a"), "ns/a:80 internal.test 1");
+        assert_eq!(decide("in.test", "/other"), "ns/b:80 in.test 0");
+        // Ingress host selection: no fall-through to another host.
+        assert_eq!(decide("else.test", "/"), "NoRoute");
+        // The route table lists each entry's routes once (a redirect has none).
+        let mut paths: Vec<&str> = t.routes().map(|r| &*r.path).collect();
+        paths.sort_unstable();
+        assert_eq!(paths, ["/", "/.well-known", "/secure", "/up"]);
     }
 
     fn on_gateway() -> Via {

@@ -159,13 +159,32 @@ pub struct TlsCertificate {
     pub facts: Facts,
 }
 
+/// What an Ingress path does.
+#[derive(Debug, Clone)]
+pub enum IngressAction {
+    /// Forward on its one route (a path without filters).
+    Route(Arc<Route>),
+    /// What a Gateway entry does (a path whose Ingress has ingress-nginx annotations:
+    /// a redirect, a rewrite, header changes, CORS, timeouts).
+    Matched(Arc<crate::gateway::Matched>),
+}
+
+/// Where the Ingress lookup sends a request.
+#[derive(Debug, Clone, Copy)]
+pub enum Found<'a> {
+    /// Forward on this route (a path without filters, or the default backend).
+    Route(&'a Route),
+    /// A path with filters: the path rule it matched with, and what it does.
+    Matched(&'a PathRule, &'a crate::gateway::Matched),
+}
+
 /// One virtual host, compiled: what a delta that changes the host (or its backend or
 /// certificate) replaces, and what every other host's entry is shared with.
 #[derive(Debug, Default)]
 struct PathTable {
     /// Its routes, matched by the path lookup Gateway hostnames use too
     /// ([`crate::matching`]).
-    paths: Paths<Arc<Route>>,
+    paths: Paths<IngressAction>,
     /// The host's certificate.
     certificate: Option<Arc<TlsCertificate>>,
     /// Plain-HTTP requests get 308 to https.
@@ -173,15 +192,21 @@ struct PathTable {
 }
 
 impl PathTable {
-    /// Its routes in snapshot order.
+    /// Its routes in snapshot order (an entry with filters: one per target).
     fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
-        self.paths.entries().iter().map(|e| &e.action)
+        self.paths.entries().iter().flat_map(|e| {
+            let (one, many) = match &e.action {
+                IngressAction::Route(r) => (Some(r), None),
+                IngressAction::Matched(m) => (None, Some(m.routes())),
+            };
+            one.into_iter().chain(many.into_iter().flatten())
+        })
     }
 }
 
 impl HostEntry for PathTable {
-    type Action = Arc<Route>;
-    fn paths(&self) -> &Paths<Arc<Route>> {
+    type Action = IngressAction;
+    fn paths(&self) -> &Paths<IngressAction> {
         &self.paths
     }
 }
@@ -724,14 +749,42 @@ impl RouteTable {
         }))
     }
 
-    /// Compiles Ingress host `g` (a Gateway host of listener `ingress`), as the virtual
-    /// host it stands for.
+    /// Compiles Ingress host `g` (a Gateway host of listener `ingress`): as the virtual
+    /// host it stands for when no entry has filters, else entry by entry as a Gateway
+    /// host's (with Ingress host selection).
     fn put_ingress_host(&mut self, g: &GatewayHost) -> Result<(), CompileError> {
-        let vhost = snapshot::ingress_virtual_host(g).map_err(|e| CompileError::Gateway {
+        if let Ok(vhost) = snapshot::ingress_virtual_host(g) {
+            return self.put_host(&vhost, &());
+        }
+        let bad = |reason: &str| CompileError::Gateway {
             name: g.name.clone(),
-            reason: e.to_string(),
-        })?;
-        self.put_host(&vhost, &())
+            reason: reason.to_owned(),
+        };
+        let mut table = PathTable {
+            certificate: self.certificate_named(&g.host, &g.certificate)?,
+            ..PathTable::default()
+        };
+        table.ssl_redirect = g.ssl_redirect && table.certificate.is_some();
+        let host = self
+            .hosts
+            .key_of(&g.host)
+            .unwrap_or_else(|| g.host.as_str().into());
+        let backend = |name: &str| self.backend_named(name);
+        let mut entries = Vec::with_capacity(g.routes.len());
+        for r in &g.routes {
+            let e = crate::gateway::compile_entry(r, &host, Label::HostPath, &backend, &bad)?;
+            entries.push(Entry {
+                path: e.path,
+                headers: e.headers,
+                more: e.more,
+                action: IngressAction::Matched(e.action),
+            });
+        }
+        table.paths = Paths::new(entries);
+        self.remove_host(&g.host);
+        self.host_routes += table.paths.entries().len();
+        self.hosts.insert(host, Arc::new(table));
+        Ok(())
     }
 
     /// Compiles `vhost` against this table's backends and certificates, in place of the
@@ -762,7 +815,7 @@ impl RouteTable {
                 },
                 headers: Vec::new(),
                 more: None,
-                action: Arc::new(Route {
+                action: IngressAction::Route(Arc::new(Route {
                     host: host.clone(),
                     kind,
                     path: r.path.as_str().into(),
@@ -770,7 +823,7 @@ impl RouteTable {
                     source: source_name(r.source.as_ref()),
                     label: Label::HostPath,
                     counters: RouteCounters::default(),
-                }),
+                })),
             });
         }
         // In snapshot order: at one path the first route wins.
@@ -897,17 +950,37 @@ impl RouteTable {
             .collect()
     }
 
-    /// The route for a request to `host` (normalised: lower case, no port) and `path`:
-    /// the one lookup ([`Hosts::lookup`]) with Ingress host selection, then the default
-    /// backend.
+    /// The route for a request to `host` (normalised: lower case, no port) and `path`
+    /// ([`Self::lookup_entry`] without headers; an entry with filters gives its first
+    /// target's route, and one without a target, such as a redirect, [`Miss::NoHost`]).
     pub fn lookup(&self, host: &str, path: &str) -> Result<&Route, Miss> {
-        // Ingress routes match on the path alone.
-        let miss = match self.hosts.lookup(host, path, None) {
-            Ok(e) => return Ok(&e.action),
+        match self.lookup_entry(host, path, None)? {
+            Found::Route(r) => Ok(r),
+            Found::Matched(_, m) => m.routes().next().map(|r| &**r).ok_or(Miss::NoHost),
+        }
+    }
+
+    /// Where a request to `host` (normalised: lower case, no port) and `path` goes: the
+    /// one lookup ([`Hosts::lookup`]) with Ingress host selection, then the default
+    /// backend. `request` is what header, method and query matches read (None: only
+    /// entries without them match).
+    pub fn lookup_entry(
+        &self,
+        host: &str,
+        path: &str,
+        request: Option<&crate::matching::Asked<'_>>,
+    ) -> Result<Found<'_>, Miss> {
+        let miss = match self.hosts.lookup(host, path, request) {
+            Ok(e) => {
+                return Ok(match &e.action {
+                    IngressAction::Route(r) => Found::Route(r),
+                    IngressAction::Matched(m) => Found::Matched(&e.path, m),
+                });
+            }
             Err(miss) => miss,
         };
         if let Some(d) = &self.default_route {
-            return Ok(d);
+            return Ok(Found::Route(d));
         }
         Err(match miss {
             HostMiss::NoPath(level) => Miss::NoPath {

@@ -459,11 +459,24 @@ pub fn ingress_virtual_host(g: &GatewayHost) -> Result<VirtualHost, InvalidSnaps
             if b.backend.is_empty() || !b.unresolved.is_empty() || b.weight != 1 {
                 return Err(bad("names its backend, with weight 1"));
             }
-            if !r.headers.is_empty() || r.request_headers.is_some() || r.redirect.is_some() {
-                return Err(bad("has no header matches and no filters"));
-            }
             if r.source.is_some() {
                 return Err(bad("comes from an Ingress, not an HTTPRoute"));
+            }
+            // Nothing but its path, its one backend and its Ingress: no match besides the
+            // path, no filter (any field a later version adds counts too).
+            let plain = GatewayRoute {
+                match_kind: r.match_kind,
+                path: r.path.clone(),
+                backends: vec![WeightedBackend {
+                    backend: b.backend.clone(),
+                    weight: 1,
+                    ..Default::default()
+                }],
+                ingress: r.ingress.clone(),
+                ..GatewayRoute::default()
+            };
+            if *r != plain {
+                return Err(bad("has no header matches and no filters"));
             }
             Ok(Route {
                 match_kind: r.match_kind,
@@ -568,20 +581,44 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
         ));
     }
     if is_ingress_host(g) {
-        // The Ingress rules, checked once: as the virtual host it stands for.
-        return validate_virtual_host(&ingress_virtual_host(g)?);
-    }
-    if !g.certificate.is_empty() || g.ssl_redirect {
-        return Err(bad_gateway_host(
-            g,
-            "a Gateway listener's host names a certificate (its listener does)".into(),
-        ));
-    }
-    if g.routes.iter().any(|r| r.ingress.is_some()) {
-        return Err(bad_gateway_host(
-            g,
-            "a Gateway listener's route names an Ingress".into(),
-        ));
+        // Without filters: the Ingress rules, checked once, as the virtual host it stands
+        // for.
+        if let Ok(v) = ingress_virtual_host(g) {
+            return validate_virtual_host(&v);
+        }
+        // With filters (ingress-nginx annotations): the host as a virtual host's, each
+        // entry as a Gateway route's below.
+        if g.ssl_redirect && g.certificate.is_empty() {
+            return Err(InvalidSnapshot::RedirectWithoutCertificate(g.host.clone()));
+        }
+        if !is_valid_host(&g.host) {
+            return Err(InvalidSnapshot::BadHost(g.host.clone()));
+        }
+        if g.routes
+            .iter()
+            .any(|r| r.ingress.is_none() || r.source.is_some())
+        {
+            return Err(bad_gateway_host(
+                g,
+                "an Ingress host's route names no Ingress, or an HTTPRoute".into(),
+            ));
+        }
+    } else {
+        if !g.certificate.is_empty() || g.ssl_redirect {
+            return Err(bad_gateway_host(
+                g,
+                "a Gateway listener's host names a certificate (its listener does)".into(),
+            ));
+        }
+        if g.routes
+            .iter()
+            .any(|r| r.ingress.is_some() || r.https_redirect)
+        {
+            return Err(bad_gateway_host(
+                g,
+                "a Gateway listener's route names an Ingress or an Ingress-only redirect".into(),
+            ));
+        }
     }
     for r in &g.routes {
         let bad = |reason: &str| bad_gateway_host(g, format!("route {}: {reason}", r.path));
@@ -635,6 +672,21 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 && (redirect.hostname.starts_with("*.") || !is_valid_host(&redirect.hostname))
             {
                 return Err(bad("a redirect's hostname is not a lower-case DNS name"));
+            }
+            if !redirect.location.is_empty() {
+                let absolute = redirect.location.parse::<http::Uri>().is_ok_and(|u| {
+                    matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+                });
+                if !absolute || http::HeaderValue::from_str(&redirect.location).is_err() {
+                    return Err(bad("a redirect's location is not an absolute http(s) URL"));
+                }
+                if !redirect.scheme.is_empty()
+                    || !redirect.hostname.is_empty()
+                    || redirect.port != 0
+                    || redirect.path.is_some()
+                {
+                    return Err(bad("a redirect with a location has other fields set"));
+                }
             }
         }
     }
@@ -800,40 +852,71 @@ mod tests {
         };
         assert_eq!(one(&|_| {}), Ok(()));
         type Edit = dyn Fn(&mut GatewayHost);
-        let refused: [(&str, &Edit); 10] = [
-            ("a second backend", &|g| {
-                let b = g.routes[0].backends[0].clone();
-                g.routes[0].backends.push(b);
-            }),
-            ("no backend", &|g| g.routes[0].backends.clear()),
-            ("a weight", &|g| g.routes[0].backends[0].weight = 3),
-            ("an unresolved backend", &|g| {
-                g.routes[0].backends[0].backend.clear();
-                g.routes[0].backends[0].unresolved = "not found".into();
-            }),
-            ("a header match", &|g| {
-                g.routes[0].headers.push(HeaderMatch {
-                    name: "x".into(),
-                    value: "1".into(),
-                })
-            }),
+        // Entries with filters (an Ingress's ingress-nginx annotations) are checked as a
+        // Gateway host's, and are no longer virtual hosts.
+        fn location(l: &str) -> RequestRedirect {
+            RequestRedirect {
+                status_code: 301,
+                location: l.into(),
+                ..Default::default()
+            }
+        }
+        let served: [(&str, &Edit); 4] = [
             ("a header change", &|g| {
                 g.routes[0].request_headers = Some(HeaderModifier::default())
             }),
-            ("a redirect", &|g| {
-                g.routes[0].redirect = Some(RequestRedirect {
-                    status_code: 302,
-                    ..Default::default()
-                })
+            ("a redirect to a location", &|g| {
+                g.routes[0].redirect = Some(location("https://example.org/new"));
+                g.routes[0].backends.clear();
             }),
+            ("an https redirect", &|g| g.routes[0].https_redirect = true),
+            ("a header match and a weight", &|g| {
+                g.routes[0].headers.push(HeaderMatch {
+                    name: "x".into(),
+                    value: "1".into(),
+                });
+                g.routes[0].backends[0].weight = 3;
+            }),
+        ];
+        for (what, edit) in served {
+            assert_eq!(one(edit), Ok(()), "an Ingress host with {what} is served");
+            let mut g = ingress_gateway_host(&v);
+            edit(&mut g);
+            assert!(
+                ingress_virtual_host(&g).is_err(),
+                "{what}: not a virtual host"
+            );
+        }
+        let refused: [(&str, &Edit); 8] = [
             ("an HTTPRoute source", &|g| {
                 g.routes[0].source = Some(RouteRef::default())
+            }),
+            ("an entry that names no Ingress", &|g| {
+                g.routes[0].ingress = None;
+                g.routes[0].https_redirect = true;
             }),
             ("a redirect to https without a certificate", &|g| {
                 g.ssl_redirect = true
             }),
             ("a certificate not in the snapshot", &|g| {
                 g.certificate = "default/missing".into()
+            }),
+            ("a redirect status that is not one", &|g| {
+                g.routes[0].redirect = Some(RequestRedirect {
+                    status_code: 200,
+                    ..Default::default()
+                })
+            }),
+            ("a location that is not absolute", &|g| {
+                g.routes[0].redirect = Some(location("/relative"))
+            }),
+            ("a location that is not http", &|g| {
+                g.routes[0].redirect = Some(location("ftp://example.org/"))
+            }),
+            ("a location with a scheme besides", &|g| {
+                let mut r = location("https://example.org/");
+                r.scheme = "http".into();
+                g.routes[0].redirect = Some(r);
             }),
         ];
         for (what, edit) in refused {

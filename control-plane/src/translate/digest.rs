@@ -41,6 +41,8 @@ pub struct IngressDigest {
     pub(super) tls: Vec<(String, String)>,
     /// False when the Ingress turns the HTTP→HTTPS redirect off.
     pub(super) ssl_redirect: bool,
+    /// What its ingress-nginx annotations ask of its paths (None: nothing).
+    pub(super) nginx: Option<Box<super::nginx::NginxFilters>>,
     pub(super) problems: Vec<(ProblemReason, String)>,
 }
 
@@ -103,30 +105,34 @@ pub(super) fn digest_tls(ing: &Ingress, ns: &str, digest: &mut IngressDigest) {
 
 /// Digests one Ingress.
 pub fn digest_ingress(ing: &Ingress) -> IngressDigest {
-    digest_ingress_within(ing, IngressLimits::default())
+    digest_ingress_within(ing, IngressReading::default())
 }
 
-/// How large one Ingress may be: one tenant's huge Ingress must not grow every proxy's
-/// table (and snapshot) without bound.
+/// How one Ingress is read: how large it may be (one tenant's huge Ingress must not grow
+/// every proxy's table and snapshot without bound), and whether its ingress-nginx
+/// annotations are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IngressLimits {
+pub struct IngressReading {
     /// Most rules (`--max-rules-per-ingress`).
     pub max_rules: usize,
     /// Most paths over all rules (`--max-paths-per-ingress`).
     pub max_paths: usize,
+    /// Serve `nginx.ingress.kubernetes.io/` annotations (`--ingress-nginx-annotations`).
+    pub nginx_annotations: bool,
 }
 
-impl Default for IngressLimits {
+impl Default for IngressReading {
     fn default() -> Self {
-        IngressLimits {
+        IngressReading {
             max_rules: 1_000,
             max_paths: 5_000,
+            nginx_annotations: true,
         }
     }
 }
 
 /// Digests one Ingress; one over `limits` is skipped whole, with a problem.
-pub fn digest_ingress_within(ing: &Ingress, limits: IngressLimits) -> IngressDigest {
+pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDigest {
     let rules = ing
         .spec
         .as_ref()
@@ -161,7 +167,18 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressLimits) -> IngressDig
         ));
         return digest;
     }
-    digest_ingress_unchecked(ing)
+    let mut digest = digest_ingress_unchecked(ing);
+    if let Some(annotations) = &ing.metadata.annotations {
+        let read = super::nginx::read(annotations, limits.nginx_annotations);
+        if read.ssl_redirect == Some(false) {
+            digest.ssl_redirect = false;
+        }
+        digest.problems.extend(read.problems);
+        if !read.filters.is_empty() {
+            digest.nginx = Some(Box::new(read.filters));
+        }
+    }
+    digest
 }
 
 pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
@@ -180,6 +197,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         routes: Vec::new(),
         tls: Vec::new(),
         ssl_redirect: true,
+        nginx: None,
         problems: Vec::new(),
     };
     let ns = ing.metadata.namespace.as_deref().unwrap_or("");

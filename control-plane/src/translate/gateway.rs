@@ -209,6 +209,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                 port: d.port.map_or(0, u32::from),
                 status_code: u32::from(d.status),
                 path: d.path.as_ref().map(path_of),
+                location: String::new(),
             });
         }
     }

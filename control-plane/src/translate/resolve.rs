@@ -282,7 +282,15 @@ pub(super) fn build_host(
         routes,
         ..Default::default()
     };
-    HostEntry::new(vhost, owner, problems, backends)
+    let mut entry = HostEntry::new(vhost, owner, problems, backends);
+    // The ingress-nginx annotations of the Ingresses routing the host.
+    let annotated = ordered
+        .iter()
+        .filter_map(|d| Some((&d.source, d.nginx.as_deref()?)));
+    if annotated.clone().next().is_some() {
+        super::nginx::apply_to_host(Arc::make_mut(&mut entry.wire), annotated);
+    }
+    entry
 }
 
 /// What resolving a backend refused, besides the backend itself.

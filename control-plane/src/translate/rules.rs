@@ -364,3 +364,15 @@ pub fn sort_routes(routes: &mut [Route]) {
             .then(a.path.cmp(&b.path))
     });
 }
+
+/// [`sort_routes`] for an Ingress host's entries in the one route model: the same order,
+/// entries at one path kept in the order given.
+pub fn sort_ingress_routes(routes: &mut [holdfast_proto::v1::GatewayRoute]) {
+    routes.sort_by(|a, b| {
+        let rank = |kind: i32| i32::from(kind != MatchKind::Exact as i32);
+        rank(a.match_kind)
+            .cmp(&rank(b.match_kind))
+            .then(b.path.len().cmp(&a.path.len()))
+            .then(a.path.cmp(&b.path))
+    });
+}

@@ -1559,24 +1559,34 @@ fn unreferenced_secrets_never_enter_the_snapshot() {
     assert_eq!(tls_of(&t)[0].1, "");
 }
 
+/// Ours, and ingress-nginx's `ssl-redirect` the same way (`"true"` is its default).
 #[test]
 fn the_redirect_annotation_turns_the_redirect_off_for_its_hosts() {
     let (chain, key) = cert_pem(&["a.example.test"]);
-    let t = run(&with_secrets(
-        vec![tls_ingress(
-            "web",
-            1,
-            &["a.example.test"],
-            &["a.example.test"],
-            "site",
-            json!({ SSL_REDIRECT_ANNOTATION: "false" }),
-        )],
-        vec![tls_secret("default", "site", &chain, &key)],
-    ));
-    assert_eq!(
-        tls_of(&t),
-        [("a.example.test".into(), "default/site".into(), false)]
-    );
+    let nginx = format!("{}ssl-redirect", nginx::PREFIX);
+    for (name, value, redirect) in [
+        (SSL_REDIRECT_ANNOTATION, "false", false),
+        (nginx.as_str(), "false", false),
+        (nginx.as_str(), "true", true),
+    ] {
+        let t = run(&with_secrets(
+            vec![tls_ingress(
+                "web",
+                1,
+                &["a.example.test"],
+                &["a.example.test"],
+                "site",
+                json!({ name: value }),
+            )],
+            vec![tls_secret("default", "site", &chain, &key)],
+        ));
+        assert_eq!(
+            tls_of(&t),
+            [("a.example.test".into(), "default/site".into(), redirect)],
+            "{name}: {value}"
+        );
+        assert!(t.problems.is_empty(), "{:?}", t.problems);
+    }
 }
 
 #[test]
@@ -2133,7 +2143,8 @@ fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaff
         ),
     ]);
     let opts = Options {
-        ingress_limits: IngressLimits {
+        ingress_reading: IngressReading {
+            nginx_annotations: true,
             max_rules: 3,
             max_paths: 100,
         },
@@ -2155,7 +2166,8 @@ fn an_ingress_over_the_rule_or_path_limits_is_skipped_whole_and_others_are_unaff
         ("IngressTooLarge", "big")
     );
     let by_paths = Options {
-        ingress_limits: IngressLimits {
+        ingress_reading: IngressReading {
+            nginx_annotations: true,
             max_rules: 100,
             max_paths: 3,
         },
@@ -2637,4 +2649,99 @@ fn one_changed_http_route_of_many_makes_only_itself_and_its_hostnames_again() {
     st.services.push(svc);
     warm.translate(&st, &opts);
     assert_eq!(warm.gateway.route_builds, routes_made + 1 + 40);
+}
+
+/// An Ingress with ingress-nginx annotations: its paths' entries carry the filters (its
+/// host is then no virtual host), `app-root` adds Exact `/` first, another Ingress's paths
+/// on the same host stay plain, and what is not served is a problem, the rest served.
+/// Ingress `default/name` routing `a.example.com` + `path` to `web`:80, with the
+/// ingress-nginx annotations `pairs`.
+fn nginx_annotated(name: &str, path: &str, pairs: &[(&str, &str)]) -> Arc<Ingress> {
+    let rules = json!([rule(
+        "a.example.com",
+        path,
+        "Prefix",
+        "web",
+        json!({"number": 80})
+    )]);
+    let mut ing = (*ingress("default", name, 1, rules)).clone();
+    ing.metadata.annotations = Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("{}{k}", nginx::PREFIX), (*v).to_owned()))
+            .collect(),
+    );
+    Arc::new(ing)
+}
+
+#[test]
+fn ingress_nginx_annotations_become_filters_of_that_ingress_s_entries_only() {
+    let annotated = nginx_annotated(
+        "annotated",
+        "/api",
+        &[
+            ("app-root", "/app"),
+            ("upstream-vhost", "internal.example"),
+            ("configuration-snippet", "return 200;"),
+            ("limit-rps", "10"),
+        ],
+    );
+    let plain = ingress(
+        "default",
+        "plain",
+        2,
+        json!([rule(
+            "a.example.com",
+            "/",
+            "Prefix",
+            "web",
+            json!({"number": 80})
+        )]),
+    );
+    let t = run(&state(vec![annotated, plain]));
+    let mut snapshot = t.snapshot();
+    holdfast_proto::snapshot::seal(&mut snapshot, 1);
+    holdfast_proto::snapshot::validate(&snapshot).expect("valid");
+    let g = &snapshot.gateway_hosts[0];
+    let entries: Vec<_> = g
+        .routes
+        .iter()
+        .map(|r| {
+            (
+                r.path.as_str(),
+                r.ingress.as_ref().unwrap().name.as_str(),
+                r.redirect.is_some(),
+                r.rewrite.as_ref().map(|w| w.hostname.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("/", "annotated", true, Some("internal.example")),
+            ("/api", "annotated", false, Some("internal.example")),
+            ("/", "plain", false, None),
+        ]
+    );
+    let mut reasons: Vec<_> = t
+        .problems
+        .iter()
+        .map(|p| (p.name.as_str(), p.reason.as_str()))
+        .collect();
+    reasons.sort_unstable();
+    assert_eq!(
+        reasons,
+        [
+            ("annotated", "SnippetRefused"),
+            ("annotated", "UnservedAnnotation")
+        ]
+    );
+    // With the annotations off: plain entries, and one problem saying so.
+    let mut opts = Options::default();
+    opts.ingress_reading.nginx_annotations = false;
+    let one = nginx_annotated("annotated", "/api", &[("upstream-vhost", "x.example")]);
+    let t = run_with(&state(vec![one]), &opts);
+    assert!(holdfast_proto::snapshot::ingress_virtual_host(&t.snapshot().gateway_hosts[0]).is_ok());
+    assert_eq!(t.problems.len(), 1);
+    assert_eq!(t.problems[0].reason.as_str(), "UnservedAnnotation");
 }

@@ -9,9 +9,9 @@ use holdfast_http::headers::{BadRequest, HeaderLookup, valid_authority};
 use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
 
 use super::{Forwarder, LOOP_HEADER, Reason, Via};
-use crate::gateway::{Action, HeaderChanges, Target, Timeouts};
+use crate::gateway::{Action, HeaderChanges, Matched, PathRule, Target, Timeouts};
 use crate::matching::Asked;
-use crate::table::{Miss, Route, RouteTable, normalise_host};
+use crate::table::{Found, Miss, Route, RouteTable, normalise_host};
 
 pub use holdfast_http::routing::RequestView;
 use holdfast_http::routing::ResponseChanges;
@@ -109,8 +109,28 @@ impl Forwarder {
                 location: format!("https://{host}{target}"),
             };
         }
-        let route = match table.lookup(&host, path) {
-            Ok(r) => r,
+        let asked = Asked {
+            method: request.method,
+            query: request.query,
+            headers: request.headers,
+        };
+        let route = match table.lookup_entry(&host, path, Some(&asked)) {
+            Ok(Found::Route(r)) => r,
+            Ok(Found::Matched(matched_path, matched)) => {
+                // The port the client asked for (a redirect keeps it), else the scheme's.
+                let port = raw_host
+                    .parse::<http::uri::Authority>()
+                    .ok()
+                    .and_then(|a| a.port_u16())
+                    .unwrap_or(if via.is_tls() { 443 } else { 80 });
+                let place = Place {
+                    host: &host,
+                    raw_host,
+                    tls: via.is_tls(),
+                    port,
+                };
+                return self.act(matched_path, matched, request, place, path, forward_path);
+            }
             Err(miss) => {
                 let why = match miss {
                     Miss::NoHost => format!("no route: no virtual host for {host}"),
@@ -202,7 +222,47 @@ impl Forwarder {
                 format!("no route: no rule of listener {listener} matches {host}{path}"),
             );
         };
-        let matched = &entry.action;
+        self.act(
+            &entry.path,
+            &entry.action,
+            request,
+            Place {
+                host,
+                raw_host,
+                tls: tls.is_some(),
+                port: l.public_port,
+            },
+            path,
+            forward_path,
+        )
+    }
+
+    /// What an entry with filters does with a request (a Gateway listener's entry, or an
+    /// Ingress path with ingress-nginx annotations): redirect, answer a CORS preflight, or
+    /// forward with its changes. `matched_path` is the path rule it matched with, `path`
+    /// the normalised request path.
+    fn act<'t, 'r>(
+        &self,
+        matched_path: &'t PathRule,
+        matched: &'t Matched,
+        request: &RequestView<'r>,
+        place: Place<'_, 'r>,
+        path: &str,
+        forward_path: Option<PathAndQuery>,
+    ) -> Decision<'t, 'r> {
+        let Place {
+            host,
+            raw_host,
+            tls,
+            port,
+        } = place;
+        if matched.https_redirect && !tls && !path.starts_with(ACME_CHALLENGE) {
+            let target = sent_or_normalised(request, forward_path.as_ref());
+            return Decision::Redirect {
+                status: 308,
+                location: format!("https://{host}{target}"),
+            };
+        }
         let (changes, response, rewrite, timeouts, cors, retry, per_target) = match &matched.action
         {
             Action::Forward {
@@ -218,14 +278,14 @@ impl Forwarder {
                 headers, response, rewrite, timeouts, cors, retry, per_target,
             ),
             Action::Redirect(redirect) => {
-                let scheme = if tls.is_some() { "https" } else { "http" };
+                let scheme = if tls { "https" } else { "http" };
                 let target = match &redirect.path {
-                    Some(m) => with_query(m.apply(&entry.path, path), request.query),
+                    Some(m) => with_query(m.apply(matched_path, path), request.query),
                     None => sent_or_normalised(request, forward_path.as_ref()),
                 };
                 return Decision::Redirect {
                     status: redirect.status,
-                    location: redirect.location(scheme, host, l.public_port, &target),
+                    location: redirect.location(scheme, host, port, &target),
                 };
             }
         };
@@ -276,7 +336,7 @@ impl Forwarder {
         let forward_path = match rewrite.as_ref().and_then(|w| w.path.as_ref()) {
             None => forward_path,
             Some(m) => {
-                match PathAndQuery::try_from(with_query(m.apply(&entry.path, path), request.query))
+                match PathAndQuery::try_from(with_query(m.apply(matched_path, path), request.query))
                 {
                     Ok(pq) => Some(pq),
                     Err(_) => {
@@ -315,6 +375,16 @@ impl Forwarder {
             v.split(|b| *b == b',').any(|t| t.trim_ascii() == mine)
         })
     }
+}
+
+/// Where a request was sent: its host (normalised) and Host as sent, whether over TLS,
+/// and the port a redirect keeps.
+#[derive(Clone, Copy)]
+struct Place<'h, 'r> {
+    host: &'h str,
+    raw_host: &'r str,
+    tls: bool,
+    port: u16,
 }
 
 /// Forward on `route`, unless its backend has nothing to serve with (503, counted on the

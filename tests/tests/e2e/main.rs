@@ -36,6 +36,7 @@ mod h2spec;
 mod ha;
 mod https;
 mod https_e2e;
+mod ingress_nginx;
 mod local_k8s;
 mod local_k8s_lifecycle;
 mod mtls;

@@ -1,0 +1,693 @@
+//! ingress-nginx annotations (`nginx.ingress.kubernetes.io/<name>`), read into the one
+//! route model: what each of an Ingress's paths does besides forwarding (a pure function
+//! of the annotations, with unit tests; docs/ingress-nginx.md has the table).
+//!
+//! Rules:
+//! - A served annotation changes every entry of the Ingress's paths (`app-root` adds an
+//!   entry for `/` on each of its hosts), as ingress-nginx applies it to every location
+//!   the Ingress makes.
+//! - An annotation holdfast does not serve, or a value it cannot use, is never silently
+//!   ignored: it is a [`ProblemReason::UnservedAnnotation`] or
+//!   [`ProblemReason::InvalidAnnotation`] problem (an Event on the Ingress), and the rest
+//!   of the Ingress is served.
+//! - `*-snippet` annotations (raw nginx configuration) are refused on purpose
+//!   ([`ProblemReason::SnippetRefused`]): they would let whoever writes an Ingress inject
+//!   configuration into a proxy every tenant shares.
+//! - With `--ingress-nginx-annotations=false` none is read, and an Ingress carrying any
+//!   gets one problem saying so.
+
+use std::collections::BTreeMap;
+
+use holdfast_proto::v1::{
+    Cors, GatewayHost, GatewayRoute, HeaderMatch, HeaderModifier, IngressRef, MatchKind,
+    PathModifier, RequestRedirect, UrlRewrite,
+};
+
+use super::ProblemReason;
+
+/// The annotations' prefix.
+pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// ingress-nginx's default `cors-allow-methods`.
+pub const CORS_DEFAULT_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
+/// ingress-nginx's default `cors-allow-headers`.
+pub const CORS_DEFAULT_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
+/// ingress-nginx's default `cors-max-age` (seconds).
+pub const CORS_DEFAULT_MAX_AGE: u32 = 1_728_000;
+
+/// The annotations served (the names after [`PREFIX`]).
+pub const SERVED: &[&str] = &[
+    "app-root",
+    "cors-allow-credentials",
+    "cors-allow-headers",
+    "cors-allow-methods",
+    "cors-allow-origin",
+    "cors-expose-headers",
+    "cors-max-age",
+    "enable-cors",
+    "force-ssl-redirect",
+    "permanent-redirect",
+    "permanent-redirect-code",
+    "ssl-redirect",
+    "temporal-redirect",
+    "temporal-redirect-code",
+    "upstream-vhost",
+    "x-forwarded-prefix",
+];
+
+/// What an Ingress's ingress-nginx annotations ask of its paths.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NginxFilters {
+    /// Every path answers with this redirect (`temporal-redirect`, `permanent-redirect`).
+    pub redirect: Option<RequestRedirect>,
+    /// `/` (Exact) of each of its hosts redirects here with 302 (`app-root`).
+    pub app_root: Option<String>,
+    /// Plain-HTTP requests are redirected to https (`force-ssl-redirect`).
+    pub force_ssl_redirect: bool,
+    /// The Host sent upstream (`upstream-vhost`).
+    pub upstream_vhost: Option<String>,
+    /// The `X-Forwarded-Prefix` header sent upstream (`x-forwarded-prefix`).
+    pub forwarded_prefix: Option<String>,
+    /// Cross-origin requests (`enable-cors` and `cors-*`).
+    pub cors: Option<Cors>,
+}
+
+/// What [`read`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Read {
+    /// The filters.
+    pub filters: NginxFilters,
+    /// `ssl-redirect` (None: not set).
+    pub ssl_redirect: Option<bool>,
+    /// What was not served, and why.
+    pub problems: Vec<(ProblemReason, String)>,
+}
+
+impl NginxFilters {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == NginxFilters::default()
+    }
+
+    /// Gives `r` (an entry of one of the Ingress's paths) these filters.
+    pub fn apply(&self, r: &mut GatewayRoute) {
+        if let Some(redirect) = &self.redirect {
+            r.redirect = Some(redirect.clone());
+            r.backends.clear();
+        }
+        r.https_redirect |= self.force_ssl_redirect;
+        if let Some(host) = &self.upstream_vhost {
+            r.rewrite.get_or_insert_with(UrlRewrite::default).hostname = host.clone();
+        }
+        if let Some(prefix) = &self.forwarded_prefix {
+            r.request_headers
+                .get_or_insert_with(HeaderModifier::default)
+                .set
+                .push(HeaderMatch {
+                    name: "x-forwarded-prefix".into(),
+                    value: prefix.clone(),
+                });
+        }
+        if let Some(cors) = &self.cors {
+            r.cors = Some(cors.clone());
+        }
+    }
+}
+
+/// Gives the entries of Ingress host `g` the filters of the Ingress each comes from
+/// (`filters_of`), and adds the `app-root` entries of `ingresses` (oldest first) ahead of
+/// the others (entries stay in the Ingress order: Exact first, longer paths first).
+pub(super) fn apply_to_host<'a>(
+    g: &mut GatewayHost,
+    ingresses: impl Iterator<Item = (&'a IngressRef, &'a NginxFilters)> + Clone,
+) {
+    let filters_of = |source: Option<&IngressRef>| {
+        let source = source?;
+        ingresses
+            .clone()
+            .find(|(i, _)| i.namespace == source.namespace && i.name == source.name)
+            .map(|(_, f)| f)
+    };
+    for r in &mut g.routes {
+        if let Some(f) = filters_of(r.ingress.as_ref()) {
+            f.apply(r);
+        }
+    }
+    let mut roots: Vec<GatewayRoute> = ingresses
+        .filter_map(|(source, f)| {
+            let root = f.app_root.as_ref()?;
+            let mut r = GatewayRoute {
+                match_kind: MatchKind::Exact as i32,
+                path: "/".into(),
+                ingress: Some(source.clone()),
+                ..GatewayRoute::default()
+            };
+            f.apply(&mut r);
+            r.backends.clear();
+            r.redirect = Some(RequestRedirect {
+                status_code: 302,
+                path: Some(PathModifier {
+                    full: true,
+                    value: root.clone(),
+                }),
+                ..RequestRedirect::default()
+            });
+            Some(r)
+        })
+        .collect();
+    if !roots.is_empty() {
+        roots.append(&mut g.routes);
+        g.routes = roots;
+        super::sort_ingress_routes(&mut g.routes);
+    }
+}
+
+/// Reads the ingress-nginx annotations of `annotations` (all of an Ingress's; others are
+/// left alone). `on`: `--ingress-nginx-annotations`.
+pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
+    let ours: BTreeMap<&str, &str> = annotations
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
+        .collect();
+    if ours.is_empty() {
+        return Read::default();
+    }
+    let mut problems = Vec::new();
+    let mut filters = NginxFilters::default();
+    if !on {
+        let names: Vec<&str> = ours.keys().copied().collect();
+        problems.push((
+            ProblemReason::UnservedAnnotation,
+            format!(
+                "ingress-nginx annotations ignored ({}): --ingress-nginx-annotations is off",
+                names.join(", ")
+            ),
+        ));
+        return Read {
+            problems,
+            ..Read::default()
+        };
+    }
+    let mut problem = |reason, message: String| problems.push((reason, message));
+    for (name, _) in ours.iter().filter(|(n, _)| !SERVED.contains(n)) {
+        if name.ends_with("-snippet") {
+            problem(
+                ProblemReason::SnippetRefused,
+                format!(
+                    "{PREFIX}{name} refused: raw nginx configuration is never applied (it would let an Ingress inject configuration into proxies every tenant shares)"
+                ),
+            );
+        } else {
+            problem(
+                ProblemReason::UnservedAnnotation,
+                format!(
+                    "{PREFIX}{name} is not served by holdfast and is ignored; docs/ingress-nginx.md lists what is"
+                ),
+            );
+        }
+    }
+    let get = |name: &str| ours.get(name).map(|v| v.trim());
+    let mut invalid = |name: &str, why: String| {
+        problems.push((
+            ProblemReason::InvalidAnnotation,
+            format!("{PREFIX}{name}: {why}"),
+        ));
+    };
+    let boolean = |name: &str, invalid: &mut dyn FnMut(&str, String)| match get(name) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            invalid(
+                name,
+                format!("{other:?} is neither \"true\" nor \"false\"; ignored"),
+            );
+            None
+        }
+    };
+    // Redirects: temporal-redirect wins over permanent-redirect, as in ingress-nginx.
+    for (name, code_name, default) in [
+        ("temporal-redirect", "temporal-redirect-code", 302),
+        ("permanent-redirect", "permanent-redirect-code", 301),
+    ] {
+        let Some(url) = get(name).filter(|u| !u.is_empty()) else {
+            continue;
+        };
+        if !is_absolute_url(url) {
+            invalid(
+                name,
+                format!("{url:?} is not an absolute http or https URL; ignored"),
+            );
+            continue;
+        }
+        let code = match get(code_name) {
+            None => default,
+            Some(c) => match c.parse::<u32>() {
+                Ok(c @ (301 | 302 | 303 | 307 | 308)) => c,
+                _ => {
+                    invalid(
+                        code_name,
+                        format!(
+                            "{c:?} is not one of 301, 302, 303, 307 and 308; {default} is used"
+                        ),
+                    );
+                    default
+                }
+            },
+        };
+        if filters.redirect.is_some() {
+            invalid(
+                name,
+                "ignored: temporal-redirect is set too, and wins (as in ingress-nginx)".into(),
+            );
+            continue;
+        }
+        filters.redirect = Some(RequestRedirect {
+            status_code: code,
+            location: url.to_owned(),
+            ..RequestRedirect::default()
+        });
+    }
+    if let Some(root) = get("app-root") {
+        if is_plain_path(root) {
+            filters.app_root = Some(root.to_owned());
+        } else {
+            invalid(
+                "app-root",
+                format!(
+                    "{root:?} is not a path (it starts with '/' and holds no whitespace, '?', '#' or '$'); ignored"
+                ),
+            );
+        }
+    }
+    let ssl_redirect = boolean("ssl-redirect", &mut invalid);
+    filters.force_ssl_redirect = boolean("force-ssl-redirect", &mut invalid) == Some(true);
+    if let Some(host) = get("upstream-vhost") {
+        let lower = host.to_ascii_lowercase();
+        if valid_authority(&lower) {
+            filters.upstream_vhost = Some(lower);
+        } else {
+            invalid(
+                "upstream-vhost",
+                format!(
+                    "{host:?} is not a host name (with an optional port); nginx variables are not served; ignored"
+                ),
+            );
+        }
+    }
+    if let Some(prefix) = get("x-forwarded-prefix") {
+        if !prefix.is_empty() && http::HeaderValue::from_str(prefix).is_ok() {
+            filters.forwarded_prefix = Some(prefix.to_owned());
+        } else {
+            invalid(
+                "x-forwarded-prefix",
+                format!("{prefix:?} is not a header value; ignored"),
+            );
+        }
+    }
+    if boolean("enable-cors", &mut invalid) == Some(true) {
+        filters.cors = Some(cors(&get, &mut invalid));
+    } else if let Some(name) = ours.keys().find(|n| n.starts_with("cors-")) {
+        invalid(
+            name,
+            "ignored: enable-cors is not \"true\" (as in ingress-nginx)".into(),
+        );
+    }
+    Read {
+        filters,
+        ssl_redirect,
+        problems,
+    }
+}
+
+/// The CORS filter of `enable-cors: "true"` with its `cors-*` annotations, each defaulting
+/// as in ingress-nginx.
+fn cors<'v>(get: &impl Fn(&str) -> Option<&'v str>, invalid: &mut dyn FnMut(&str, String)) -> Cors {
+    let list = |value: &str| -> Vec<String> {
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut origins = Vec::new();
+    for origin in list(get("cors-allow-origin").unwrap_or("*")) {
+        if origin == "*" || is_origin(&origin) {
+            origins.push(origin.to_ascii_lowercase());
+        } else {
+            invalid(
+                "cors-allow-origin",
+                format!("{origin:?} is not * or an origin (scheme://host[:port]); left out"),
+            );
+        }
+    }
+    let credentials = match get("cors-allow-credentials") {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            invalid(
+                "cors-allow-credentials",
+                format!("{other:?} is neither \"true\" nor \"false\"; true is used"),
+            );
+            true
+        }
+    };
+    let max_age = match get("cors-max-age") {
+        None => CORS_DEFAULT_MAX_AGE,
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            invalid(
+                "cors-max-age",
+                format!("{v:?} is not a number of seconds; {CORS_DEFAULT_MAX_AGE} is used"),
+            );
+            CORS_DEFAULT_MAX_AGE
+        }),
+    };
+    let token_list = |name: &str, default: &str, invalid: &mut dyn FnMut(&str, String)| {
+        let mut out = Vec::new();
+        for v in list(get(name).unwrap_or(default)) {
+            if http::HeaderName::from_bytes(v.as_bytes()).is_ok() {
+                out.push(v);
+            } else {
+                invalid(name, format!("{v:?} is not a token; left out"));
+            }
+        }
+        out
+    };
+    Cors {
+        allow_origins: origins,
+        allow_credentials: credentials,
+        allow_methods: token_list("cors-allow-methods", CORS_DEFAULT_METHODS, invalid)
+            .into_iter()
+            .map(|m| m.to_ascii_uppercase())
+            .collect(),
+        allow_headers: token_list("cors-allow-headers", CORS_DEFAULT_HEADERS, invalid),
+        expose_headers: token_list("cors-expose-headers", "", invalid),
+        max_age_seconds: max_age,
+    }
+}
+
+/// Whether `s` is an absolute http or https URL with a host, usable as a `Location`.
+fn is_absolute_url(s: &str) -> bool {
+    s.parse::<http::Uri>()
+        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some())
+        && http::HeaderValue::from_str(s).is_ok()
+}
+
+/// Whether `s` is a path a redirect can name: starts with `/`, no whitespace, query,
+/// fragment or nginx variable.
+fn is_plain_path(s: &str) -> bool {
+    s.starts_with('/')
+        && !s
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || b"?#$".contains(&b))
+        && http::uri::PathAndQuery::try_from(s).is_ok()
+}
+
+/// Whether `s` (lower case) is a host name, with an optional port.
+fn valid_authority(s: &str) -> bool {
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (s, None),
+    };
+    holdfast_proto::snapshot::is_valid_host(host)
+        && !host.is_empty()
+        && !host.starts_with("*.")
+        && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
+}
+
+/// Whether `s` is an origin: `http(s)://host[:port]`, nothing after.
+fn is_origin(s: &str) -> bool {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https") && valid_authority(&rest.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("{PREFIX}{k}"), (*v).to_owned()))
+            .collect()
+    }
+
+    fn reasons(r: &Read) -> Vec<ProblemReason> {
+        r.problems.iter().map(|(reason, _)| *reason).collect()
+    }
+
+    #[test]
+    fn no_ingress_nginx_annotations_read_as_nothing() {
+        let mut other = BTreeMap::new();
+        other.insert("holdfast.dev/ssl-redirect".into(), "false".into());
+        assert_eq!(read(&other, true), Read::default());
+    }
+
+    #[test]
+    fn temporal_redirect_wins_over_permanent_and_codes_default_as_in_ingress_nginx() {
+        let r = read(
+            &annotations(&[("permanent-redirect", "https://example.org/new")]),
+            true,
+        );
+        let d = r.filters.redirect.unwrap();
+        assert_eq!(
+            (d.status_code, d.location.as_str()),
+            (301, "https://example.org/new")
+        );
+        let r = read(
+            &annotations(&[
+                ("permanent-redirect", "https://a.example/"),
+                ("permanent-redirect-code", "308"),
+                ("temporal-redirect", "http://b.example/x"),
+            ]),
+            true,
+        );
+        let d = r.filters.redirect.clone().unwrap();
+        assert_eq!(
+            (d.status_code, d.location.as_str()),
+            (302, "http://b.example/x")
+        );
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        let r = read(
+            &annotations(&[
+                ("temporal-redirect", "http://b.example/x"),
+                ("temporal-redirect-code", "399"),
+            ]),
+            true,
+        );
+        assert_eq!(r.filters.redirect.as_ref().unwrap().status_code, 302);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    #[test]
+    fn a_redirect_to_something_not_an_absolute_url_is_refused_with_a_problem() {
+        for bad in [
+            "/relative",
+            "ftp://x.example/",
+            "https://",
+            "https://a.example/$uri x",
+        ] {
+            let r = read(&annotations(&[("permanent-redirect", bad)]), true);
+            assert_eq!(r.filters.redirect, None, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
+    }
+
+    #[test]
+    fn unserved_annotations_are_problems_and_snippets_are_refused() {
+        let r = read(
+            &annotations(&[
+                ("configuration-snippet", "more_set_headers \"X: y\";"),
+                ("server-snippet", "location /x {}"),
+                ("limit-rps", "5"),
+                ("upstream-vhost", "internal.example"),
+            ]),
+            true,
+        );
+        let mut got = reasons(&r);
+        got.sort_by_key(|r| r.as_str());
+        assert_eq!(
+            got,
+            [
+                ProblemReason::SnippetRefused,
+                ProblemReason::SnippetRefused,
+                ProblemReason::UnservedAnnotation
+            ]
+        );
+        assert!(r.problems.iter().any(|(_, m)| m.contains("limit-rps")));
+        assert_eq!(
+            r.filters.upstream_vhost.as_deref(),
+            Some("internal.example")
+        );
+    }
+
+    #[test]
+    fn with_the_flag_off_nothing_is_read_and_the_ingress_hears_so_once() {
+        let r = read(
+            &annotations(&[("upstream-vhost", "a.example"), ("enable-cors", "true")]),
+            false,
+        );
+        assert!(r.filters.is_empty());
+        assert_eq!(reasons(&r), [ProblemReason::UnservedAnnotation]);
+        assert!(r.problems[0].1.contains("enable-cors, upstream-vhost"));
+    }
+
+    #[test]
+    fn cors_defaults_are_ingress_nginx_s() {
+        let r = read(&annotations(&[("enable-cors", "true")]), true);
+        let c = r.filters.cors.unwrap();
+        assert_eq!(c.allow_origins, ["*"]);
+        assert!(c.allow_credentials);
+        assert_eq!(
+            c.allow_methods,
+            ["GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"]
+        );
+        assert_eq!(c.allow_headers.len(), 9);
+        assert!(c.expose_headers.is_empty());
+        assert_eq!(c.max_age_seconds, 1_728_000);
+        assert!(r.problems.is_empty());
+    }
+
+    #[test]
+    fn cors_values_are_read_and_bad_ones_left_out_with_a_problem() {
+        let r = read(
+            &annotations(&[
+                ("enable-cors", "true"),
+                (
+                    "cors-allow-origin",
+                    "https://a.example, http://b.example:8080, nope",
+                ),
+                ("cors-allow-methods", "get,POST"),
+                ("cors-allow-credentials", "false"),
+                ("cors-max-age", "60"),
+                ("cors-expose-headers", "x-total"),
+            ]),
+            true,
+        );
+        let c = r.filters.cors.clone().unwrap();
+        assert_eq!(
+            c.allow_origins,
+            ["https://a.example", "http://b.example:8080"]
+        );
+        assert_eq!(c.allow_methods, ["GET", "POST"]);
+        assert!(!c.allow_credentials);
+        assert_eq!(c.max_age_seconds, 60);
+        assert_eq!(c.expose_headers, ["x-total"]);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        // cors-* without enable-cors: not applied, and said so.
+        let r = read(
+            &annotations(&[("cors-allow-origin", "https://a.example")]),
+            true,
+        );
+        assert_eq!(r.filters.cors, None);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    #[test]
+    fn app_root_ssl_redirects_upstream_vhost_and_prefix_are_read() {
+        let r = read(
+            &annotations(&[
+                ("app-root", "/app1"),
+                ("ssl-redirect", "false"),
+                ("force-ssl-redirect", "true"),
+                ("upstream-vhost", "Internal.Example:8080"),
+                ("x-forwarded-prefix", "/api"),
+            ]),
+            true,
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(r.filters.app_root.as_deref(), Some("/app1"));
+        assert_eq!(r.ssl_redirect, Some(false));
+        assert!(r.filters.force_ssl_redirect);
+        assert_eq!(
+            r.filters.upstream_vhost.as_deref(),
+            Some("internal.example:8080")
+        );
+        assert_eq!(r.filters.forwarded_prefix.as_deref(), Some("/api"));
+        for (name, bad) in [
+            ("app-root", "app1"),
+            ("app-root", "/$host"),
+            ("upstream-vhost", "$host"),
+            ("ssl-redirect", "no"),
+        ] {
+            let r = read(&annotations(&[(name, bad)]), true);
+            assert_eq!(
+                reasons(&r),
+                [ProblemReason::InvalidAnnotation],
+                "{name}: {bad}"
+            );
+            assert!(
+                r.filters.is_empty() && r.ssl_redirect.is_none(),
+                "{name}: {bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn filters_change_each_entry_and_app_root_adds_a_redirect_of_slash_first() {
+        let source = IngressRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
+        let other = IngressRef {
+            namespace: "ns".into(),
+            name: "b".into(),
+        };
+        let entry = |path: &str, ingress: &IngressRef| GatewayRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: path.into(),
+            backends: vec![holdfast_proto::v1::WeightedBackend {
+                backend: "ns/web:80".into(),
+                weight: 1,
+                ..Default::default()
+            }],
+            ingress: Some(ingress.clone()),
+            ..GatewayRoute::default()
+        };
+        let mut g = GatewayHost {
+            routes: vec![entry("/api", &source), entry("/", &other)],
+            ..GatewayHost::default()
+        };
+        let filters = read(
+            &annotations(&[
+                ("app-root", "/app1"),
+                ("upstream-vhost", "internal.example"),
+                ("x-forwarded-prefix", "/api"),
+            ]),
+            true,
+        )
+        .filters;
+        let none = NginxFilters::default();
+        apply_to_host(&mut g, [(&source, &filters), (&other, &none)].into_iter());
+        let paths: Vec<_> = g
+            .routes
+            .iter()
+            .map(|r| (r.match_kind, r.path.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (MatchKind::Exact as i32, "/"),
+                (MatchKind::Prefix as i32, "/api"),
+                (MatchKind::Prefix as i32, "/")
+            ]
+        );
+        let root = g.routes[0].redirect.as_ref().unwrap();
+        assert_eq!(root.status_code, 302);
+        assert_eq!(root.path.as_ref().unwrap().value, "/app1");
+        assert!(g.routes[0].backends.is_empty());
+        assert_eq!(
+            g.routes[1].rewrite.as_ref().unwrap().hostname,
+            "internal.example"
+        );
+        assert_eq!(
+            g.routes[1].request_headers.as_ref().unwrap().set[0].value,
+            "/api"
+        );
+        // The other Ingress's entry is left as it was.
+        assert_eq!(g.routes[2], entry("/", &other));
+    }
+}

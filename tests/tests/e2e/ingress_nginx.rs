@@ -1,0 +1,218 @@
+//! Ingresses carrying ingress-nginx annotations, end to end: the real API server and
+//! control plane, our proxy, the echo backends. Each served annotation is checked by what
+//! a client gets (status, Location, what the backend was sent); an annotation holdfast
+//! does not serve, and a snippet, is a Warning Event on its Ingress while the rest of the
+//! Ingress is served. docs/ingress-nginx.md cites this file for each annotation.
+
+use holdfast_tests::http as web;
+use holdfast_tests::objects::create;
+use holdfast_tests::scenario::{Options, Scenario};
+use holdfast_tests::wait;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::Api;
+use serde_json::json;
+
+/// Ingress `name` of the scenario's class routing `host`'s `paths` (Prefix) to `app0`:80,
+/// with `nginx.ingress.kubernetes.io/` `annotations`.
+fn annotated(
+    s: &Scenario,
+    name: &str,
+    host: &str,
+    paths: &[&str],
+    annotations: &[(&str, &str)],
+) -> anyhow::Result<Ingress> {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (format!("nginx.ingress.kubernetes.io/{k}"), json!(v)))
+        .collect();
+    let paths: Vec<_> = paths
+        .iter()
+        .map(|p| {
+            json!({ "path": p, "pathType": "Prefix",
+                    "backend": { "service": { "name": "app0", "port": { "number": 80 } } } })
+        })
+        .collect();
+    Ok(serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": annotations },
+        "spec": { "ingressClassName": s.class,
+                  "rules": [{ "host": host, "http": { "paths": paths } }] }
+    }))?)
+}
+
+/// One Ingress per annotation group, each for a host of its own (one Ingress adds app-root
+/// and a Host rewrite, another on the same host forces https on its path). Each is asked
+/// over plain HTTP/1.1 and answered as ingress-nginx documents it.
+#[tokio::test]
+async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() -> anyhow::Result<()>
+{
+    let s = Scenario::start(
+        "nginxann",
+        Options {
+            ingresses: 1,
+            proxies: 1,
+            ..Options::default()
+        },
+    )
+    .await?;
+    let ns = s.ns.clone();
+    let host = |h: &str| format!("{h}.{ns}.test");
+    let (perm, temp, app, cors) = (host("perm"), host("temp"), host("app"), host("cors"));
+    for ing in [
+        annotated(
+            &s,
+            "perm",
+            &perm,
+            &["/"],
+            &[
+                ("permanent-redirect", "https://example.org/new"),
+                ("permanent-redirect-code", "308"),
+            ],
+        )?,
+        annotated(
+            &s,
+            "temp",
+            &temp,
+            &["/"],
+            &[("temporal-redirect", "http://example.org/t?x=1")],
+        )?,
+        annotated(
+            &s,
+            "app",
+            &app,
+            &["/"],
+            &[
+                ("app-root", "/app1"),
+                ("upstream-vhost", "internal.example"),
+                ("x-forwarded-prefix", "/shop"),
+            ],
+        )?,
+        annotated(
+            &s,
+            "secure",
+            &app,
+            &["/secure"],
+            &[("force-ssl-redirect", "true")],
+        )?,
+        annotated(
+            &s,
+            "cors",
+            &cors,
+            &["/"],
+            &[
+                ("enable-cors", "true"),
+                ("cors-allow-origin", "https://site.test"),
+                ("cors-max-age", "60"),
+                (
+                    "configuration-snippet",
+                    "more_set_headers \"X-Injected: 1\";",
+                ),
+                ("limit-rps", "5"),
+            ],
+        )?,
+    ] {
+        create(&s.client, Some(&ns), &ing).await?;
+    }
+    let at = s.proxy_addrs()[0];
+    let ask = |host: String, path: &'static str, headers: Vec<(&'static str, &'static str)>| async move {
+        web::request_with(at, "GET", &host, path, &headers).await
+    };
+    // Served once the last Ingress is.
+    wait::until("the annotated Ingresses served", wait::T, || async {
+        Ok(ask(cors.clone(), "/", vec![])
+            .await
+            .ok()
+            .filter(|(status, _, _)| *status == 200)
+            .map(|_| ()))
+    })
+    .await?;
+
+    // permanent-redirect with its code; nothing of the request is kept.
+    let (status, h, _) = ask(perm.clone(), "/a/b?q=1", vec![]).await?;
+    assert_eq!(
+        (status, &h["location"]),
+        (308, &"https://example.org/new".parse()?)
+    );
+    // temporal-redirect: 302 by default.
+    let (status, h, _) = ask(temp.clone(), "/x", vec![]).await?;
+    assert_eq!(
+        (status, &h["location"]),
+        (302, &"http://example.org/t?x=1".parse()?)
+    );
+
+    // app-root: `/` alone is redirected (302), on the Host asked for.
+    let (status, h, _) = ask(app.clone(), "/", vec![]).await?;
+    assert_eq!(status, 302);
+    assert_eq!(h["location"], format!("http://{app}/app1").as_str());
+    // upstream-vhost and x-forwarded-prefix: what the backend is sent.
+    let (status, h, _) = ask(app.clone(), "/app1/page", vec![]).await?;
+    assert_eq!(status, 200);
+    assert_eq!(h["x-echo-host"], "internal.example");
+    assert_eq!(h["x-echo-x-forwarded-prefix"], "/shop");
+    assert_eq!(h["x-echo-x-forwarded-host"], app.as_str());
+    // force-ssl-redirect: that Ingress's path goes to https (308) without a certificate
+    // (the other Ingress's paths on the host do not).
+    let (status, h, _) = ask(app.clone(), "/secure/x?y=1", vec![]).await?;
+    assert_eq!(status, 308);
+    assert_eq!(
+        h["location"],
+        format!("https://{app}/secure/x?y=1").as_str()
+    );
+
+    // enable-cors: a preflight from the allowed origin is answered here; another origin
+    // gets no allowance; an actual request goes to the backend with the allowance.
+    let (status, h, _) = web::request_with(
+        at,
+        "OPTIONS",
+        &cors,
+        "/api",
+        &[
+            ("origin", "https://site.test"),
+            ("access-control-request-method", "PUT"),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 204);
+    assert!(!h.contains_key("x-echo-name"), "answered here: {h:?}");
+    assert_eq!(h["access-control-allow-origin"], "https://site.test");
+    assert_eq!(
+        h["access-control-allow-methods"],
+        "GET, PUT, POST, DELETE, PATCH, OPTIONS"
+    );
+    assert_eq!(h["access-control-allow-credentials"], "true");
+    assert_eq!(h["access-control-max-age"], "60");
+    let (status, h, _) = ask(cors.clone(), "/api", vec![("origin", "https://evil.test")]).await?;
+    assert_eq!(status, 200);
+    assert!(!h.contains_key("access-control-allow-origin"), "{h:?}");
+    let (status, h, _) = ask(cors.clone(), "/api", vec![("origin", "https://site.test")]).await?;
+    assert_eq!(status, 200);
+    assert_eq!(h["access-control-allow-origin"], "https://site.test");
+    // The snippet was never applied.
+    assert!(!h.contains_key("x-injected"), "{h:?}");
+
+    // The unserved annotation and the snippet: Warning Events on their Ingress, whose
+    // rest is served (above).
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &ns);
+    wait::until("the annotation Events", wait::T, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let on_cors = |reason: &str, names: &str| {
+                list.items.iter().any(|e| {
+                    e.involved_object.name.as_deref() == Some("cors")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some(reason)
+                        && e.message.as_deref().is_some_and(|m| m.contains(names))
+                })
+            };
+            Ok((on_cors("SnippetRefused", "configuration-snippet")
+                && on_cors("UnservedAnnotation", "limit-rps"))
+            .then_some(()))
+        }
+    })
+    .await?;
+    Ok(())
+}
