@@ -349,13 +349,16 @@ pub fn keep_held(
         let Some((before, published_form)) = ingress_host(published, host) else {
             continue;
         };
-        let routes: Vec<&GatewayRoute> = routes
+        // The entries of each held key: path and header matches (a canary's header rules
+        // are entries, and keys, of their own).
+        // In the order they were published in.
+        let routes: Vec<&GatewayRoute> = before
+            .routes
             .iter()
-            .filter_map(|(kind, path)| {
-                before
-                    .routes
+            .filter(|r| {
+                routes
                     .iter()
-                    .find(|r| r.match_kind == *kind && r.path == *path)
+                    .any(|(kind, key)| r.match_kind == *kind && gateway_route_key(r) == *key)
             })
             .collect();
         if routes.is_empty() {
@@ -947,7 +950,8 @@ mod change_tests {
     }
 
     /// An Ingress host whose entries have filters (ingress-nginx annotations): a held
-    /// entry comes back with its filters, into the candidate's host or the host re-made.
+    /// path comes back with its filters and every entry it has (a canary's header rule),
+    /// into the candidate's host or the host re-made.
     #[test]
     fn a_held_ingress_route_with_filters_comes_back_with_them() {
         use holdfast_proto::v1::{HeaderMatch, HeaderModifier, UrlRewrite};
@@ -976,13 +980,20 @@ mod change_tests {
                 ..Default::default()
             });
         }
+        // A canary's header rule: a second entry at the first path.
+        let mut by_header = published.gateway_hosts[0].routes[0].clone();
+        by_header.headers.push(HeaderMatch {
+            name: "x-canary".into(),
+            value: "always".into(),
+        });
+        published.gateway_hosts[0].routes.insert(0, by_header);
         assert!(
             holdfast_proto::snapshot::ingress_virtual_host(&published.gateway_hosts[0]).is_err()
         );
         let mut candidate = published.clone();
-        candidate.gateway_hosts[0].routes.remove(0);
+        candidate.gateway_hosts[0].routes.drain(0..2);
         let held = removed_routes(&published, &candidate);
-        assert_eq!(held.len(), 1);
+        assert_eq!(held.len(), 2, "the path and its header rule: {held:?}");
         let kept = keep_held(&candidate, &published, &held);
         assert_eq!(kept.gateway_hosts, published.gateway_hosts);
         let mut sealed = kept.clone();
@@ -991,7 +1002,7 @@ mod change_tests {
         let mut gone = published.clone();
         gone.gateway_hosts.clear();
         let held = removed_routes(&published, &gone);
-        assert_eq!(held.len(), 2);
+        assert_eq!(held.len(), 3);
         assert_eq!(
             keep_held(&gone, &published, &held).gateway_hosts,
             published.gateway_hosts

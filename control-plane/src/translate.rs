@@ -210,6 +210,9 @@ pub enum ProblemReason {
     /// An ingress-nginx `*-snippet` annotation: raw nginx configuration, refused on
     /// purpose.
     SnippetRefused,
+    /// A canary Ingress's path that no Ingress without canary routes, or that another
+    /// (older) canary joined first.
+    CanaryNotJoined,
     /// A `tls` entry that cannot be used.
     InvalidTls,
     /// A wildcard host that would cover a public suffix.
@@ -263,6 +266,7 @@ impl ProblemReason {
             ProblemReason::InvalidAnnotation => "InvalidAnnotation",
             ProblemReason::UnservedAnnotation => "UnservedAnnotation",
             ProblemReason::SnippetRefused => "SnippetRefused",
+            ProblemReason::CanaryNotJoined => "CanaryNotJoined",
             ProblemReason::InvalidTls => "InvalidTLS",
             ProblemReason::PublicSuffixWildcard => "PublicSuffixWildcard",
             ProblemReason::IngressTooLarge => "IngressTooLarge",

@@ -43,6 +43,9 @@ pub struct IngressDigest {
     pub(super) ssl_redirect: bool,
     /// What its ingress-nginx annotations ask of its paths (None: nothing).
     pub(super) nginx: Option<Box<super::nginx::NginxFilters>>,
+    /// Set for a canary Ingress (ingress-nginx `canary: "true"`): its paths join the main
+    /// Ingress's instead of routing on their own.
+    pub(super) canary: Option<Box<super::nginx::Canary>>,
     pub(super) problems: Vec<(ProblemReason, String)>,
 }
 
@@ -177,6 +180,7 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
         if !read.filters.is_empty() {
             digest.nginx = Some(Box::new(read.filters));
         }
+        digest.canary = read.canary.map(Box::new);
     }
     digest
 }
@@ -198,6 +202,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         tls: Vec::new(),
         ssl_redirect: true,
         nginx: None,
+        canary: None,
         problems: Vec::new(),
     };
     let ns = ing.metadata.namespace.as_deref().unwrap_or("");

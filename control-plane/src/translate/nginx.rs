@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use holdfast_proto::v1::{
     Cors, GatewayHost, GatewayRoute, HeaderMatch, HeaderModifier, IngressRef, MatchKind,
-    PathModifier, RequestRedirect, UrlRewrite,
+    PathModifier, RequestRedirect, UrlRewrite, WeightedBackend,
 };
 
 use super::ProblemReason;
@@ -38,6 +38,11 @@ pub const CORS_DEFAULT_MAX_AGE: u32 = 1_728_000;
 /// The annotations served (the names after [`PREFIX`]).
 pub const SERVED: &[&str] = &[
     "app-root",
+    "canary",
+    "canary-by-header",
+    "canary-by-header-value",
+    "canary-weight",
+    "canary-weight-total",
     "cors-allow-credentials",
     "cors-allow-headers",
     "cors-allow-methods",
@@ -72,11 +77,28 @@ pub struct NginxFilters {
     pub cors: Option<Cors>,
 }
 
+/// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
+/// same host, path and kind, taking the requests these say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Canary {
+    /// Its share of the requests the header rule leaves, out of `total`
+    /// (`canary-weight`, `canary-weight-total`).
+    pub weight: u32,
+    /// `canary-weight-total` (100 by default).
+    pub total: u32,
+    /// `canary-by-header` (lower case): its value `always` sends a request to the canary,
+    /// `never` to the main backend; with `canary-by-header-value`, that value alone sends it
+    /// to the canary. Other values are left to the weight.
+    pub header: Option<(String, Option<String>)>,
+}
+
 /// What [`read`] found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Read {
     /// The filters.
     pub filters: NginxFilters,
+    /// Set for a canary Ingress (whose other annotations are its main Ingress's).
+    pub canary: Option<Canary>,
     /// `ssl-redirect` (None: not set).
     pub ssl_redirect: Option<bool>,
     /// What was not served, and why.
@@ -225,6 +247,30 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             None
         }
     };
+    if boolean("canary", &mut invalid) == Some(true) {
+        let canary = read_canary(&get, &mut invalid);
+        // A canary takes its main Ingress's annotations (as in ingress-nginx): its own
+        // are not applied, and it hears so.
+        for name in ours
+            .keys()
+            .filter(|n| SERVED.contains(n) && !n.starts_with("canary"))
+        {
+            invalid(
+                name,
+                "ignored on a canary Ingress: its paths take the main Ingress's annotations".into(),
+            );
+        }
+        return Read {
+            canary: Some(canary),
+            problems,
+            ..Read::default()
+        };
+    } else if let Some(name) = ours.keys().find(|n| n.starts_with("canary-")) {
+        invalid(
+            name,
+            "ignored: canary is not \"true\" (as in ingress-nginx)".into(),
+        );
+    }
     // Redirects: temporal-redirect wins over permanent-redirect, as in ingress-nginx.
     for (name, code_name, default) in [
         ("temporal-redirect", "temporal-redirect-code", 302),
@@ -315,9 +361,121 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     }
     Read {
         filters,
+        canary: None,
         ssl_redirect,
         problems,
     }
+}
+
+/// The canary rules of a `canary: "true"` Ingress, each defaulting as in ingress-nginx.
+fn read_canary<'v>(
+    get: &impl Fn(&str) -> Option<&'v str>,
+    invalid: &mut dyn FnMut(&str, String),
+) -> Canary {
+    let total = match get("canary-weight-total") {
+        None => 100,
+        Some(v) => match v.parse::<u32>() {
+            Ok(t) if t > 0 => t,
+            _ => {
+                invalid(
+                    "canary-weight-total",
+                    format!("{v:?} is not a positive number; 100 is used"),
+                );
+                100
+            }
+        },
+    };
+    let weight = match get("canary-weight") {
+        None => 0,
+        Some(v) => match v.parse::<u32>() {
+            Ok(w) if w <= total => w,
+            _ => {
+                invalid(
+                    "canary-weight",
+                    format!("{v:?} is not a number from 0 to {total}; 0 is used"),
+                );
+                0
+            }
+        },
+    };
+    let header = match get("canary-by-header") {
+        None => None,
+        Some(name) => {
+            let lower = name.to_ascii_lowercase();
+            if http::HeaderName::from_bytes(lower.as_bytes()).is_ok() {
+                let value = get("canary-by-header-value").filter(|v| !v.is_empty());
+                match value {
+                    Some(v) if http::HeaderValue::from_str(v).is_err() => {
+                        invalid(
+                            "canary-by-header-value",
+                            format!("{v:?} is not a header value; the header rule is not applied"),
+                        );
+                        None
+                    }
+                    _ => Some((lower, value.map(str::to_owned))),
+                }
+            } else {
+                invalid(
+                    "canary-by-header",
+                    format!("{name:?} is not a header name; not applied"),
+                );
+                None
+            }
+        }
+    };
+    if header.is_none() && get("canary-by-header-value").is_some() {
+        invalid(
+            "canary-by-header-value",
+            "ignored: it needs canary-by-header".into(),
+        );
+    }
+    Canary {
+        weight,
+        total,
+        header,
+    }
+}
+
+/// The entries that replace `main` (an entry of the main Ingress, to its one backend)
+/// when a canary to `backend` joins it, in precedence order: the header rule's, then the
+/// weighted one (as ingress-nginx orders them: header, then weight).
+pub fn with_canary(main: &GatewayRoute, backend: &str, canary: &Canary) -> Vec<GatewayRoute> {
+    let to = |name: &str, weight: u32| WeightedBackend {
+        backend: name.to_owned(),
+        weight,
+        ..WeightedBackend::default()
+    };
+    let on_header = |value: &str, backends: Vec<WeightedBackend>| {
+        let mut r = main.clone();
+        r.headers = vec![HeaderMatch {
+            name: canary
+                .header
+                .as_ref()
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default(),
+            value: value.to_owned(),
+        }];
+        r.backends = backends;
+        r
+    };
+    let mut out = Vec::new();
+    match &canary.header {
+        None => {}
+        Some((_, Some(value))) => out.push(on_header(value, vec![to(backend, 1)])),
+        Some((_, None)) => {
+            out.push(on_header("always", vec![to(backend, 1)]));
+            out.push(on_header("never", main.backends.clone()));
+        }
+    }
+    let mut weighted = main.clone();
+    if canary.weight > 0 {
+        if let Some(b) = weighted.backends.first_mut() {
+            b.weight = canary.total - canary.weight;
+        }
+        weighted.backends.push(to(backend, canary.weight));
+    }
+    out.push(weighted);
+    out
 }
 
 /// The CORS filter of `enable-cors: "true"` with its `cors-*` annotations, each defaulting
@@ -624,6 +782,144 @@ mod tests {
                 "{name}: {bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_canary_reads_its_rules_with_ingress_nginx_s_defaults_and_nothing_else() {
+        let r = read(
+            &annotations(&[
+                ("canary", "true"),
+                ("canary-weight", "30"),
+                ("canary-by-header", "X-Canary"),
+                ("upstream-vhost", "ignored.example"),
+                ("canary-by-cookie", "c"),
+            ]),
+            true,
+        );
+        assert_eq!(
+            r.canary,
+            Some(Canary {
+                weight: 30,
+                total: 100,
+                header: Some(("x-canary".into(), None)),
+            })
+        );
+        assert!(
+            r.filters.is_empty(),
+            "a canary's own annotations are not applied"
+        );
+        let mut got = reasons(&r);
+        got.sort_by_key(|r| r.as_str());
+        assert_eq!(
+            got,
+            [
+                ProblemReason::InvalidAnnotation,
+                ProblemReason::UnservedAnnotation
+            ]
+        );
+        let r = read(
+            &annotations(&[
+                ("canary", "true"),
+                ("canary-weight", "7"),
+                ("canary-weight-total", "10"),
+                ("canary-by-header", "x-env"),
+                ("canary-by-header-value", "beta"),
+            ]),
+            true,
+        );
+        assert_eq!(
+            r.canary,
+            Some(Canary {
+                weight: 7,
+                total: 10,
+                header: Some(("x-env".into(), Some("beta".into()))),
+            })
+        );
+        assert!(r.problems.is_empty());
+        // Bad values: a weight over the total is 0; rules without canary: "true" are not
+        // applied; each is said.
+        let r = read(
+            &annotations(&[("canary", "true"), ("canary-weight", "101")]),
+            true,
+        );
+        assert_eq!(r.canary.as_ref().map(|c| c.weight), Some(0));
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        let r = read(&annotations(&[("canary-weight", "50")]), true);
+        assert_eq!(r.canary, None);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    #[test]
+    fn a_canary_joins_its_main_entry_header_rules_first_then_by_weight() {
+        let main = GatewayRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: "/".into(),
+            backends: vec![WeightedBackend {
+                backend: "ns/main:80".into(),
+                weight: 1,
+                ..Default::default()
+            }],
+            ..GatewayRoute::default()
+        };
+        /// Per entry: its header matches and its weighted backends.
+        type Shape = Vec<(Vec<String>, Vec<(String, u32)>)>;
+        let shape = |entries: Vec<GatewayRoute>| -> Shape {
+            entries
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.headers
+                            .iter()
+                            .map(|h| format!("{}={}", h.name, h.value))
+                            .collect(),
+                        r.backends
+                            .iter()
+                            .map(|b| (b.backend.clone(), b.weight))
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
+        let canary = |weight, header: Option<(&str, Option<&str>)>| Canary {
+            weight,
+            total: 100,
+            header: header.map(|(n, v)| (n.to_owned(), v.map(str::to_owned))),
+        };
+        let main_only = vec![("ns/main:80".to_owned(), 1)];
+        let canary_only = vec![("ns/canary:80".to_owned(), 1)];
+        assert_eq!(
+            shape(with_canary(&main, "ns/canary:80", &canary(25, None))),
+            [(
+                vec![],
+                vec![
+                    ("ns/main:80".to_owned(), 75),
+                    ("ns/canary:80".to_owned(), 25)
+                ]
+            )]
+        );
+        assert_eq!(
+            shape(with_canary(
+                &main,
+                "ns/canary:80",
+                &canary(0, Some(("x-c", None)))
+            )),
+            [
+                (vec!["x-c=always".to_owned()], canary_only.clone()),
+                (vec!["x-c=never".to_owned()], main_only.clone()),
+                (vec![], main_only.clone()),
+            ]
+        );
+        assert_eq!(
+            shape(with_canary(
+                &main,
+                "ns/canary:80",
+                &canary(0, Some(("x-c", Some("beta"))))
+            )),
+            [
+                (vec!["x-c=beta".to_owned()], canary_only),
+                (vec![], main_only),
+            ]
+        );
     }
 
     #[test]

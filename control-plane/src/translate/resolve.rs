@@ -242,6 +242,10 @@ pub(super) fn build_host(
             .cmp(&(b.kind as i32, b.path_key))
             .then_with(|| (&a.path, ra).cmp(&(&b.path, rb)))
     });
+    // A canary Ingress's paths never conflict: they join the main Ingress's (below).
+    let (canaries, candidates): (Vec<_>, Vec<_>) = candidates
+        .into_iter()
+        .partition(|(_, rank)| ordered[*rank].canary.is_some());
     let mut winners: Vec<(&RouteDigest, usize)> = Vec::with_capacity(candidates.len());
     for (route, rank) in candidates {
         if let Some((w, wrank)) = winners.last()
@@ -273,8 +277,42 @@ pub(super) fn build_host(
         })
         .collect();
     sort_routes(&mut routes);
-    let mut backends: Vec<Arc<BackendRef>> =
-        winners.iter().map(|(r, _)| r.backend.clone()).collect();
+    // Each canary path joins the main route at its path and kind (the oldest canary
+    // wins; ingress-nginx serves one canary per path).
+    let mut joined: Vec<(&RouteDigest, &IngressDigest)> = Vec::new();
+    for (route, rank) in canaries {
+        let canary = ordered[rank];
+        let skip = |why: String| Problem {
+            namespace: canary.source.namespace.clone(),
+            name: canary.source.name.clone(),
+            reason: ProblemReason::CanaryNotJoined,
+            message: format!(
+                "canary {:?} path {:?} on host {host:?} not served: {why}",
+                route.kind, route.path
+            ),
+        };
+        if !winners
+            .iter()
+            .any(|(w, _)| (w.kind, &w.path) == (route.kind, &route.path))
+        {
+            problems.push(skip("no Ingress without canary routes it".into()));
+        } else if let Some((_, first)) = joined
+            .iter()
+            .find(|(j, _)| (j.kind, &j.path) == (route.kind, &route.path))
+        {
+            problems.push(skip(format!(
+                "{}/{} (older) is its canary already",
+                first.source.namespace, first.source.name
+            )));
+        } else {
+            joined.push((route, canary));
+        }
+    }
+    let mut backends: Vec<Arc<BackendRef>> = winners
+        .iter()
+        .map(|(r, _)| r.backend.clone())
+        .chain(joined.iter().map(|(r, _)| r.backend.clone()))
+        .collect();
     backends.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     backends.dedup_by(|a, b| a.name == b.name);
     let vhost = VirtualHost {
@@ -283,6 +321,20 @@ pub(super) fn build_host(
         ..Default::default()
     };
     let mut entry = HostEntry::new(vhost, owner, problems, backends);
+    if !joined.is_empty() {
+        let g = Arc::make_mut(&mut entry.wire);
+        for (route, canary) in &joined {
+            let rules = canary.canary.as_deref().cloned().unwrap_or_default();
+            if let Some(i) = g
+                .routes
+                .iter()
+                .position(|r| r.match_kind == route.kind as i32 && r.path == route.path)
+            {
+                let entries = super::nginx::with_canary(&g.routes[i], &route.backend.name, &rules);
+                g.routes.splice(i..=i, entries);
+            }
+        }
+    }
     // The ingress-nginx annotations of the Ingresses routing the host.
     let annotated = ordered
         .iter()

@@ -365,8 +365,9 @@ pub fn sort_routes(routes: &mut [Route]) {
     });
 }
 
-/// [`sort_routes`] for an Ingress host's entries in the one route model: the same order,
-/// entries at one path kept in the order given.
+/// [`sort_routes`] for an Ingress host's entries in the one route model: the same order;
+/// at one path, entries with header matches (a canary's header rules) before those
+/// without, each kept in the order given.
 pub fn sort_ingress_routes(routes: &mut [holdfast_proto::v1::GatewayRoute]) {
     routes.sort_by(|a, b| {
         let rank = |kind: i32| i32::from(kind != MatchKind::Exact as i32);
@@ -374,5 +375,6 @@ pub fn sort_ingress_routes(routes: &mut [holdfast_proto::v1::GatewayRoute]) {
             .cmp(&rank(b.match_kind))
             .then(b.path.len().cmp(&a.path.len()))
             .then(a.path.cmp(&b.path))
+            .then(a.headers.is_empty().cmp(&b.headers.is_empty()))
     });
 }

@@ -2745,3 +2745,88 @@ fn ingress_nginx_annotations_become_filters_of_that_ingress_s_entries_only() {
     assert_eq!(t.problems.len(), 1);
     assert_eq!(t.problems[0].reason.as_str(), "UnservedAnnotation");
 }
+
+/// A canary Ingress (ingress-nginx `canary: "true"`) never conflicts: its path joins the
+/// main Ingress's entry (header rules first, then the weighted entry), its backend is
+/// resolved too; a second canary of the same path and a canary path no main Ingress routes
+/// are problems, and the main route is served as before.
+#[test]
+fn a_canary_ingress_joins_the_main_ingress_s_path_and_never_conflicts() {
+    let canary = |name: &str, age: u32, path: &str, svc: &str, weight: &str| {
+        let rules = json!([rule(
+            "a.example.com",
+            path,
+            "Prefix",
+            svc,
+            json!({"number": 80})
+        )]);
+        let mut ing = (*ingress("default", name, age, rules)).clone();
+        ing.metadata.annotations = Some(
+            [
+                ("canary", "true"),
+                ("canary-weight", weight),
+                ("canary-by-header", "X-Canary"),
+            ]
+            .iter()
+            .map(|(k, v)| (format!("{}{k}", nginx::PREFIX), (*v).to_owned()))
+            .collect(),
+        );
+        Arc::new(ing)
+    };
+    let main = ingress(
+        "default",
+        "main",
+        1,
+        json!([rule(
+            "a.example.com",
+            "/",
+            "Prefix",
+            "web",
+            json!({"number": 80})
+        )]),
+    );
+    let t = run(&state(vec![
+        main,
+        canary("canary", 2, "/", "beta", "20"),
+        canary("late", 3, "/", "gamma", "50"),
+        canary("orphan", 4, "/nothing", "beta", "50"),
+    ]));
+    let g = &t.snapshot().gateway_hosts[0];
+    let entries: Vec<_> = g
+        .routes
+        .iter()
+        .map(|r| {
+            (
+                r.path.as_str(),
+                r.headers
+                    .iter()
+                    .map(|h| format!("{}={}", h.name, h.value))
+                    .collect::<Vec<_>>(),
+                r.backends
+                    .iter()
+                    .map(|b| format!("{}*{}", b.backend, b.weight))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let v = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        entries,
+        [
+            ("/", v(&["x-canary=always"]), v(&["default/beta:80*1"])),
+            ("/", v(&["x-canary=never"]), v(&["default/web:80*1"])),
+            ("/", v(&[]), v(&["default/web:80*80", "default/beta:80*20"])),
+        ]
+    );
+    assert!(t.content.backend("default/beta:80").is_some());
+    let mut problems: Vec<_> = t
+        .problems
+        .iter()
+        .map(|p| (p.name.as_str(), p.reason.as_str()))
+        .collect();
+    problems.sort_unstable();
+    assert_eq!(
+        problems,
+        [("late", "CanaryNotJoined"), ("orphan", "CanaryNotJoined")]
+    );
+}

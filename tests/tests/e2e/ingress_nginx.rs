@@ -13,13 +13,15 @@ use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
 use serde_json::json;
 
-/// Ingress `name` of the scenario's class routing `host`'s `paths` (Prefix) to `app0`:80,
+/// The scenario's app Service, which the first test's Ingresses route to.
+const SVC: &str = "app0";
+
+/// Ingress `name` of the scenario's class routing `host`'s `paths` (Prefix) to `svc`:80,
 /// with `nginx.ingress.kubernetes.io/` `annotations`.
 fn annotated(
     s: &Scenario,
     name: &str,
-    host: &str,
-    paths: &[&str],
+    (host, paths, svc): (&str, &[&str], &str),
     annotations: &[(&str, &str)],
 ) -> anyhow::Result<Ingress> {
     let annotations: serde_json::Map<String, serde_json::Value> = annotations
@@ -30,7 +32,7 @@ fn annotated(
         .iter()
         .map(|p| {
             json!({ "path": p, "pathType": "Prefix",
-                    "backend": { "service": { "name": "app0", "port": { "number": 80 } } } })
+                    "backend": { "service": { "name": svc, "port": { "number": 80 } } } })
         })
         .collect();
     Ok(serde_json::from_value(json!({
@@ -40,21 +42,23 @@ fn annotated(
     }))?)
 }
 
+/// A scenario with one app (`app0`) and one proxy.
+async fn one_proxy(name: &str) -> anyhow::Result<Scenario> {
+    let options = Options {
+        ingresses: 1,
+        proxies: 1,
+        ..Options::default()
+    };
+    Scenario::start(name, options).await
+}
+
 /// One Ingress per annotation group, each for a host of its own (one Ingress adds app-root
 /// and a Host rewrite, another on the same host forces https on its path). Each is asked
 /// over plain HTTP/1.1 and answered as ingress-nginx documents it.
 #[tokio::test]
 async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() -> anyhow::Result<()>
 {
-    let s = Scenario::start(
-        "nginxann",
-        Options {
-            ingresses: 1,
-            proxies: 1,
-            ..Options::default()
-        },
-    )
-    .await?;
+    let s = one_proxy("nginxann").await?;
     let ns = s.ns.clone();
     let host = |h: &str| format!("{h}.{ns}.test");
     let (perm, temp, app, cors) = (host("perm"), host("temp"), host("app"), host("cors"));
@@ -62,8 +66,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         annotated(
             &s,
             "perm",
-            &perm,
-            &["/"],
+            (&perm, &["/"], SVC),
             &[
                 ("permanent-redirect", "https://example.org/new"),
                 ("permanent-redirect-code", "308"),
@@ -72,15 +75,13 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         annotated(
             &s,
             "temp",
-            &temp,
-            &["/"],
+            (&temp, &["/"], SVC),
             &[("temporal-redirect", "http://example.org/t?x=1")],
         )?,
         annotated(
             &s,
             "app",
-            &app,
-            &["/"],
+            (&app, &["/"], SVC),
             &[
                 ("app-root", "/app1"),
                 ("upstream-vhost", "internal.example"),
@@ -90,15 +91,13 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         annotated(
             &s,
             "secure",
-            &app,
-            &["/secure"],
+            (&app, &["/secure"], SVC),
             &[("force-ssl-redirect", "true")],
         )?,
         annotated(
             &s,
             "cors",
-            &cors,
-            &["/"],
+            (&cors, &["/"], SVC),
             &[
                 ("enable-cors", "true"),
                 ("cors-allow-origin", "https://site.test"),
@@ -214,5 +213,76 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         }
     })
     .await?;
+    Ok(())
+}
+
+/// A canary Ingress (`canary: "true"`) for the same host and path as its main Ingress:
+/// `canary-by-header` sends `always` to the canary and `never` to the main backend, and
+/// `canary-weight` gives the canary its share of the rest. Each Service has one echo of
+/// its own, so the echo's name says which backend answered.
+#[tokio::test]
+async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> anyhow::Result<()> {
+    use holdfast_tests::objects::{endpoint_slice, service};
+    let s = one_proxy("nginxcanary").await?;
+    let ns = s.ns.clone();
+    for (svc, address) in [("main", &s.backends[0]), ("beta", &s.backends[1])] {
+        create(&s.client, Some(&ns), &service(svc, 80, 8080)).await?;
+        create(
+            &s.client,
+            Some(&ns),
+            &endpoint_slice(&format!("{svc}-1"), svc, 8080, &[address]),
+        )
+        .await?;
+    }
+    let host = format!("canary.{ns}.test");
+    let at = s.proxy_addrs()[0];
+    let ask = |headers: Vec<(&'static str, &'static str)>| {
+        let host = host.clone();
+        async move {
+            let (status, h, _) = web::request_with(at, "GET", &host, "/", &headers).await?;
+            anyhow::ensure!(status == 200, "status {status}");
+            Ok::<_, anyhow::Error>(h["x-echo-name"].to_str()?.to_owned())
+        }
+    };
+    let main = annotated(&s, "main", (&host, &["/"], "main"), &[])?;
+    create(&s.client, Some(&ns), &main).await?;
+    // Served by the main backend alone first.
+    let main_echo = wait::until("the main Ingress served", wait::T, || async {
+        Ok(ask(vec![]).await.ok())
+    })
+    .await?;
+    let canary = annotated(
+        &s,
+        "canary",
+        (&host, &["/"], "beta"),
+        &[
+            ("canary", "true"),
+            ("canary-by-header", "X-Canary"),
+            ("canary-weight", "30"),
+        ],
+    )?;
+    create(&s.client, Some(&ns), &canary).await?;
+    let canary_echo = wait::until("the canary joined", wait::T, || async {
+        Ok(ask(vec![("x-canary", "always")])
+            .await
+            .ok()
+            .filter(|name| *name != main_echo))
+    })
+    .await?;
+    for _ in 0..5 {
+        assert_eq!(ask(vec![("x-canary", "always")]).await?, canary_echo);
+        assert_eq!(ask(vec![("x-canary", "never")]).await?, main_echo);
+    }
+    // The rest by weight: 30 of every 100 (exactly, while the route is not rebuilt).
+    let mut to_canary = 0;
+    for _ in 0..100 {
+        if ask(vec![("x-canary", "maybe")]).await? == canary_echo {
+            to_canary += 1;
+        }
+    }
+    assert!(
+        (20..=40).contains(&to_canary),
+        "{to_canary} of 100 to the canary, for a weight of 30"
+    );
     Ok(())
 }
