@@ -82,6 +82,9 @@ pub struct PathModifier {
     pub full: bool,
     /// The replacement (starts with `/`).
     pub value: String,
+    /// With `full`: `$1` to `$9` in `value` are the capture groups of the entry's regular
+    /// expression (ingress-nginx `rewrite-target`).
+    pub captures: bool,
 }
 
 impl PathModifier {
@@ -91,10 +94,17 @@ impl PathModifier {
     /// rule's prefix is the whole path.
     pub fn apply(&self, matched: &PathRule, path: &str) -> String {
         if self.full {
-            return self.value.clone();
+            if !self.captures {
+                return self.value.clone();
+            }
+            let groups = match matched {
+                PathRule::Regex(r) => r.regex.captures(path),
+                _ => None,
+            };
+            return with_groups(&self.value, groups.as_ref());
         }
         let rest = match matched {
-            PathRule::Exact(_) => "",
+            PathRule::Exact(_) | PathRule::Regex(_) => "",
             PathRule::Prefix(p) => path.get(p.trim_end_matches('/').len()..).unwrap_or(""),
         };
         let mut out = String::with_capacity(self.value.len() + rest.len());
@@ -105,6 +115,30 @@ impl PathModifier {
         }
         out
     }
+}
+
+/// `template` with each `$1` to `$9` replaced by that capture group of `groups` ("" when
+/// there is no such group), as nginx's `rewrite` fills them; a `$` not before a digit 1-9
+/// is kept. A result that does not start with `/` gets one.
+pub fn with_groups(template: &str, groups: Option<&regex::Captures<'_>>) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut chars = template.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        match (c, chars.peek()) {
+            ('$', Some((_, d @ '1'..='9'))) => {
+                let n = (*d as usize) - ('0' as usize);
+                if let Some(m) = groups.and_then(|g| g.get(n)) {
+                    out.push_str(m.as_str());
+                }
+                chars.next();
+            }
+            (c, _) => out.push(c),
+        }
+    }
+    if !out.starts_with('/') {
+        out.insert(0, '/');
+    }
+    out
 }
 
 /// A `URLRewrite`: the host and path the backend is sent.
@@ -312,6 +346,13 @@ pub(crate) fn compile_entry(
     };
     let rule = match MatchKind::try_from(r.match_kind) {
         Ok(MatchKind::Exact) => PathRule::Exact(r.path.clone()),
+        Ok(MatchKind::Regex) => PathRule::Regex(crate::matching::PathRegex {
+            source: r.path.clone(),
+            regex: Arc::new(
+                holdfast_proto::snapshot::ingress_path_regex(&r.path)
+                    .map_err(|_| bad("path regex"))?,
+            ),
+        }),
         _ => PathRule::Prefix(r.path.clone()),
     };
     let headers = r
@@ -334,6 +375,7 @@ pub(crate) fn compile_entry(
             .then(|| PathModifier {
                 full: m.full,
                 value: m.value.clone(),
+                captures: m.captures,
             })
             .ok_or_else(|| bad("path modifier"))
     };
@@ -561,6 +603,7 @@ fn path_kind(p: &PathRule) -> MatchKind {
     match p {
         PathRule::Exact(_) => MatchKind::Exact,
         PathRule::Prefix(_) => MatchKind::Prefix,
+        PathRule::Regex(_) => MatchKind::Regex,
     }
 }
 
@@ -639,11 +682,48 @@ mod tests {
         assert_eq!(h.get("x-keep").unwrap(), "k");
     }
 
+    /// ingress-nginx `rewrite-target`: `$1`-`$9` are the regular expression's groups on
+    /// the request path (empty when absent or not matched); other `$` are kept.
+    #[test]
+    fn a_rewrite_target_fills_in_the_groups_of_the_path_s_regular_expression() {
+        let rx = |src: &str| {
+            PathRule::Regex(crate::matching::PathRegex {
+                source: src.into(),
+                regex: Arc::new(holdfast_proto::snapshot::ingress_path_regex(src).unwrap()),
+            })
+        };
+        let target = |value: &str| PathModifier {
+            full: true,
+            value: value.into(),
+            captures: true,
+        };
+        let rule = rx("/something(/|$)(.*)");
+        for (path, want) in [
+            ("/something", "/"),
+            ("/something/", "/"),
+            ("/something/new", "/new"),
+            ("/SomeThing/a/b", "/a/b"),
+        ] {
+            assert_eq!(target("/$2").apply(&rule, path), want, "{path}");
+        }
+        assert_eq!(
+            target("/v2/$1$9x$$0$").apply(&rx("/api/(v[0-9])"), "/api/v1/x"),
+            "/v2/v1x$$0$"
+        );
+        assert_eq!(
+            target("/$1").apply(&PathRule::Exact("/e".into()), "/e"),
+            "/",
+            "no regular expression: no groups"
+        );
+        assert_eq!(target("x$1").apply(&rx("/(a)"), "/a"), "/xa");
+    }
+
     #[test]
     fn a_prefix_replacement_keeps_what_follows_the_matched_prefix_element_wise() {
         let prefix = |value: &str| PathModifier {
             full: false,
             value: value.into(),
+            captures: false,
         };
         let at = |rule: &str, value: &str, path: &str| {
             prefix(value).apply(&PathRule::Prefix(rule.into()), path)
@@ -671,6 +751,7 @@ mod tests {
         let full = PathModifier {
             full: true,
             value: "/one".into(),
+            captures: false,
         };
         assert_eq!(
             full.apply(&PathRule::Prefix("/full".into()), "/full/x/y"),

@@ -33,7 +33,29 @@ pub enum PathRule {
     Exact(String),
     /// Element-wise on `/`; no trailing `/` (except `/`).
     Prefix(String),
+    /// A regular expression from the start of the path, case-insensitive (an Ingress's
+    /// ingress-nginx `use-regex`): tried after the exact paths, in the order given, before
+    /// the prefixes.
+    Regex(PathRegex),
 }
+
+/// A compiled Ingress path regular expression
+/// ([`holdfast_proto::snapshot::ingress_path_regex`]), with the path it was written as.
+#[derive(Debug, Clone)]
+pub struct PathRegex {
+    /// The path as written.
+    pub source: String,
+    /// What it compiles to.
+    pub regex: std::sync::Arc<regex::Regex>,
+}
+
+impl PartialEq for PathRegex {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for PathRegex {}
 
 /// One route entry: its path rule, its header matches, any other conditions and what it
 /// does.
@@ -113,6 +135,20 @@ fn percent_decoded(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// Whether `e`'s header matches and other conditions hold for `request` (None: only an
+/// entry without them).
+fn conditions_hold<A>(e: &Entry<A>, request: Option<&Asked<'_>>) -> bool {
+    e.headers.iter().all(|(n, v)| {
+        request.is_some_and(|r| {
+            r.headers
+                .any_value(n.as_str(), &mut |have| have == v.as_bytes())
+        })
+    }) && e
+        .more
+        .as_ref()
+        .is_none_or(|c| request.is_some_and(|r| c.hold(r)))
+}
+
 /// What the lookup reads of a request besides its host and path.
 pub struct Asked<'a> {
     /// The method, as sent.
@@ -127,6 +163,8 @@ pub struct Asked<'a> {
 #[derive(Debug, Clone)]
 pub struct Paths<A> {
     entries: Vec<Entry<A>>,
+    /// The positions of the regular-expression entries, in order (tried one by one).
+    regexes: Vec<usize>,
     /// None for a few entries: they are scanned in order. Most hosts have one or two
     /// routes, and an index of hash tables would cost each a few hundred bytes.
     index: Option<Box<PathIndex>>,
@@ -147,6 +185,7 @@ impl<A> Default for Paths<A> {
     fn default() -> Self {
         Paths {
             entries: Vec::new(),
+            regexes: Vec::new(),
             index: None,
         }
     }
@@ -166,11 +205,22 @@ impl<A> Paths<A> {
                 match &e.path {
                     PathRule::Exact(p) => index.exact.entry(p.clone()).or_default().push(i),
                     PathRule::Prefix(p) => index.prefix.entry(p.clone()).or_default().push(i),
+                    PathRule::Regex(_) => {}
                 }
             }
             Box::new(index)
         });
-        Paths { entries, index }
+        let regexes = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.path, PathRule::Regex(_)))
+            .map(|(i, _)| i)
+            .collect();
+        Paths {
+            entries,
+            regexes,
+            index,
+        }
     }
 
     /// Every entry, in the order given.
@@ -181,17 +231,7 @@ impl<A> Paths<A> {
     /// The first entry whose rule is `Exact(path)` (`exact`) or `Prefix(path)` and whose
     /// header matches hold.
     fn first(&self, exact: bool, path: &str, request: Option<&Asked<'_>>) -> Option<&Entry<A>> {
-        let holds = |e: &&Entry<A>| {
-            e.headers.iter().all(|(n, v)| {
-                request.is_some_and(|r| {
-                    r.headers
-                        .any_value(n.as_str(), &mut |have| have == v.as_bytes())
-                })
-            }) && e
-                .more
-                .as_ref()
-                .is_none_or(|c| request.is_some_and(|r| c.hold(r)))
-        };
+        let holds = |e: &&Entry<A>| conditions_hold(e, request);
         match &self.index {
             Some(index) => {
                 let at = if exact { &index.exact } else { &index.prefix };
@@ -203,6 +243,7 @@ impl<A> Paths<A> {
                 .filter(|e| match &e.path {
                     PathRule::Exact(p) => exact && p == path,
                     PathRule::Prefix(p) => !exact && p == path,
+                    PathRule::Regex(_) => false,
                 })
                 .find(holds),
         }
@@ -222,6 +263,12 @@ impl<A> Paths<A> {
     /// with header or other conditions never matches), if any.
     pub fn lookup(&self, path: &str, headers: Option<&Asked<'_>>) -> Option<&Entry<A>> {
         if let Some(e) = self.first(true, path, headers) {
+            return Some(e);
+        }
+        if let Some(e) = self.regexes.iter().map(|i| &self.entries[*i]).find(|e| {
+            matches!(&e.path, PathRule::Regex(r) if r.regex.is_match(path))
+                && conditions_hold(e, headers)
+        }) {
             return Some(e);
         }
         if !self.has_prefixes() {
@@ -509,6 +556,53 @@ pub(crate) mod tests {
             );
         }
         m
+    }
+
+    /// Regular-expression entries (ingress-nginx `use-regex`): after the exact paths, in
+    /// the order given (the first that matches wins, its header matches held), before any
+    /// prefix; case-insensitive, from the start of the path, not to its end. The same
+    /// scanned or indexed.
+    #[test]
+    fn regex_paths_come_after_exact_and_before_prefixes_in_the_order_given() {
+        let rx = |src: &str| {
+            PathRule::Regex(PathRegex {
+                source: src.into(),
+                regex: std::sync::Arc::new(
+                    holdfast_proto::snapshot::ingress_path_regex(src).unwrap(),
+                ),
+            })
+        };
+        for filler in [0, 6] {
+            let mut entries = vec![
+                e(PathRule::Exact("/api/v1".into()), &[], "exact"),
+                e(rx("/api/v[0-9]+/users"), &[("x-v", "2")], "users-v2"),
+                e(rx("/api/v[0-9]+/users"), &[], "users"),
+                e(rx("/api"), &[], "api"),
+                e(p("/api/v1/users/me"), &[], "prefix"),
+            ];
+            for i in 0..filler {
+                entries.push(e(p(&format!("/filler{i}")), &[], "filler"));
+            }
+            let t = Paths::new(entries);
+            let at = |path: &str, h: &[(&str, &str)]| {
+                t.lookup(path, Some(&get(&headers(h)))).map(|e| e.action)
+            };
+            assert_eq!(at("/api/v1", &[]), Some("exact"));
+            assert_eq!(at("/api/v2/users/7", &[("x-v", "2")]), Some("users-v2"));
+            assert_eq!(at("/API/V2/Users", &[]), Some("users"), "case-insensitive");
+            assert_eq!(
+                at("/api/v1/users/me", &[]),
+                Some("users"),
+                "a regular expression wins over a longer prefix, as in nginx"
+            );
+            assert_eq!(
+                at("/apifoo", &[]),
+                Some("api"),
+                "from the start, not element-wise"
+            );
+            assert_eq!(at("/x/api", &[]), None, "anchored at the start");
+            assert_eq!(at("/filler1/x", &[]), (filler > 1).then_some("filler"));
+        }
     }
 
     #[test]

@@ -1424,6 +1424,7 @@ mod gateway_tests {
                             path: Some(PathModifier {
                                 full: false,
                                 value: "/v2".into(),
+                                captures: false,
                             }),
                         });
                         rewritten.response_headers = Some(HeaderModifier {
@@ -1439,6 +1440,7 @@ mod gateway_tests {
                             path: Some(PathModifier {
                                 full: false,
                                 value: "/new".into(),
+                                captures: false,
                             }),
                             ..Default::default()
                         });
@@ -1523,6 +1525,7 @@ mod gateway_tests {
             path: Some(PathModifier {
                 full: true,
                 value: "/app".into(),
+                captures: false,
             }),
             ..Default::default()
         });

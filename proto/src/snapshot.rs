@@ -207,6 +207,28 @@ pub fn gateway_route_key(r: &crate::v1::GatewayRoute) -> String {
     key
 }
 
+/// Most bytes of an Ingress path that is a regular expression ([`ingress_path_regex`]).
+pub const MAX_PATH_REGEX_LEN: usize = 1024;
+
+/// The regular expression of an Ingress path of kind `Regex` (ingress-nginx `use-regex`):
+/// matched case-insensitively from the start of the request path (nginx's
+/// `location ~* ^<path>`), at most [`MAX_PATH_REGEX_LEN`] bytes and 1 MiB compiled, so a
+/// tenant's pattern cannot grow every proxy without bound (matching is linear in the path:
+/// the `regex` crate has no backtracking). Err says why it is not one.
+pub fn ingress_path_regex(path: &str) -> Result<regex::Regex, String> {
+    if !path.starts_with('/') {
+        return Err("does not start with '/'".into());
+    }
+    if path.len() > MAX_PATH_REGEX_LEN {
+        return Err(format!("is over {MAX_PATH_REGEX_LEN} bytes"));
+    }
+    regex::RegexBuilder::new(&format!("^(?:{path})"))
+        .case_insensitive(true)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| format!("is not a regular expression holdfast reads: {e}"))
+}
+
 /// Is `host` a lower-case DNS name (labels of `a-z0-9-`), `*.` + such a name, or ""?
 pub fn is_valid_host(host: &str) -> bool {
     if host.is_empty() {
@@ -462,6 +484,12 @@ pub fn ingress_virtual_host(g: &GatewayHost) -> Result<VirtualHost, InvalidSnaps
             if r.source.is_some() {
                 return Err(bad("comes from an Ingress, not an HTTPRoute"));
             }
+            if !matches!(
+                MatchKind::try_from(r.match_kind),
+                Ok(MatchKind::Exact | MatchKind::Prefix)
+            ) {
+                return Err(bad("is Exact or Prefix"));
+            }
             // Nothing but its path, its one backend and its Ingress: no match besides the
             // path, no filter (any field a later version adds counts too).
             let plain = GatewayRoute {
@@ -632,7 +660,27 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                     return Err(bad("prefix path is not normalised (trailing '/')"));
                 }
             }
-            _ => return Err(bad("match kind is not Exact or Prefix")),
+            Ok(MatchKind::Regex) if is_ingress_host(g) => {
+                if let Err(why) = ingress_path_regex(&r.path) {
+                    return Err(bad(&format!("the path {why}")));
+                }
+            }
+            _ => {
+                return Err(bad(
+                    "match kind is not Exact or Prefix (or Regex, for an Ingress)",
+                ));
+            }
+        }
+        let captures = r
+            .rewrite
+            .iter()
+            .filter_map(|w| w.path.as_ref())
+            .chain(r.redirect.iter().filter_map(|d| d.path.as_ref()))
+            .any(|m| m.captures && (!m.full || !is_ingress_host(g) || r.redirect.is_some()));
+        if captures {
+            return Err(bad(
+                "capture groups are an Ingress rewrite's, of the full path, alone",
+            ));
         }
         let header_name_ok =
             |n: &str| http::HeaderName::from_bytes(n.as_bytes()).is_ok_and(|h| h.as_str() == n);
@@ -861,7 +909,22 @@ mod tests {
                 ..Default::default()
             }
         }
-        let served: [(&str, &Edit); 4] = [
+        let served: [(&str, &Edit); 5] = [
+            (
+                "a regular expression path with a rewrite of its groups",
+                &|g| {
+                    g.routes[0].match_kind = MatchKind::Regex as i32;
+                    g.routes[0].path = "/a(/|$)(.*)".into();
+                    g.routes[0].rewrite = Some(crate::v1::UrlRewrite {
+                        hostname: String::new(),
+                        path: Some(crate::v1::PathModifier {
+                            full: true,
+                            value: "/$2".into(),
+                            captures: true,
+                        }),
+                    });
+                },
+            ),
             ("a header change", &|g| {
                 g.routes[0].request_headers = Some(HeaderModifier::default())
             }),
@@ -887,7 +950,25 @@ mod tests {
                 "{what}: not a virtual host"
             );
         }
-        let refused: [(&str, &Edit); 8] = [
+        let refused: [(&str, &Edit); 11] = [
+            ("a path that is not a regular expression", &|g| {
+                g.routes[0].match_kind = MatchKind::Regex as i32;
+                g.routes[0].path = "/a(".into();
+            }),
+            ("a regular expression not starting with '/'", &|g| {
+                g.routes[0].match_kind = MatchKind::Regex as i32;
+                g.routes[0].path = ".*".into();
+            }),
+            ("groups in a prefix replacement", &|g| {
+                g.routes[0].rewrite = Some(crate::v1::UrlRewrite {
+                    hostname: String::new(),
+                    path: Some(crate::v1::PathModifier {
+                        full: false,
+                        value: "/$1".into(),
+                        captures: true,
+                    }),
+                });
+            }),
             ("an HTTPRoute source", &|g| {
                 g.routes[0].source = Some(RouteRef::default())
             }),
@@ -932,6 +1013,12 @@ mod tests {
         );
         gw.routes[0].ingress = None;
         assert_eq!(validate_gateway_host(&gw), Ok(()));
+        let mut regex = gw.clone();
+        regex.routes[0].match_kind = MatchKind::Regex as i32;
+        assert!(
+            validate_gateway_host(&regex).is_err(),
+            "a regular expression path is an Ingress's alone"
+        );
         gw.certificate = "default/tls".into();
         assert!(
             validate_gateway_host(&gw).is_err(),

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::*;
 
 /// One path of an Ingress rule, checked and normalised.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct RouteDigest {
     /// [`sort_prefix`] of `path`.
     pub(super) path_key: u128,
@@ -46,6 +46,9 @@ pub struct IngressDigest {
     /// Set for a canary Ingress (ingress-nginx `canary: "true"`): its paths join the main
     /// Ingress's instead of routing on their own.
     pub(super) canary: Option<Box<super::nginx::Canary>>,
+    /// Its paths are regular expressions (ingress-nginx `use-regex` or `rewrite-target`),
+    /// and so are those of every Ingress on its hosts, as in ingress-nginx.
+    pub(super) regex: bool,
     pub(super) problems: Vec<(ProblemReason, String)>,
 }
 
@@ -160,7 +163,7 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
                 ingress_class_name: s.ingress_class_name.clone(),
                 ..Default::default()
             });
-        let mut digest = digest_ingress_unchecked(&trimmed);
+        let mut digest = digest_ingress_unchecked(&trimmed, false);
         digest.problems.push((
             ProblemReason::IngressTooLarge,
             format!(
@@ -170,9 +173,13 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
         ));
         return digest;
     }
-    let mut digest = digest_ingress_unchecked(ing);
-    if let Some(annotations) = &ing.metadata.annotations {
-        let read = super::nginx::read(annotations, limits.nginx_annotations);
+    let read = ing
+        .metadata
+        .annotations
+        .as_ref()
+        .map(|a| super::nginx::read(a, limits.nginx_annotations));
+    let mut digest = digest_ingress_unchecked(ing, read.as_ref().is_some_and(|r| r.regex));
+    if let Some(read) = read {
         if read.ssl_redirect == Some(false) {
             digest.ssl_redirect = false;
         }
@@ -185,7 +192,9 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
     digest
 }
 
-pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
+/// Digests one Ingress; with `regex` (ingress-nginx `use-regex`), its Prefix and
+/// ImplementationSpecific paths are regular expressions.
+pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDigest {
     let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
     let created = ing.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -203,6 +212,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
         ssl_redirect: true,
         nginx: None,
         canary: None,
+        regex,
         problems: Vec::new(),
     };
     let ns = ing.metadata.namespace.as_deref().unwrap_or("");
@@ -254,40 +264,54 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress) -> IngressDigest {
                     continue;
                 }
             };
-            if p.path_type == "ImplementationSpecific"
-                && let Some(why) = p.path.as_deref().and_then(unnormalised)
-            {
-                digest.problems.push((
-                    ProblemReason::InvalidPath,
-                    format!(
-                        "ImplementationSpecific path {:?} on host {host:?} skipped: it {why}, and proxies match normalised request paths, which never do",
-                        p.path.as_deref().unwrap_or("")
-                    ),
-                ));
-                continue;
-            }
-            if p.path_type != "ImplementationSpecific"
-                && let Some(why) = p.path.as_deref().and_then(escape_never_matched)
-            {
-                digest.problems.push((
-                    ProblemReason::InvalidPath,
-                    format!(
-                        "{} path {:?} on host {host:?} skipped: it {why}; proxies match normalised request paths, which never have that form",
-                        p.path_type,
-                        p.path.as_deref().unwrap_or("")
-                    ),
-                ));
-                continue;
-            }
-            let path = match normalise_path(p.path.as_deref(), kind) {
-                Ok(path) => path,
-                Err(e) => {
+            let (kind, path) = if regex && kind == MatchKind::Prefix {
+                // As written: a regular expression, matched from the path's start.
+                let path = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
+                if let Err(why) = holdfast_proto::snapshot::ingress_path_regex(path) {
                     digest.problems.push((
                         ProblemReason::InvalidPath,
-                        format!("path on host {host:?} skipped: {e}"),
+                        format!("path {path:?} on host {host:?} skipped (use-regex): it {why}"),
                     ));
                     continue;
                 }
+                (MatchKind::Regex, path.to_owned())
+            } else {
+                if p.path_type == "ImplementationSpecific"
+                    && let Some(why) = p.path.as_deref().and_then(unnormalised)
+                {
+                    digest.problems.push((
+                        ProblemReason::InvalidPath,
+                        format!(
+                            "ImplementationSpecific path {:?} on host {host:?} skipped: it {why}, and proxies match normalised request paths, which never do",
+                            p.path.as_deref().unwrap_or("")
+                        ),
+                    ));
+                    continue;
+                }
+                if p.path_type != "ImplementationSpecific"
+                    && let Some(why) = p.path.as_deref().and_then(escape_never_matched)
+                {
+                    digest.problems.push((
+                        ProblemReason::InvalidPath,
+                        format!(
+                            "{} path {:?} on host {host:?} skipped: it {why}; proxies match normalised request paths, which never have that form",
+                            p.path_type,
+                            p.path.as_deref().unwrap_or("")
+                        ),
+                    ));
+                    continue;
+                }
+                let path = match normalise_path(p.path.as_deref(), kind) {
+                    Ok(path) => path,
+                    Err(e) => {
+                        digest.problems.push((
+                            ProblemReason::InvalidPath,
+                            format!("path on host {host:?} skipped: {e}"),
+                        ));
+                        continue;
+                    }
+                };
+                (kind, path)
             };
             match backend_ref(ns, &p.backend) {
                 Ok(backend) => digest.routes.push(RouteDigest {

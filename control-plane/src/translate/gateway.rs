@@ -237,6 +237,7 @@ fn path_of(m: &routes::PathModifier) -> PathModifier {
     PathModifier {
         full: m.full,
         value: m.value.clone(),
+        captures: false,
     }
 }
 

@@ -53,10 +53,12 @@ pub const SERVED: &[&str] = &[
     "force-ssl-redirect",
     "permanent-redirect",
     "permanent-redirect-code",
+    "rewrite-target",
     "ssl-redirect",
     "temporal-redirect",
     "temporal-redirect-code",
     "upstream-vhost",
+    "use-regex",
     "x-forwarded-prefix",
 ];
 
@@ -75,6 +77,9 @@ pub struct NginxFilters {
     pub forwarded_prefix: Option<String>,
     /// Cross-origin requests (`enable-cors` and `cors-*`).
     pub cors: Option<Cors>,
+    /// The path sent upstream, `$1`…`$9` the groups of the path's regular expression
+    /// (`rewrite-target`).
+    pub rewrite_target: Option<String>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -99,6 +104,9 @@ pub struct Read {
     pub filters: NginxFilters,
     /// Set for a canary Ingress (whose other annotations are its main Ingress's).
     pub canary: Option<Canary>,
+    /// Its paths are regular expressions (`use-regex`, or `rewrite-target`, which implies
+    /// it).
+    pub regex: bool,
     /// `ssl-redirect` (None: not set).
     pub ssl_redirect: Option<bool>,
     /// What was not served, and why.
@@ -113,13 +121,22 @@ impl NginxFilters {
 
     /// Gives `r` (an entry of one of the Ingress's paths) these filters.
     pub fn apply(&self, r: &mut GatewayRoute) {
+        r.https_redirect |= self.force_ssl_redirect;
         if let Some(redirect) = &self.redirect {
+            // Answered here: nothing is forwarded, so nothing else applies.
             r.redirect = Some(redirect.clone());
             r.backends.clear();
+            return;
         }
-        r.https_redirect |= self.force_ssl_redirect;
         if let Some(host) = &self.upstream_vhost {
             r.rewrite.get_or_insert_with(UrlRewrite::default).hostname = host.clone();
+        }
+        if let Some(target) = &self.rewrite_target {
+            r.rewrite.get_or_insert_with(UrlRewrite::default).path = Some(PathModifier {
+                full: true,
+                value: target.clone(),
+                captures: true,
+            });
         }
         if let Some(prefix) = &self.forwarded_prefix {
             r.request_headers
@@ -164,13 +181,13 @@ pub(super) fn apply_to_host<'a>(
                 ingress: Some(source.clone()),
                 ..GatewayRoute::default()
             };
-            f.apply(&mut r);
-            r.backends.clear();
+            r.https_redirect = f.force_ssl_redirect;
             r.redirect = Some(RequestRedirect {
                 status_code: 302,
                 path: Some(PathModifier {
                     full: true,
                     value: root.clone(),
+                    captures: false,
                 }),
                 ..RequestRedirect::default()
             });
@@ -327,6 +344,24 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         }
     }
     let ssl_redirect = boolean("ssl-redirect", &mut invalid);
+    let mut regex = boolean("use-regex", &mut invalid) == Some(true);
+    if let Some(target) = get("rewrite-target") {
+        // nginx variables besides $1-$9 are not expanded: refuse them.
+        let variables = target
+            .match_indices('$')
+            .any(|(i, _)| !target[i + 1..].starts_with(|c: char| ('1'..='9').contains(&c)));
+        if target.starts_with('/') && !variables && is_plain_path(&target.replace('$', "")) {
+            filters.rewrite_target = Some(target.to_owned());
+            regex = true;
+        } else {
+            invalid(
+                "rewrite-target",
+                format!(
+                    "{target:?} is not a path (it starts with '/', holds no whitespace, '?' or '#', and no nginx variable but $1-$9); ignored"
+                ),
+            );
+        }
+    }
     filters.force_ssl_redirect = boolean("force-ssl-redirect", &mut invalid) == Some(true);
     if let Some(host) = get("upstream-vhost") {
         let lower = host.to_ascii_lowercase();
@@ -362,6 +397,7 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     Read {
         filters,
         canary: None,
+        regex,
         ssl_redirect,
         problems,
     }
@@ -920,6 +956,43 @@ mod tests {
                 (vec![], main_only),
             ]
         );
+    }
+
+    #[test]
+    fn rewrite_target_implies_regex_paths_and_refuses_nginx_variables() {
+        let r = read(&annotations(&[("rewrite-target", "/$2")]), true);
+        assert!(r.regex, "rewrite-target implies use-regex");
+        assert_eq!(r.filters.rewrite_target.as_deref(), Some("/$2"));
+        assert!(r.problems.is_empty());
+        let r = read(&annotations(&[("use-regex", "true")]), true);
+        assert!(r.regex && r.filters.is_empty());
+        for bad in ["/$host/x", "new", "/a b", "/$0"] {
+            let r = read(&annotations(&[("rewrite-target", bad)]), true);
+            assert_eq!(r.filters.rewrite_target, None, "{bad}");
+            assert!(!r.regex, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
+        // Applied: the full path replaced, with the groups.
+        let mut e = GatewayRoute::default();
+        read(&annotations(&[("rewrite-target", "/$1")]), true)
+            .filters
+            .apply(&mut e);
+        let m = e.rewrite.unwrap().path.unwrap();
+        assert!(m.full && m.captures && m.value == "/$1");
+        // With a redirect nothing is forwarded: no rewrite (a snapshot refuses groups on a
+        // redirect).
+        let mut e = GatewayRoute::default();
+        read(
+            &annotations(&[
+                ("rewrite-target", "/$1"),
+                ("permanent-redirect", "https://a.example/"),
+                ("upstream-vhost", "b.example"),
+            ]),
+            true,
+        )
+        .filters
+        .apply(&mut e);
+        assert!(e.redirect.is_some() && e.rewrite.is_none());
     }
 
     #[test]

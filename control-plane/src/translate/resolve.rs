@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use holdfast_proto::certificate;
 use holdfast_proto::v1::{
-    Backend, Certificate, Endpoint, GatewayHost, IngressRef, Route, VirtualHost,
+    Backend, Certificate, Endpoint, GatewayHost, IngressRef, MatchKind, Route, VirtualHost,
 };
 
 use super::*;
@@ -227,15 +227,52 @@ pub(super) fn build_host(
             own
         });
     }
+    // ingress-nginx `use-regex` (or `rewrite-target`) on one Ingress of the host makes
+    // every Prefix path of the host a regular expression, as ingress-nginx does ("enforced
+    // on all paths for a given host"); one that is not a regular expression stays a prefix,
+    // with a problem.
+    let regex_host = ordered.iter().any(|d| d.regex);
+    let promotes = |r: &RouteDigest| {
+        regex_host
+            && r.kind == MatchKind::Prefix
+            && holdfast_proto::snapshot::ingress_path_regex(&r.path).is_ok()
+    };
+    let mut promoted: Vec<(RouteDigest, usize)> = Vec::new();
+    if regex_host {
+        for (rank, d) in ordered.iter().enumerate() {
+            for r in d
+                .routes
+                .iter()
+                .filter(|r| r.host == host && r.kind == MatchKind::Prefix)
+            {
+                if promotes(r) {
+                    let mut as_regex = r.clone();
+                    as_regex.kind = MatchKind::Regex;
+                    promoted.push((as_regex, rank));
+                } else {
+                    problems.push(Problem {
+                        namespace: d.source.namespace.clone(),
+                        name: d.source.name.clone(),
+                        reason: ProblemReason::InvalidPath,
+                        message: format!(
+                            "Prefix path {:?} on host {host:?} kept as a prefix: another Ingress of the host sets use-regex, and it is not a regular expression",
+                            r.path
+                        ),
+                    });
+                }
+            }
+        }
+    }
     let mut candidates: Vec<(&RouteDigest, usize)> = ordered
         .iter()
         .enumerate()
         .flat_map(|(rank, d)| {
             d.routes
                 .iter()
-                .filter(|r| r.host == host)
+                .filter(|r| r.host == host && !promotes(r))
                 .map(move |r| (r, rank))
         })
+        .chain(promoted.iter().map(|(r, rank)| (r, *rank)))
         .collect();
     candidates.sort_unstable_by(|(a, ra), (b, rb)| {
         (a.kind as i32, a.path_key)

@@ -2718,7 +2718,7 @@ fn ingress_nginx_annotations_become_filters_of_that_ingress_s_entries_only() {
     assert_eq!(
         entries,
         [
-            ("/", "annotated", true, Some("internal.example")),
+            ("/", "annotated", true, None),
             ("/api", "annotated", false, Some("internal.example")),
             ("/", "plain", false, None),
         ]
@@ -2828,5 +2828,78 @@ fn a_canary_ingress_joins_the_main_ingress_s_path_and_never_conflicts() {
     assert_eq!(
         problems,
         [("late", "CanaryNotJoined"), ("orphan", "CanaryNotJoined")]
+    );
+}
+
+/// ingress-nginx `rewrite-target` (which implies `use-regex`): the Ingress's Prefix paths
+/// are regular expressions as written, and, as in ingress-nginx, so are the Prefix paths of
+/// every other Ingress of the host (Exact paths stay exact); a path that is not a regular
+/// expression is skipped (its own) or kept as a prefix (another's), with a problem.
+#[test]
+fn use_regex_makes_every_prefix_path_of_the_host_a_regular_expression() {
+    let rules = json!([{ "host": "a.example.com", "http": { "paths": [
+        { "path": "/something(/|$)(.*)", "pathType": "ImplementationSpecific",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/bad(", "pathType": "Prefix",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+        { "path": "/exact", "pathType": "Exact",
+          "backend": { "service": { "name": "web", "port": { "number": 80 } } } }
+    ] } }]);
+    let mut rewriting = (*ingress("default", "rewrite", 1, rules)).clone();
+    rewriting.metadata.annotations =
+        Some([(format!("{}rewrite-target", nginx::PREFIX), "/$2".to_owned())].into());
+    let other = ingress(
+        "default",
+        "other",
+        2,
+        json!([{ "host": "a.example.com", "http": { "paths": [
+            { "path": "/api", "pathType": "Prefix",
+              "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
+            { "path": "/a(b", "pathType": "Prefix",
+              "backend": { "service": { "name": "web", "port": { "number": 80 } } } }
+        ] } }]),
+    );
+    let t = run(&state(vec![Arc::new(rewriting), other]));
+    let mut snapshot = t.snapshot();
+    holdfast_proto::snapshot::seal(&mut snapshot, 1);
+    holdfast_proto::snapshot::validate(&snapshot).expect("valid");
+    let entries: Vec<_> = snapshot.gateway_hosts[0]
+        .routes
+        .iter()
+        .map(|r| {
+            (
+                MatchKind::try_from(r.match_kind).unwrap(),
+                r.path.as_str(),
+                r.ingress.as_ref().unwrap().name.as_str(),
+                r.rewrite
+                    .as_ref()
+                    .and_then(|w| w.path.as_ref())
+                    .map(|m| (m.value.as_str(), m.captures)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            (MatchKind::Exact, "/exact", "rewrite", Some(("/$2", true))),
+            (
+                MatchKind::Regex,
+                "/something(/|$)(.*)",
+                "rewrite",
+                Some(("/$2", true))
+            ),
+            (MatchKind::Prefix, "/a(b", "other", None),
+            (MatchKind::Regex, "/api", "other", None),
+        ]
+    );
+    let mut problems: Vec<_> = t
+        .problems
+        .iter()
+        .map(|p| (p.name.as_str(), p.reason.as_str()))
+        .collect();
+    problems.sort_unstable();
+    assert_eq!(
+        problems,
+        [("other", "InvalidPath"), ("rewrite", "InvalidPath")]
     );
 }

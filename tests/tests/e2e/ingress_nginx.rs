@@ -16,7 +16,9 @@ use serde_json::json;
 /// The scenario's app Service, which the first test's Ingresses route to.
 const SVC: &str = "app0";
 
-/// Ingress `name` of the scenario's class routing `host`'s `paths` (Prefix) to `svc`:80,
+/// Ingress `name` of the scenario's class routing `host`'s `paths` (ImplementationSpecific,
+/// as ingress-nginx users write them: a prefix, or with `use-regex` a regular expression)
+/// to `svc`:80,
 /// with `nginx.ingress.kubernetes.io/` `annotations`.
 fn annotated(
     s: &Scenario,
@@ -31,7 +33,7 @@ fn annotated(
     let paths: Vec<_> = paths
         .iter()
         .map(|p| {
-            json!({ "path": p, "pathType": "Prefix",
+            json!({ "path": p, "pathType": "ImplementationSpecific",
                     "backend": { "service": { "name": svc, "port": { "number": 80 } } } })
         })
         .collect();
@@ -62,6 +64,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let ns = s.ns.clone();
     let host = |h: &str| format!("{h}.{ns}.test");
     let (perm, temp, app, cors) = (host("perm"), host("temp"), host("app"), host("cors"));
+    let (rewrite, other) = (host("rewrite"), host("other"));
     for ing in [
         annotated(
             &s,
@@ -109,6 +112,15 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                 ("limit-rps", "5"),
             ],
         )?,
+        // ingress-nginx's own rewrite example, and another Ingress of the host.
+        annotated(
+            &s,
+            "rewrite",
+            (&rewrite, &["/something(/|$)(.*)"], SVC),
+            &[("rewrite-target", "/$2")],
+        )?,
+        annotated(&s, "other", (&rewrite, &["/api"], SVC), &[])?,
+        annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
         create(&s.client, Some(&ns), &ing).await?;
     }
@@ -116,9 +128,10 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let ask = |host: String, path: &'static str, headers: Vec<(&'static str, &'static str)>| async move {
         web::request_with(at, "GET", &host, path, &headers).await
     };
-    // Served once the last Ingress is.
+    // Served once the last Ingress created is (one snapshot may hold them all, or a few
+    // in order).
     wait::until("the annotated Ingresses served", wait::T, || async {
-        Ok(ask(cors.clone(), "/", vec![])
+        Ok(ask(other.clone(), "/api", vec![])
             .await
             .ok()
             .filter(|(status, _, _)| *status == 200)
@@ -188,6 +201,24 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     assert_eq!(h["access-control-allow-origin"], "https://site.test");
     // The snippet was never applied.
     assert!(!h.contains_key("x-injected"), "{h:?}");
+
+    // rewrite-target: the path's groups, the query kept; case-insensitive, from the start.
+    for (path, upstream) in [
+        ("/something", "/"),
+        ("/something/", "/"),
+        ("/something/new?q=1", "/new?q=1"),
+        ("/SOMETHING/a/b", "/a/b"),
+    ] {
+        let (status, h, _) = ask(rewrite.clone(), path, vec![]).await?;
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(h["x-echo-path"], upstream, "{path}");
+    }
+    // use-regex is the host's, as in ingress-nginx: another Ingress's `/api` there matches
+    // from the start (`/apiary`) and in any case; on a host without it, element-wise.
+    let (status, h, _) = ask(rewrite.clone(), "/APIary", vec![]).await?;
+    assert_eq!((status, h["x-echo-path"].to_str()?), (200, "/APIary"));
+    let (status, _, _) = ask(other.clone(), "/apiary", vec![]).await?;
+    assert_eq!(status, 404);
 
     // The unserved annotation and the snippet: Warning Events on their Ingress, whose
     // rest is served (above).
@@ -284,5 +315,68 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
         (20..=40).contains(&to_canary),
         "{to_canary} of 100 to the canary, for a weight of 30"
     );
+    Ok(())
+}
+
+/// The README's migration example, read from the README and created as it is written (the
+/// IngressClass name aside: the test's own), is served as its comments say.
+#[tokio::test]
+async fn the_readme_migration_example_is_served_unchanged() -> anyhow::Result<()> {
+    use holdfast_tests::objects::{endpoint_slice, service};
+    let s = one_proxy("nginxreadme").await?;
+    let ns = s.ns.clone();
+    let readme = std::fs::read_to_string(holdfast_tests::repo_root().join("README.md"))?;
+    let after = readme
+        .split_once("**A migration example.**")
+        .ok_or_else(|| anyhow::anyhow!("the README has no migration example"))?
+        .1;
+    let yaml = after
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .ok_or_else(|| anyhow::anyhow!("the migration example has no YAML block"))?
+        .0;
+    let mut shop: Ingress = serde_yaml::from_str(yaml)?;
+    let spec = shop.spec.as_mut().expect("a spec");
+    assert_eq!(spec.ingress_class_name.as_deref(), Some("nginx"));
+    spec.ingress_class_name = Some(s.class.clone());
+    create(&s.client, Some(&ns), &service("shop", 80, 8080)).await?;
+    create(
+        &s.client,
+        Some(&ns),
+        &endpoint_slice("shop-1", "shop", 8080, &[&s.backends[0]]),
+    )
+    .await?;
+    create(&s.client, Some(&ns), &shop).await?;
+    let at = s.proxy_addrs()[0];
+    let ask = |method: &'static str,
+               path: &'static str,
+               headers: &'static [(&'static str, &'static str)]| async move {
+        web::request_with(at, method, "shop.example", path, headers).await
+    };
+    wait::until("the example served", wait::T, || async {
+        Ok(ask("GET", "/shop/cart", &[])
+            .await
+            .ok()
+            .filter(|(status, _, _)| *status == 200)
+            .map(|_| ()))
+    })
+    .await?;
+    let (_, h, _) = ask("GET", "/shop/cart?x=1", &[]).await?;
+    assert_eq!(h["x-echo-path"], "/cart?x=1");
+    assert_eq!(h["x-echo-x-forwarded-prefix"], "/shop");
+    let (status, h, _) = ask("GET", "/", &[]).await?;
+    assert_eq!(status, 302);
+    assert_eq!(h["location"], "http://shop.example/shop/home");
+    let (status, h, _) = ask(
+        "OPTIONS",
+        "/shop/cart",
+        &[
+            ("origin", "https://site.example"),
+            ("access-control-request-method", "POST"),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 204);
+    assert_eq!(h["access-control-allow-origin"], "https://site.example");
     Ok(())
 }
