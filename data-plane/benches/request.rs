@@ -87,7 +87,7 @@ fn forward(
         parts.version,
         &parts.uri,
         &parts.headers,
-        &holdfast_data_plane::proxy::Via::Http,
+        (&holdfast_data_plane::proxy::Via::Http, None),
         Some(table),
     ) else {
         panic!("the request is routed");

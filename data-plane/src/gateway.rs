@@ -141,6 +141,45 @@ pub fn with_groups(template: &str, groups: Option<&regex::Captures<'_>>) -> Stri
     out
 }
 
+/// An Ingress's source ranges (ingress-nginx `denylist-source-range` and
+/// `whitelist-source-range`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sources {
+    /// Allowed (when not empty, every other address is refused).
+    pub allow: Vec<ipnet::IpNet>,
+    /// Refused, before `allow` is read.
+    pub deny: Vec<ipnet::IpNet>,
+}
+
+impl Sources {
+    /// A route's source ranges (None: it has none; Err: one is not a CIDR).
+    pub fn of(r: &holdfast_proto::v1::GatewayRoute) -> Result<Option<Self>, ipnet::AddrParseError> {
+        if r.allow_sources.is_empty() && r.deny_sources.is_empty() {
+            return Ok(None);
+        }
+        let parse = |list: &[String]| {
+            list.iter()
+                .map(|c| c.parse::<ipnet::IpNet>())
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Some(Sources {
+            allow: parse(&r.allow_sources)?,
+            deny: parse(&r.deny_sources)?,
+        }))
+    }
+
+    /// Whether a request from `client` is let through: not in `deny`, and in `allow`
+    /// when it has any (as nginx reads `deny`, `allow`, then `deny all`).
+    pub fn allows(&self, client: IpAddr) -> bool {
+        let client = match client {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, IpAddr::V4),
+            v4 => v4,
+        };
+        !self.deny.iter().any(|n| n.contains(&client))
+            && (self.allow.is_empty() || self.allow.iter().any(|n| n.contains(&client)))
+    }
+}
+
 /// A `URLRewrite`: the host and path the backend is sent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rewrite {
@@ -230,6 +269,8 @@ pub struct Matched {
     /// A plain-HTTP request is redirected to https first (an Ingress's
     /// `force-ssl-redirect`).
     pub https_redirect: bool,
+    /// The client addresses refused or allowed (an Ingress's source ranges).
+    pub sources: Option<Box<Sources>>,
     requests: AtomicU64,
 }
 
@@ -471,6 +512,9 @@ pub(crate) fn compile_entry(
         action: Arc::new(Matched {
             action,
             https_redirect: r.https_redirect,
+            sources: Sources::of(r)
+                .map_err(|_| bad("source range"))?
+                .map(Box::new),
             requests: AtomicU64::new(0),
         }),
     })

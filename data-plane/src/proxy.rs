@@ -258,11 +258,14 @@ pub enum Reason {
     /// 500: a Gateway API rule's chosen backend reference does not resolve (or the rule
     /// has no backend).
     InvalidBackend,
+    /// 403: the client address is refused by the route's source ranges (an Ingress's
+    /// `whitelist-source-range` or `denylist-source-range`).
+    Forbidden,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -277,6 +280,7 @@ impl Reason {
         Reason::LoopDetected,
         Reason::Overloaded,
         Reason::InvalidBackend,
+        Reason::Forbidden,
     ];
 
     /// The status code answered.
@@ -295,6 +299,7 @@ impl Reason {
             Reason::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Reason::LoopDetected => StatusCode::LOOP_DETECTED,
             Reason::InvalidBackend => StatusCode::INTERNAL_SERVER_ERROR,
+            Reason::Forbidden => StatusCode::FORBIDDEN,
         }
     }
 
@@ -314,6 +319,7 @@ impl Reason {
             Reason::Misdirected => "421",
             Reason::LoopDetected => "508",
             Reason::InvalidBackend => "500",
+            Reason::Forbidden => "403",
         }
     }
 
@@ -334,6 +340,7 @@ impl Reason {
             Reason::LoopDetected => "loop_detected",
             Reason::Overloaded => "overloaded",
             Reason::InvalidBackend => "invalid_backend",
+            Reason::Forbidden => "forbidden",
         }
     }
 }
@@ -777,7 +784,7 @@ impl Forwarder {
         version: Version,
         uri: &Uri,
         headers: &HeaderMap,
-        via: &Via,
+        (via, peer): (&Via, Option<std::net::IpAddr>),
         table: Option<&'t RouteTable>,
     ) -> Result<Forwarding<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
         if version <= Version::HTTP_11
@@ -800,6 +807,7 @@ impl Forwarder {
             path: uri.path(),
             query: uri.query(),
             headers,
+            peer,
         };
         match self.route(&view, via, table) {
             Decision::Forward(routed) => {
@@ -834,7 +842,7 @@ impl Forwarder {
             req.version(),
             req.uri(),
             req.headers(),
-            via,
+            (via, Some(client.ip())),
             table,
         ) {
             Ok(routed) => routed,
@@ -1491,10 +1499,13 @@ mod gateway_tests {
                 plain("/perm", "ns/a:80"),
                 plain("/up", "ns/a:80"),
                 plain("/.well-known", "ns/b:80"),
+                plain("/internal", "ns/a:80"),
                 plain("/", "ns/b:80"),
             ],
             ..Default::default()
         });
+        g.routes[4].allow_sources = vec!["10.0.0.0/8".into()];
+        g.routes[4].deny_sources = vec!["10.9.0.0/16".into()];
         g.routes[0].https_redirect = true;
         g.routes[3].https_redirect = true;
         g.routes[1].backends.clear();
@@ -1556,6 +1567,7 @@ mod gateway_tests {
                 path,
                 query: None,
                 headers: &h,
+                peer: None,
             };
             match f.route(&view, &Via::Http, Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -1591,7 +1603,69 @@ mod gateway_tests {
         // The route table lists each entry's routes once (a redirect has none).
         let mut paths: Vec<&str> = t.routes().map(|r| &*r.path).collect();
         paths.sort_unstable();
-        assert_eq!(paths, ["/", "/.well-known", "/secure", "/up"]);
+        assert_eq!(paths, ["/", "/.well-known", "/internal", "/secure", "/up"]);
+    }
+
+    /// Source ranges: the deny list first, then the allow list; the client address is the
+    /// peer's, or for a trusted peer (a balancer) the last untrusted X-Forwarded-For
+    /// address, else its X-Real-IP; an unknown peer is refused.
+    #[test]
+    fn an_ingress_path_with_source_ranges_lets_through_only_the_clients_they_allow() {
+        let mut f = forwarder();
+        let t = ingress_table();
+        let decide = |f: &Forwarder, peer: Option<&str>, headers: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in headers {
+                h.append(*n, HeaderValue::from_str(v).unwrap());
+            }
+            let view = RequestView {
+                method: "GET",
+                host: Some("in.test"),
+                path: "/internal/x",
+                query: None,
+                headers: &h,
+                peer: peer.map(|p| p.parse().unwrap()),
+            };
+            match f.route(&view, &Via::Http, Some(&t)) {
+                Decision::Forward(_) => 200,
+                Decision::Refuse { reason, .. } => reason.status().as_u16(),
+                _ => 0,
+            }
+        };
+        assert_eq!(decide(&f, Some("10.1.2.3"), &[]), 200);
+        assert_eq!(decide(&f, Some("::ffff:10.1.2.3"), &[]), 200, "v4-mapped");
+        assert_eq!(decide(&f, Some("10.9.2.3"), &[]), 403, "denied first");
+        assert_eq!(decide(&f, Some("192.0.2.7"), &[]), 403, "not allowed");
+        assert_eq!(decide(&f, None, &[]), 403, "unknown: refused");
+        // An untrusted peer's forwarding headers are not read.
+        assert_eq!(
+            decide(&f, Some("192.0.2.7"), &[("x-forwarded-for", "10.1.2.3")]),
+            403
+        );
+        f.settings.trust_forwarded_from = vec!["192.0.2.0/24".parse().unwrap()];
+        for (xff, want) in [
+            ("10.1.2.3", 200),
+            ("10.9.2.3", 403),
+            // A client's own X-Forwarded-For entry (left) does not count: the balancer's
+            // (right) does.
+            ("10.1.2.3, 203.0.113.9", 403),
+            ("203.0.113.9, 10.1.2.3, 192.0.2.8", 200),
+        ] {
+            assert_eq!(
+                decide(&f, Some("192.0.2.7"), &[("x-forwarded-for", xff)]),
+                want,
+                "{xff}"
+            );
+        }
+        assert_eq!(
+            decide(&f, Some("192.0.2.7"), &[("x-real-ip", "10.1.2.3")]),
+            200
+        );
+        assert_eq!(
+            decide(&f, Some("192.0.2.7"), &[]),
+            403,
+            "the balancer itself"
+        );
     }
 
     fn on_gateway() -> Via {
@@ -1613,7 +1687,14 @@ mod gateway_tests {
         let (f, t) = (forwarder(), table());
         let status = |via: &Via, path: &str| {
             let (uri, h) = head(path);
-            match f.route_hyper(&Method::GET, Version::HTTP_11, &uri, &h, via, Some(&t)) {
+            match f.route_hyper(
+                &Method::GET,
+                Version::HTTP_11,
+                &uri,
+                &h,
+                (via, None),
+                Some(&t),
+            ) {
                 Ok(r) => Ok(r.route.backend.name.clone()),
                 Err((answer, _)) => Err((
                     answer.status(),
@@ -1657,7 +1738,7 @@ mod gateway_tests {
             Version::HTTP_11,
             &uri,
             &h,
-            &on_gateway(),
+            (&on_gateway(), None),
             Some(&t),
         ) else {
             panic!("routed");
@@ -1694,6 +1775,7 @@ mod gateway_tests {
                 path,
                 query,
                 headers: &h,
+                peer: None,
             };
             match f.route(&view, &on_gateway(), Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -1787,6 +1869,7 @@ mod gateway_tests {
                 path: text(head.path).unwrap_or_default(),
                 query: head.query.and_then(text),
                 headers: &HeadHeaders { head: &head, buf },
+                peer: None,
             };
             let ours = summary(f.route(&native, &on_gateway(), Some(&t)));
             let uri = Uri::try_from(target).unwrap();
@@ -1807,6 +1890,7 @@ mod gateway_tests {
                 path: uri.path(),
                 query: uri.query(),
                 headers: &h,
+                peer: None,
             };
             let theirs = summary(f.route(&hyper, &on_gateway(), Some(&t)));
             assert_eq!(ours, theirs, "{target} {extra}");

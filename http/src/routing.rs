@@ -23,6 +23,8 @@ pub struct RequestView<'r> {
     pub query: Option<&'r str>,
     /// The headers (Gateway header matches, the loop header).
     pub headers: &'r (dyn HeaderLookup + Sync),
+    /// The connection's peer address (None: not known; a source range then refuses).
+    pub peer: Option<std::net::IpAddr>,
 }
 
 impl RequestView<'_> {

@@ -638,13 +638,15 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 "a Gateway listener's host names a certificate (its listener does)".into(),
             ));
         }
-        if g.routes
-            .iter()
-            .any(|r| r.ingress.is_some() || r.https_redirect)
-        {
+        if g.routes.iter().any(|r| {
+            r.ingress.is_some()
+                || r.https_redirect
+                || !r.allow_sources.is_empty()
+                || !r.deny_sources.is_empty()
+        }) {
             return Err(bad_gateway_host(
                 g,
-                "a Gateway listener's route names an Ingress or an Ingress-only redirect".into(),
+                "a Gateway listener's route names an Ingress or has an Ingress-only filter".into(),
             ));
         }
     }
@@ -670,6 +672,14 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                     "match kind is not Exact or Prefix (or Regex, for an Ingress)",
                 ));
             }
+        }
+        if !r
+            .allow_sources
+            .iter()
+            .chain(&r.deny_sources)
+            .all(|c| c.parse::<ipnet::IpNet>().is_ok())
+        {
+            return Err(bad("a source range is not a CIDR"));
         }
         let captures = r
             .rewrite

@@ -49,6 +49,7 @@ pub const SERVED: &[&str] = &[
     "cors-allow-origin",
     "cors-expose-headers",
     "cors-max-age",
+    "denylist-source-range",
     "enable-cors",
     "force-ssl-redirect",
     "permanent-redirect",
@@ -59,6 +60,7 @@ pub const SERVED: &[&str] = &[
     "temporal-redirect-code",
     "upstream-vhost",
     "use-regex",
+    "whitelist-source-range",
     "x-forwarded-prefix",
 ];
 
@@ -80,6 +82,10 @@ pub struct NginxFilters {
     /// The path sent upstream, `$1`…`$9` the groups of the path's regular expression
     /// (`rewrite-target`).
     pub rewrite_target: Option<String>,
+    /// Client addresses allowed, as CIDRs (`whitelist-source-range`).
+    pub allow_sources: Vec<String>,
+    /// Client addresses refused, as CIDRs (`denylist-source-range`).
+    pub deny_sources: Vec<String>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -150,6 +156,8 @@ impl NginxFilters {
         if let Some(cors) = &self.cors {
             r.cors = Some(cors.clone());
         }
+        r.allow_sources.clone_from(&self.allow_sources);
+        r.deny_sources.clone_from(&self.deny_sources);
     }
 }
 
@@ -386,6 +394,40 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             );
         }
     }
+    // Source ranges. An entry that is not an address or CIDR fails closed: left out of an
+    // allow list (fewer clients let through), and in a deny list it refuses every client.
+    let cidrs = |name: &str, invalid: &mut dyn FnMut(&str, String)| {
+        let mut out = Vec::new();
+        let mut bad = Vec::new();
+        for entry in get(name).unwrap_or_default().split(',').map(str::trim) {
+            if entry.is_empty() {
+                continue;
+            }
+            match cidr(entry) {
+                Some(c) => out.push(c),
+                None => bad.push(entry.to_owned()),
+            }
+        }
+        if !bad.is_empty() {
+            invalid(name, format!("{bad:?} are not addresses or CIDRs"));
+        }
+        (out, !bad.is_empty())
+    };
+    let (allow, _) = cidrs("whitelist-source-range", &mut invalid);
+    let (mut deny, deny_bad) = cidrs("denylist-source-range", &mut invalid);
+    if deny_bad {
+        deny = vec!["0.0.0.0/0".into(), "::/0".into()];
+        invalid(
+            "denylist-source-range",
+            "holds an entry that is not one: every client is refused until it is fixed".into(),
+        );
+    }
+    if get("whitelist-source-range").is_some_and(|v| !v.trim().is_empty()) && allow.is_empty() {
+        // Every entry was bad: nothing is allowed (never everything).
+        deny = vec!["0.0.0.0/0".into(), "::/0".into()];
+    }
+    filters.allow_sources = allow;
+    filters.deny_sources = deny;
     if boolean("enable-cors", &mut invalid) == Some(true) {
         filters.cors = Some(cors(&get, &mut invalid));
     } else if let Some(name) = ours.keys().find(|n| n.starts_with("cors-")) {
@@ -579,6 +621,16 @@ fn cors<'v>(get: &impl Fn(&str) -> Option<&'v str>, invalid: &mut dyn FnMut(&str
         expose_headers: token_list("cors-expose-headers", "", invalid),
         max_age_seconds: max_age,
     }
+}
+
+/// `s` (an address, or an address and prefix length) as a CIDR in its canonical form
+/// (`10.0.0.1` → `10.0.0.1/32`; `10.0.0.1/8` → `10.0.0.0/8`).
+fn cidr(s: &str) -> Option<String> {
+    let net = match s.parse::<ipnet::IpNet>() {
+        Ok(n) => n.trunc(),
+        Err(_) => ipnet::IpNet::from(s.parse::<std::net::IpAddr>().ok()?),
+    };
+    Some(net.to_string())
 }
 
 /// Whether `s` is an absolute http or https URL with a host, usable as a `Location`.
@@ -993,6 +1045,47 @@ mod tests {
         .filters
         .apply(&mut e);
         assert!(e.redirect.is_some() && e.rewrite.is_none());
+    }
+
+    #[test]
+    fn source_ranges_are_canonical_cidrs_and_a_bad_entry_fails_closed() {
+        let r = read(
+            &annotations(&[
+                (
+                    "whitelist-source-range",
+                    "10.0.0.1/8, 192.0.2.7 ,2001:db8::/32",
+                ),
+                ("denylist-source-range", "10.9.0.0/16"),
+            ]),
+            true,
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(
+            r.filters.allow_sources,
+            ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32"]
+        );
+        assert_eq!(r.filters.deny_sources, ["10.9.0.0/16"]);
+        let mut e = GatewayRoute::default();
+        r.filters.apply(&mut e);
+        assert_eq!(e.allow_sources.len(), 3);
+        assert_eq!(e.deny_sources, ["10.9.0.0/16"]);
+        // A bad allow entry is left out (fewer let through); a bad deny entry, or an allow
+        // list with nothing valid, refuses everyone.
+        let r = read(
+            &annotations(&[("whitelist-source-range", "10.0.0.0/8, nope")]),
+            true,
+        );
+        assert_eq!(r.filters.allow_sources, ["10.0.0.0/8"]);
+        assert!(r.filters.deny_sources.is_empty());
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        for (name, value) in [
+            ("denylist-source-range", "10.0.0.0/8, 300.1.1.1"),
+            ("whitelist-source-range", "nope"),
+        ] {
+            let r = read(&annotations(&[(name, value)]), true);
+            assert_eq!(r.filters.deny_sources, ["0.0.0.0/0", "::/0"], "{name}");
+            assert!(!r.problems.is_empty(), "{name}");
+        }
     }
 
     #[test]

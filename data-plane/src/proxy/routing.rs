@@ -256,12 +256,23 @@ impl Forwarder {
             tls,
             port,
         } = place;
+        // Redirects first, then the source ranges (nginx's rewrite phase comes before its
+        // access phase).
         if matched.https_redirect && !tls && !path.starts_with(ACME_CHALLENGE) {
             let target = sent_or_normalised(request, forward_path.as_ref());
             return Decision::Redirect {
                 status: 308,
                 location: format!("https://{host}{target}"),
             };
+        }
+        if let Some(sources) = &matched.sources {
+            let client = self.client_address(request);
+            if !client.is_some_and(|c| sources.allows(c)) {
+                return refuse(
+                    Reason::Forbidden,
+                    format!("forbidden: client address {client:?} is not allowed here"),
+                );
+            }
         }
         let (changes, response, rewrite, timeouts, cors, retry, per_target) = match &matched.action
         {
@@ -366,6 +377,37 @@ impl Forwarder {
             }
             other => other,
         }
+    }
+
+    /// The client address a source range is checked against: the peer's; for a peer in
+    /// `--trust-forwarded-from` (a balancer in front), the last address of
+    /// X-Forwarded-For that is not itself trusted (as nginx's `real_ip_recursive`), else its
+    /// X-Real-IP, else the peer's. None when the peer is not known.
+    fn client_address(&self, request: &RequestView<'_>) -> Option<std::net::IpAddr> {
+        let peer = request.peer?;
+        let trusted = |ip: &std::net::IpAddr| {
+            self.settings
+                .trust_forwarded_from
+                .iter()
+                .any(|n| n.contains(ip))
+        };
+        if !trusted(&peer) {
+            return Some(peer);
+        }
+        let mut forwarded: Vec<std::net::IpAddr> = Vec::new();
+        request.headers.any_value("x-forwarded-for", &mut |v| {
+            let text = std::str::from_utf8(v).unwrap_or_default();
+            forwarded.extend(
+                text.split(',')
+                    .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()),
+            );
+            false
+        });
+        if let Some(client) = forwarded.iter().rev().find(|ip| !trusted(ip)) {
+            return Some(*client);
+        }
+        let real = first_value(request.headers, "x-real-ip").and_then(|v| v.trim().parse().ok());
+        Some(real.unwrap_or(peer))
     }
 
     /// Whether the request carries this proxy's own loop token.

@@ -402,6 +402,7 @@ where
             },
             query: self.head.query.and_then(text),
             headers: &headers,
+            peer: Some(self.peer.ip()),
         };
         let decision = self.service.decide(&view, via, &table);
         let (route, upgrade, (response_changes, retry)) = match decision {

@@ -65,6 +65,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let host = |h: &str| format!("{h}.{ns}.test");
     let (perm, temp, app, cors) = (host("perm"), host("temp"), host("app"), host("cors"));
     let (rewrite, other) = (host("rewrite"), host("other"));
+    let (allowed, refused) = (host("allowed"), host("refused"));
     for ing in [
         annotated(
             &s,
@@ -120,6 +121,22 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
             &[("rewrite-target", "/$2")],
         )?,
         annotated(&s, "other", (&rewrite, &["/api"], SVC), &[])?,
+        // The test's client is 127.0.0.1, seen directly (no trusted balancer).
+        annotated(
+            &s,
+            "allowed",
+            (&allowed, &["/"], SVC),
+            &[
+                ("whitelist-source-range", "10.0.0.0/8, 127.0.0.1"),
+                ("denylist-source-range", "127.0.0.2/32"),
+            ],
+        )?,
+        annotated(
+            &s,
+            "refused",
+            (&refused, &["/in", "/out"], SVC),
+            &[("whitelist-source-range", "10.0.0.0/8")],
+        )?,
         annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
         create(&s.client, Some(&ns), &ing).await?;
@@ -219,6 +236,23 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     assert_eq!((status, h["x-echo-path"].to_str()?), (200, "/APIary"));
     let (status, _, _) = ask(other.clone(), "/apiary", vec![]).await?;
     assert_eq!(status, 404);
+
+    // Source ranges: the client's own address decides; a forwarded one from a peer that is
+    // not a trusted balancer is not read.
+    let (status, _, _) = ask(allowed.clone(), "/x", vec![]).await?;
+    assert_eq!(status, 200);
+    let (status, h, body) = ask(
+        refused.clone(),
+        "/in",
+        vec![("x-forwarded-for", "10.1.1.1")],
+    )
+    .await?;
+    assert_eq!(status, 403);
+    assert!(!h.contains_key("x-echo-name"), "refused here: {h:?}");
+    assert!(
+        !body.contains("127.0.0.1"),
+        "the page tells the status only: {body}"
+    );
 
     // The unserved annotation and the snippet: Warning Events on their Ingress, whose
     // rest is served (above).
