@@ -73,6 +73,8 @@ pub struct Redirect {
     /// The whole location, nothing of the request kept (ingress-nginx's
     /// `permanent-redirect`); the fields above are then unused.
     pub location: Option<String>,
+    /// The request's query is not kept (ingress-nginx's `app-root`).
+    pub drop_query: bool,
 }
 
 /// A path replacement (`URLRewrite` and `RequestRedirect`).
@@ -429,6 +431,7 @@ pub(crate) fn compile_entry(
             status: u16::try_from(d.status_code).unwrap_or(302),
             path: d.path.as_ref().map(path_of).transpose()?,
             location: Some(d.location.clone()).filter(|l| !l.is_empty()),
+            drop_query: d.drop_query,
         }),
         None => {
             let changes = |m: &Option<holdfast_proto::v1::HeaderModifier>| {
@@ -812,6 +815,7 @@ mod tests {
             status: 302,
             path: None,
             location: None,
+            drop_query: false,
         };
         assert_eq!(
             r(None, Some("example.org"), None).location("http", "a.test", 80, "/p?q=1"),

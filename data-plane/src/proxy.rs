@@ -1393,6 +1393,7 @@ mod gateway_tests {
             status_code: 301,
             path: None,
             location: String::new(),
+            drop_query: false,
         });
         let broken = forward(
             "/broken",

@@ -210,21 +210,30 @@ pub fn gateway_route_key(r: &crate::v1::GatewayRoute) -> String {
 /// Most bytes of an Ingress path that is a regular expression ([`ingress_path_regex`]).
 pub const MAX_PATH_REGEX_LEN: usize = 1024;
 
+/// Most regular-expression entries one Ingress host may have: a request is matched
+/// against them one by one, and each holds compiled state in every proxy.
+pub const MAX_PATH_REGEXES_PER_HOST: usize = 100;
+
 /// The regular expression of an Ingress path of kind `Regex` (ingress-nginx `use-regex`):
 /// matched case-insensitively from the start of the request path (nginx's
-/// `location ~* ^<path>`), at most [`MAX_PATH_REGEX_LEN`] bytes and 1 MiB compiled, so a
-/// tenant's pattern cannot grow every proxy without bound (matching is linear in the path:
-/// the `regex` crate has no backtracking). Err says why it is not one.
+/// `location ~* ^<path>`), at most [`MAX_PATH_REGEX_LEN`] bytes, 256 KiB compiled and a
+/// 256 KiB match cache, so a tenant's pattern cannot grow every proxy without bound
+/// (matching is linear in the path: the `regex` crate has no backtracking). Err says why
+/// it is not one.
 pub fn ingress_path_regex(path: &str) -> Result<regex::Regex, String> {
     if !path.starts_with('/') {
         return Err("does not start with '/'".into());
+    }
+    if path.chars().any(char::is_whitespace) {
+        return Err("holds whitespace".into());
     }
     if path.len() > MAX_PATH_REGEX_LEN {
         return Err(format!("is over {MAX_PATH_REGEX_LEN} bytes"));
     }
     regex::RegexBuilder::new(&format!("^(?:{path})"))
         .case_insensitive(true)
-        .size_limit(1 << 20)
+        .size_limit(256 << 10)
+        .dfa_size_limit(256 << 10)
         .build()
         .map_err(|e| format!("is not a regular expression holdfast reads: {e}"))
 }
@@ -650,6 +659,7 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
             ));
         }
     }
+    let mut regexes = 0;
     for r in &g.routes {
         let bad = |reason: &str| bad_gateway_host(g, format!("route {}: {reason}", r.path));
         if !r.path.starts_with('/') {
@@ -671,6 +681,14 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 return Err(bad(
                     "match kind is not Exact or Prefix (or Regex, for an Ingress)",
                 ));
+            }
+        }
+        if r.match_kind == MatchKind::Regex as i32 {
+            regexes += 1;
+            if regexes > MAX_PATH_REGEXES_PER_HOST {
+                return Err(bad(&format!(
+                    "more than {MAX_PATH_REGEXES_PER_HOST} regular-expression paths on the host"
+                )));
             }
         }
         if !r

@@ -22,6 +22,9 @@ pub(super) struct RouteDigest {
     pub(super) host: String,
     pub(super) kind: MatchKind,
     pub(super) path: String,
+    /// The path as written ("/" when empty): what a host's `use-regex` reads as a regular
+    /// expression.
+    pub(super) written: String,
     pub(super) backend: Arc<BackendRef>,
 }
 
@@ -192,8 +195,8 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
     digest
 }
 
-/// Digests one Ingress; with `regex` (ingress-nginx `use-regex`), its Prefix and
-/// ImplementationSpecific paths are regular expressions.
+/// Digests one Ingress; with `regex` (ingress-nginx `use-regex`), its paths, of any type,
+/// are regular expressions (as ingress-nginx writes them all `location ~* ^<path>`).
 pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDigest {
     let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
@@ -264,7 +267,13 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDig
                     continue;
                 }
             };
-            let (kind, path) = if regex && kind == MatchKind::Prefix {
+            let written = p
+                .path
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .unwrap_or("/")
+                .to_owned();
+            let (kind, path) = if regex {
                 // As written: a regular expression, matched from the path's start.
                 let path = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
                 if let Err(why) = holdfast_proto::snapshot::ingress_path_regex(path) {
@@ -319,6 +328,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDig
                     host: host.clone(),
                     kind,
                     path,
+                    written,
                     backend: Arc::new(backend),
                 }),
                 Err(e) => digest.problems.push((

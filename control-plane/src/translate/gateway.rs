@@ -210,6 +210,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                 status_code: u32::from(d.status),
                 path: d.path.as_ref().map(path_of),
                 location: String::new(),
+                drop_query: false,
             });
         }
     }

@@ -197,6 +197,8 @@ pub(super) fn apply_to_host<'a>(
                     value: root.clone(),
                     captures: false,
                 }),
+                // nginx's `return 302 <url>` adds nothing of the request.
+                drop_query: true,
                 ..RequestRedirect::default()
             });
             Some(r)
@@ -260,17 +262,16 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             format!("{PREFIX}{name}: {why}"),
         ));
     };
-    let boolean = |name: &str, invalid: &mut dyn FnMut(&str, String)| match get(name) {
-        None => None,
-        Some("true") => Some(true),
-        Some("false") => Some(false),
-        Some(other) => {
+    let boolean = |name: &str, invalid: &mut dyn FnMut(&str, String)| {
+        let value = get(name)?;
+        let read = parse_bool(value);
+        if read.is_none() {
             invalid(
                 name,
-                format!("{other:?} is neither \"true\" nor \"false\"; ignored"),
+                format!("{value:?} is neither true nor false; ignored"),
             );
-            None
         }
+        read
     };
     if boolean("canary", &mut invalid) == Some(true) {
         let canary = read_canary(&get, &mut invalid);
@@ -278,15 +279,20 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         // are not applied, and it hears so.
         for name in ours
             .keys()
-            .filter(|n| SERVED.contains(n) && !n.starts_with("canary"))
+            .filter(|n| SERVED.contains(n) && !n.starts_with("canary") && **n != "use-regex")
         {
             invalid(
                 name,
                 "ignored on a canary Ingress: its paths take the main Ingress's annotations".into(),
             );
         }
+        // Its paths are read as regular expressions when it says so (to join a main
+        // Ingress's on a host with use-regex).
+        let regex =
+            boolean("use-regex", &mut invalid) == Some(true) || get("rewrite-target").is_some();
         return Read {
             canary: Some(canary),
+            regex,
             problems,
             ..Read::default()
         };
@@ -304,10 +310,12 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         let Some(url) = get(name).filter(|u| !u.is_empty()) else {
             continue;
         };
-        if !is_absolute_url(url) {
+        if !is_absolute_url(url) || url.contains('$') {
             invalid(
                 name,
-                format!("{url:?} is not an absolute http or https URL; ignored"),
+                format!(
+                    "{url:?} is not an absolute http or https URL without nginx variables; ignored"
+                ),
             );
             continue;
         }
@@ -385,12 +393,15 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         }
     }
     if let Some(prefix) = get("x-forwarded-prefix") {
-        if !prefix.is_empty() && http::HeaderValue::from_str(prefix).is_ok() {
+        if !prefix.is_empty()
+            && !prefix.contains('$')
+            && http::HeaderValue::from_str(prefix).is_ok()
+        {
             filters.forwarded_prefix = Some(prefix.to_owned());
         } else {
             invalid(
                 "x-forwarded-prefix",
-                format!("{prefix:?} is not a header value; ignored"),
+                format!("{prefix:?} is not a header value without nginx variables; ignored"),
             );
         }
     }
@@ -578,17 +589,24 @@ fn cors<'v>(get: &impl Fn(&str) -> Option<&'v str>, invalid: &mut dyn FnMut(&str
             );
         }
     }
-    let credentials = match get("cors-allow-credentials") {
-        None | Some("true") => true,
-        Some("false") => false,
-        Some(other) => {
+    let mut credentials = match get("cors-allow-credentials").map(|v| (v, parse_bool(v))) {
+        None => true,
+        Some((_, Some(b))) => b,
+        Some((other, None)) => {
             invalid(
                 "cors-allow-credentials",
-                format!("{other:?} is neither \"true\" nor \"false\"; true is used"),
+                format!("{other:?} is neither true nor false; true is used"),
             );
             true
         }
     };
+    // ingress-nginx answers a `*` origin with a literal `*`, which browsers never accept
+    // for a request with credentials. Echoing the origin with credentials instead would
+    // let every site read a logged-in user's responses: with `*`, credentials are not
+    // allowed (the same outcome in a browser as ingress-nginx's).
+    if credentials && origins.iter().any(|o| o == "*") {
+        credentials = false;
+    }
     let max_age = match get("cors-max-age") {
         None => CORS_DEFAULT_MAX_AGE,
         Some(v) => v.parse().unwrap_or_else(|_| {
@@ -602,7 +620,7 @@ fn cors<'v>(get: &impl Fn(&str) -> Option<&'v str>, invalid: &mut dyn FnMut(&str
     let token_list = |name: &str, default: &str, invalid: &mut dyn FnMut(&str, String)| {
         let mut out = Vec::new();
         for v in list(get(name).unwrap_or(default)) {
-            if http::HeaderName::from_bytes(v.as_bytes()).is_ok() {
+            if !v.contains('$') && http::HeaderName::from_bytes(v.as_bytes()).is_ok() {
                 out.push(v);
             } else {
                 invalid(name, format!("{v:?} is not a token; left out"));
@@ -662,12 +680,24 @@ fn valid_authority(s: &str) -> bool {
         && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0))
 }
 
-/// Whether `s` is an origin: `http(s)://host[:port]`, nothing after.
+/// Whether `s` is an origin: `http(s)://host[:port]`, nothing after; the host may be a
+/// wildcard `*.example.com` (one or more labels), as ingress-nginx allows.
 fn is_origin(s: &str) -> bool {
     let Some((scheme, rest)) = s.split_once("://") else {
         return false;
     };
-    matches!(scheme, "http" | "https") && valid_authority(&rest.to_ascii_lowercase())
+    let rest = rest.to_ascii_lowercase();
+    let rest = rest.strip_prefix("*.").unwrap_or(&rest);
+    matches!(scheme, "http" | "https") && valid_authority(rest)
+}
+
+/// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`).
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -786,15 +816,66 @@ mod tests {
         let r = read(&annotations(&[("enable-cors", "true")]), true);
         let c = r.filters.cors.unwrap();
         assert_eq!(c.allow_origins, ["*"]);
-        assert!(c.allow_credentials);
+        // Credentials are ingress-nginx's default, but never with `*`: a browser refuses
+        // ingress-nginx's literal `*` with credentials, and echoing the origin would let
+        // every site read a logged-in user's responses.
+        assert!(!c.allow_credentials);
         assert_eq!(
             c.allow_methods,
             ["GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"]
         );
-        assert_eq!(c.allow_headers.len(), 9);
+        assert_eq!(
+            c.allow_headers.join(","),
+            CORS_DEFAULT_HEADERS,
+            "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization"
+        );
         assert!(c.expose_headers.is_empty());
         assert_eq!(c.max_age_seconds, 1_728_000);
         assert!(r.problems.is_empty());
+        // With origins of its own, credentials default to true; a wildcard origin is one.
+        let r = read(
+            &annotations(&[
+                ("enable-cors", "True"),
+                ("cors-allow-origin", "https://*.example.com"),
+            ]),
+            true,
+        );
+        let c = r.filters.cors.unwrap();
+        assert!(c.allow_credentials);
+        assert_eq!(c.allow_origins, ["https://*.example.com"]);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+    }
+
+    #[test]
+    fn booleans_read_as_ingress_nginx_reads_them_and_nginx_variables_are_refused() {
+        for value in ["1", "t", "T", "TRUE", "true", "True"] {
+            let r = read(&annotations(&[("force-ssl-redirect", value)]), true);
+            assert!(r.filters.force_ssl_redirect, "{value}");
+        }
+        for value in ["0", "f", "F", "FALSE", "false", "False"] {
+            let r = read(&annotations(&[("ssl-redirect", value)]), true);
+            assert_eq!(r.ssl_redirect, Some(false), "{value}");
+        }
+        let r = read(&annotations(&[("ssl-redirect", "yes")]), true);
+        assert_eq!((r.ssl_redirect, reasons(&r).len()), (None, 1));
+        for (name, value) in [
+            ("permanent-redirect", "https://new.example$request_uri"),
+            ("temporal-redirect", "https://new.example/$1"),
+            ("x-forwarded-prefix", "$scheme"),
+        ] {
+            let r = read(&annotations(&[(name, value)]), true);
+            assert!(r.filters.is_empty(), "{name}: {value}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{name}");
+        }
+        let r = read(
+            &annotations(&[
+                ("enable-cors", "true"),
+                ("cors-allow-headers", "x-a,$http_x"),
+            ]),
+            true,
+        );
+        assert_eq!(r.filters.cors.as_ref().unwrap().allow_headers, ["x-a"]);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
     }
 
     #[test]

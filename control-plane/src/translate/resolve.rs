@@ -228,35 +228,34 @@ pub(super) fn build_host(
         });
     }
     // ingress-nginx `use-regex` (or `rewrite-target`) on one Ingress of the host makes
-    // every Prefix path of the host a regular expression, as ingress-nginx does ("enforced
-    // on all paths for a given host"); one that is not a regular expression stays a prefix,
-    // with a problem.
+    // every path of the host, as written, a regular expression, as ingress-nginx does
+    // ("enforced on all paths for a given host"); one that is not a regular expression
+    // keeps its kind, with a problem.
     let regex_host = ordered.iter().any(|d| d.regex);
-    let promotes = |r: &RouteDigest| {
-        regex_host
-            && r.kind == MatchKind::Prefix
-            && holdfast_proto::snapshot::ingress_path_regex(&r.path).is_ok()
-    };
     let mut promoted: Vec<(RouteDigest, usize)> = Vec::new();
+    let mut kept: std::collections::HashSet<*const RouteDigest> = Default::default();
     if regex_host {
         for (rank, d) in ordered.iter().enumerate() {
             for r in d
                 .routes
                 .iter()
-                .filter(|r| r.host == host && r.kind == MatchKind::Prefix)
+                .filter(|r| r.host == host && r.kind != MatchKind::Regex)
             {
-                if promotes(r) {
+                if holdfast_proto::snapshot::ingress_path_regex(&r.written).is_ok() {
                     let mut as_regex = r.clone();
                     as_regex.kind = MatchKind::Regex;
+                    as_regex.path.clone_from(&r.written);
+                    as_regex.path_key = sort_prefix(&r.written);
                     promoted.push((as_regex, rank));
                 } else {
+                    kept.insert(std::ptr::from_ref(r));
                     problems.push(Problem {
                         namespace: d.source.namespace.clone(),
                         name: d.source.name.clone(),
                         reason: ProblemReason::InvalidPath,
                         message: format!(
-                            "Prefix path {:?} on host {host:?} kept as a prefix: another Ingress of the host sets use-regex, and it is not a regular expression",
-                            r.path
+                            "path {:?} on host {host:?} kept as written: an Ingress of the host sets use-regex, and it is not a regular expression",
+                            r.written
                         ),
                     });
                 }
@@ -269,7 +268,12 @@ pub(super) fn build_host(
         .flat_map(|(rank, d)| {
             d.routes
                 .iter()
-                .filter(|r| r.host == host && !promotes(r))
+                .filter(|r| {
+                    r.host == host
+                        && (!regex_host
+                            || r.kind == MatchKind::Regex
+                            || kept.contains(&std::ptr::from_ref(*r)))
+                })
                 .map(move |r| (r, rank))
         })
         .chain(promoted.iter().map(|(r, rank)| (r, *rank)))
@@ -303,6 +307,37 @@ pub(super) fn build_host(
             continue;
         }
         winners.push((route, rank));
+    }
+    // At most MAX_PATH_REGEXES_PER_HOST regular expressions a host, the oldest Ingresses'
+    // first: a request is matched against them one by one.
+    let limit = holdfast_proto::snapshot::MAX_PATH_REGEXES_PER_HOST;
+    let mut regexes: Vec<(usize, &String)> = winners
+        .iter()
+        .filter(|(r, _)| r.kind == MatchKind::Regex)
+        .map(|(r, rank)| (*rank, &r.path))
+        .collect();
+    if regexes.len() > limit {
+        regexes.sort_unstable();
+        let over: std::collections::HashSet<(usize, String)> = regexes[limit..]
+            .iter()
+            .map(|(rank, path)| (*rank, (*path).clone()))
+            .collect();
+        winners.retain(|(r, rank)| {
+            let drop = r.kind == MatchKind::Regex && over.contains(&(*rank, r.path.clone()));
+            if drop {
+                let d = ordered[*rank];
+                problems.push(Problem {
+                    namespace: d.source.namespace.clone(),
+                    name: d.source.name.clone(),
+                    reason: ProblemReason::InvalidPath,
+                    message: format!(
+                        "regular-expression path {:?} on host {host:?} skipped: the host has more than {limit} (older Ingresses' first)",
+                        r.path
+                    ),
+                });
+            }
+            !drop
+        });
     }
     let mut routes: Vec<Route> = winners
         .iter()

@@ -2831,12 +2831,12 @@ fn a_canary_ingress_joins_the_main_ingress_s_path_and_never_conflicts() {
     );
 }
 
-/// ingress-nginx `rewrite-target` (which implies `use-regex`): the Ingress's Prefix paths
-/// are regular expressions as written, and, as in ingress-nginx, so are the Prefix paths of
-/// every other Ingress of the host (Exact paths stay exact); a path that is not a regular
-/// expression is skipped (its own) or kept as a prefix (another's), with a problem.
+/// ingress-nginx `rewrite-target` (which implies `use-regex`): the Ingress's paths, of any
+/// type, are regular expressions as written, and, as in ingress-nginx, so are the paths of
+/// every other Ingress of the host (as written: `/api/` keeps its `/`); a path that is not
+/// a regular expression is skipped (its own) or kept as it was (another's), with a problem.
 #[test]
-fn use_regex_makes_every_prefix_path_of_the_host_a_regular_expression() {
+fn use_regex_makes_every_path_of_the_host_a_regular_expression_as_written() {
     let rules = json!([{ "host": "a.example.com", "http": { "paths": [
         { "path": "/something(/|$)(.*)", "pathType": "ImplementationSpecific",
           "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
@@ -2853,7 +2853,7 @@ fn use_regex_makes_every_prefix_path_of_the_host_a_regular_expression() {
         "other",
         2,
         json!([{ "host": "a.example.com", "http": { "paths": [
-            { "path": "/api", "pathType": "Prefix",
+            { "path": "/api/", "pathType": "Prefix",
               "backend": { "service": { "name": "web", "port": { "number": 80 } } } },
             { "path": "/a(b", "pathType": "Prefix",
               "backend": { "service": { "name": "web", "port": { "number": 80 } } } }
@@ -2881,15 +2881,15 @@ fn use_regex_makes_every_prefix_path_of_the_host_a_regular_expression() {
     assert_eq!(
         entries,
         [
-            (MatchKind::Exact, "/exact", "rewrite", Some(("/$2", true))),
             (
                 MatchKind::Regex,
                 "/something(/|$)(.*)",
                 "rewrite",
                 Some(("/$2", true))
             ),
+            (MatchKind::Regex, "/exact", "rewrite", Some(("/$2", true))),
+            (MatchKind::Regex, "/api/", "other", None),
             (MatchKind::Prefix, "/a(b", "other", None),
-            (MatchKind::Regex, "/api", "other", None),
         ]
     );
     let mut problems: Vec<_> = t
@@ -2902,4 +2902,33 @@ fn use_regex_makes_every_prefix_path_of_the_host_a_regular_expression() {
         problems,
         [("other", "InvalidPath"), ("rewrite", "InvalidPath")]
     );
+}
+
+/// A host holds at most `MAX_PATH_REGEXES_PER_HOST` regular-expression paths (a request
+/// is matched against them one by one): the oldest Ingress's first, the rest skipped with a
+/// problem; the snapshot stays valid.
+#[test]
+fn a_host_holds_a_bounded_number_of_regular_expression_paths() {
+    let limit = holdfast_proto::snapshot::MAX_PATH_REGEXES_PER_HOST;
+    let paths: Vec<_> = (0..=limit)
+        .map(|i| {
+            json!({ "path": format!("/p{i:03}"), "pathType": "ImplementationSpecific",
+                    "backend": { "service": { "name": "web", "port": { "number": 80 } } } })
+        })
+        .collect();
+    let rules = json!([{ "host": "a.example.com", "http": { "paths": paths } }]);
+    let mut ing = (*ingress("default", "many", 1, rules)).clone();
+    ing.metadata.annotations =
+        Some([(format!("{}use-regex", nginx::PREFIX), "true".to_owned())].into());
+    let t = run(&state(vec![Arc::new(ing)]));
+    let mut snapshot = t.snapshot();
+    holdfast_proto::snapshot::seal(&mut snapshot, 1);
+    holdfast_proto::snapshot::validate(&snapshot).expect("valid");
+    assert_eq!(snapshot.gateway_hosts[0].routes.len(), limit);
+    let over: Vec<_> = t
+        .problems
+        .iter()
+        .filter(|p| p.message.contains("regular-expression path"))
+        .collect();
+    assert_eq!(over.len(), 1, "{:?}", t.problems);
 }

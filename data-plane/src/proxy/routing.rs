@@ -290,8 +290,9 @@ impl Forwarder {
             ),
             Action::Redirect(redirect) => {
                 let scheme = if tls { "https" } else { "http" };
+                let query = request.query.filter(|_| !redirect.drop_query);
                 let target = match &redirect.path {
-                    Some(m) => with_query(m.apply(matched_path, path), request.query),
+                    Some(m) => with_query(m.apply(matched_path, path), query),
                     None => sent_or_normalised(request, forward_path.as_ref()),
                 };
                 return Decision::Redirect {

@@ -826,6 +826,7 @@ fn random_gateway_host(s: &mut Snapshot, w: &mut Walk, backends: &[String]) {
                     status_code: [301, 302][w.below(2) as usize],
                     path: None,
                     location: String::new(),
+                    drop_query: false,
                 });
             } else {
                 r.backends = (0..1 + w.below(2))

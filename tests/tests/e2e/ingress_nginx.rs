@@ -66,6 +66,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let (perm, temp, app, cors) = (host("perm"), host("temp"), host("app"), host("cors"));
     let (rewrite, other) = (host("rewrite"), host("other"));
     let (allowed, refused) = (host("allowed"), host("refused"));
+    let (regex, cors2) = (host("regex"), host("cors2"));
     for ing in [
         annotated(
             &s,
@@ -80,7 +81,10 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
             &s,
             "temp",
             (&temp, &["/"], SVC),
-            &[("temporal-redirect", "http://example.org/t?x=1")],
+            &[
+                ("temporal-redirect", "http://example.org/t?x=1"),
+                ("temporal-redirect-code", "307"),
+            ],
         )?,
         annotated(
             &s,
@@ -137,6 +141,24 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
             (&refused, &["/in", "/out"], SVC),
             &[("whitelist-source-range", "10.0.0.0/8")],
         )?,
+        annotated(
+            &s,
+            "regex",
+            (&regex, &["/v[0-9]+/items"], SVC),
+            &[("use-regex", "true")],
+        )?,
+        annotated(
+            &s,
+            "cors2",
+            (&cors2, &["/"], SVC),
+            &[
+                ("enable-cors", "true"),
+                ("cors-allow-origin", "https://*.site.test"),
+                ("cors-allow-headers", "X-Token"),
+                ("cors-expose-headers", "X-Total"),
+                ("cors-allow-credentials", "false"),
+            ],
+        )?,
         annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
         create(&s.client, Some(&ns), &ing).await?;
@@ -162,17 +184,23 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         (status, &h["location"]),
         (308, &"https://example.org/new".parse()?)
     );
-    // temporal-redirect: 302 by default.
+    // temporal-redirect with its code.
     let (status, h, _) = ask(temp.clone(), "/x", vec![]).await?;
     assert_eq!(
         (status, &h["location"]),
-        (302, &"http://example.org/t?x=1".parse()?)
+        (307, &"http://example.org/t?x=1".parse()?)
     );
 
     // app-root: `/` alone is redirected (302), on the Host asked for.
     let (status, h, _) = ask(app.clone(), "/", vec![]).await?;
     assert_eq!(status, 302);
     assert_eq!(h["location"], format!("http://{app}/app1").as_str());
+    let (_, h, _) = ask(app.clone(), "/?from=old", vec![]).await?;
+    assert_eq!(
+        h["location"],
+        format!("http://{app}/app1").as_str(),
+        "nothing of the request is added, as nginx's return"
+    );
     // upstream-vhost and x-forwarded-prefix: what the backend is sent.
     let (status, h, _) = ask(app.clone(), "/app1/page", vec![]).await?;
     assert_eq!(status, 200);
@@ -218,6 +246,43 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     assert_eq!(h["access-control-allow-origin"], "https://site.test");
     // The snippet was never applied.
     assert!(!h.contains_key("x-injected"), "{h:?}");
+    // The cors-* values: a wildcard origin, the headers allowed and exposed, no
+    // credentials.
+    let (status, h, _) = web::request_with(
+        at,
+        "OPTIONS",
+        &cors2,
+        "/",
+        &[
+            ("origin", "https://a.site.test"),
+            ("access-control-request-method", "GET"),
+            ("access-control-request-headers", "x-token"),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 204);
+    assert_eq!(h["access-control-allow-origin"], "https://a.site.test");
+    assert!(
+        h["access-control-allow-headers"]
+            .to_str()?
+            .eq_ignore_ascii_case("x-token"),
+        "{h:?}"
+    );
+    assert!(!h.contains_key("access-control-allow-credentials"), "{h:?}");
+    let (_, h, _) = ask(cors2.clone(), "/", vec![("origin", "https://a.site.test")]).await?;
+    assert!(
+        h["access-control-expose-headers"]
+            .to_str()?
+            .eq_ignore_ascii_case("x-total"),
+        "{h:?}"
+    );
+
+    // use-regex alone: the path is a regular expression, case-insensitive, from the start,
+    // and the path sent upstream is the request's.
+    let (status, h, _) = ask(regex.clone(), "/V2/items/9", vec![]).await?;
+    assert_eq!((status, h["x-echo-path"].to_str()?), (200, "/V2/items/9"));
+    let (status, _, _) = ask(regex.clone(), "/vx/items", vec![]).await?;
+    assert_eq!(status, 404);
 
     // rewrite-target: the path's groups, the query kept; case-insensitive, from the start.
     for (path, upstream) in [
@@ -301,14 +366,12 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
     }
     let host = format!("canary.{ns}.test");
     let at = s.proxy_addrs()[0];
-    let ask = |headers: Vec<(&'static str, &'static str)>| {
-        let host = host.clone();
-        async move {
-            let (status, h, _) = web::request_with(at, "GET", &host, "/", &headers).await?;
-            anyhow::ensure!(status == 200, "status {status}");
-            Ok::<_, anyhow::Error>(h["x-echo-name"].to_str()?.to_owned())
-        }
+    let ask_on = |host: String, headers: Vec<(&'static str, &'static str)>| async move {
+        let (status, h, _) = web::request_with(at, "GET", &host, "/", &headers).await?;
+        anyhow::ensure!(status == 200, "status {status}");
+        Ok::<_, anyhow::Error>(h["x-echo-name"].to_str()?.to_owned())
     };
+    let ask = |headers: Vec<(&'static str, &'static str)>| ask_on(host.clone(), headers);
     let main = annotated(&s, "main", (&host, &["/"], "main"), &[])?;
     create(&s.client, Some(&ns), &main).await?;
     // Served by the main backend alone first.
@@ -348,6 +411,50 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
     assert!(
         (20..=40).contains(&to_canary),
         "{to_canary} of 100 to the canary, for a weight of 30"
+    );
+
+    // canary-by-header-value (that value alone) and canary-weight-total, on another host.
+    let host2 = format!("canary2.{ns}.test");
+    create(
+        &s.client,
+        Some(&ns),
+        &annotated(&s, "main2", (&host2, &["/"], "main"), &[])?,
+    )
+    .await?;
+    let canary2 = annotated(
+        &s,
+        "canary2",
+        (&host2, &["/"], "beta"),
+        &[
+            ("canary", "true"),
+            ("canary-by-header", "X-Env"),
+            ("canary-by-header-value", "beta"),
+            ("canary-weight", "1"),
+            ("canary-weight-total", "4"),
+        ],
+    )?;
+    create(&s.client, Some(&ns), &canary2).await?;
+    wait::until("the second canary joined", wait::T, || async {
+        Ok(ask_on(host2.clone(), vec![("x-env", "beta")])
+            .await
+            .ok()
+            .filter(|name| *name == canary_echo))
+    })
+    .await?;
+    let mut to_canary = 0;
+    for _ in 0..40 {
+        assert_eq!(
+            ask_on(host2.clone(), vec![("x-env", "beta")]).await?,
+            canary_echo
+        );
+        // Another value (and "always") is left to the weight: 1 of every 4.
+        if ask_on(host2.clone(), vec![("x-env", "always")]).await? == canary_echo {
+            to_canary += 1;
+        }
+    }
+    assert!(
+        (5..=15).contains(&to_canary),
+        "{to_canary} of 40 to the canary, for a weight of 1 of 4"
     );
     Ok(())
 }
