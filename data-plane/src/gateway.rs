@@ -273,6 +273,8 @@ pub struct Matched {
     pub https_redirect: bool,
     /// The client addresses refused or allowed (an Ingress's source ranges).
     pub sources: Option<Box<Sources>>,
+    /// Its own request body limit in bytes (an Ingress's `proxy-body-size`).
+    pub max_body: Option<std::num::NonZeroU64>,
     requests: AtomicU64,
 }
 
@@ -518,6 +520,7 @@ pub(crate) fn compile_entry(
             sources: Sources::of(r)
                 .map_err(|_| bad("source range"))?
                 .map(Box::new),
+            max_body: std::num::NonZeroU64::new(r.max_body_bytes),
             requests: AtomicU64::new(0),
         }),
     })

@@ -385,6 +385,8 @@ pub struct Forwarding<'t> {
     pub timeouts: crate::gateway::Timeouts,
     /// A Gateway rule's retry policy.
     pub retry: Option<&'t Retry>,
+    /// An Ingress's own request body limit (under `--max-request-body`).
+    pub max_body: Option<std::num::NonZeroU64>,
 }
 
 impl<'t> Forwarding<'t> {
@@ -402,6 +404,7 @@ impl<'t> Forwarding<'t> {
             response_changes: routed.response_changes,
             timeouts: routed.timeouts.copied().unwrap_or_default(),
             retry: routed.retry,
+            max_body: routed.max_body,
         })
     }
 }
@@ -900,8 +903,13 @@ impl Forwarder {
             .unwrap_or(self.settings.response_timeout);
         let route = routed.route;
         let retry = routed.retry;
+        let max_body =
+            holdfast_http::routing::body_limit(self.settings.max_request_body, routed.max_body);
         let path_and_query = self.upstream_head(&mut parts, routed, client, tls, port, upgrade);
-        let slot = Arc::new(self.body_slot(body).map_err(Failure::DeclaredTooLarge)?);
+        let slot = Arc::new(
+            self.body_slot(body, max_body)
+                .map_err(Failure::DeclaredTooLarge)?,
+        );
 
         // A rule's retry policy sends again only a request that can go twice; its
         // headers are kept for that.
@@ -1013,9 +1021,8 @@ impl Forwarder {
     }
 
     /// The request body, shared by the attempts; its declared length when that is over
-    /// `--max-request-body` (refused at once, 413).
-    fn body_slot(&self, body: Incoming) -> Result<BodySlot, u64> {
-        let max = self.settings.max_request_body;
+    /// `max` (`--max-request-body`, or the route's lower limit; refused at once, 413).
+    fn body_slot(&self, body: Incoming, max: u64) -> Result<BodySlot, u64> {
         if let Some(n) = body.size_hint().exact().filter(|&n| max > 0 && n > max) {
             return Err(n);
         }

@@ -107,6 +107,19 @@ pub struct Routed<'t, 'r, R> {
     pub timeouts: Option<&'t Timeouts>,
     /// A Gateway rule's retry policy.
     pub retry: Option<&'t crate::forward::Retry>,
+    /// An Ingress's own request body limit in bytes (ingress-nginx `proxy-body-size`),
+    /// under the proxy's (see [`body_limit`]).
+    pub max_body: Option<std::num::NonZeroU64>,
+}
+
+/// The request body limit in bytes for a proxy limit of `proxy` (0: none) and a route's
+/// own `route`: the lower of the two (0: none).
+pub fn body_limit(proxy: u64, route: Option<std::num::NonZeroU64>) -> u64 {
+    match (proxy, route.map(std::num::NonZeroU64::get)) {
+        (p, None) => p,
+        (0, Some(r)) => r,
+        (p, Some(r)) => p.min(r),
+    }
 }
 
 /// A Gateway rule's timeouts (`HTTPRouteRule.timeouts`); the default is the proxy's own.

@@ -54,6 +54,7 @@ pub const SERVED: &[&str] = &[
     "force-ssl-redirect",
     "permanent-redirect",
     "permanent-redirect-code",
+    "proxy-body-size",
     "rewrite-target",
     "ssl-redirect",
     "temporal-redirect",
@@ -86,6 +87,8 @@ pub struct NginxFilters {
     pub allow_sources: Vec<String>,
     /// Client addresses refused, as CIDRs (`denylist-source-range`).
     pub deny_sources: Vec<String>,
+    /// Most request body bytes (`proxy-body-size`; None: the proxy's limit alone).
+    pub max_body_bytes: Option<u64>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -158,6 +161,7 @@ impl NginxFilters {
         }
         r.allow_sources.clone_from(&self.allow_sources);
         r.deny_sources.clone_from(&self.deny_sources);
+        r.max_body_bytes = self.max_body_bytes.unwrap_or(0);
     }
 }
 
@@ -439,6 +443,17 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     }
     filters.allow_sources = allow;
     filters.deny_sources = deny;
+    if let Some(size) = get("proxy-body-size") {
+        match nginx_size(size) {
+            // 0: no limit of its own (nginx's `client_max_body_size 0`).
+            Some(0) => {}
+            Some(n) => filters.max_body_bytes = Some(n),
+            None => invalid(
+                "proxy-body-size",
+                format!("{size:?} is not a size (a number, with k, m or g); ignored"),
+            ),
+        }
+    }
     if boolean("enable-cors", &mut invalid) == Some(true) {
         filters.cors = Some(cors(&get, &mut invalid));
     } else if let Some(name) = ours.keys().find(|n| n.starts_with("cors-")) {
@@ -689,6 +704,20 @@ fn is_origin(s: &str) -> bool {
     let rest = rest.to_ascii_lowercase();
     let rest = rest.strip_prefix("*.").unwrap_or(&rest);
     matches!(scheme, "http" | "https") && valid_authority(rest)
+}
+
+/// An nginx size: bytes, or a number with `k`, `m` or `g` (either case).
+fn nginx_size(s: &str) -> Option<u64> {
+    let (digits, unit) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 /// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`).
@@ -1167,6 +1196,31 @@ mod tests {
             assert_eq!(r.filters.deny_sources, ["0.0.0.0/0", "::/0"], "{name}");
             assert!(!r.problems.is_empty(), "{name}");
         }
+    }
+
+    #[test]
+    fn proxy_body_size_reads_nginx_sizes_and_0_leaves_the_proxy_s_limit() {
+        for (value, want) in [
+            ("12", Some(12)),
+            ("100k", Some(100 << 10)),
+            ("8m", Some(8 << 20)),
+            ("1G", Some(1 << 30)),
+            ("0", None),
+        ] {
+            let r = read(&annotations(&[("proxy-body-size", value)]), true);
+            assert_eq!(r.filters.max_body_bytes, want, "{value}");
+            assert!(r.problems.is_empty(), "{value}");
+        }
+        for bad in ["1.5m", "m", "-1", "99999999999999999999g"] {
+            let r = read(&annotations(&[("proxy-body-size", bad)]), true);
+            assert_eq!(r.filters.max_body_bytes, None, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
+        let mut e = GatewayRoute::default();
+        read(&annotations(&[("proxy-body-size", "2k")]), true)
+            .filters
+            .apply(&mut e);
+        assert_eq!(e.max_body_bytes, 2048);
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl Forwarder {
         // Route on, and forward, the path the backend will see (see `holdfast_http::path`).
         let (normalised, forward_path) = match self.request_path(request) {
             Ok(p) => p,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let path = normalised
             .as_deref()
@@ -150,9 +150,10 @@ impl Forwarder {
     fn request_path<'t, 'r>(
         &self,
         request: &RequestView<'r>,
-    ) -> Result<(Option<String>, Option<PathAndQuery>), Decision<'t, 'r>> {
-        let bad =
-            |e: &dyn std::fmt::Display| refuse(Reason::BadRequest, format!("bad request: {e}"));
+    ) -> Result<(Option<String>, Option<PathAndQuery>), Box<Decision<'t, 'r>>> {
+        let bad = |e: &dyn std::fmt::Display| {
+            Box::new(refuse(Reason::BadRequest, format!("bad request: {e}")))
+        };
         let normalised = match normalise(request.path_or_root(), self.settings.escaped_slashes) {
             Ok(std::borrow::Cow::Borrowed(_)) => None,
             Ok(std::borrow::Cow::Owned(p)) => Some(p),
@@ -206,7 +207,7 @@ impl Forwarder {
         }
         let (normalised, forward_path) = match self.request_path(request) {
             Ok(p) => p,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let path = normalised
             .as_deref()
@@ -371,6 +372,7 @@ impl Forwarder {
                 };
                 routed.timeouts = Some(timeouts).filter(|t| **t != Timeouts::default());
                 routed.retry = retry.as_deref();
+                routed.max_body = matched.max_body;
                 if retry.is_some() {
                     self.retry_budget.deposit();
                 }
@@ -454,6 +456,7 @@ fn forward_to<'t, 'r>(
         response_changes: ResponseChanges::None,
         timeouts: None,
         retry: None,
+        max_body: None,
     })
 }
 

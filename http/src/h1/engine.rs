@@ -212,6 +212,8 @@ pub struct H1Conn<'f, F, S> {
     /// The current request's wait for each response head (its rule's, else the proxy's
     /// response timeout; `Duration::MAX` none).
     wait: Duration,
+    /// The current request's body limit in bytes (its route's under the proxy's; 0 none).
+    max_body: u64,
     /// When the current request's rule says it must have its response head by, and the
     /// rule's limit.
     deadline: Option<(Instant, Duration)>,
@@ -265,6 +267,7 @@ where
             timer: Timer::new(),
             wait: service.settings().response_timeout,
             deadline: None,
+            max_body: 0,
             peer,
             port,
             requests: 0,
@@ -436,6 +439,7 @@ where
                 };
                 let rule = r.timeouts.copied().unwrap_or_default();
                 self.wait = rule.backend.unwrap_or(settings.response_timeout);
+                self.max_body = crate::routing::body_limit(settings.max_request_body, r.max_body);
                 self.deadline = rule
                     .request
                     .and_then(|d| Some((started.checked_add(d)?, d)));
@@ -467,7 +471,7 @@ where
             }
         };
         let body = self.head.framing();
-        let max = self.service.settings().max_request_body;
+        let max = self.max_body;
         if let BodyFraming::Length(n) = body
             && max > 0
             && n > max
@@ -921,7 +925,7 @@ where
     /// Relays a chunked body from the client to `upstream`, its coding as it came but for
     /// trailer fields (dropped), checking it and `--max-request-body` as it passes.
     async fn relay_chunked_up(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
-        let max = self.service.settings().max_request_body;
+        let max = self.max_body;
         let mut coding = Chunked::default();
         loop {
             if self.start == self.end {
@@ -1749,6 +1753,7 @@ mod tests {
                 response_changes: Default::default(),
                 timeouts: None,
                 retry: None,
+                max_body: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {

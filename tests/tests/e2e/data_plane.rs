@@ -1008,7 +1008,7 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> anyhow::Result<String> 
 }
 
 /// Sends one raw request on a fresh connection; returns the response head, lower-cased.
-async fn raw_head(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
+pub(crate) async fn raw_head(addr: SocketAddr, request: &str) -> anyhow::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.write_all(request.as_bytes()).await?;
     let mut head = Vec::new();

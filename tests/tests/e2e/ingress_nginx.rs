@@ -67,6 +67,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let (rewrite, other) = (host("rewrite"), host("other"));
     let (allowed, refused) = (host("allowed"), host("refused"));
     let (regex, cors2) = (host("regex"), host("cors2"));
+    let small = host("small");
     for ing in [
         annotated(
             &s,
@@ -158,6 +159,12 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                 ("cors-expose-headers", "X-Total"),
                 ("cors-allow-credentials", "false"),
             ],
+        )?,
+        annotated(
+            &s,
+            "small",
+            (&small, &["/"], SVC),
+            &[("proxy-body-size", "1k")],
         )?,
         annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
@@ -318,6 +325,27 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
         !body.contains("127.0.0.1"),
         "the page tells the status only: {body}"
     );
+
+    // proxy-body-size: 1 KiB here, by Content-Length at once or as a chunked body passes
+    // (413); another host keeps the proxy's limit.
+    let post = |host: &str, headers: &str, body: &str| {
+        format!("POST / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{headers}\r\n{body}")
+    };
+    let raw = |request: String| async move { super::data_plane::raw_head(at, &request).await };
+    let fits = raw(post(&small, "Content-Length: 1024\r\n", &"b".repeat(1024))).await?;
+    assert!(fits.starts_with("http/1.1 200"), "{fits}");
+    let over = raw(post(&small, "Content-Length: 1025\r\n", "")).await?;
+    assert!(over.starts_with("http/1.1 413"), "{over}");
+    let chunk = format!("258\r\n{}\r\n", "c".repeat(600));
+    let chunked = raw(post(
+        &small,
+        "Transfer-Encoding: chunked\r\n",
+        &format!("{chunk}{chunk}0\r\n\r\n"),
+    ))
+    .await?;
+    assert!(chunked.starts_with("http/1.1 413"), "{chunked}");
+    let elsewhere = raw(post(&other, "Content-Length: 2048\r\n", &"b".repeat(2048))).await?;
+    assert!(!elsewhere.starts_with("http/1.1 413"), "{elsewhere}");
 
     // The unserved annotation and the snippet: Warning Events on their Ingress, whose
     // rest is served (above).
