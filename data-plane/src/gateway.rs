@@ -353,6 +353,12 @@ fn timeouts_of(t: Option<&holdfast_proto::v1::RouteTimeouts>) -> Timeouts {
             0 => std::time::Duration::MAX,
             ms => std::time::Duration::from_millis(ms),
         }),
+        connect: Some(t.connect_ms)
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis),
+        send: Some(t.send_ms)
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis),
     }
 }
 
@@ -730,6 +736,37 @@ mod tests {
         assert_eq!(h.get_all("x-add").iter().collect::<Vec<_>>(), ["1", "2"]);
         assert!(h.get("x-gone").is_none());
         assert_eq!(h.get("x-keep").unwrap(), "k");
+    }
+
+    /// A route's timeouts: request and backend as Gateway API has them (backend 0: no
+    /// limit); an Ingress's connect and send limits (0: the proxy's).
+    #[test]
+    fn a_routes_timeouts_compile_to_what_each_wait_uses() {
+        use std::time::Duration;
+        let t = timeouts_of(Some(&holdfast_proto::v1::RouteTimeouts {
+            request_ms: Some(0),
+            backend_request_ms: Some(0),
+            connect_ms: 3000,
+            send_ms: 0,
+        }));
+        assert_eq!(
+            t,
+            Timeouts {
+                request: None,
+                backend: Some(Duration::MAX),
+                connect: Some(Duration::from_secs(3)),
+                send: None,
+            }
+        );
+        let t = timeouts_of(Some(&holdfast_proto::v1::RouteTimeouts {
+            request_ms: None,
+            backend_request_ms: Some(120_000),
+            connect_ms: 0,
+            send_ms: 7000,
+        }));
+        assert_eq!(t.backend, Some(Duration::from_secs(120)));
+        assert_eq!((t.connect, t.send), (None, Some(Duration::from_secs(7))));
+        assert_eq!(timeouts_of(None), Timeouts::default());
     }
 
     /// ingress-nginx `rewrite-target`: `$1`-`$9` are the regular expression's groups on

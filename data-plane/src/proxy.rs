@@ -628,18 +628,19 @@ impl Forwarder {
         &self,
         key: &Key,
         fresh: bool,
+        connect_timeout: Duration,
     ) -> Result<Box<Upstream<ReclaimBody>>, crate::upstream::ConnectError> {
         if !fresh && let Some(up) = self.pool.take(key) {
             return Ok(up);
         }
-        let up = Upstream::connect(key.clone(), self.settings.connect_timeout).await?;
+        let up = Upstream::connect(key.clone(), connect_timeout).await?;
         self.metrics.upstream_connections_opened.inc();
         Ok(up)
     }
 
     /// Sends `request` on `up` (an upgrade on a connection of its own) and waits for the
-    /// response head. A reused connection that the upstream closed before the request
-    /// went out is replaced by a new one.
+    /// response head (`wait`). A reused connection that the upstream closed before the
+    /// request went out is replaced by a new one (connecting within `connect`).
     async fn exchange(
         &self,
         mut up: Box<Upstream<ReclaimBody>>,
@@ -647,7 +648,7 @@ impl Forwarder {
         mut request: Request<ReclaimBody>,
         upgrade: bool,
         slot: &BodySlot,
-        wait: Duration,
+        (wait, connect): (Duration, Duration),
     ) -> Result<Exchanged, Failed> {
         if upgrade {
             let mut send = up.spawn_with_upgrades();
@@ -661,7 +662,7 @@ impl Forwarder {
             match self.timed(up.send(request), slot, wait).await {
                 Ok(Ok(response)) => return Ok((response, Some(up))),
                 Ok(Err(Ok(unsent))) if up.reused() => {
-                    up = match self.connection(key, true).await {
+                    up = match self.connection(key, true, connect).await {
                         Ok(up) => up,
                         Err(e) => {
                             return Err(Failed::Connect(e, Some(unsent.into_parts().0.headers)));
@@ -901,6 +902,10 @@ impl Forwarder {
             .timeouts
             .backend
             .unwrap_or(self.settings.response_timeout);
+        let connect = routed
+            .timeouts
+            .connect
+            .unwrap_or(self.settings.connect_timeout);
         let route = routed.route;
         let retry = routed.retry;
         let max_body =
@@ -933,7 +938,7 @@ impl Forwarder {
                         Target::None => break,
                     };
                 let sent = Instant::now();
-                let result = match self.connection(&key, upgrade).await {
+                let result = match self.connection(&key, upgrade, connect).await {
                     Ok(up) => {
                         // Taken only once connected: a failed connect leaves them for the
                         // next endpoint, so they are never copied.
@@ -946,7 +951,7 @@ impl Forwarder {
                         *upstream.uri_mut() = Uri::from(path_and_query.clone());
                         *upstream.version_mut() = Version::HTTP_11;
                         *upstream.headers_mut() = request_headers;
-                        self.exchange(up, &key, upstream, upgrade, &slot, wait)
+                        self.exchange(up, &key, upstream, upgrade, &slot, (wait, connect))
                             .await
                     }
                     Err(e) => Err(Failed::Connect(e, None)),

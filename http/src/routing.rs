@@ -131,4 +131,10 @@ pub struct Timeouts {
     /// Each attempt's wait for the response head after the request went whole, instead
     /// of the proxy's response timeout (then 504); `Duration::MAX`: no limit.
     pub backend: Option<Duration>,
+    /// Each connect to an endpoint, instead of the proxy's connect timeout (an Ingress's
+    /// `proxy-connect-timeout`).
+    pub connect: Option<Duration>,
+    /// Each write of the request upstream, instead of the proxy's (an Ingress's
+    /// `proxy-send-timeout`).
+    pub send: Option<Duration>,
 }

@@ -189,6 +189,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
                 r.timeouts = Some(RouteTimeouts {
                     request_ms: timeouts.request.map(ms),
                     backend_request_ms: timeouts.backend_request.map(ms),
+                    ..RouteTimeouts::default()
                 });
             }
             r.cors = cors.as_deref().cloned();

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use holdfast_proto::v1::{
     Cors, GatewayHost, GatewayRoute, HeaderMatch, HeaderModifier, IngressRef, MatchKind,
-    PathModifier, RequestRedirect, UrlRewrite, WeightedBackend,
+    PathModifier, RequestRedirect, RouteTimeouts, UrlRewrite, WeightedBackend,
 };
 
 use super::ProblemReason;
@@ -32,6 +32,10 @@ pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
 pub const CORS_DEFAULT_METHODS: &str = "GET, PUT, POST, DELETE, PATCH, OPTIONS";
 /// ingress-nginx's default `cors-allow-headers`.
 pub const CORS_DEFAULT_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization";
+/// The longest upstream timeout an annotation may set (seconds): a tenant must not hold a
+/// proxy's connections for days.
+pub const MAX_TIMEOUT_SECONDS: u64 = 3600;
+
 /// ingress-nginx's default `cors-max-age` (seconds).
 pub const CORS_DEFAULT_MAX_AGE: u32 = 1_728_000;
 
@@ -55,6 +59,9 @@ pub const SERVED: &[&str] = &[
     "permanent-redirect",
     "permanent-redirect-code",
     "proxy-body-size",
+    "proxy-connect-timeout",
+    "proxy-read-timeout",
+    "proxy-send-timeout",
     "rewrite-target",
     "ssl-redirect",
     "temporal-redirect",
@@ -89,6 +96,9 @@ pub struct NginxFilters {
     pub deny_sources: Vec<String>,
     /// Most request body bytes (`proxy-body-size`; None: the proxy's limit alone).
     pub max_body_bytes: Option<u64>,
+    /// Upstream timeouts (`proxy-connect-timeout`, `proxy-read-timeout`,
+    /// `proxy-send-timeout`; None: the proxy's).
+    pub timeouts: Option<RouteTimeouts>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -162,6 +172,9 @@ impl NginxFilters {
         r.allow_sources.clone_from(&self.allow_sources);
         r.deny_sources.clone_from(&self.deny_sources);
         r.max_body_bytes = self.max_body_bytes.unwrap_or(0);
+        if let Some(t) = &self.timeouts {
+            r.timeouts = Some(*t);
+        }
     }
 }
 
@@ -443,6 +456,38 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     }
     filters.allow_sources = allow;
     filters.deny_sources = deny;
+    let mut timeouts = RouteTimeouts::default();
+    for name in [
+        "proxy-connect-timeout",
+        "proxy-read-timeout",
+        "proxy-send-timeout",
+    ] {
+        let Some(value) = get(name) else { continue };
+        let seconds = value
+            .strip_suffix('s')
+            .unwrap_or(value)
+            .parse::<u64>()
+            .ok()
+            .filter(|s| (1..=MAX_TIMEOUT_SECONDS).contains(s));
+        let Some(seconds) = seconds else {
+            invalid(
+                name,
+                format!(
+                    "{value:?} is not a number of seconds from 1 to {MAX_TIMEOUT_SECONDS}; the proxy's is used"
+                ),
+            );
+            continue;
+        };
+        let ms = seconds * 1000;
+        match name {
+            "proxy-connect-timeout" => timeouts.connect_ms = ms,
+            "proxy-read-timeout" => timeouts.backend_request_ms = Some(ms),
+            _ => timeouts.send_ms = ms,
+        }
+    }
+    if timeouts != RouteTimeouts::default() {
+        filters.timeouts = Some(timeouts);
+    }
     if let Some(size) = get("proxy-body-size") {
         match nginx_size(size) {
             // 0: no limit of its own (nginx's `client_max_body_size 0`).
@@ -1221,6 +1266,32 @@ mod tests {
             .filters
             .apply(&mut e);
         assert_eq!(e.max_body_bytes, 2048);
+    }
+
+    #[test]
+    fn proxy_timeouts_are_seconds_and_each_replaces_the_proxy_s_own() {
+        let r = read(
+            &annotations(&[
+                ("proxy-connect-timeout", "3"),
+                ("proxy-read-timeout", "120s"),
+                ("proxy-send-timeout", "7"),
+            ]),
+            true,
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        let t = r.filters.timeouts.unwrap();
+        assert_eq!(
+            (t.connect_ms, t.backend_request_ms, t.send_ms, t.request_ms),
+            (3000, Some(120_000), 7000, None)
+        );
+        let mut e = GatewayRoute::default();
+        r.filters.apply(&mut e);
+        assert_eq!(e.timeouts, Some(t));
+        for bad in ["0", "-1", "1.5", "3601", "ten"] {
+            let r = read(&annotations(&[("proxy-read-timeout", bad)]), true);
+            assert_eq!(r.filters.timeouts, None, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
     }
 
     #[test]

@@ -214,6 +214,11 @@ pub struct H1Conn<'f, F, S> {
     wait: Duration,
     /// The current request's body limit in bytes (its route's under the proxy's; 0 none).
     max_body: u64,
+    /// The current request's connect timeout (its route's, else the proxy's).
+    connect_wait: Duration,
+    /// The current request's limit on each write upstream (its route's, else the wait's,
+    /// at most the proxy's response timeout).
+    send_wait: Duration,
     /// When the current request's rule says it must have its response head by, and the
     /// rule's limit.
     deadline: Option<(Instant, Duration)>,
@@ -268,6 +273,8 @@ where
             wait: service.settings().response_timeout,
             deadline: None,
             max_body: 0,
+            connect_wait: service.settings().connect_timeout,
+            send_wait: service.settings().response_timeout,
             peer,
             port,
             requests: 0,
@@ -440,6 +447,12 @@ where
                 let rule = r.timeouts.copied().unwrap_or_default();
                 self.wait = rule.backend.unwrap_or(settings.response_timeout);
                 self.max_body = crate::routing::body_limit(settings.max_request_body, r.max_body);
+                self.connect_wait = rule.connect.unwrap_or(settings.connect_timeout);
+                // A rule's "no limit" is on the wait for an answer: writes keep the
+                // proxy's, unless the route sets its own.
+                self.send_wait = rule
+                    .send
+                    .unwrap_or(self.wait.min(settings.response_timeout));
                 self.deadline = rule
                     .request
                     .and_then(|d| Some((started.checked_add(d)?, d)));
@@ -729,7 +742,7 @@ where
         if !fresh && let Some(up) = take_idle(number, key, check) {
             return Ok((up, true));
         }
-        let by = self.by(self.service.settings().connect_timeout);
+        let by = self.by(self.connect_wait);
         let stream = self
             .timer
             .within(by, crate::upstream::open(key))
@@ -813,8 +826,7 @@ where
         upstream: &mut TcpStream,
         bytes: Option<(usize, usize)>,
     ) -> std::io::Result<()> {
-        // A rule's "no limit" is on the wait for an answer: writes keep the proxy's.
-        let by = self.by(self.wait.min(self.service.settings().response_timeout));
+        let by = self.by(self.send_wait);
         let written = match bytes {
             Some((from, to)) => {
                 let data = &self.buf[from..to];

@@ -67,7 +67,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let (rewrite, other) = (host("rewrite"), host("other"));
     let (allowed, refused) = (host("allowed"), host("refused"));
     let (regex, cors2) = (host("regex"), host("cors2"));
-    let small = host("small");
+    let (small, slow) = (host("small"), host("slow"));
     for ing in [
         annotated(
             &s,
@@ -165,6 +165,12 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
             "small",
             (&small, &["/"], SVC),
             &[("proxy-body-size", "1k")],
+        )?,
+        annotated(
+            &s,
+            "slow",
+            (&slow, &["/"], SVC),
+            &[("proxy-read-timeout", "1")],
         )?,
         annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
@@ -346,6 +352,15 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     assert!(chunked.starts_with("http/1.1 413"), "{chunked}");
     let elsewhere = raw(post(&other, "Content-Length: 2048\r\n", &"b".repeat(2048))).await?;
     assert!(!elsewhere.starts_with("http/1.1 413"), "{elsewhere}");
+
+    // proxy-read-timeout: the wait for the response head is the Ingress's (1 s, then 504;
+    // the proxy's own is 30 s).
+    let (status, _, _) = ask(slow.clone(), "/x?delay_ms=100", vec![]).await?;
+    assert_eq!(status, 200);
+    let (status, _, _) = ask(slow.clone(), "/x?delay_ms=2500", vec![]).await?;
+    assert_eq!(status, 504);
+    let (status, _, _) = ask(other.clone(), "/api?delay_ms=1500", vec![]).await?;
+    assert_eq!(status, 200, "another host keeps the proxy's");
 
     // The unserved annotation and the snippet: Warning Events on their Ingress, whose
     // rest is served (above).
