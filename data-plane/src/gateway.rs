@@ -275,6 +275,8 @@ pub struct Matched {
     pub sources: Option<Box<Sources>>,
     /// Its own request body limit in bytes (an Ingress's `proxy-body-size`).
     pub max_body: Option<std::num::NonZeroU64>,
+    /// Requests a second per client address (an Ingress's `limit-rps`).
+    pub rate_limit: Option<Box<crate::limit::RateLimit>>,
     requests: AtomicU64,
 }
 
@@ -527,6 +529,8 @@ pub(crate) fn compile_entry(
                 .map_err(|_| bad("source range"))?
                 .map(Box::new),
             max_body: std::num::NonZeroU64::new(r.max_body_bytes),
+            rate_limit: (r.limit_rps > 0)
+                .then(|| Box::new(crate::limit::RateLimit::new(r.limit_rps, r.limit_burst))),
             requests: AtomicU64::new(0),
         }),
     })

@@ -32,6 +32,7 @@ pub mod admin;
 pub mod config;
 pub mod cors;
 pub mod gateway;
+pub mod limit;
 pub mod listeners;
 pub mod matching;
 pub mod metrics;

@@ -261,11 +261,14 @@ pub enum Reason {
     /// 403: the client address is refused by the route's source ranges (an Ingress's
     /// `whitelist-source-range` or `denylist-source-range`).
     Forbidden,
+    /// 503: the client address is over the route's request rate (an Ingress's
+    /// `limit-rps`).
+    RateLimited,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -281,6 +284,7 @@ impl Reason {
         Reason::Overloaded,
         Reason::InvalidBackend,
         Reason::Forbidden,
+        Reason::RateLimited,
     ];
 
     /// The status code answered.
@@ -294,7 +298,8 @@ impl Reason {
             Reason::NoSnapshot
             | Reason::BackendUnavailable
             | Reason::EndpointBusy
-            | Reason::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::Overloaded
+            | Reason::RateLimited => StatusCode::SERVICE_UNAVAILABLE,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Reason::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Reason::LoopDetected => StatusCode::LOOP_DETECTED,
@@ -314,7 +319,8 @@ impl Reason {
             Reason::NoSnapshot
             | Reason::BackendUnavailable
             | Reason::EndpointBusy
-            | Reason::Overloaded => "503",
+            | Reason::Overloaded
+            | Reason::RateLimited => "503",
             Reason::UpstreamTimeout => "504",
             Reason::Misdirected => "421",
             Reason::LoopDetected => "508",
@@ -341,6 +347,7 @@ impl Reason {
             Reason::Overloaded => "overloaded",
             Reason::InvalidBackend => "invalid_backend",
             Reason::Forbidden => "forbidden",
+            Reason::RateLimited => "rate_limited",
         }
     }
 }

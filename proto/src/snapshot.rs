@@ -652,6 +652,8 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || r.https_redirect
                 || !r.allow_sources.is_empty()
                 || !r.deny_sources.is_empty()
+                || r.limit_rps > 0
+                || r.max_body_bytes > 0
         }) {
             return Err(bad_gateway_host(
                 g,

@@ -36,12 +36,16 @@ pub const CORS_DEFAULT_HEADERS: &str = "DNT,Keep-Alive,User-Agent,X-Requested-Wi
 /// proxy's connections for days.
 pub const MAX_TIMEOUT_SECONDS: u64 = 3600;
 
+/// The highest `limit-rps` read.
+pub const MAX_RPS: u32 = 1_000_000;
+
 /// ingress-nginx's default `cors-max-age` (seconds).
 pub const CORS_DEFAULT_MAX_AGE: u32 = 1_728_000;
 
 /// The annotations served (the names after [`PREFIX`]).
 pub const SERVED: &[&str] = &[
     "app-root",
+    "backend-protocol",
     "canary",
     "canary-by-header",
     "canary-by-header-value",
@@ -56,6 +60,8 @@ pub const SERVED: &[&str] = &[
     "denylist-source-range",
     "enable-cors",
     "force-ssl-redirect",
+    "limit-burst-multiplier",
+    "limit-rps",
     "permanent-redirect",
     "permanent-redirect-code",
     "proxy-body-size",
@@ -99,6 +105,9 @@ pub struct NginxFilters {
     /// Upstream timeouts (`proxy-connect-timeout`, `proxy-read-timeout`,
     /// `proxy-send-timeout`; None: the proxy's).
     pub timeouts: Option<RouteTimeouts>,
+    /// Requests a second per client address, and at once (`limit-rps`,
+    /// `limit-burst-multiplier`).
+    pub rate_limit: Option<(u32, u32)>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -174,6 +183,10 @@ impl NginxFilters {
         r.max_body_bytes = self.max_body_bytes.unwrap_or(0);
         if let Some(t) = &self.timeouts {
             r.timeouts = Some(*t);
+        }
+        if let Some((rps, burst)) = self.rate_limit {
+            r.limit_rps = rps;
+            r.limit_burst = burst;
         }
     }
 }
@@ -377,6 +390,14 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         }
     }
     let ssl_redirect = boolean("ssl-redirect", &mut invalid);
+    // backend-protocol: HTTP (its default) is what the proxy speaks to backends.
+    let unserved_protocol = get("backend-protocol")
+        .filter(|p| !p.eq_ignore_ascii_case("HTTP"))
+        .map(|protocol| {
+            format!(
+                "{PREFIX}backend-protocol: {protocol:?} is not served (the proxy speaks HTTP/1.1 to backends; HTTPS, GRPC, GRPCS and H2C upstream are not built yet): HTTP is used"
+            )
+        });
     let mut regex = boolean("use-regex", &mut invalid) == Some(true);
     if let Some(target) = get("rewrite-target") {
         // nginx variables besides $1-$9 are not expanded: refuse them.
@@ -488,6 +509,35 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     if timeouts != RouteTimeouts::default() {
         filters.timeouts = Some(timeouts);
     }
+    if let Some(rps) = get("limit-rps") {
+        let multiplier = match get("limit-burst-multiplier") {
+            None => 5,
+            Some(m) => m.parse::<u32>().ok().filter(|m| *m > 0).unwrap_or_else(|| {
+                invalid(
+                    "limit-burst-multiplier",
+                    format!("{m:?} is not a positive number; 5 is used"),
+                );
+                5
+            }),
+        };
+        match rps.parse::<u32>() {
+            Ok(0) => {}
+            Ok(n) if n <= MAX_RPS => {
+                filters.rate_limit = Some((n, n.saturating_mul(multiplier)));
+            }
+            _ => invalid(
+                "limit-rps",
+                format!(
+                    "{rps:?} is not a number of requests a second from 0 to {MAX_RPS}; no limit is applied"
+                ),
+            ),
+        }
+    } else if get("limit-burst-multiplier").is_some() {
+        invalid(
+            "limit-burst-multiplier",
+            "ignored: it needs limit-rps".into(),
+        );
+    }
     if let Some(size) = get("proxy-body-size") {
         match nginx_size(size) {
             // 0: no limit of its own (nginx's `client_max_body_size 0`).
@@ -506,6 +556,9 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             name,
             "ignored: enable-cors is not \"true\" (as in ingress-nginx)".into(),
         );
+    }
+    if let Some(message) = unserved_protocol {
+        problems.push((ProblemReason::UnservedAnnotation, message));
     }
     Read {
         filters,
@@ -852,7 +905,7 @@ mod tests {
             &annotations(&[
                 ("configuration-snippet", "more_set_headers \"X: y\";"),
                 ("server-snippet", "location /x {}"),
-                ("limit-rps", "5"),
+                ("limit-connections", "5"),
                 ("upstream-vhost", "internal.example"),
             ]),
             true,
@@ -867,7 +920,11 @@ mod tests {
                 ProblemReason::UnservedAnnotation
             ]
         );
-        assert!(r.problems.iter().any(|(_, m)| m.contains("limit-rps")));
+        assert!(
+            r.problems
+                .iter()
+                .any(|(_, m)| m.contains("limit-connections"))
+        );
         assert_eq!(
             r.filters.upstream_vhost.as_deref(),
             Some("internal.example")
@@ -1291,6 +1348,37 @@ mod tests {
             let r = read(&annotations(&[("proxy-read-timeout", bad)]), true);
             assert_eq!(r.filters.timeouts, None, "{bad}");
             assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
+    }
+
+    #[test]
+    fn limit_rps_bursts_five_times_by_default() {
+        let r = read(&annotations(&[("limit-rps", "10")]), true);
+        assert_eq!(r.filters.rate_limit, Some((10, 50)));
+        let r = read(
+            &annotations(&[("limit-rps", "10"), ("limit-burst-multiplier", "2")]),
+            true,
+        );
+        assert_eq!(r.filters.rate_limit, Some((10, 20)));
+        let mut e = GatewayRoute::default();
+        r.filters.apply(&mut e);
+        assert_eq!((e.limit_rps, e.limit_burst), (10, 20));
+        for bad in ["-1", "ten", "1.5"] {
+            let r = read(&annotations(&[("limit-rps", bad)]), true);
+            assert_eq!(r.filters.rate_limit, None, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
+    }
+
+    #[test]
+    fn backend_protocol_http_is_served_and_others_are_said_unserved() {
+        for value in ["HTTP", "http"] {
+            let r = read(&annotations(&[("backend-protocol", value)]), true);
+            assert!(r.problems.is_empty() && r.filters.is_empty(), "{value}");
+        }
+        for value in ["HTTPS", "GRPC", "GRPCS", "H2C", "AJP"] {
+            let r = read(&annotations(&[("backend-protocol", value)]), true);
+            assert_eq!(reasons(&r), [ProblemReason::UnservedAnnotation], "{value}");
         }
     }
 

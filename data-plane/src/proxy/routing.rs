@@ -275,6 +275,21 @@ impl Forwarder {
                 );
             }
         }
+        if let Some(limit) = &matched.rate_limit {
+            // An unknown peer shares one bucket with every other unknown one.
+            let client = self
+                .client_address(request)
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            if !limit.allow(client, std::time::Instant::now()) {
+                return refuse(
+                    Reason::RateLimited,
+                    format!(
+                        "rate limited: {client} is over {} requests a second",
+                        limit.rate
+                    ),
+                );
+            }
+        }
         let (changes, response, rewrite, timeouts, cors, retry, per_target) = match &matched.action
         {
             Action::Forward {

@@ -67,7 +67,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let (rewrite, other) = (host("rewrite"), host("other"));
     let (allowed, refused) = (host("allowed"), host("refused"));
     let (regex, cors2) = (host("regex"), host("cors2"));
-    let (small, slow) = (host("small"), host("slow"));
+    let (small, slow, limited) = (host("small"), host("slow"), host("limited"));
     for ing in [
         annotated(
             &s,
@@ -115,7 +115,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                     "configuration-snippet",
                     "more_set_headers \"X-Injected: 1\";",
                 ),
-                ("limit-rps", "5"),
+                ("limit-connections", "5"),
             ],
         )?,
         // ingress-nginx's own rewrite example, and another Ingress of the host.
@@ -171,6 +171,12 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
             "slow",
             (&slow, &["/"], SVC),
             &[("proxy-read-timeout", "1")],
+        )?,
+        annotated(
+            &s,
+            "limited",
+            (&limited, &["/"], SVC),
+            &[("limit-rps", "1"), ("limit-burst-multiplier", "3")],
         )?,
         annotated(&s, "plain", (&other, &["/api"], SVC), &[])?,
     ] {
@@ -362,6 +368,18 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let (status, _, _) = ask(other.clone(), "/api?delay_ms=1500", vec![]).await?;
     assert_eq!(status, 200, "another host keeps the proxy's");
 
+    // limit-rps: 1 a second with a burst of 3, per client address: of 8 requests at once,
+    // 3 (or 4, if a second has passed meanwhile) go through and the rest get 503.
+    let mut through = 0;
+    for _ in 0..8 {
+        match ask(limited.clone(), "/", vec![]).await?.0 {
+            200 => through += 1,
+            503 => {}
+            other => anyhow::bail!("limit-rps answered {other}"),
+        }
+    }
+    assert!((3..=4).contains(&through), "{through} of 8 went through");
+
     // The unserved annotation and the snippet: Warning Events on their Ingress, whose
     // rest is served (above).
     let events: Api<Event> = Api::namespaced(s.client.clone(), &ns);
@@ -381,7 +399,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                 })
             };
             Ok((on_cors("SnippetRefused", "configuration-snippet")
-                && on_cors("UnservedAnnotation", "limit-rps"))
+                && on_cors("UnservedAnnotation", "limit-connections"))
             .then_some(()))
         }
     })

@@ -1,0 +1,148 @@
+//! Per-client request rate limits (an Ingress's ingress-nginx `limit-rps`): a token bucket
+//! per client address, per route entry and per proxy (as ingress-nginx's are per nginx
+//! instance). Pure bookkeeping: the caller passes the time, so tests drive the clock.
+//!
+//! Bounded: at most [`MAX_CLIENTS`] addresses are tracked per entry. When the table is
+//! full, the addresses whose buckets have refilled are forgotten (they are as a new client
+//! would be); if none has, further new addresses share one overflow bucket, so many
+//! addresses can neither grow the table nor escape the limit together.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Most client addresses tracked per limited entry.
+pub const MAX_CLIENTS: usize = 16_384;
+
+/// A token bucket per client address: `rate` requests a second, up to `burst` at once.
+#[derive(Debug)]
+pub struct RateLimit {
+    /// Requests a second.
+    pub rate: u32,
+    /// Requests allowed at once, over the rate.
+    pub burst: u32,
+    buckets: Mutex<Buckets>,
+}
+
+#[derive(Debug, Default)]
+struct Buckets {
+    by_client: HashMap<IpAddr, Bucket>,
+    overflow: Option<Bucket>,
+}
+
+/// Tokens left, as of `at`.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl RateLimit {
+    /// `rate` requests a second per client, `burst` at once (at least 1).
+    pub fn new(rate: u32, burst: u32) -> Self {
+        RateLimit {
+            rate,
+            burst: burst.max(1),
+            buckets: Mutex::new(Buckets::default()),
+        }
+    }
+
+    fn refill(&self, b: &mut Bucket, now: Instant) {
+        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + elapsed * f64::from(self.rate)).min(f64::from(self.burst));
+        b.at = now;
+    }
+
+    /// Whether a request from `client` at `now` is let through (it takes a token).
+    pub fn allow(&self, client: IpAddr, now: Instant) -> bool {
+        let full = Bucket {
+            tokens: f64::from(self.burst),
+            at: now,
+        };
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !buckets.by_client.contains_key(&client) && buckets.by_client.len() >= MAX_CLIENTS {
+            let burst = f64::from(self.burst);
+            let rate = f64::from(self.rate);
+            buckets.by_client.retain(|_, b| {
+                let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+                b.tokens + elapsed * rate < burst
+            });
+        }
+        let bucket =
+            if buckets.by_client.len() < MAX_CLIENTS || buckets.by_client.contains_key(&client) {
+                buckets.by_client.entry(client).or_insert(full)
+            } else {
+                buckets.overflow.get_or_insert(full)
+            };
+        let mut b = *bucket;
+        self.refill(&mut b, now);
+        let allowed = b.tokens >= 1.0;
+        if allowed {
+            b.tokens -= 1.0;
+        }
+        *bucket = b;
+        allowed
+    }
+
+    /// Addresses tracked now.
+    pub fn tracked(&self) -> usize {
+        self.buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .by_client
+            .len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::from(n.to_be_bytes())
+    }
+
+    /// A client gets its burst at once, then the rate; each client has its own bucket.
+    #[test]
+    fn each_client_gets_its_burst_then_its_rate() {
+        let limit = RateLimit::new(2, 5);
+        let t0 = Instant::now();
+        let allowed = (0..10).filter(|_| limit.allow(ip(1), t0)).count();
+        assert_eq!(allowed, 5, "the burst");
+        assert!(limit.allow(ip(2), t0), "another client has its own");
+        assert!(!limit.allow(ip(1), t0 + Duration::from_millis(400)));
+        assert!(
+            limit.allow(ip(1), t0 + Duration::from_millis(500)),
+            "2 a second"
+        );
+        assert!(!limit.allow(ip(1), t0 + Duration::from_millis(600)));
+        let later = t0 + Duration::from_secs(60);
+        let allowed = (0..10).filter(|_| limit.allow(ip(1), later)).count();
+        assert_eq!(allowed, 5, "refilled to the burst, never over");
+    }
+
+    /// The table is bounded: refilled clients are forgotten; when none is, new clients
+    /// share one overflow bucket (many addresses cannot escape the limit together).
+    #[test]
+    fn the_clients_tracked_are_bounded_and_new_ones_share_the_overflow() {
+        let limit = RateLimit::new(1, 1);
+        let t0 = Instant::now();
+        for n in 0..MAX_CLIENTS as u32 {
+            assert!(limit.allow(ip(n), t0));
+        }
+        assert_eq!(limit.tracked(), MAX_CLIENTS);
+        let extra = MAX_CLIENTS as u32;
+        assert!(limit.allow(ip(extra), t0), "the overflow's token");
+        assert!(!limit.allow(ip(extra + 1), t0), "shared: spent");
+        assert_eq!(limit.tracked(), MAX_CLIENTS);
+        // Later every bucket has refilled: they are forgotten, and a new client tracked.
+        let later = t0 + Duration::from_secs(5);
+        assert!(limit.allow(ip(extra + 2), later));
+        assert_eq!(limit.tracked(), 1);
+    }
+}
