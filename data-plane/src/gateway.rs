@@ -413,16 +413,22 @@ pub(crate) fn compile_entry(
         .iter()
         .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
         .collect::<Result<Vec<_>, _>>()?;
-    let more = (!r.method.is_empty() || !r.query_params.is_empty()).then(|| {
-        Box::new(Conditions {
-            method: Some(r.method.clone()).filter(|m| !m.is_empty()),
-            query: r
-                .query_params
-                .iter()
-                .map(|q| (q.name.clone(), q.value.clone()))
-                .collect(),
-        })
-    });
+    let more =
+        (!r.method.is_empty() || !r.query_params.is_empty() || !r.cookies.is_empty()).then(|| {
+            Box::new(Conditions {
+                method: Some(r.method.clone()).filter(|m| !m.is_empty()),
+                query: r
+                    .query_params
+                    .iter()
+                    .map(|q| (q.name.clone(), q.value.clone()))
+                    .collect(),
+                cookies: r
+                    .cookies
+                    .iter()
+                    .map(|c| (c.name.clone(), c.value.clone()))
+                    .collect(),
+            })
+        });
     let path_of = |m: &holdfast_proto::v1::PathModifier| {
         (m.value.starts_with('/') || (m.value.is_empty() && !m.full))
             .then(|| PathModifier {

@@ -81,6 +81,9 @@ pub struct Conditions {
     /// exactly the value, both compared percent-decoded (`%74rue` is `true`, as a
     /// backend reads it; `+` is kept as it is).
     pub query: Vec<(String, String)>,
+    /// Cookies (an Ingress canary's `canary-by-cookie`): a cookie of each name
+    /// (case-sensitive) must have exactly the value.
+    pub cookies: Vec<(String, String)>,
 }
 
 impl Conditions {
@@ -90,7 +93,26 @@ impl Conditions {
             && self.query.iter().all(|(name, value)| {
                 first_parameter(request.query, name).is_some_and(|v| v == value.as_str())
             })
+            && self
+                .cookies
+                .iter()
+                .all(|(name, value)| has_cookie(request.headers, name, value))
     }
+}
+
+/// Whether a `Cookie` header of `headers` has a cookie `name` with exactly `value`
+/// (`a=1; b=2`; spaces around the pairs ignored).
+pub fn has_cookie(headers: &dyn HeaderLookup, name: &str, value: &str) -> bool {
+    headers.any_value("cookie", &mut |line| {
+        line.split(|b| *b == b';').any(|pair| {
+            let pair = pair.trim_ascii();
+            let (n, v) = match pair.iter().position(|b| *b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &b""[..]),
+            };
+            n == name.as_bytes() && v == value.as_bytes()
+        })
+    })
 }
 
 /// The value of the first parameter named `name` in `query` (`a=1&b&c=3`: `b` has the
@@ -640,12 +662,47 @@ pub(crate) mod tests {
         assert_eq!(t.lookup("/a/b/c", None).map(|e| e.action), Some("ab"));
     }
 
+    /// A cookie match (an Ingress canary's `canary-by-cookie`): the cookie of that name,
+    /// in any `Cookie` line, has exactly the value.
+    #[test]
+    fn a_cookie_match_holds_for_that_cookie_s_exact_value() {
+        let h = headers(&[("cookie", "a=1; canary=always"), ("cookie", "b=2")]);
+        assert!(has_cookie(&h, "canary", "always"));
+        assert!(has_cookie(&h, "b", "2"));
+        assert!(!has_cookie(&h, "canary", "never"));
+        assert!(
+            !has_cookie(&h, "Canary", "always"),
+            "names are case-sensitive"
+        );
+        assert!(!has_cookie(&h, "canary", "alway"));
+        assert!(!has_cookie(&headers(&[]), "canary", "always"));
+        let mut by_cookie = e(p("/"), &[], "canary");
+        by_cookie.more = Some(Box::new(Conditions {
+            cookies: vec![("canary".into(), "always".into())],
+            ..Conditions::default()
+        }));
+        let t = Paths::new(vec![by_cookie, e(p("/"), &[], "main")]);
+        let at = |h: &[(&str, &str)]| {
+            let h = headers(h);
+            let asked = Asked {
+                method: "GET",
+                query: None,
+                headers: &h,
+            };
+            t.lookup("/x", Some(&asked)).map(|e| e.action)
+        };
+        assert_eq!(at(&[("cookie", "canary=always")]), Some("canary"));
+        assert_eq!(at(&[("cookie", "canary=never")]), Some("main"));
+        assert_eq!(at(&[]), Some("main"));
+    }
+
     #[test]
     fn a_method_and_the_first_query_parameter_of_each_name_must_match() {
         let mut by_method = e(p("/"), &[], "patch");
         by_method.more = Some(Box::new(Conditions {
             method: Some("PATCH".into()),
             query: vec![],
+            cookies: vec![],
         }));
         let mut by_query = e(p("/"), &[("v", "1")], "query");
         by_query.more = Some(Box::new(Conditions {
@@ -654,6 +711,7 @@ pub(crate) mod tests {
                 ("animal".into(), "whale".into()),
                 ("Color".into(), "".into()),
             ],
+            cookies: vec![],
         }));
         let t = Paths::new(vec![by_method, by_query, e(p("/"), &[], "any")]);
         let h = headers(&[("v", "1")]);

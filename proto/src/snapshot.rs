@@ -204,6 +204,12 @@ pub fn gateway_route_key(r: &crate::v1::GatewayRoute) -> String {
         key.push(':');
         key.push_str(&h.value);
     }
+    for c in &r.cookies {
+        key.push_str(" cookie ");
+        key.push_str(&c.name);
+        key.push('=');
+        key.push_str(&c.value);
+    }
     key
 }
 
@@ -654,6 +660,7 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || !r.deny_sources.is_empty()
                 || r.limit_rps > 0
                 || r.max_body_bytes > 0
+                || !r.cookies.is_empty()
         }) {
             return Err(bad_gateway_host(
                 g,

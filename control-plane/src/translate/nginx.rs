@@ -47,6 +47,7 @@ pub const SERVED: &[&str] = &[
     "app-root",
     "backend-protocol",
     "canary",
+    "canary-by-cookie",
     "canary-by-header",
     "canary-by-header-value",
     "canary-weight",
@@ -123,6 +124,9 @@ pub struct Canary {
     /// `never` to the main backend; with `canary-by-header-value`, that value alone sends it
     /// to the canary. Other values are left to the weight.
     pub header: Option<(String, Option<String>)>,
+    /// `canary-by-cookie`: that cookie's value `always` sends a request to the canary,
+    /// `never` to the main backend (after the header rule, before the weight).
+    pub cookie: Option<String>,
 }
 
 /// What [`read`] found.
@@ -625,6 +629,18 @@ fn read_canary<'v>(
             }
         }
     };
+    let cookie = get("canary-by-cookie").and_then(|name| {
+        let ok = !name.is_empty()
+            && !name.contains('$')
+            && http::HeaderName::from_bytes(name.as_bytes()).is_ok();
+        if !ok {
+            invalid(
+                "canary-by-cookie",
+                format!("{name:?} is not a cookie name; not applied"),
+            );
+        }
+        ok.then(|| name.to_owned())
+    });
     if header.is_none() && get("canary-by-header-value").is_some() {
         invalid(
             "canary-by-header-value",
@@ -635,6 +651,7 @@ fn read_canary<'v>(
         weight,
         total,
         header,
+        cookie,
     }
 }
 
@@ -660,6 +677,15 @@ pub fn with_canary(main: &GatewayRoute, backend: &str, canary: &Canary) -> Vec<G
         r.backends = backends;
         r
     };
+    let on_cookie = |value: &str, backends: Vec<WeightedBackend>| {
+        let mut r = main.clone();
+        r.cookies = vec![HeaderMatch {
+            name: canary.cookie.clone().unwrap_or_default(),
+            value: value.to_owned(),
+        }];
+        r.backends = backends;
+        r
+    };
     let mut out = Vec::new();
     match &canary.header {
         None => {}
@@ -668,6 +694,10 @@ pub fn with_canary(main: &GatewayRoute, backend: &str, canary: &Canary) -> Vec<G
             out.push(on_header("always", vec![to(backend, 1)]));
             out.push(on_header("never", main.backends.clone()));
         }
+    }
+    if canary.cookie.is_some() {
+        out.push(on_cookie("always", vec![to(backend, 1)]));
+        out.push(on_cookie("never", main.backends.clone()));
     }
     let mut weighted = main.clone();
     if canary.weight > 0 {
@@ -1093,6 +1123,7 @@ mod tests {
                 ("canary-by-header", "X-Canary"),
                 ("upstream-vhost", "ignored.example"),
                 ("canary-by-cookie", "c"),
+                ("canary-by-header-pattern", "^b"),
             ]),
             true,
         );
@@ -1102,6 +1133,7 @@ mod tests {
                 weight: 30,
                 total: 100,
                 header: Some(("x-canary".into(), None)),
+                cookie: Some("c".into()),
             })
         );
         assert!(
@@ -1133,6 +1165,7 @@ mod tests {
                 weight: 7,
                 total: 10,
                 header: Some(("x-env".into(), Some("beta".into()))),
+                cookie: None,
             })
         );
         assert!(r.problems.is_empty());
@@ -1184,6 +1217,7 @@ mod tests {
             weight,
             total: 100,
             header: header.map(|(n, v)| (n.to_owned(), v.map(str::to_owned))),
+            cookie: None,
         };
         let main_only = vec![("ns/main:80".to_owned(), 1)];
         let canary_only = vec![("ns/canary:80".to_owned(), 1)];
@@ -1216,8 +1250,45 @@ mod tests {
                 &canary(0, Some(("x-c", Some("beta"))))
             )),
             [
-                (vec!["x-c=beta".to_owned()], canary_only),
+                (vec!["x-c=beta".to_owned()], canary_only.clone()),
+                (vec![], main_only.clone()),
+            ]
+        );
+        // canary-by-cookie: after the header rule, before the weight.
+        let mut by_cookie = canary(10, Some(("x-c", Some("beta"))));
+        by_cookie.cookie = Some("c".into());
+        let entries = with_canary(&main, "ns/canary:80", &by_cookie);
+        let cookies: Vec<Vec<String>> = entries
+            .iter()
+            .map(|r| {
+                r.cookies
+                    .iter()
+                    .map(|c| format!("{}={}", c.name, c.value))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            cookies,
+            [
+                vec![],
+                vec!["c=always".to_owned()],
+                vec!["c=never".to_owned()],
+                vec![]
+            ]
+        );
+        assert_eq!(
+            shape(entries),
+            [
+                (vec!["x-c=beta".to_owned()], canary_only.clone()),
+                (vec![], canary_only),
                 (vec![], main_only),
+                (
+                    vec![],
+                    vec![
+                        ("ns/main:80".to_owned(), 90),
+                        ("ns/canary:80".to_owned(), 10)
+                    ]
+                ),
             ]
         );
     }

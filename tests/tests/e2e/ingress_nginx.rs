@@ -447,6 +447,7 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
         &[
             ("canary", "true"),
             ("canary-by-header", "X-Canary"),
+            ("canary-by-cookie", "canary_c"),
             ("canary-weight", "30"),
         ],
     )?;
@@ -461,6 +462,17 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
     for _ in 0..5 {
         assert_eq!(ask(vec![("x-canary", "always")]).await?, canary_echo);
         assert_eq!(ask(vec![("x-canary", "never")]).await?, main_echo);
+        // canary-by-cookie, after the header rule.
+        assert_eq!(
+            ask(vec![("cookie", "a=1; canary_c=always")]).await?,
+            canary_echo
+        );
+        assert_eq!(ask(vec![("cookie", "canary_c=never")]).await?, main_echo);
+        assert_eq!(
+            ask(vec![("x-canary", "never"), ("cookie", "canary_c=always")]).await?,
+            main_echo,
+            "the header decides first"
+        );
     }
     // The rest by weight: 30 of every 100 (exactly, while the route is not rebuilt).
     let mut to_canary = 0;
