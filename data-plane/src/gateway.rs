@@ -413,22 +413,30 @@ pub(crate) fn compile_entry(
         .iter()
         .map(|m| header_pair(&m.name, &m.value).ok_or_else(|| bad("header match")))
         .collect::<Result<Vec<_>, _>>()?;
-    let more =
-        (!r.method.is_empty() || !r.query_params.is_empty() || !r.cookies.is_empty()).then(|| {
-            Box::new(Conditions {
-                method: Some(r.method.clone()).filter(|m| !m.is_empty()),
-                query: r
-                    .query_params
-                    .iter()
-                    .map(|q| (q.name.clone(), q.value.clone()))
-                    .collect(),
-                cookies: r
-                    .cookies
-                    .iter()
-                    .map(|c| (c.name.clone(), c.value.clone()))
-                    .collect(),
-            })
-        });
+    let header_patterns = r
+        .header_patterns
+        .iter()
+        .map(|p| {
+            holdfast_proto::snapshot::header_pattern_regex(&p.value)
+                .map(|re| (p.name.clone(), crate::matching::HeaderPattern(Arc::new(re))))
+                .map_err(|_| bad("header pattern"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let conditions = Conditions {
+        method: Some(r.method.clone()).filter(|m| !m.is_empty()),
+        query: r
+            .query_params
+            .iter()
+            .map(|q| (q.name.clone(), q.value.clone()))
+            .collect(),
+        cookies: r
+            .cookies
+            .iter()
+            .map(|c| (c.name.clone(), c.value.clone()))
+            .collect(),
+        header_patterns,
+    };
+    let more = (conditions != Conditions::default()).then(|| Box::new(conditions));
     let path_of = |m: &holdfast_proto::v1::PathModifier| {
         (m.value.starts_with('/') || (m.value.is_empty() && !m.full))
             .then(|| PathModifier {

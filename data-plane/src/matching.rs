@@ -84,7 +84,22 @@ pub struct Conditions {
     /// Cookies (an Ingress canary's `canary-by-cookie`): a cookie of each name
     /// (case-sensitive) must have exactly the value.
     pub cookies: Vec<(String, String)>,
+    /// Header patterns (an Ingress canary's `canary-by-header-pattern`): a value of each
+    /// header must match its regular expression.
+    pub header_patterns: Vec<(String, HeaderPattern)>,
 }
+
+/// A compiled header pattern, with the text it was written as.
+#[derive(Debug, Clone)]
+pub struct HeaderPattern(pub std::sync::Arc<regex::Regex>);
+
+impl PartialEq for HeaderPattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for HeaderPattern {}
 
 impl Conditions {
     /// Whether `request` meets every condition.
@@ -97,6 +112,11 @@ impl Conditions {
                 .cookies
                 .iter()
                 .all(|(name, value)| has_cookie(request.headers, name, value))
+            && self.header_patterns.iter().all(|(name, pattern)| {
+                request.headers.any_value(name, &mut |v| {
+                    std::str::from_utf8(v).is_ok_and(|v| pattern.0.is_match(v))
+                })
+            })
     }
 }
 
@@ -693,6 +713,30 @@ pub(crate) mod tests {
         };
         assert_eq!(at(&[("cookie", "canary=always")]), Some("canary"));
         assert_eq!(at(&[("cookie", "canary=never")]), Some("main"));
+        assert_eq!(at(&[]), Some("main")); // A header pattern (canary-by-header-pattern): any value of the header matches.
+        let mut by_pattern = e(p("/"), &[], "canary");
+        by_pattern.more = Some(Box::new(Conditions {
+            header_patterns: vec![(
+                "x-pat".into(),
+                HeaderPattern(std::sync::Arc::new(
+                    holdfast_proto::snapshot::header_pattern_regex("^be(ta|tter)$").unwrap(),
+                )),
+            )],
+            ..Conditions::default()
+        }));
+        let t = Paths::new(vec![by_pattern, e(p("/"), &[], "main")]);
+        let at = |h: &[(&str, &str)]| {
+            let h = headers(h);
+            let asked = Asked {
+                method: "GET",
+                query: None,
+                headers: &h,
+            };
+            t.lookup("/x", Some(&asked)).map(|e| e.action)
+        };
+        assert_eq!(at(&[("x-pat", "better")]), Some("canary"));
+        assert_eq!(at(&[("x-pat", "alpha"), ("x-pat", "beta")]), Some("canary"));
+        assert_eq!(at(&[("x-pat", "beta2")]), Some("main"));
         assert_eq!(at(&[]), Some("main"));
     }
 
@@ -703,6 +747,7 @@ pub(crate) mod tests {
             method: Some("PATCH".into()),
             query: vec![],
             cookies: vec![],
+            header_patterns: vec![],
         }));
         let mut by_query = e(p("/"), &[("v", "1")], "query");
         by_query.more = Some(Box::new(Conditions {
@@ -712,6 +757,7 @@ pub(crate) mod tests {
                 ("Color".into(), "".into()),
             ],
             cookies: vec![],
+            header_patterns: vec![],
         }));
         let t = Paths::new(vec![by_method, by_query, e(p("/"), &[], "any")]);
         let h = headers(&[("v", "1")]);

@@ -244,6 +244,20 @@ pub fn ingress_path_regex(path: &str) -> Result<regex::Regex, String> {
         .map_err(|e| format!("is not a regular expression holdfast reads: {e}"))
 }
 
+/// The regular expression of an Ingress canary's header pattern (ingress-nginx
+/// `canary-by-header-pattern`): unanchored, case-sensitive, with the limits of
+/// [`ingress_path_regex`].
+pub fn header_pattern_regex(pattern: &str) -> Result<regex::Regex, String> {
+    if pattern.is_empty() || pattern.len() > MAX_PATH_REGEX_LEN {
+        return Err(format!("is empty or over {MAX_PATH_REGEX_LEN} bytes"));
+    }
+    regex::RegexBuilder::new(pattern)
+        .size_limit(256 << 10)
+        .dfa_size_limit(256 << 10)
+        .build()
+        .map_err(|e| format!("is not a regular expression holdfast reads: {e}"))
+}
+
 /// Is `host` a lower-case DNS name (labels of `a-z0-9-`), `*.` + such a name, or ""?
 pub fn is_valid_host(host: &str) -> bool {
     if host.is_empty() {
@@ -661,6 +675,7 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || r.limit_rps > 0
                 || r.max_body_bytes > 0
                 || !r.cookies.is_empty()
+                || !r.header_patterns.is_empty()
         }) {
             return Err(bad_gateway_host(
                 g,
@@ -699,6 +714,14 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                     "more than {MAX_PATH_REGEXES_PER_HOST} regular-expression paths on the host"
                 )));
             }
+        }
+        if !r.header_patterns.iter().all(|p| {
+            http::HeaderName::from_bytes(p.name.as_bytes()).is_ok_and(|h| h.as_str() == p.name)
+                && header_pattern_regex(&p.value).is_ok()
+        }) {
+            return Err(bad(
+                "a header pattern is not a lower-case name and a regular expression",
+            ));
         }
         if !r
             .allow_sources

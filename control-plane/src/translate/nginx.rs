@@ -49,6 +49,7 @@ pub const SERVED: &[&str] = &[
     "canary",
     "canary-by-cookie",
     "canary-by-header",
+    "canary-by-header-pattern",
     "canary-by-header-value",
     "canary-weight",
     "canary-weight-total",
@@ -127,6 +128,10 @@ pub struct Canary {
     /// `canary-by-cookie`: that cookie's value `always` sends a request to the canary,
     /// `never` to the main backend (after the header rule, before the weight).
     pub cookie: Option<String>,
+    /// `canary-by-header-pattern` (without `-value`): a header value matching this
+    /// regular expression sends a request to the canary (`always` and `never` are then
+    /// not special).
+    pub header_pattern: Option<String>,
 }
 
 /// What [`read`] found.
@@ -629,6 +634,35 @@ fn read_canary<'v>(
             }
         }
     };
+    let header_pattern = match (&header, get("canary-by-header-pattern")) {
+        (_, None) => None,
+        (Some((_, None)), Some(pattern)) => {
+            match holdfast_proto::snapshot::header_pattern_regex(pattern) {
+                Ok(_) => Some(pattern.to_owned()),
+                Err(why) => {
+                    invalid(
+                        "canary-by-header-pattern",
+                        format!("{pattern:?} {why}; not applied"),
+                    );
+                    None
+                }
+            }
+        }
+        (Some((_, Some(_))), Some(_)) => {
+            invalid(
+                "canary-by-header-pattern",
+                "ignored: canary-by-header-value is set (as in ingress-nginx)".into(),
+            );
+            None
+        }
+        (None, Some(_)) => {
+            invalid(
+                "canary-by-header-pattern",
+                "ignored: it needs canary-by-header".into(),
+            );
+            None
+        }
+    };
     let cookie = get("canary-by-cookie").and_then(|name| {
         let ok = !name.is_empty()
             && !name.contains('$')
@@ -652,6 +686,7 @@ fn read_canary<'v>(
         total,
         header,
         cookie,
+        header_pattern,
     }
 }
 
@@ -689,6 +724,15 @@ pub fn with_canary(main: &GatewayRoute, backend: &str, canary: &Canary) -> Vec<G
     let mut out = Vec::new();
     match &canary.header {
         None => {}
+        Some((name, None)) if canary.header_pattern.is_some() => {
+            let mut r = main.clone();
+            r.header_patterns = vec![HeaderMatch {
+                name: name.clone(),
+                value: canary.header_pattern.clone().unwrap_or_default(),
+            }];
+            r.backends = vec![to(backend, 1)];
+            out.push(r);
+        }
         Some((_, Some(value))) => out.push(on_header(value, vec![to(backend, 1)])),
         Some((_, None)) => {
             out.push(on_header("always", vec![to(backend, 1)]));
@@ -1123,7 +1167,7 @@ mod tests {
                 ("canary-by-header", "X-Canary"),
                 ("upstream-vhost", "ignored.example"),
                 ("canary-by-cookie", "c"),
-                ("canary-by-header-pattern", "^b"),
+                ("limit-connections", "3"),
             ]),
             true,
         );
@@ -1134,6 +1178,7 @@ mod tests {
                 total: 100,
                 header: Some(("x-canary".into(), None)),
                 cookie: Some("c".into()),
+                header_pattern: None,
             })
         );
         assert!(
@@ -1166,6 +1211,7 @@ mod tests {
                 total: 10,
                 header: Some(("x-env".into(), Some("beta".into()))),
                 cookie: None,
+                header_pattern: None,
             })
         );
         assert!(r.problems.is_empty());
@@ -1180,6 +1226,61 @@ mod tests {
         let r = read(&annotations(&[("canary-weight", "50")]), true);
         assert_eq!(r.canary, None);
         assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    /// canary-by-header-pattern: a regular expression on the header's value, read only
+    /// with canary-by-header and without -value; `always` and `never` are then not special.
+    #[test]
+    fn a_canary_header_pattern_replaces_always_and_never() {
+        let r = read(
+            &annotations(&[
+                ("canary", "true"),
+                ("canary-by-header", "X-Pat"),
+                ("canary-by-header-pattern", "^be(ta|tter)$"),
+            ]),
+            true,
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        let c = r.canary.unwrap();
+        assert_eq!(c.header_pattern.as_deref(), Some("^be(ta|tter)$"));
+        let main = GatewayRoute {
+            path: "/".into(),
+            backends: vec![WeightedBackend {
+                backend: "ns/main:80".into(),
+                weight: 1,
+                ..Default::default()
+            }],
+            ..GatewayRoute::default()
+        };
+        let entries = with_canary(&main, "ns/canary:80", &c);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].header_patterns[0].name, "x-pat");
+        assert_eq!(entries[0].backends[0].backend, "ns/canary:80");
+        assert!(entries[0].headers.is_empty() && entries[1].header_patterns.is_empty());
+        for (pairs, why) in [
+            (
+                vec![
+                    ("canary-by-header", "x"),
+                    ("canary-by-header-value", "v"),
+                    ("canary-by-header-pattern", "v"),
+                ],
+                "with -value",
+            ),
+            (
+                vec![("canary-by-header-pattern", "v")],
+                "without the header",
+            ),
+            (
+                vec![("canary-by-header", "x"), ("canary-by-header-pattern", "(")],
+                "not a regex",
+            ),
+        ] {
+            let mut all = vec![("canary", "true")];
+            all.extend(pairs);
+            let r = read(&annotations(&all), true);
+            assert_eq!(r.canary.as_ref().unwrap().header_pattern, None, "{why}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{why}");
+        }
     }
 
     #[test]
@@ -1218,6 +1319,7 @@ mod tests {
             total: 100,
             header: header.map(|(n, v)| (n.to_owned(), v.map(str::to_owned))),
             cookie: None,
+            header_pattern: None,
         };
         let main_only = vec![("ns/main:80".to_owned(), 1)];
         let canary_only = vec![("ns/canary:80".to_owned(), 1)];

@@ -529,6 +529,43 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
         (5..=15).contains(&to_canary),
         "{to_canary} of 40 to the canary, for a weight of 1 of 4"
     );
+
+    // canary-by-header-pattern: a value matching the expression goes to the canary;
+    // `always` is not special then.
+    let host3 = format!("canary3.{ns}.test");
+    create(
+        &s.client,
+        Some(&ns),
+        &annotated(&s, "main3", (&host3, &["/"], "main"), &[])?,
+    )
+    .await?;
+    let canary3 = annotated(
+        &s,
+        "canary3",
+        (&host3, &["/"], "beta"),
+        &[
+            ("canary", "true"),
+            ("canary-by-header", "X-Pat"),
+            ("canary-by-header-pattern", "^be(ta|tter)$"),
+        ],
+    )?;
+    create(&s.client, Some(&ns), &canary3).await?;
+    wait::until("the third canary joined", wait::T, || async {
+        Ok(ask_on(host3.clone(), vec![("x-pat", "better")])
+            .await
+            .ok()
+            .filter(|name| *name == canary_echo))
+    })
+    .await?;
+    assert_eq!(
+        ask_on(host3.clone(), vec![("x-pat", "beta")]).await?,
+        canary_echo
+    );
+    assert_eq!(
+        ask_on(host3.clone(), vec![("x-pat", "always")]).await?,
+        main_echo
+    );
+    assert_eq!(ask_on(host3.clone(), vec![]).await?, main_echo);
     Ok(())
 }
 
