@@ -275,8 +275,9 @@ pub struct Matched {
     pub sources: Option<Box<Sources>>,
     /// Its own request body limit in bytes (an Ingress's `proxy-body-size`).
     pub max_body: Option<std::num::NonZeroU64>,
-    /// Requests a second per client address (an Ingress's `limit-rps`).
-    pub rate_limit: Option<Box<crate::limit::RateLimit>>,
+    /// Requests a second per client address (an Ingress's `limit-rps`), shared by the
+    /// entries of one Ingress path (a canary's header, cookie and weighted entries).
+    pub rate_limit: Option<Arc<crate::limit::RateLimit>>,
     requests: AtomicU64,
 }
 
@@ -391,7 +392,7 @@ pub(crate) fn compile_entry(
     label: Label,
     backend: &impl Fn(&str) -> Result<Arc<Backend>, CompileError>,
     bad: &impl Fn(&str) -> CompileError,
-) -> Result<Entry<Arc<Matched>>, CompileError> {
+) -> Result<Entry<Matched>, CompileError> {
     let source = match (&r.source, &r.ingress) {
         (Some(s), _) => format!("{}/{}", s.namespace, s.name),
         (None, Some(i)) => format!("{}/{}", i.namespace, i.name),
@@ -536,7 +537,7 @@ pub(crate) fn compile_entry(
         path: rule,
         headers,
         more,
-        action: Arc::new(Matched {
+        action: Matched {
             action,
             https_redirect: r.https_redirect,
             sources: Sources::of(r)
@@ -544,9 +545,9 @@ pub(crate) fn compile_entry(
                 .map(Box::new),
             max_body: std::num::NonZeroU64::new(r.max_body_bytes),
             rate_limit: (r.limit_rps > 0)
-                .then(|| Box::new(crate::limit::RateLimit::new(r.limit_rps, r.limit_burst))),
+                .then(|| Arc::new(crate::limit::RateLimit::new(r.limit_rps, r.limit_burst))),
             requests: AtomicU64::new(0),
-        }),
+        },
     })
 }
 
@@ -601,13 +602,13 @@ impl Listener {
             let host: Arc<str> = h.host.as_str().into();
             for r in &h.routes {
                 let label: Arc<str> = format!("{} {}{}", l.name, h.host, r.path).into();
-                list.push(compile_entry(
-                    r,
-                    &host,
-                    Label::Named(label),
-                    &backend,
-                    &bad,
-                )?);
+                let e = compile_entry(r, &host, Label::Named(label), &backend, &bad)?;
+                list.push(Entry {
+                    path: e.path,
+                    headers: e.headers,
+                    more: e.more,
+                    action: Arc::new(e.action),
+                });
             }
             entries += list.len();
             table.push((host, list));

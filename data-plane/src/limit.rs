@@ -4,8 +4,9 @@
 //!
 //! Bounded: at most [`MAX_CLIENTS`] addresses are tracked per entry. When the table is
 //! full, the addresses whose buckets have refilled are forgotten (they are as a new client
-//! would be); if none has, further new addresses share one overflow bucket, so many
-//! addresses can neither grow the table nor escape the limit together.
+//! would be), at most once a second (the sweep is O(table)); meanwhile new addresses share
+//! one overflow bucket, so many addresses can neither grow the table, nor cost a sweep a
+//! request, nor escape the limit together.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -15,12 +16,13 @@ use std::time::Instant;
 /// Most client addresses tracked per limited entry.
 pub const MAX_CLIENTS: usize = 16_384;
 
-/// A token bucket per client address: `rate` requests a second, up to `burst` at once.
+/// A token bucket per client address: `rate` requests a second, and `burst` more at once
+/// (nginx's `limit_req ... burst=N nodelay`: N + 1 at once).
 #[derive(Debug)]
 pub struct RateLimit {
     /// Requests a second.
     pub rate: u32,
-    /// Requests allowed at once, over the rate.
+    /// Requests allowed at once over the one the rate allows.
     pub burst: u32,
     buckets: Mutex<Buckets>,
 }
@@ -29,6 +31,8 @@ pub struct RateLimit {
 struct Buckets {
     by_client: HashMap<IpAddr, Bucket>,
     overflow: Option<Bucket>,
+    /// When the table was last swept.
+    swept: Option<Instant>,
 }
 
 /// Tokens left, as of `at`.
@@ -39,38 +43,48 @@ struct Bucket {
 }
 
 impl RateLimit {
-    /// `rate` requests a second per client, `burst` at once (at least 1).
+    /// `rate` requests a second per client, `burst` more at once.
     pub fn new(rate: u32, burst: u32) -> Self {
         RateLimit {
             rate,
-            burst: burst.max(1),
+            burst,
             buckets: Mutex::new(Buckets::default()),
         }
     }
 
+    /// Tokens a bucket holds at most.
+    fn capacity(&self) -> f64 {
+        f64::from(self.burst) + 1.0
+    }
+
     fn refill(&self, b: &mut Bucket, now: Instant) {
         let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * f64::from(self.rate)).min(f64::from(self.burst));
+        b.tokens = (b.tokens + elapsed * f64::from(self.rate)).min(self.capacity());
         b.at = now;
     }
 
     /// Whether a request from `client` at `now` is let through (it takes a token).
     pub fn allow(&self, client: IpAddr, now: Instant) -> bool {
         let full = Bucket {
-            tokens: f64::from(self.burst),
+            tokens: self.capacity(),
             at: now,
         };
         let mut buckets = self
             .buckets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !buckets.by_client.contains_key(&client) && buckets.by_client.len() >= MAX_CLIENTS {
-            let burst = f64::from(self.burst);
+        let due = buckets.swept.is_none_or(|at| {
+            now.saturating_duration_since(at) >= std::time::Duration::from_secs(1)
+        });
+        if !buckets.by_client.contains_key(&client) && buckets.by_client.len() >= MAX_CLIENTS && due
+        {
+            let capacity = self.capacity();
             let rate = f64::from(self.rate);
             buckets.by_client.retain(|_, b| {
                 let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
-                b.tokens + elapsed * rate < burst
+                b.tokens + elapsed * rate < capacity
             });
+            buckets.swept = Some(now);
         }
         let bucket =
             if buckets.by_client.len() < MAX_CLIENTS || buckets.by_client.contains_key(&client) {
@@ -110,10 +124,10 @@ mod tests {
     /// A client gets its burst at once, then the rate; each client has its own bucket.
     #[test]
     fn each_client_gets_its_burst_then_its_rate() {
-        let limit = RateLimit::new(2, 5);
+        let limit = RateLimit::new(2, 4);
         let t0 = Instant::now();
         let allowed = (0..10).filter(|_| limit.allow(ip(1), t0)).count();
-        assert_eq!(allowed, 5, "the burst");
+        assert_eq!(allowed, 5, "the burst and one, as nginx's nodelay");
         assert!(limit.allow(ip(2), t0), "another client has its own");
         assert!(!limit.allow(ip(1), t0 + Duration::from_millis(400)));
         assert!(
@@ -123,14 +137,14 @@ mod tests {
         assert!(!limit.allow(ip(1), t0 + Duration::from_millis(600)));
         let later = t0 + Duration::from_secs(60);
         let allowed = (0..10).filter(|_| limit.allow(ip(1), later)).count();
-        assert_eq!(allowed, 5, "refilled to the burst, never over");
+        assert_eq!(allowed, 5, "refilled to the burst and one, never over");
     }
 
     /// The table is bounded: refilled clients are forgotten; when none is, new clients
     /// share one overflow bucket (many addresses cannot escape the limit together).
     #[test]
     fn the_clients_tracked_are_bounded_and_new_ones_share_the_overflow() {
-        let limit = RateLimit::new(1, 1);
+        let limit = RateLimit::new(1, 0);
         let t0 = Instant::now();
         for n in 0..MAX_CLIENTS as u32 {
             assert!(limit.allow(ip(n), t0));
@@ -140,9 +154,12 @@ mod tests {
         assert!(limit.allow(ip(extra), t0), "the overflow's token");
         assert!(!limit.allow(ip(extra + 1), t0), "shared: spent");
         assert_eq!(limit.tracked(), MAX_CLIENTS);
+        // A sweep is at most once a second: the table stays full meanwhile.
+        assert!(!limit.allow(ip(extra + 2), t0 + Duration::from_millis(500)));
+        assert_eq!(limit.tracked(), MAX_CLIENTS);
         // Later every bucket has refilled: they are forgotten, and a new client tracked.
         let later = t0 + Duration::from_secs(5);
-        assert!(limit.allow(ip(extra + 2), later));
+        assert!(limit.allow(ip(extra + 3), later));
         assert_eq!(limit.tracked(), 1);
     }
 }

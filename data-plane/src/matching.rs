@@ -120,19 +120,26 @@ impl Conditions {
     }
 }
 
-/// Whether a `Cookie` header of `headers` has a cookie `name` with exactly `value`
-/// (`a=1; b=2`; spaces around the pairs ignored).
+/// Whether the first cookie named `name` (case-insensitively, as nginx's `$cookie_`
+/// reads it) in the `Cookie` headers of `headers` has exactly `value` (`a=1; b=2`; spaces
+/// around the pairs ignored).
 pub fn has_cookie(headers: &dyn HeaderLookup, name: &str, value: &str) -> bool {
+    let mut first: Option<bool> = None;
     headers.any_value("cookie", &mut |line| {
-        line.split(|b| *b == b';').any(|pair| {
+        for pair in line.split(|b| *b == b';') {
             let pair = pair.trim_ascii();
             let (n, v) = match pair.iter().position(|b| *b == b'=') {
                 Some(i) => (&pair[..i], &pair[i + 1..]),
                 None => (pair, &b""[..]),
             };
-            n == name.as_bytes() && v == value.as_bytes()
-        })
-    })
+            if n.eq_ignore_ascii_case(name.as_bytes()) {
+                first = Some(v == value.as_bytes());
+                return true;
+            }
+        }
+        false
+    });
+    first == Some(true)
 }
 
 /// The value of the first parameter named `name` in `query` (`a=1&b&c=3`: `b` has the
@@ -691,8 +698,13 @@ pub(crate) mod tests {
         assert!(has_cookie(&h, "b", "2"));
         assert!(!has_cookie(&h, "canary", "never"));
         assert!(
-            !has_cookie(&h, "Canary", "always"),
-            "names are case-sensitive"
+            has_cookie(&h, "Canary", "always"),
+            "names compare as nginx's $cookie_ does"
+        );
+        let twice = headers(&[("cookie", "c=never; c=always")]);
+        assert!(
+            !has_cookie(&twice, "c", "always"),
+            "the first of a name counts"
         );
         assert!(!has_cookie(&h, "canary", "alway"));
         assert!(!has_cookie(&headers(&[]), "canary", "always"));

@@ -1677,9 +1677,32 @@ mod gateway_tests {
                 "{xff}"
             );
         }
+        for (xff, want) in [
+            ("10.1.2.3:5555", 200),
+            ("[::ffff:10.1.2.3]:5555", 200),
+            ("unknown, 10.1.2.3", 200),
+            // An entry that is not an address: nothing left of it is believed.
+            ("10.1.2.3, unknown, 192.0.2.8", 403),
+        ] {
+            assert_eq!(
+                decide(&f, Some("192.0.2.7"), &[("x-forwarded-for", xff)]),
+                want,
+                "{xff}"
+            );
+        }
+        assert_eq!(
+            decide(
+                &f,
+                Some("::ffff:192.0.2.7"),
+                &[("x-forwarded-for", "10.1.2.3")]
+            ),
+            200,
+            "a v4-mapped balancer is trusted as its IPv4 address"
+        );
         assert_eq!(
             decide(&f, Some("192.0.2.7"), &[("x-real-ip", "10.1.2.3")]),
-            200
+            403,
+            "X-Real-IP is not read (one header is believed: X-Forwarded-For)"
         );
         assert_eq!(
             decide(&f, Some("192.0.2.7"), &[]),

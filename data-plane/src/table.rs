@@ -771,13 +771,25 @@ impl RouteTable {
             .unwrap_or_else(|| g.host.as_str().into());
         let backend = |name: &str| self.backend_named(name);
         let mut entries = Vec::with_capacity(g.routes.len());
+        // The entries of one Ingress path share its rate limit: a canary's header and
+        // cookie entries must not multiply it.
+        let mut limits: HashMap<(i32, &str, Option<&str>), Arc<crate::limit::RateLimit>> =
+            HashMap::new();
         for r in &g.routes {
-            let e = crate::gateway::compile_entry(r, &host, Label::HostPath, &backend, &bad)?;
+            let mut e = crate::gateway::compile_entry(r, &host, Label::HostPath, &backend, &bad)?;
+            if let Some(limit) = e.action.rate_limit.take() {
+                let key = (
+                    r.match_kind,
+                    r.path.as_str(),
+                    r.ingress.as_ref().map(|i| i.name.as_str()),
+                );
+                e.action.rate_limit = Some(limits.entry(key).or_insert(limit).clone());
+            }
             entries.push(Entry {
                 path: e.path,
                 headers: e.headers,
                 more: e.more,
-                action: IngressAction::Matched(e.action),
+                action: IngressAction::Matched(Arc::new(e.action)),
             });
         }
         table.paths = Paths::new(entries);

@@ -676,6 +676,8 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || r.max_body_bytes > 0
                 || !r.cookies.is_empty()
                 || !r.header_patterns.is_empty()
+                || r.timeouts
+                    .is_some_and(|t| t.connect_ms > 0 || t.send_ms > 0)
         }) {
             return Err(bad_gateway_host(
                 g,

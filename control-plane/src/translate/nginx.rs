@@ -110,6 +110,9 @@ pub struct NginxFilters {
     /// Requests a second per client address, and at once (`limit-rps`,
     /// `limit-burst-multiplier`).
     pub rate_limit: Option<(u32, u32)>,
+    /// A `backend-protocol` the proxy does not speak: the paths answer 500 with this
+    /// reason rather than send in cleartext what was meant to go over TLS.
+    pub refused_protocol: Option<String>,
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -159,6 +162,12 @@ impl NginxFilters {
     /// Gives `r` (an entry of one of the Ingress's paths) these filters.
     pub fn apply(&self, r: &mut GatewayRoute) {
         r.https_redirect |= self.force_ssl_redirect;
+        if let Some(why) = &self.refused_protocol {
+            for b in &mut r.backends {
+                b.backend.clear();
+                b.unresolved.clone_from(why);
+            }
+        }
         if let Some(redirect) = &self.redirect {
             // Answered here: nothing is forwarded, so nothing else applies.
             r.redirect = Some(redirect.clone());
@@ -403,8 +412,9 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     let unserved_protocol = get("backend-protocol")
         .filter(|p| !p.eq_ignore_ascii_case("HTTP"))
         .map(|protocol| {
+            filters.refused_protocol = Some(format!("backend-protocol {protocol} is not served"));
             format!(
-                "{PREFIX}backend-protocol: {protocol:?} is not served (the proxy speaks HTTP/1.1 to backends; HTTPS, GRPC, GRPCS and H2C upstream are not built yet): HTTP is used"
+                "{PREFIX}backend-protocol: {protocol:?} is not served (the proxy speaks HTTP/1.1 to backends; HTTPS, GRPC, GRPCS and H2C upstream are not built yet): the Ingress's paths answer 500 rather than send in cleartext"
             )
         });
     let mut regex = boolean("use-regex", &mut invalid) == Some(true);
@@ -498,16 +508,21 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             .unwrap_or(value)
             .parse::<u64>()
             .ok()
-            .filter(|s| (1..=MAX_TIMEOUT_SECONDS).contains(s));
-        let Some(seconds) = seconds else {
+            .filter(|s| *s >= 1);
+        let Some(mut seconds) = seconds else {
             invalid(
                 name,
-                format!(
-                    "{value:?} is not a number of seconds from 1 to {MAX_TIMEOUT_SECONDS}; the proxy's is used"
-                ),
+                format!("{value:?} is not a number of seconds; the proxy's is used"),
             );
             continue;
         };
+        if seconds > MAX_TIMEOUT_SECONDS {
+            invalid(
+                name,
+                format!("{value:?} is over {MAX_TIMEOUT_SECONDS} s; {MAX_TIMEOUT_SECONDS} is used"),
+            );
+            seconds = MAX_TIMEOUT_SECONDS;
+        }
         let ms = seconds * 1000;
         match name {
             "proxy-connect-timeout" => timeouts.connect_ms = ms,
@@ -1517,11 +1532,18 @@ mod tests {
         let mut e = GatewayRoute::default();
         r.filters.apply(&mut e);
         assert_eq!(e.timeouts, Some(t));
-        for bad in ["0", "-1", "1.5", "3601", "ten"] {
+        for bad in ["0", "-1", "1.5", "ten"] {
             let r = read(&annotations(&[("proxy-read-timeout", bad)]), true);
             assert_eq!(r.filters.timeouts, None, "{bad}");
             assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
         }
+        // Over an hour (86400 is common, for WebSockets): an hour, said so.
+        let r = read(&annotations(&[("proxy-read-timeout", "86400")]), true);
+        assert_eq!(
+            r.filters.timeouts.and_then(|t| t.backend_request_ms),
+            Some(3_600_000)
+        );
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
     }
 
     #[test]
@@ -1544,7 +1566,7 @@ mod tests {
     }
 
     #[test]
-    fn backend_protocol_http_is_served_and_others_are_said_unserved() {
+    fn backend_protocol_http_is_served_and_others_answer_500_never_cleartext() {
         for value in ["HTTP", "http"] {
             let r = read(&annotations(&[("backend-protocol", value)]), true);
             assert!(r.problems.is_empty() && r.filters.is_empty(), "{value}");
@@ -1552,6 +1574,18 @@ mod tests {
         for value in ["HTTPS", "GRPC", "GRPCS", "H2C", "AJP"] {
             let r = read(&annotations(&[("backend-protocol", value)]), true);
             assert_eq!(reasons(&r), [ProblemReason::UnservedAnnotation], "{value}");
+            // Never sent in cleartext: the entry's backends do not resolve (500).
+            let mut e = GatewayRoute {
+                backends: vec![WeightedBackend {
+                    backend: "ns/web:443".into(),
+                    weight: 1,
+                    ..Default::default()
+                }],
+                ..GatewayRoute::default()
+            };
+            r.filters.apply(&mut e);
+            assert!(e.backends[0].backend.is_empty(), "{value}");
+            assert!(e.backends[0].unresolved.contains(value), "{value}");
         }
     }
 

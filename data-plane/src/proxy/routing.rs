@@ -397,13 +397,20 @@ impl Forwarder {
         }
     }
 
-    /// The client address a source range is checked against: the peer's; for a peer in
-    /// `--trust-forwarded-from` (a balancer in front), the last address of
-    /// X-Forwarded-For that is not itself trusted (as nginx's `real_ip_recursive`), else its
-    /// X-Real-IP, else the peer's. None when the peer is not known.
+    /// The client address source ranges and rate limits use: the peer's; for a peer in
+    /// `--trust-forwarded-from` (a balancer in front), the last X-Forwarded-For address
+    /// that is not itself trusted (as nginx's `real_ip_recursive`; `ip:port` and `[v6]:port`
+    /// entries read as their address). None when the peer is not known, or an entry met on
+    /// the way is not an address (the client could have written it: nothing left of it is
+    /// believed). IPv4-mapped IPv6 addresses are read as IPv4.
     fn client_address(&self, request: &RequestView<'_>) -> Option<std::net::IpAddr> {
-        let peer = request.peer?;
-        let trusted = |ip: &std::net::IpAddr| {
+        use std::net::IpAddr;
+        let canonical = |ip: IpAddr| match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let peer = canonical(request.peer?);
+        let trusted = |ip: &IpAddr| {
             self.settings
                 .trust_forwarded_from
                 .iter()
@@ -412,20 +419,27 @@ impl Forwarder {
         if !trusted(&peer) {
             return Some(peer);
         }
-        let mut forwarded: Vec<std::net::IpAddr> = Vec::new();
+        let mut entries: Vec<Option<IpAddr>> = Vec::new();
         request.headers.any_value("x-forwarded-for", &mut |v| {
             let text = std::str::from_utf8(v).unwrap_or_default();
-            forwarded.extend(
-                text.split(',')
-                    .filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()),
-            );
+            entries.extend(text.split(',').map(|a| {
+                let a = a.trim();
+                a.parse::<IpAddr>()
+                    .ok()
+                    .or_else(|| a.parse::<std::net::SocketAddr>().ok().map(|s| s.ip()))
+                    .map(canonical)
+            }));
             false
         });
-        if let Some(client) = forwarded.iter().rev().find(|ip| !trusted(ip)) {
-            return Some(*client);
+        for entry in entries.iter().rev() {
+            match entry {
+                Some(ip) if trusted(ip) => continue,
+                Some(ip) => return Some(*ip),
+                None => return None,
+            }
         }
-        let real = first_value(request.headers, "x-real-ip").and_then(|v| v.trim().parse().ok());
-        Some(real.unwrap_or(peer))
+        // No untrusted address: the request came from the balancer itself.
+        Some(peer)
     }
 
     /// Whether the request carries this proxy's own loop token.
