@@ -67,6 +67,7 @@ fn cluster(n: usize) -> (ClusterState, Pool) {
     let written: std::collections::HashMap<(String, String), serde_json::Value> = first
         .routes
         .into_iter()
+        .map(|(_, w)| w)
         .chain(first.gateways)
         .map(|w| ((w.namespace, w.name), w.status))
         .collect();

@@ -1,4 +1,4 @@
-//! Watch-fed caches (kube-rs reflector stores) of the eleven kinds translation reads
+//! Watch-fed caches (kube-rs reflector stores) of the twelve kinds translation reads
 //! (Namespaces for their labels, which Gateway listeners select routes' namespaces by).
 //! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //! is ever read. ConfigMaps: only the host claims ledger ([`crate::claims`]), by name, in
@@ -38,11 +38,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::gateway_api::{self, Discovered, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{
+    self, Discovered, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant,
+};
 use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
-/// Readers of the eleven caches.
+/// Readers of the twelve caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
@@ -54,6 +56,7 @@ pub struct Caches {
     gateway_classes: Store<GatewayClass>,
     gateways: Store<Gateway>,
     http_routes: Store<HttpRoute>,
+    grpc_routes: Store<GrpcRoute>,
     reference_grants: Store<ReferenceGrant>,
     namespaces: Store<Namespace>,
     /// Each kind's progress, in the order of [`KINDS`].
@@ -92,6 +95,7 @@ impl Caches {
             gateway_classes: reflector::store().0,
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
+            grpc_routes: reflector::store().0,
             reference_grants: reflector::store().0,
             namespaces: reflector::store().0,
             progress: Arc::new(Default::default()),
@@ -133,6 +137,13 @@ impl Caches {
     /// and progress read together, so its store reflects exactly that much.
     pub fn read(&self) -> (Vec<KindProgress>, ClusterState) {
         let mut progress = Vec::with_capacity(KINDS.len());
+        let mut http_routes = self.read_kind(&self.http_routes, &mut progress);
+        // GRPCRoutes are served as the HTTPRoutes they amount to (their kind says so).
+        http_routes.extend(
+            self.read_kind(&self.grpc_routes, &mut progress)
+                .iter()
+                .map(|r| Arc::new(gateway_api::grpc::as_http_route(r))),
+        );
         let state = ClusterState {
             ingress_classes: self.read_kind(&self.ingress_classes, &mut progress),
             ingresses: self.read_kind(&self.ingresses, &mut progress),
@@ -142,7 +153,7 @@ impl Caches {
             host_claims: self.read_kind(&self.host_claims, &mut progress),
             gateway_classes: self.read_kind(&self.gateway_classes, &mut progress),
             gateways: self.read_kind(&self.gateways, &mut progress),
-            http_routes: self.read_kind(&self.http_routes, &mut progress),
+            http_routes,
             reference_grants: self.read_kind(&self.reference_grants, &mut progress),
             namespaces: self.read_kind(&self.namespaces, &mut progress),
         };
@@ -191,6 +202,10 @@ impl Caches {
         kind(
             "HTTPRoute",
             identity(self.http_routes.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "GRPCRoute",
+            identity(self.grpc_routes.state().iter().map(|o| &**o)),
         );
         kind(
             "ReferenceGrant",
@@ -293,6 +308,7 @@ pub fn start(
         gateway_classes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         gateways: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         http_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        grpc_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         reference_grants: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         namespaces: spawn_watch(Api::all(client), None, ctx, tasks),
         progress,
@@ -783,6 +799,7 @@ mod tests {
             gateway_classes: reflector::store().0,
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
+            grpc_routes: reflector::store().0,
             reference_grants: reflector::store().0,
             namespaces: reflector::store().0,
             progress: ctx.progress.clone(),

@@ -1,5 +1,6 @@
-//! The Gateway API kinds holdfast watches (GatewayClass, Gateway, HTTPRoute and
-//! ReferenceGrant, `gateway.networking.k8s.io/v1`), and what API discovery says of them.
+//! The Gateway API kinds holdfast watches (GatewayClass, Gateway, HTTPRoute, GRPCRoute
+//! and ReferenceGrant, `gateway.networking.k8s.io/v1`), and what API discovery says of
+//! them.
 //!
 //! Each kind is cached as its metadata, its `spec` and its `status` as JSON, parsed per
 //! object when it is translated: an object this version of holdfast cannot read is one
@@ -15,6 +16,7 @@
 use std::borrow::Cow;
 
 pub mod attach;
+pub mod grpc;
 pub mod model;
 pub mod routes;
 pub mod services;
@@ -32,7 +34,8 @@ pub const VERSION: &str = "v1";
 pub const API_VERSION: &str = "gateway.networking.k8s.io/v1";
 
 macro_rules! gateway_kind {
-    ($(#[$doc:meta])* $name:ident, $kind:literal, $plural:literal, $scope:ty) => {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $plural:literal, $scope:ty
+     $(, { $($(#[$fdoc:meta])* $field:ident: $fty:ty),* })?) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Default, Serialize, Deserialize)]
         pub struct $name {
@@ -44,6 +47,11 @@ macro_rules! gateway_kind {
             /// Its `status` (holdfast writes it; kept to write only what differs).
             #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
             pub status: serde_json::Value,
+            $($(
+                $(#[$fdoc])*
+                #[serde(skip)]
+                pub $field: $fty,
+            )*)?
         }
 
         impl Resource for $name {
@@ -90,12 +98,46 @@ gateway_kind!(
     k8s_openapi::NamespaceResourceScope
 );
 gateway_kind!(
-    /// An HTTPRoute: HTTP rules attached to Gateways' listeners.
+    /// An HTTPRoute: HTTP rules attached to Gateways' listeners. A GRPCRoute is read as
+    /// one too ([`grpc::as_http_route`]): its `kind` says which it is.
     HttpRoute,
     "HTTPRoute",
     "httproutes",
+    k8s_openapi::NamespaceResourceScope,
+    {
+        /// Which kind of route this is (never read from or written to the API: a
+        /// GRPCRoute read as an HTTPRoute says so here).
+        kind: RouteKind
+    }
+);
+gateway_kind!(
+    /// A GRPCRoute: gRPC rules (service and method matches) attached to Gateways'
+    /// listeners. Served as the HTTPRoute it amounts to ([`grpc::as_http_route`]).
+    GrpcRoute,
+    "GRPCRoute",
+    "grpcroutes",
     k8s_openapi::NamespaceResourceScope
 );
+
+/// The kinds of route that attach to HTTP and HTTPS listeners.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RouteKind {
+    /// An HTTPRoute.
+    #[default]
+    Http,
+    /// A GRPCRoute.
+    Grpc,
+}
+
+impl RouteKind {
+    /// The kind's name, as in `apiVersion`/`kind` and `supportedKinds`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Grpc => "GRPCRoute",
+        }
+    }
+}
 gateway_kind!(
     /// A ReferenceGrant: which namespaces' objects may refer to objects in this one.
     ReferenceGrant,
@@ -113,6 +155,7 @@ pub const DEFAULT_CONTROLLER_NAME: &str = "holdfast.dev/gateway-controller";
 /// an accepted GatewayClass lists. It grows as each feature is served and passes the
 /// suite's tests for it; nothing is listed that is not.
 pub const SUPPORTED_FEATURES: &[&str] = &[
+    "GRPCRoute",
     "Gateway",
     "GatewayPort8080",
     "HTTPRoute",
@@ -367,6 +410,7 @@ mod tests {
         assert_eq!(
             status["supportedFeatures"],
             serde_json::json!([
+                { "name": "GRPCRoute" },
                 { "name": "Gateway" },
                 { "name": "GatewayPort8080" },
                 { "name": "HTTPRoute" },

@@ -197,7 +197,7 @@ impl FreshRead {
     /// consistent list.
     async fn read(&self, absent: &[&str]) -> Result<Vec<(String, String)>, kube::Error> {
         use crate::caches::tagged;
-        use crate::gateway_api::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+        use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
         let mut fresh = self.list_all::<Ingress>().await?;
         fresh.extend(self.list_all::<IngressClass>().await?);
         if !absent.contains(&"GatewayClass") {
@@ -211,6 +211,9 @@ impl FreshRead {
         }
         if !absent.contains(&"HTTPRoute") {
             fresh.extend(tagged("HTTPRoute", self.list_all::<HttpRoute>().await?));
+        }
+        if !absent.contains(&"GRPCRoute") {
+            fresh.extend(tagged("GRPCRoute", self.list_all::<GrpcRoute>().await?));
         }
         if !absent.contains(&"ReferenceGrant") {
             fresh.extend(tagged(
@@ -1593,6 +1596,11 @@ mod tests {
                 "items": [{"metadata": {"namespace": "ns", "name": "r", "resourceVersion": "9"}, "spec": {}}]})
         })
         .await;
+        api.expect(http::Method::GET, "/apis/gateway.networking.k8s.io/v1/grpcroutes", 200, |_| {
+            serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRouteList", "metadata": {},
+                "items": [{"metadata": {"namespace": "ns", "name": "g", "resourceVersion": "10"}, "spec": {}}]})
+        })
+        .await;
         api.expect(http::Method::GET, "/api/v1/namespaces", 200, |_| {
             serde_json::json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {},
                 "items": [{"metadata": {"name": "ns", "resourceVersion": "3"}}]})
@@ -1609,6 +1617,7 @@ mod tests {
                 "ns/ing-3",
                 "ns/ing-4",
                 "HTTPRoute:ns/r",
+                "GRPCRoute:ns/g",
                 "Namespace:/ns"
             ]
         );

@@ -31,7 +31,7 @@ use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 11] = [
+pub const KINDS: [&str; 12] = [
     "IngressClass",
     "Ingress",
     "Service",
@@ -41,6 +41,7 @@ pub const KINDS: [&str; 11] = [
     "GatewayClass",
     "Gateway",
     "HTTPRoute",
+    "GRPCRoute",
     "ReferenceGrant",
     "Namespace",
 ];

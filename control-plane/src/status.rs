@@ -610,9 +610,19 @@ async fn sync_gateways(
         let api: Api<gateway_api::Gateway> = Api::namespaced(client.clone(), &w.namespace);
         all &= write_status(&api, w, "Gateway", writes).await;
     }
-    for w in &desired.routes {
-        let api: Api<gateway_api::HttpRoute> = Api::namespaced(client.clone(), &w.namespace);
-        all &= write_status(&api, w, "HTTPRoute", writes).await;
+    for (kind, w) in &desired.routes {
+        all &= match kind {
+            gateway_api::RouteKind::Http => {
+                let api: Api<gateway_api::HttpRoute> =
+                    Api::namespaced(client.clone(), &w.namespace);
+                write_status(&api, w, "HTTPRoute", writes).await
+            }
+            gateway_api::RouteKind::Grpc => {
+                let api: Api<gateway_api::GrpcRoute> =
+                    Api::namespaced(client.clone(), &w.namespace);
+                write_status(&api, w, "GRPCRoute", writes).await
+            }
+        };
     }
     all
 }

@@ -8,6 +8,7 @@
 //! - [`gateway`]: Gateway API listeners, weighted choice, header changes and redirects
 //!   (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
+//! - [`h2c`]: the shared HTTP/2 (cleartext) connections to backends that speak it.
 //! - [`server`]: the client listeners (HTTP/1.1 + h2c; HTTPS), limits, idle timeout,
 //!   draining.
 //! - [`tls`]: the HTTPS listener's rustls configuration: certificates by SNI from the
@@ -32,6 +33,7 @@ pub mod admin;
 pub mod config;
 pub mod cors;
 pub mod gateway;
+pub mod h2c;
 pub mod limit;
 pub mod listeners;
 pub mod matching;

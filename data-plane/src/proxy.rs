@@ -205,6 +205,8 @@ pub struct Forwarder {
     table: Arc<ArcSwapOption<RouteTable>>,
     /// Idle upstream connections (`--upstream-pool-idle` per endpoint).
     pool: Arc<Pool<ReclaimBody>>,
+    /// The shared HTTP/2 connections to h2c backends.
+    h2c: crate::h2c::H2c<ReclaimBody>,
     settings: ForwardSettings,
     metrics: Metrics,
     /// Endpoint choice, and the endpoints ejected after failing to connect.
@@ -264,11 +266,14 @@ pub enum Reason {
     /// 503: the client address is over the route's request rate (an Ingress's
     /// `limit-rps`).
     RateLimited,
+    /// 502: an HTTP/1.1 request to an h2c backend, which the native HTTP/1.1 engine does
+    /// not send (HTTP/2 clients, and `--h1-engine=hyper`, reach such backends).
+    UpstreamProtocol,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::BadRequest,
         Reason::NoRoute,
         Reason::BodyStalled,
@@ -285,6 +290,7 @@ impl Reason {
         Reason::InvalidBackend,
         Reason::Forbidden,
         Reason::RateLimited,
+        Reason::UpstreamProtocol,
     ];
 
     /// The status code answered.
@@ -294,7 +300,9 @@ impl Reason {
             Reason::NoRoute => StatusCode::NOT_FOUND,
             Reason::BodyStalled => StatusCode::REQUEST_TIMEOUT,
             Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Reason::UpstreamConnectFailed | Reason::UpstreamFailed => StatusCode::BAD_GATEWAY,
+            Reason::UpstreamConnectFailed | Reason::UpstreamFailed | Reason::UpstreamProtocol => {
+                StatusCode::BAD_GATEWAY
+            }
             Reason::NoSnapshot
             | Reason::BackendUnavailable
             | Reason::EndpointBusy
@@ -315,7 +323,9 @@ impl Reason {
             Reason::NoRoute => "404",
             Reason::BodyStalled => "408",
             Reason::BodyTooLarge => "413",
-            Reason::UpstreamConnectFailed | Reason::UpstreamFailed => "502",
+            Reason::UpstreamConnectFailed | Reason::UpstreamFailed | Reason::UpstreamProtocol => {
+                "502"
+            }
             Reason::NoSnapshot
             | Reason::BackendUnavailable
             | Reason::EndpointBusy
@@ -348,6 +358,7 @@ impl Reason {
             Reason::InvalidBackend => "invalid_backend",
             Reason::Forbidden => "forbidden",
             Reason::RateLimited => "rate_limited",
+            Reason::UpstreamProtocol => "upstream_protocol",
         }
     }
 }
@@ -459,6 +470,7 @@ impl Forwarder {
         Forwarder {
             table,
             pool: Arc::new(Pool::new(settings.pool_idle_per_host, settings.workers)),
+            h2c: crate::h2c::H2c::default(),
             balancer: Balancer::new(settings.eject_for),
             tunnels: Tunnels::new(settings.tunnel_idle_timeout),
             engine: holdfast_http::h1::engine::Settings {
@@ -896,9 +908,9 @@ impl Forwarder {
         port: u16,
     ) -> Result<Response<ProxyBody>, Failure> {
         let backend = &routed.route.backend;
-        // An upgrade not on the allowlist (or h2c) goes upstream as a plain request, its
-        // Upgrade header removed.
-        let upgrade = upgrade::requested(&req, &self.settings.allow_upgrade);
+        // An upgrade not on the allowlist (or h2c), or to an h2c backend, goes upstream as
+        // a plain request, its Upgrade header removed.
+        let upgrade = !backend.h2c && upgrade::requested(&req, &self.settings.allow_upgrade);
         let mut client_upgrade = upgrade.then(|| {
             let slot = req.extensions().get::<ConnectionSlot>().cloned();
             (hyper::upgrade::on(&mut req), slot)
@@ -945,23 +957,48 @@ impl Forwarder {
                         Target::None => break,
                     };
                 let sent = Instant::now();
-                let result = match self.connection(&key, upgrade, connect).await {
-                    Ok(up) => {
-                        // Taken only once connected: a failed connect leaves them for the
-                        // next endpoint, so they are never copied.
-                        let Some(request_headers) = headers.take() else {
-                            break;
-                        };
-                        // Origin-form: the connection is to the endpoint, Host names the site.
-                        let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
-                        *upstream.method_mut() = parts.method.clone();
-                        *upstream.uri_mut() = Uri::from(path_and_query.clone());
-                        *upstream.version_mut() = Version::HTTP_11;
-                        *upstream.headers_mut() = request_headers;
-                        self.exchange(up, &key, upstream, upgrade, &slot, (wait, connect))
-                            .await
+                let result = if backend.h2c {
+                    match self.h2c.sender(&key, connect).await {
+                        Ok((mut send, opened)) => {
+                            if opened {
+                                self.metrics.upstream_connections_opened.inc();
+                            }
+                            let Some(request_headers) = headers.take() else {
+                                break;
+                            };
+                            let upstream = crate::h2c::request(
+                                parts.method.clone(),
+                                path_and_query.clone(),
+                                request_headers,
+                                ReclaimBody::new(slot.clone()),
+                            );
+                            match self.timed(send.send_request(upstream), &slot, wait).await {
+                                Ok(Ok(response)) => Ok((response, None)),
+                                Ok(Err(e)) => Err(Failed::Upstream(e)),
+                                Err(()) => Err(Failed::Timeout),
+                            }
+                        }
+                        Err(e) => Err(Failed::Connect(e, None)),
                     }
-                    Err(e) => Err(Failed::Connect(e, None)),
+                } else {
+                    match self.connection(&key, upgrade, connect).await {
+                        Ok(up) => {
+                            // Taken only once connected: a failed connect leaves them for the
+                            // next endpoint, so they are never copied.
+                            let Some(request_headers) = headers.take() else {
+                                break;
+                            };
+                            // Origin-form: the connection is to the endpoint, Host names the site.
+                            let mut upstream = Request::new(ReclaimBody::new(slot.clone()));
+                            *upstream.method_mut() = parts.method.clone();
+                            *upstream.uri_mut() = Uri::from(path_and_query.clone());
+                            *upstream.version_mut() = Version::HTTP_11;
+                            *upstream.headers_mut() = request_headers;
+                            self.exchange(up, &key, upstream, upgrade, &slot, (wait, connect))
+                                .await
+                        }
+                        Err(e) => Err(Failed::Connect(e, None)),
+                    }
                 };
                 match result {
                     Ok((resp, up)) => {

@@ -52,6 +52,9 @@ pub struct Backend {
     pub external: Option<Box<External>>,
     /// Why the backend cannot serve (503 body), when it cannot.
     pub unavailable_reason: Option<String>,
+    /// It speaks HTTP/2 over cleartext (its Service port's `appProtocol` is
+    /// `kubernetes.io/h2c`): requests go on the shared connections of [`crate::h2c`].
+    pub h2c: bool,
     /// Round-robin position.
     next: AtomicUsize,
 }
@@ -409,6 +412,7 @@ fn compile_backend(
         dial,
         external,
         unavailable_reason,
+        h2c: b.protocol == holdfast_proto::v1::BackendProtocol::H2c as i32,
         next: AtomicUsize::new(0),
     })
 }

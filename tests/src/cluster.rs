@@ -276,6 +276,7 @@ impl LocalCluster {
             "crd/gatewayclasses.gateway.networking.k8s.io",
             "crd/gateways.gateway.networking.k8s.io",
             "crd/httproutes.gateway.networking.k8s.io",
+            "crd/grpcroutes.gateway.networking.k8s.io",
             "crd/referencegrants.gateway.networking.k8s.io",
         ])?;
         Ok(())

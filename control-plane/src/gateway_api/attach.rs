@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{GROUP, ReferenceGrant};
+use super::{GROUP, ReferenceGrant, RouteKind};
 
 /// `spec` of a Gateway, as far as attachment reads it.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -235,12 +235,15 @@ pub enum SecretCheck {
     Invalid,
 }
 
-fn http_route_kind() -> RouteGroupKind {
+fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
     RouteGroupKind {
         group: Some(GROUP.into()),
-        kind: "HTTPRoute".into(),
+        kind: kind.name().into(),
     }
 }
+
+/// The route kinds HTTP and HTTPS listeners take: all of those holdfast serves.
+const ROUTE_KINDS: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
 
 /// `gateway`'s listeners (in namespace `namespace`) checked: see the module
 /// documentation. `secret` says what a Secret reference is; `grants` are every
@@ -260,17 +263,25 @@ pub fn listeners(
             Some(kinds) if !kinds.is_empty() => {
                 let served: Vec<RouteGroupKind> = kinds
                     .iter()
-                    .filter(|k| {
-                        k.kind == "HTTPRoute" && k.group.as_deref().unwrap_or(GROUP) == GROUP
+                    .filter_map(|k| {
+                        let ours = k.group.as_deref().unwrap_or(GROUP) == GROUP;
+                        ROUTE_KINDS
+                            .into_iter()
+                            .find(|r| ours && k.kind == r.name())
+                            .map(route_group_kind)
                     })
-                    .map(|_| http_route_kind())
                     .collect();
                 let all = served.len() == kinds.len();
                 let mut served = served;
-                served.dedup();
+                let mut seen = Vec::new();
+                served.retain(|k| {
+                    let first = !seen.contains(k);
+                    seen.push(k.clone());
+                    first
+                });
                 (served, all)
             }
-            _ if supported_protocol => (vec![http_route_kind()], true),
+            _ if supported_protocol => (ROUTE_KINDS.map(route_group_kind).to_vec(), true),
             _ => (Vec::new(), true),
         };
         if supported_protocol {
@@ -544,13 +555,13 @@ impl NotAttached {
     }
 }
 
-/// One HTTPRoute `parentRef` against its Gateway (in `gateway_namespace`, with `spec` and
+/// One `parentRef` of a route of `kind` against its Gateway (in `gateway_namespace`, with `spec` and
 /// its checked `checked` listeners): the listeners it attaches to, each with the
 /// hostnames it serves there, or why it attaches to none. `route_namespace_labels` are the
 /// labels of the route's namespace (for `from: Selector`; None: not known, which no
 /// selector matches).
 pub fn attach<'a>(
-    parent: &ParentRef,
+    (kind, parent): (RouteKind, &ParentRef),
     route_namespace: &str,
     route_hostnames: &[String],
     gateway_namespace: &str,
@@ -588,7 +599,7 @@ pub fn attach<'a>(
                 },
                 _ => false,
             };
-            namespace_ok && c.supported_kinds.contains(&http_route_kind())
+            namespace_ok && c.supported_kinds.contains(&route_group_kind(kind))
         })
         .collect();
     if allowed.is_empty() {
@@ -703,11 +714,17 @@ mod tests {
     }
 
     #[test]
-    fn an_http_listener_is_accepted_resolved_and_takes_httproutes() {
+    fn an_http_listener_is_accepted_resolved_and_takes_httproutes_and_grpcroutes() {
         let spec = gateway(json!([{ "name": "http", "port": 80, "protocol": "HTTP" }]));
         let l = &listeners("infra", &spec, &[], |_, _| SecretCheck::Missing)[0];
         assert!(l.usable(), "{l:?}");
-        assert_eq!(l.supported_kinds, vec![http_route_kind()]);
+        assert_eq!(
+            l.supported_kinds,
+            vec![
+                route_group_kind(RouteKind::Http),
+                route_group_kind(RouteKind::Grpc)
+            ]
+        );
         assert_eq!(condition(l, "Conflicted").reason, "NoConflicts");
     }
 
@@ -732,7 +749,32 @@ mod tests {
             condition(&ls[2], "ResolvedRefs").reason,
             "InvalidRouteKinds"
         );
-        assert_eq!(ls[2].supported_kinds, vec![http_route_kind()]);
+        assert_eq!(
+            ls[2].supported_kinds,
+            vec![route_group_kind(RouteKind::Http)]
+        );
+    }
+
+    #[test]
+    fn a_listener_that_allows_one_route_kind_takes_only_that_kind() {
+        let spec = gateway(json!([
+            { "name": "grpc", "port": 80, "protocol": "HTTP",
+              "allowedRoutes": { "kinds": [{ "kind": "GRPCRoute" }, { "kind": "GRPCRoute" }] } },
+        ]));
+        let ls = listeners("infra", &spec, &[], |_, _| SecretCheck::Missing);
+        assert_eq!(
+            ls[0].supported_kinds,
+            vec![route_group_kind(RouteKind::Grpc)]
+        );
+        let parent = ParentRef {
+            name: "gw".into(),
+            ..Default::default()
+        };
+        let on = |kind| {
+            attach((kind, &parent), "infra", &[], "infra", &spec, &ls, None).map(|v| v.len())
+        };
+        assert_eq!(on(RouteKind::Grpc), Ok(1));
+        assert_eq!(on(RouteKind::Http), Err(NotAttached::NotAllowedByListeners));
     }
 
     #[test]
@@ -898,7 +940,7 @@ mod tests {
         // From the Gateway's namespace: every listener that admits it.
         assert_eq!(
             names(attach(
-                &parent(None, None),
+                (RouteKind::Http, &parent(None, None)),
                 "infra",
                 &hosts,
                 "infra",
@@ -911,7 +953,7 @@ mod tests {
         // From a labelled namespace: All and the selector.
         assert_eq!(
             names(attach(
-                &parent(None, None),
+                (RouteKind::Http, &parent(None, None)),
                 "apps",
                 &hosts,
                 "infra",
@@ -923,7 +965,7 @@ mod tests {
         );
         assert_eq!(
             names(attach(
-                &parent(Some("same"), None),
+                (RouteKind::Http, &parent(Some("same"), None)),
                 "apps",
                 &hosts,
                 "infra",
@@ -935,7 +977,7 @@ mod tests {
         );
         assert_eq!(
             names(attach(
-                &parent(Some("nosuch"), None),
+                (RouteKind::Http, &parent(Some("nosuch"), None)),
                 "infra",
                 &hosts,
                 "infra",
@@ -947,7 +989,7 @@ mod tests {
         );
         assert_eq!(
             names(attach(
-                &parent(None, Some(9999)),
+                (RouteKind::Http, &parent(None, Some(9999))),
                 "infra",
                 &hosts,
                 "infra",
@@ -959,7 +1001,7 @@ mod tests {
         );
         assert_eq!(
             names(attach(
-                &parent(Some("http"), Some(80)),
+                (RouteKind::Http, &parent(Some("http"), Some(80))),
                 "apps",
                 &["a.example.net".to_owned()],
                 "infra",
@@ -1006,7 +1048,16 @@ mod tests {
             ..Default::default()
         };
         let on = |section: &str| {
-            attach(&parent(section), "infra", &[], "infra", &spec, &ls, None).map(|v| v.len())
+            attach(
+                (RouteKind::Http, &parent(section)),
+                "infra",
+                &[],
+                "infra",
+                &spec,
+                &ls,
+                None,
+            )
+            .map(|v| v.len())
         };
         assert_eq!(on("https"), Ok(1));
         assert_eq!(on("passthrough"), Err(NotAttached::NoMatchingParent));

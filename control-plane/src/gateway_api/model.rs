@@ -234,7 +234,7 @@ impl Gateways {
             };
             let g = &self.gateways[i];
             let result = attach::attach(
-                parent,
+                (route.kind, parent),
                 route_ns,
                 &spec.hostnames,
                 gw_ns,

@@ -32,6 +32,7 @@ pub use holdfast_proto::v1::Cors;
 /// A rule's retry policy as the snapshot carries it.
 pub use holdfast_proto::v1::RetryPolicy;
 
+use super::RouteKind;
 use super::attach::{self, Hostnames, ObjectRef, Unresolved};
 use super::model::{Attachment, OurGateway, Resolved};
 use crate::translate::ClusterState;
@@ -45,6 +46,9 @@ struct Rule {
     backend_refs: Vec<BackendRef>,
     timeouts: Option<TimeoutsSpec>,
     retry: Option<RetrySpec>,
+    /// A GRPCRoute rule that cannot be served, with why ([`super::grpc::UNSERVED`]).
+    #[serde(rename = "holdfast.dev/unserved")]
+    unserved: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -355,6 +359,8 @@ pub struct Entry {
     pub action: Action,
     /// `namespace/name` of the HTTPRoute, and the rule's index.
     pub source: (String, usize),
+    /// The kind of route it came from.
+    pub kind: RouteKind,
     /// Precedence among entries of one hostname (lower first).
     order: Order,
 }
@@ -494,6 +500,11 @@ pub fn route_entries(
     let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
     let route_name = route.metadata.name.as_deref().unwrap_or_default();
     let source = format!("{route_ns}/{route_name}");
+    // An HTTPRoute and a GRPCRoute may share a name: their entries are ordered apart.
+    let order_source = match route.kind {
+        RouteKind::Http => source.clone(),
+        RouteKind::Grpc => format!("{source} (GRPCRoute)"),
+    };
     let created = route
         .metadata
         .creation_timestamp
@@ -508,6 +519,14 @@ pub fn route_entries(
     let service_port = |ns: &str, name: &str, port: i64| services.has(ns, name, port);
     let mut entries = Vec::new();
     for (ri, rule) in rules.iter().enumerate() {
+        if let Some(reason) = &rule.unserved {
+            refused.push(Refused {
+                route: source.clone(),
+                rule: ri,
+                reason: reason.clone(),
+            });
+            continue;
+        }
         let action = match action(rule, route_ns, grants, &service_port) {
             Ok(a) => a,
             Err(reason) => {
@@ -551,7 +570,7 @@ pub fn route_entries(
                         std::cmp::Reverse(headers.len()),
                         std::cmp::Reverse(query.len()),
                         created.clone(),
-                        source.clone(),
+                        order_source.clone(),
                         ri,
                         mi,
                     );
@@ -562,6 +581,7 @@ pub fn route_entries(
                         query,
                         action: action.clone(),
                         source: (source.clone(), ri),
+                        kind: route.kind,
                         order,
                     });
                 }

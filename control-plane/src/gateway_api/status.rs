@@ -103,8 +103,8 @@ pub struct Write {
 pub struct Desired {
     /// Gateways.
     pub gateways: Vec<Write>,
-    /// HTTPRoutes.
-    pub routes: Vec<Write>,
+    /// HTTPRoutes and GRPCRoutes, each with its kind.
+    pub routes: Vec<(super::RouteKind, Write)>,
 }
 
 /// What should be written on our Gateways and their HTTPRoutes, given the caches and
@@ -219,12 +219,15 @@ pub fn desired(
             parents.push(Value::Object(entry));
         }
         if parents != current_parents {
-            out.routes.push(Write {
-                namespace: route_ns.to_owned(),
-                name: route.metadata.name.clone().unwrap_or_default(),
-                resource_version: route.metadata.resource_version.clone(),
-                status: json!({ "parents": parents }),
-            });
+            out.routes.push((
+                route.kind,
+                Write {
+                    namespace: route_ns.to_owned(),
+                    name: route.metadata.name.clone().unwrap_or_default(),
+                    resource_version: route.metadata.resource_version.clone(),
+                    status: json!({ "parents": parents }),
+                },
+            ));
         }
     }
 
@@ -248,12 +251,15 @@ pub fn desired(
             .cloned()
             .collect();
         if kept.len() != current.len() {
-            out.routes.push(Write {
-                namespace: route.metadata.namespace.clone().unwrap_or_default(),
-                name: route.metadata.name.clone().unwrap_or_default(),
-                resource_version: route.metadata.resource_version.clone(),
-                status: json!({ "parents": kept }),
-            });
+            out.routes.push((
+                route.kind,
+                Write {
+                    namespace: route.metadata.namespace.clone().unwrap_or_default(),
+                    name: route.metadata.name.clone().unwrap_or_default(),
+                    resource_version: route.metadata.resource_version.clone(),
+                    status: json!({ "parents": kept }),
+                },
+            ));
         }
     }
 
@@ -780,7 +786,7 @@ mod tests {
         assert_eq!(gw["listeners"][0]["attachedRoutes"], 2, "ok and nobackend");
         assert_eq!(
             gw["listeners"][0]["supportedKinds"],
-            json!([{ "group": GROUP, "kind": "HTTPRoute" }])
+            json!([{ "group": GROUP, "kind": "HTTPRoute" }, { "group": GROUP, "kind": "GRPCRoute" }])
         );
         assert_eq!(
             gw["listeners"][1]["attachedRoutes"], 1,
@@ -810,8 +816,8 @@ mod tests {
         let parents = |name: &str| {
             d.routes
                 .iter()
-                .find(|w| w.name == name)
-                .map(|w| w.status["parents"].clone())
+                .find(|w| w.1.name == name)
+                .map(|w| w.1.status["parents"].clone())
                 .unwrap_or(Value::Null)
         };
         let ok = parents("ok");

@@ -341,6 +341,10 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDig
     digest
 }
 
+/// The `appProtocol` of a Service port whose backends speak HTTP/2 over cleartext
+/// ([KEP-3726](https://github.com/kubernetes/enhancements/tree/master/keps/sig-network/3726-standard-application-protocols)).
+pub const H2C_APP_PROTOCOL: &str = "kubernetes.io/h2c";
+
 /// A Service port: its number, its name ("" if unnamed) and its numeric target port
 /// (None for a named targetPort, resolved per EndpointSlice).
 #[derive(Debug)]
@@ -348,6 +352,8 @@ pub(super) struct ServicePortDigest {
     pub(super) port: i32,
     pub(super) name: String,
     pub(super) numeric_target: Option<i32>,
+    /// Its `appProtocol` says HTTP/2 over cleartext (`kubernetes.io/h2c`).
+    pub(super) h2c: bool,
 }
 
 /// What translation needs from one Service.
@@ -383,6 +389,7 @@ pub fn digest_service(svc: &Service) -> ServiceDigest {
                 Some(IntOrString::String(_)) => None,
                 None => Some(p.port),
             },
+            h2c: p.app_protocol.as_deref() == Some(H2C_APP_PROTOCOL),
         })
         .collect();
     ServiceDigest {

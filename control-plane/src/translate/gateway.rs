@@ -26,9 +26,9 @@ use holdfast_proto::v1::{
 };
 
 use super::*;
-use crate::gateway_api::HttpRoute;
 use crate::gateway_api::attach::SecretCheck;
 use crate::gateway_api::routes::{Action, HostKey, PathMatch, PortRoutes};
+use crate::gateway_api::{HttpRoute, RouteKind};
 use crate::gateway_api::{model, routes};
 
 /// One built Gateway host and the backends its routes use.
@@ -153,6 +153,10 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             namespace: ns.to_owned(),
             name: name.to_owned(),
             rule: u32::try_from(e.source.1).unwrap_or(u32::MAX),
+            kind: match e.kind {
+                RouteKind::Http => String::new(),
+                RouteKind::Grpc => RouteKind::Grpc.name().to_owned(),
+            },
         }),
         ..Default::default()
     };

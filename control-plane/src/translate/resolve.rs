@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use holdfast_proto::certificate;
 use holdfast_proto::v1::{
-    Backend, Certificate, Endpoint, GatewayHost, IngressRef, MatchKind, Route, VirtualHost,
+    Backend, BackendProtocol, Certificate, Endpoint, GatewayHost, IngressRef, MatchKind, Route,
+    VirtualHost,
 };
 
 use super::*;
@@ -528,6 +529,9 @@ pub(super) fn resolve_allowed_backend(
         backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");
         return backend;
     };
+    if service_port.h2c {
+        backend.protocol = BackendProtocol::H2c as i32;
+    }
     // (address, port, zone), borrowed; sorted and deduplicated before anything is copied.
     let mut endpoints: Vec<(&str, u32, &str)> = Vec::new();
     for slice in slices {

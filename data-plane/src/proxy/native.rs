@@ -41,7 +41,17 @@ impl Service for Forwarder {
         via: &Via,
         table: &'t Self::Table,
     ) -> Decision<'t, 'r, Route, Reason> {
-        self.route(request, via, table.as_deref())
+        match self.route(request, via, table.as_deref()) {
+            Decision::Forward(routed) if routed.route.backend.h2c => Decision::Refuse {
+                reason: Reason::UpstreamProtocol,
+                detail: format!(
+                    "backend {} speaks h2c: the native HTTP/1.1 engine does not send to it",
+                    routed.route.backend.name
+                ),
+                route: Some(routed.route),
+            },
+            decided => decided,
+        }
     }
 
     fn is_tls(&self, via: &Via) -> bool {

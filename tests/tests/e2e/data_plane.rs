@@ -2983,3 +2983,122 @@ async fn trailers_absolute_targets_leading_empty_lines_and_expect_continue_are_f
     );
     Ok(())
 }
+
+/// An h2c backend on 127.0.0.1 (HTTP/2 with prior knowledge, as gRPC servers speak):
+/// answers every request with headers saying what it got (version, `:authority`, `te`,
+/// the body's length) and a `grpc-status: 0` trailer.
+async fn h2c_backend() -> anyhow::Result<SocketAddr> {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    let version = format!("{:?}", req.version());
+                    let authority = req
+                        .uri()
+                        .authority()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default();
+                    let te = req
+                        .headers()
+                        .get(http::header::TE)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    let body = req.into_body().collect().await?.to_bytes();
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    let frames = vec![
+                        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(body.clone())),
+                        Ok(hyper::body::Frame::trailers(trailers)),
+                    ];
+                    let answer = http::Response::builder()
+                        .header("x-seen-version", version)
+                        .header("x-seen-authority", authority)
+                        .header("x-seen-te", te)
+                        .header("x-seen-body", body.len().to_string())
+                        .body(http_body_util::StreamBody::new(futures::stream::iter(
+                            frames,
+                        )))
+                        .expect("a response");
+                    Ok::<_, hyper::Error>(answer)
+                },
+            );
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test]
+async fn an_h2c_backend_gets_http2_with_its_authority_and_answers_with_trailers()
+-> anyhow::Result<()> {
+    use http_body_util::BodyExt;
+    let (state, logs) = dirs("h2c-backend");
+    let backend = h2c_backend().await?;
+    let cp = FakeControlPlane::start(None).await?;
+    let mut s = snapshot(1, &[("grpc.test", "/", "grpc")], &[("grpc", &[backend])]);
+    s.backends[0].protocol = holdfast_proto::v1::BackendProtocol::H2c as i32;
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-h2c-backend", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+
+    // A gRPC-shaped call over h2c: HTTP/2 upstream, the authority, `te: trailers`, the
+    // body, and the backend's trailers back.
+    let stream = tokio::net::TcpStream::connect(p.addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    for call in 0..3 {
+        let req = http::Request::post("http://grpc.test/pkg.Echo/Call")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"\0\0\0\0\x05hello",
+            )))?;
+        let resp = tokio::time::timeout(T, sender.send_request(req)).await??;
+        assert_eq!(resp.status(), 200, "call {call}");
+        assert_eq!(resp.headers()["x-seen-version"], "HTTP/2.0");
+        assert_eq!(resp.headers()["x-seen-authority"], "grpc.test");
+        assert_eq!(resp.headers()["x-seen-te"], "trailers");
+        assert_eq!(resp.headers()["x-seen-body"], "10");
+        let collected = tokio::time::timeout(T, resp.into_body().collect()).await??;
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes().len(), 10);
+        let trailers = trailers.ok_or_else(|| anyhow::anyhow!("no trailers came back"))?;
+        assert_eq!(trailers["grpc-status"], "0");
+    }
+    // The three calls shared one upstream connection.
+    let opened = p
+        .metric_value("holdfast_proxy_upstream_connections_opened_total")
+        .await?;
+    assert_eq!(opened, 1.0, "one shared HTTP/2 connection");
+
+    // HTTP/1.1 to it: the hyper engine sends it as HTTP/2; the native engine answers 502.
+    let head = raw_head(
+        p.addr,
+        "GET /plain HTTP/1.1\r\nHost: grpc.test\r\nConnection: close\r\n\r\n",
+    )
+    .await?;
+    if std::env::var("HOLDFAST_H1_ENGINE").is_ok_and(|e| e == "hyper") {
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(header(&head, "x-seen-version"), Some("http/2.0"), "{head}");
+    } else {
+        assert!(head.starts_with("http/1.1 502"), "{head}");
+        let refused = p
+            .metric_value(
+                r#"holdfast_proxy_error_responses_total{reason="upstream_protocol",status="502"}"#,
+            )
+            .await?;
+        assert_eq!(refused, 1.0);
+    }
+    Ok(())
+}

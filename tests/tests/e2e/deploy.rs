@@ -158,6 +158,7 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         ("gateway.networking.k8s.io", "gatewayclasses"),
         ("gateway.networking.k8s.io", "gateways"),
         ("gateway.networking.k8s.io", "httproutes"),
+        ("gateway.networking.k8s.io", "grpcroutes"),
         ("gateway.networking.k8s.io", "referencegrants"),
     ] {
         for v in ["get", "list", "watch"] {
@@ -174,6 +175,7 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             "gatewayclasses/status",
             "gateways/status",
             "httproutes/status",
+            "grpcroutes/status",
         ] {
             allowed.insert(("gateway.networking.k8s.io".into(), status.into(), v.into()));
         }

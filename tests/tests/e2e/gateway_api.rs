@@ -409,7 +409,13 @@ fn cache_of(status: &serde_json::Value, kind: &str) -> Option<serde_json::Value>
         .cloned()
 }
 
-const GATEWAY_KINDS: [&str; 4] = ["GatewayClass", "Gateway", "HTTPRoute", "ReferenceGrant"];
+const GATEWAY_KINDS: [&str; 5] = [
+    "GatewayClass",
+    "Gateway",
+    "HTTPRoute",
+    "GRPCRoute",
+    "ReferenceGrant",
+];
 
 #[tokio::test]
 async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_and_are_watched_once_installed_and_our_class_is_accepted()
@@ -548,6 +554,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         "--for=condition=Established",
         "--timeout=60s",
         "crd/httproutes.gateway.networking.k8s.io",
+        "crd/grpcroutes.gateway.networking.k8s.io",
         "crd/gatewayclasses.gateway.networking.k8s.io",
     ])?;
     for kind in GATEWAY_KINDS {
