@@ -1,4 +1,4 @@
-//! Watch-fed caches (kube-rs reflector stores) of the twelve kinds translation reads
+//! Watch-fed caches (kube-rs reflector stores) of the thirteen kinds translation reads
 //! (Namespaces for their labels, which Gateway listeners select routes' namespaces by).
 //! Secrets are watched with the field selector `type=kubernetes.io/tls`: no other Secret
 //! is ever read. ConfigMaps: only the host claims ledger ([`crate::claims`]), by name, in
@@ -39,12 +39,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::gateway_api::{
-    self, Discovered, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant,
+    self, Discovered, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute,
 };
 use crate::state::{KINDS, Shared};
 use crate::translate::ClusterState;
 
-/// Readers of the twelve caches.
+/// Readers of the thirteen caches.
 #[derive(Clone)]
 pub struct Caches {
     ingress_classes: Store<IngressClass>,
@@ -57,6 +57,7 @@ pub struct Caches {
     gateways: Store<Gateway>,
     http_routes: Store<HttpRoute>,
     grpc_routes: Store<GrpcRoute>,
+    tls_routes: Store<TlsRoute>,
     reference_grants: Store<ReferenceGrant>,
     namespaces: Store<Namespace>,
     /// Each kind's progress, in the order of [`KINDS`].
@@ -96,6 +97,7 @@ impl Caches {
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
             grpc_routes: reflector::store().0,
+            tls_routes: reflector::store().0,
             reference_grants: reflector::store().0,
             namespaces: reflector::store().0,
             progress: Arc::new(Default::default()),
@@ -138,11 +140,17 @@ impl Caches {
     pub fn read(&self) -> (Vec<KindProgress>, ClusterState) {
         let mut progress = Vec::with_capacity(KINDS.len());
         let mut http_routes = self.read_kind(&self.http_routes, &mut progress);
-        // GRPCRoutes are served as the HTTPRoutes they amount to (their kind says so).
+        // GRPCRoutes and TLSRoutes are served as the HTTPRoutes they amount to (their
+        // kind says so).
         http_routes.extend(
             self.read_kind(&self.grpc_routes, &mut progress)
                 .iter()
                 .map(|r| Arc::new(gateway_api::grpc::as_http_route(r))),
+        );
+        http_routes.extend(
+            self.read_kind(&self.tls_routes, &mut progress)
+                .iter()
+                .map(|r| Arc::new(gateway_api::tls_route::as_http_route(r))),
         );
         let state = ClusterState {
             ingress_classes: self.read_kind(&self.ingress_classes, &mut progress),
@@ -206,6 +214,10 @@ impl Caches {
         kind(
             "GRPCRoute",
             identity(self.grpc_routes.state().iter().map(|o| &**o)),
+        );
+        kind(
+            "TLSRoute",
+            identity(self.tls_routes.state().iter().map(|o| &**o)),
         );
         kind(
             "ReferenceGrant",
@@ -309,6 +321,7 @@ pub fn start(
         gateways: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         http_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         grpc_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
+        tls_routes: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         reference_grants: spawn_optional_watch(client.clone(), ctx.clone(), tasks),
         namespaces: spawn_watch(Api::all(client), None, ctx, tasks),
         progress,
@@ -800,6 +813,7 @@ mod tests {
             gateways: reflector::store().0,
             http_routes: reflector::store().0,
             grpc_routes: reflector::store().0,
+            tls_routes: reflector::store().0,
             reference_grants: reflector::store().0,
             namespaces: reflector::store().0,
             progress: ctx.progress.clone(),

@@ -1,5 +1,5 @@
-//! The Gateway API kinds holdfast watches (GatewayClass, Gateway, HTTPRoute, GRPCRoute
-//! and ReferenceGrant, `gateway.networking.k8s.io/v1`), and what API discovery says of
+//! The Gateway API kinds holdfast watches (GatewayClass, Gateway, HTTPRoute, GRPCRoute,
+//! TLSRoute and ReferenceGrant, `gateway.networking.k8s.io/v1`), and what API discovery says of
 //! them.
 //!
 //! Each kind is cached as its metadata, its `spec` and its `status` as JSON, parsed per
@@ -21,6 +21,7 @@ pub mod model;
 pub mod routes;
 pub mod services;
 pub mod status;
+pub mod tls_route;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};
 use kube::Resource;
@@ -119,7 +120,17 @@ gateway_kind!(
     k8s_openapi::NamespaceResourceScope
 );
 
-/// The kinds of route that attach to HTTP and HTTPS listeners.
+gateway_kind!(
+    /// A TLSRoute: TLS connections by server name (SNI), relayed unopened to backends
+    /// (listeners of protocol TLS, mode Passthrough). Served as the HTTPRoute it amounts
+    /// to ([`tls_route::as_http_route`]): one entry per hostname, its backends weighted.
+    TlsRoute,
+    "TLSRoute",
+    "tlsroutes",
+    k8s_openapi::NamespaceResourceScope
+);
+
+/// The kinds of route holdfast serves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum RouteKind {
     /// An HTTPRoute.
@@ -127,6 +138,8 @@ pub enum RouteKind {
     Http,
     /// A GRPCRoute.
     Grpc,
+    /// A TLSRoute.
+    Tls,
 }
 
 impl RouteKind {
@@ -135,6 +148,7 @@ impl RouteKind {
         match self {
             RouteKind::Http => "HTTPRoute",
             RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Tls => "TLSRoute",
         }
     }
 }
@@ -179,6 +193,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
+    "TLSRoute",
 ];
 
 /// The status to write for `class` if it is ours (its `spec.controllerName` is
@@ -434,7 +449,8 @@ mod tests {
                 { "name": "HTTPRouteRequestTimeout" },
                 { "name": "HTTPRouteResponseHeaderModification" },
                 { "name": "HTTPRouteSchemeRedirect" },
-                { "name": "ReferenceGrant" }
+                { "name": "ReferenceGrant" },
+                { "name": "TLSRoute" }
             ])
         );
         // Written once: the same status is not written again, and its time is kept.

@@ -197,7 +197,9 @@ impl FreshRead {
     /// consistent list.
     async fn read(&self, absent: &[&str]) -> Result<Vec<(String, String)>, kube::Error> {
         use crate::caches::tagged;
-        use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+        use crate::gateway_api::{
+            Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute,
+        };
         let mut fresh = self.list_all::<Ingress>().await?;
         fresh.extend(self.list_all::<IngressClass>().await?);
         if !absent.contains(&"GatewayClass") {
@@ -214,6 +216,9 @@ impl FreshRead {
         }
         if !absent.contains(&"GRPCRoute") {
             fresh.extend(tagged("GRPCRoute", self.list_all::<GrpcRoute>().await?));
+        }
+        if !absent.contains(&"TLSRoute") {
+            fresh.extend(tagged("TLSRoute", self.list_all::<TlsRoute>().await?));
         }
         if !absent.contains(&"ReferenceGrant") {
             fresh.extend(tagged(
@@ -1601,6 +1606,11 @@ mod tests {
                 "items": [{"metadata": {"namespace": "ns", "name": "g", "resourceVersion": "10"}, "spec": {}}]})
         })
         .await;
+        api.expect(http::Method::GET, "/apis/gateway.networking.k8s.io/v1/tlsroutes", 200, |_| {
+            serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "TLSRouteList", "metadata": {},
+                "items": [{"metadata": {"namespace": "ns", "name": "t", "resourceVersion": "11"}, "spec": {}}]})
+        })
+        .await;
         api.expect(http::Method::GET, "/api/v1/namespaces", 200, |_| {
             serde_json::json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {},
                 "items": [{"metadata": {"name": "ns", "resourceVersion": "3"}}]})
@@ -1618,6 +1628,7 @@ mod tests {
                 "ns/ing-4",
                 "HTTPRoute:ns/r",
                 "GRPCRoute:ns/g",
+                "TLSRoute:ns/t",
                 "Namespace:/ns"
             ]
         );

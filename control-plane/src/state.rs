@@ -31,7 +31,7 @@ use crate::metrics::{KindLabel, Metrics};
 use crate::translate::{Changed, Content, Since};
 
 /// The kinds the control plane watches, in the order they are reported.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "IngressClass",
     "Ingress",
     "Service",
@@ -42,6 +42,7 @@ pub const KINDS: [&str; 12] = [
     "Gateway",
     "HTTPRoute",
     "GRPCRoute",
+    "TLSRoute",
     "ReferenceGrant",
     "Namespace",
 ];

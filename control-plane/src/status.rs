@@ -622,6 +622,10 @@ async fn sync_gateways(
                     Api::namespaced(client.clone(), &w.namespace);
                 write_status(&api, w, "GRPCRoute", writes).await
             }
+            gateway_api::RouteKind::Tls => {
+                let api: Api<gateway_api::TlsRoute> = Api::namespaced(client.clone(), &w.namespace);
+                write_status(&api, w, "TLSRoute", writes).await
+            }
         };
     }
     all

@@ -323,8 +323,11 @@ pub struct Listener {
     pub port: u16,
     /// The port clients reach the listener on (its Gateway's Service maps it to `port`).
     pub public_port: u16,
-    /// HTTPS (else plain HTTP).
+    /// HTTPS (else plain HTTP, or TLS passthrough).
     pub tls: bool,
+    /// TLS passthrough (protocol `TLS`): TLSRoutes by the ClientHello's server name
+    /// ([`crate::passthrough`]); its hosts' first entry names the backend.
+    pub passthrough: bool,
     /// `namespace/name` and generation of its Gateway.
     pub gateway: Option<(String, i64)>,
     /// Per listener hostname ("" any; `*.suffix` a wildcard), its certificates.
@@ -623,6 +626,7 @@ impl Listener {
             port,
             public_port,
             tls: l.protocol == "HTTPS",
+            passthrough: l.protocol == "TLS",
             gateway: l
                 .gateway
                 .as_ref()

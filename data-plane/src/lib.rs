@@ -9,6 +9,8 @@
 //!   (pure).
 //! - [`proxy`]: forwarding one request: route, balance, retry, 502/503/504.
 //! - [`h2c`]: the shared HTTP/2 (cleartext) connections to backends that speak it.
+//! - [`passthrough`]: Gateway TLS listeners in Passthrough mode: the ClientHello's server
+//!   name picks a TLSRoute backend, and the TLS bytes are relayed unopened.
 //! - [`server`]: the client listeners (HTTP/1.1 + h2c; HTTPS), limits, idle timeout,
 //!   draining.
 //! - [`tls`]: the HTTPS listener's rustls configuration: certificates by SNI from the
@@ -38,6 +40,7 @@ pub mod limit;
 pub mod listeners;
 pub mod matching;
 pub mod metrics;
+pub mod passthrough;
 pub mod persist;
 pub mod proxy;
 pub mod server;

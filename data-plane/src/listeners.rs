@@ -34,9 +34,20 @@ pub const RETRY_EVERY: Duration = Duration::from_secs(2);
 
 /// One Gateway listener being served.
 struct Bound {
-    tls: bool,
+    kind: Serving,
     /// Turns true to stop accepting (then its connections drain).
     stop: Arc<watch::Sender<bool>>,
+}
+
+/// What a listener is served as (a listener whose protocol changes is bound again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serving {
+    /// HTTP.
+    Http,
+    /// HTTPS: TLS terminated here.
+    Https,
+    /// TLS passthrough ([`crate::passthrough`]).
+    Passthrough,
 }
 
 /// The Gateway listeners served, and what serving them takes.
@@ -94,14 +105,21 @@ impl GatewayListeners {
         if *self.stopping.borrow() {
             return;
         }
-        let wanted: HashMap<&str, (SocketAddr, bool)> = table
+        let wanted: HashMap<&str, (SocketAddr, Serving)> = table
             .gateway_listeners()
-            .map(|l| (l.name.as_str(), (SocketAddr::new(l.address, l.port), l.tls)))
+            .map(|l| {
+                let kind = match (l.tls, l.passthrough) {
+                    (_, true) => Serving::Passthrough,
+                    (true, false) => Serving::Https,
+                    (false, false) => Serving::Http,
+                };
+                (l.name.as_str(), (SocketAddr::new(l.address, l.port), kind))
+            })
             .collect();
         self.bound.retain(|name, b| {
             let keep = wanted
                 .get(name.as_str())
-                .is_some_and(|(_, tls)| *tls == b.tls);
+                .is_some_and(|(_, kind)| *kind == b.kind);
             if !keep {
                 tracing::info!(listener = %name, "gateway listener removed; draining");
                 let _ = b.stop.send(true);
@@ -111,13 +129,13 @@ impl GatewayListeners {
         self.failing
             .retain(|name| wanted.contains_key(name.as_str()));
         let mut unbound = 0;
-        for (name, (addr, tls)) in wanted {
+        for (name, (addr, kind)) in wanted {
             if self.bound.contains_key(name) {
                 continue;
             }
-            match self.start(name, addr, tls) {
+            match self.start(name, addr, kind) {
                 Ok(b) => {
-                    tracing::info!(listener = %name, tls, "gateway listener bound");
+                    tracing::info!(listener = %name, ?kind, "gateway listener bound");
                     self.failing.remove(name);
                     self.bound.insert(name.to_owned(), b);
                 }
@@ -155,10 +173,10 @@ impl GatewayListeners {
         &mut self,
         name: &str,
         addr: SocketAddr,
-        tls: bool,
+        kind: Serving,
     ) -> Result<Bound, Box<dyn std::error::Error + Send + Sync>> {
         let sockets = crate::bind_per_worker(addr, self.workers.len())?;
-        let acceptor = if tls {
+        let acceptor = if kind == Serving::Https {
             Some(tokio_rustls::TlsAcceptor::from(
                 crate::tls::gateway_server_config(self.table.clone(), Arc::from(name))?,
             ))
@@ -174,15 +192,27 @@ impl GatewayListeners {
                 let _entered = worker.enter();
                 TcpListener::from_std(socket)?
             };
-            self.tasks.push(worker.spawn(server::serve(
-                socket,
-                self.forwarder.clone(),
-                self.settings.clone(),
-                acceptor.clone(),
-                self.open.clone(),
-                rx.clone(),
-                Some(listener.clone()),
-            )));
+            let task = if kind == Serving::Passthrough {
+                worker.spawn(crate::passthrough::serve(
+                    socket,
+                    self.forwarder.clone(),
+                    listener.clone(),
+                    self.settings.clone(),
+                    self.open.clone(),
+                    rx.clone(),
+                ))
+            } else {
+                worker.spawn(server::serve(
+                    socket,
+                    self.forwarder.clone(),
+                    self.settings.clone(),
+                    acceptor.clone(),
+                    self.open.clone(),
+                    rx.clone(),
+                    Some(listener.clone()),
+                ))
+            };
+            self.tasks.push(task);
         }
         // Shutdown stops it too.
         let (mut stopping, forward) = (self.stopping.clone(), stop.clone());
@@ -192,6 +222,6 @@ impl GatewayListeners {
                 _ = forward.closed() => {}
             }
         });
-        Ok(Bound { tls, stop })
+        Ok(Bound { kind, stop })
     }
 }

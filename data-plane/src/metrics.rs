@@ -221,6 +221,14 @@ pub struct LoadLabel {
     pub outcome: &'static str,
 }
 
+/// Label of the TLS passthrough connections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassthroughLabel {
+    /// How it ended ([`crate::passthrough::Outcome`]): `forwarded`, `bad_hello`,
+    /// `no_server_name`, `no_route` or `connect_failed`.
+    pub outcome: &'static str,
+}
+
 /// The index of `status`'s class in [`CLASSES`].
 fn class_of(status: u16) -> usize {
     match status {
@@ -284,6 +292,8 @@ pub struct Metrics {
     pub upstream_queue_timeouts: Counter,
     /// Client connections closed at once because --max-connections were open.
     pub connections_refused: Counter,
+    /// TLS passthrough connections (Gateway TLS listeners), by how they ended.
+    pub passthrough: Family<PassthroughLabel, Counter>,
     /// Failed accepts on the client listeners (EMFILE and the like).
     pub accept_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
@@ -327,6 +337,7 @@ impl Metrics {
             snapshot_persisted: Gauge::default(),
             upstream_queue_timeouts: Counter::default(),
             connections_refused: Counter::default(),
+            passthrough: Family::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
             gateway_listeners: Gauge::default(),
@@ -405,6 +416,11 @@ impl Metrics {
             m.connections_refused.clone(),
         );
         r.register(
+            "passthrough_connections",
+            "TLS passthrough connections on Gateway TLS listeners, by how they ended",
+            m.passthrough.clone(),
+        );
+        r.register(
             "accept_errors",
             "Failed accepts on the client listeners (EMFILE, ENFILE and the like)",
             m.accept_errors.clone(),
@@ -467,6 +483,15 @@ impl Metrics {
             m.upstream_connect_errors.clone(),
         );
         m
+    }
+
+    /// Counts a TLS passthrough connection that ended so.
+    pub fn count_passthrough(&self, outcome: crate::passthrough::Outcome) {
+        self.passthrough
+            .get_or_create(&PassthroughLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// Counts a response that matched no route (label `route` [`UNROUTED`]).

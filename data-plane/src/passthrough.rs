@@ -269,14 +269,13 @@ async fn connection(
         tracing::debug!(%peer, %listener, server_name = %name, "passthrough: no route or endpoint");
         return Outcome::NoRoute;
     };
-    let upstream_ok = match upstream.as_mut() {
-        Ok(up) => up.write_all(&hello).await.is_ok(),
-        Err(()) => false,
-    };
-    let Ok(upstream) = upstream.filter(|_| upstream_ok) else {
+    let Ok(up) = upstream.as_mut() else {
         return Outcome::ConnectFailed;
     };
-    forwarder.tunnels().run(client, upstream).await;
+    if up.stream.write_all(&hello).await.is_err() {
+        return Outcome::ConnectFailed;
+    }
+    forwarder.tunnels().run(client, &mut up.stream).await;
     Outcome::Forwarded
 }
 
@@ -342,9 +341,18 @@ mod tests {
         ));
         // A record that is not a handshake, a length out of range, a message that is not
         // a ClientHello.
-        assert!(matches!(client_hello_sni(&[23, 3, 3, 0, 5, 1, 2, 3, 4, 5]), Hello::Invalid(_)));
-        assert!(matches!(client_hello_sni(&[22, 3, 1, 0x40, 1]), Hello::Invalid(_)));
-        assert!(matches!(client_hello_sni(&[22, 3, 1, 0, 4, 2, 0, 0, 0]), Hello::Invalid(_)));
+        assert!(matches!(
+            client_hello_sni(&[23, 3, 3, 0, 5, 1, 2, 3, 4, 5]),
+            Hello::Invalid(_)
+        ));
+        assert!(matches!(
+            client_hello_sni(&[22, 3, 1, 0x40, 1]),
+            Hello::Invalid(_)
+        ));
+        assert!(matches!(
+            client_hello_sni(&[22, 3, 1, 0, 4, 2, 0, 0, 0]),
+            Hello::Invalid(_)
+        ));
         // A declared message larger than the cap.
         assert!(matches!(
             client_hello_sni(&[22, 3, 1, 0, 4, 1, 0x10, 0, 0]),

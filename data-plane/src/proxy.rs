@@ -200,6 +200,13 @@ impl Via {
     }
 }
 
+/// A passthrough connection's upstream: the connection, holding its endpoint's slot.
+pub struct PassthroughUpstream {
+    /// The connection to the endpoint.
+    pub stream: tokio::net::TcpStream,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// The forwarding service, shared by all connections.
 pub struct Forwarder {
     table: Arc<ArcSwapOption<RouteTable>>,
@@ -514,6 +521,71 @@ impl Forwarder {
     /// rest.
     pub async fn finish_tunnels(&self, deadline: tokio::time::Instant) {
         self.tunnels.finish(deadline).await;
+    }
+
+    /// The tunnels (upgrades, and TLS passthrough connections).
+    pub fn tunnels(&self) -> &Tunnels {
+        &self.tunnels
+    }
+
+    /// For a TLS passthrough connection on Gateway listener `listener` asking for
+    /// `server_name`: a connection (made within the connect timeout) to an endpoint of
+    /// the backend its TLSRoute picks, with the endpoint's connection slot, trying a
+    /// second endpoint when the first does not connect; Err when none does. None when no
+    /// route serves the name, or its backend reference does not resolve.
+    pub async fn passthrough_connect(
+        &self,
+        listener: &str,
+        server_name: &str,
+    ) -> Option<Result<PassthroughUpstream, ()>> {
+        let route = {
+            let table = self.table.load();
+            let l = table.as_deref()?.gateway_listener(listener)?;
+            let no_headers = HeaderMap::new();
+            let asked = crate::matching::Asked {
+                method: "",
+                query: None,
+                headers: &no_headers,
+            };
+            let entry = l.lookup(server_name, "/", &asked)?;
+            match entry.action.next_pick()? {
+                (_, crate::gateway::Target::Route(route)) => route.clone(),
+                (_, crate::gateway::Target::Unresolved(_)) => return None,
+            }
+        };
+        let backend = &route.backend;
+        let start = backend.next_index();
+        let mut tried = None;
+        for attempt in 0..2 {
+            let (key, permit) = match self.target(backend, attempt, start, &mut tried).await {
+                Target::Go(key, _, _, permit) => (key, permit),
+                Target::Busy(_) => continue,
+                Target::None => break,
+            };
+            let opened = tokio::time::timeout(
+                self.settings.connect_timeout,
+                holdfast_http::upstream::open(&key),
+            )
+            .await
+            .unwrap_or(Err(crate::upstream::ConnectError::Timeout));
+            match opened {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    self.metrics.upstream_connections_opened.inc();
+                    return Some(Ok(PassthroughUpstream {
+                        stream,
+                        _slot: permit,
+                    }));
+                }
+                Err(error) => {
+                    self.metrics.upstream_connect_errors.inc();
+                    if let Some(a) = tried {
+                        self.balancer.connect_failed(a, &backend.name, &error);
+                    }
+                }
+            }
+        }
+        Some(Err(()))
     }
 
     /// Open upgraded tunnels.

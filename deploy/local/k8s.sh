@@ -341,7 +341,7 @@ fetch_channel_crds() {
   for f in "$mod"/config/crd/"$channel"/*.yaml; do
     grep -q '^kind: CustomResourceDefinition$' "$f" && cp "$f" "$work/"
   done
-  for crd in gatewayclasses gateways httproutes grpcroutes referencegrants; do
+  for crd in gatewayclasses gateways httproutes grpcroutes tlsroutes referencegrants; do
     [[ -f $work/gateway.networking.k8s.io_$crd.yaml ]] ||
       fail "$work" "no $crd CRD in sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION/config/crd/$channel"
   done

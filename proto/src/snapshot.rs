@@ -603,10 +603,16 @@ pub fn validate_gateway_listener(l: &GatewayListener) -> Result<(), InvalidSnaps
             }
         }
         "HTTPS" => {}
+        // TLS passthrough: the proxy terminates nothing, so holds no certificate.
+        "TLS" => {
+            if !l.certificates.is_empty() {
+                return Err(bad_listener(l, "a TLS listener has certificates".into()));
+            }
+        }
         other => {
             return Err(bad_listener(
                 l,
-                format!("protocol {other:?} is not HTTP or HTTPS"),
+                format!("protocol {other:?} is not HTTP, HTTPS or TLS"),
             ));
         }
     }

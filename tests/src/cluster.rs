@@ -277,6 +277,7 @@ impl LocalCluster {
             "crd/gateways.gateway.networking.k8s.io",
             "crd/httproutes.gateway.networking.k8s.io",
             "crd/grpcroutes.gateway.networking.k8s.io",
+            "crd/tlsroutes.gateway.networking.k8s.io",
             "crd/referencegrants.gateway.networking.k8s.io",
         ])?;
         Ok(())

@@ -242,8 +242,15 @@ fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
     }
 }
 
-/// The route kinds HTTP and HTTPS listeners take: all of those holdfast serves.
-const ROUTE_KINDS: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
+/// The route kinds a listener of `protocol` takes (none: holdfast does not serve it):
+/// HTTPRoute and GRPCRoute on HTTP and HTTPS; TLSRoute on TLS (passthrough).
+fn route_kinds(protocol: &str) -> &'static [RouteKind] {
+    match protocol {
+        "HTTP" | "HTTPS" => &[RouteKind::Http, RouteKind::Grpc],
+        "TLS" => &[RouteKind::Tls],
+        _ => &[],
+    }
+}
 
 /// `gateway`'s listeners (in namespace `namespace`) checked: see the module
 /// documentation. `secret` says what a Secret reference is; `grants` are every
@@ -257,18 +264,19 @@ pub fn listeners(
     let mut out = Vec::with_capacity(gateway.listeners.len());
     for l in &gateway.listeners {
         let mut conditions = Vec::new();
-        let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+        let kinds_of_protocol = route_kinds(&l.protocol);
+        let supported_protocol = !kinds_of_protocol.is_empty();
         // Route kinds: those asked for that holdfast serves; an unknown kind is refused.
-        let (supported_kinds, kinds_ok) = match l.allowed_routes.as_ref().map(|a| &a.kinds) {
+        let (mut supported_kinds, kinds_ok) = match l.allowed_routes.as_ref().map(|a| &a.kinds) {
             Some(kinds) if !kinds.is_empty() => {
                 let served: Vec<RouteGroupKind> = kinds
                     .iter()
                     .filter_map(|k| {
                         let ours = k.group.as_deref().unwrap_or(GROUP) == GROUP;
-                        ROUTE_KINDS
-                            .into_iter()
+                        kinds_of_protocol
+                            .iter()
                             .find(|r| ours && k.kind == r.name())
-                            .map(route_group_kind)
+                            .map(|r| route_group_kind(*r))
                     })
                     .collect();
                 let all = served.len() == kinds.len();
@@ -281,8 +289,13 @@ pub fn listeners(
                 });
                 (served, all)
             }
-            _ if supported_protocol => (ROUTE_KINDS.map(route_group_kind).to_vec(), true),
-            _ => (Vec::new(), true),
+            _ => (
+                kinds_of_protocol
+                    .iter()
+                    .map(|r| route_group_kind(*r))
+                    .collect(),
+                true,
+            ),
         };
         if supported_protocol {
             conditions.push(Condition::new(
@@ -297,7 +310,7 @@ pub fn listeners(
                 false,
                 "UnsupportedProtocol",
                 format!(
-                    "protocol {:?} is not supported (HTTP and HTTPS are)",
+                    "protocol {:?} is not supported (HTTP, HTTPS and TLS are)",
                     l.protocol
                 ),
             ));
@@ -309,6 +322,22 @@ pub fn listeners(
                 "InvalidRouteKinds",
                 "allowedRoutes.kinds names a kind holdfast does not serve".into(),
             ));
+        }
+        if l.protocol == "TLS"
+            && l.tls
+                .as_ref()
+                .and_then(|t| t.mode.as_deref())
+                .unwrap_or("Terminate")
+                != "Passthrough"
+        {
+            conditions[0] = Condition::new(
+                "Accepted",
+                false,
+                "UnsupportedValue",
+                "a TLS listener is served in mode Passthrough only (Terminate is not served)",
+            );
+            // It takes no route of any kind.
+            supported_kinds.clear();
         }
         if l.protocol == "HTTPS" {
             let tls = l.tls.clone().unwrap_or_default();
@@ -643,6 +672,7 @@ impl Unresolved {
 /// cache.
 pub fn backend_ref(
     r: &ObjectRef,
+    route_kind: RouteKind,
     route_namespace: &str,
     grants: &[std::sync::Arc<ReferenceGrant>],
     service_exists: impl Fn(&str, &str) -> bool,
@@ -656,7 +686,7 @@ pub fn backend_ref(
     if ns != route_namespace
         && !granted(
             grants,
-            "HTTPRoute",
+            route_kind.name(),
             route_namespace,
             "",
             "Service",
@@ -1143,6 +1173,7 @@ mod tests {
         assert_eq!(
             backend_ref(
                 &r(json!({ "name": "web", "port": 80 })),
+                RouteKind::Http,
                 "infra",
                 &[],
                 exists
@@ -1152,6 +1183,7 @@ mod tests {
         assert_eq!(
             backend_ref(
                 &r(json!({ "name": "nosuch", "port": 80 })),
+                RouteKind::Http,
                 "infra",
                 &[],
                 exists
@@ -1161,6 +1193,7 @@ mod tests {
         assert_eq!(
             backend_ref(
                 &r(json!({ "name": "web", "kind": "Bucket", "group": "storage.example.com" })),
+                RouteKind::Http,
                 "infra",
                 &[],
                 exists
@@ -1169,13 +1202,64 @@ mod tests {
         );
         let across = r(json!({ "name": "web", "namespace": "apps", "port": 80 }));
         assert_eq!(
-            backend_ref(&across, "infra", &[], exists),
+            backend_ref(&across, RouteKind::Http, "infra", &[], exists),
             Err(Unresolved::RefNotPermitted)
         );
         let g = grant("apps", "HTTPRoute", "infra", "Service", None);
         assert_eq!(
-            backend_ref(&across, "infra", &[g], exists),
+            backend_ref(
+                &across,
+                RouteKind::Http,
+                "infra",
+                std::slice::from_ref(&g),
+                exists
+            ),
             Ok(("apps".into(), "web".into()))
         );
+        // A grant names the kind it lets refer: an HTTPRoute's is not a TLSRoute's.
+        assert_eq!(
+            backend_ref(&across, RouteKind::Tls, "infra", &[g], exists),
+            Err(Unresolved::RefNotPermitted)
+        );
+        let g = grant("apps", "TLSRoute", "infra", "Service", None);
+        assert_eq!(
+            backend_ref(&across, RouteKind::Tls, "infra", &[g], exists),
+            Ok(("apps".into(), "web".into()))
+        );
+    }
+
+    #[test]
+    fn a_tls_listener_takes_tlsroutes_in_passthrough_mode_only() {
+        let spec = gateway(json!([
+            { "name": "pass", "port": 443, "protocol": "TLS", "tls": { "mode": "Passthrough" } },
+            { "name": "term", "port": 8443, "protocol": "TLS", "tls": { "mode": "Terminate" } },
+            { "name": "wrong", "port": 9443, "protocol": "TLS", "tls": { "mode": "Passthrough" },
+              "allowedRoutes": { "kinds": [{ "kind": "HTTPRoute" }] } },
+        ]));
+        let ls = listeners("infra", &spec, &[], |_, _| SecretCheck::Missing);
+        assert!(ls[0].usable(), "{:?}", ls[0]);
+        assert_eq!(
+            ls[0].supported_kinds,
+            vec![route_group_kind(RouteKind::Tls)]
+        );
+        assert_eq!(condition(&ls[1], "Accepted").reason, "UnsupportedValue");
+        assert!(!ls[1].takes_routes());
+        assert!(ls[1].supported_kinds.is_empty());
+        assert_eq!(
+            condition(&ls[2], "ResolvedRefs").reason,
+            "InvalidRouteKinds"
+        );
+        assert!(ls[2].supported_kinds.is_empty());
+        let parent = ParentRef {
+            name: "gw".into(),
+            section_name: Some("pass".into()),
+            ..Default::default()
+        };
+        let on = |kind| {
+            attach((kind, &parent), "infra", &[], "infra", &spec, &ls, None).map(|v| v.len())
+        };
+        assert_eq!(on(RouteKind::Tls), Ok(1));
+        assert_eq!(on(RouteKind::Http), Err(NotAttached::NotAllowedByListeners));
+        assert_eq!(on(RouteKind::Grpc), Err(NotAttached::NotAllowedByListeners));
     }
 }

@@ -500,10 +500,10 @@ pub fn route_entries(
     let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
     let route_name = route.metadata.name.as_deref().unwrap_or_default();
     let source = format!("{route_ns}/{route_name}");
-    // An HTTPRoute and a GRPCRoute may share a name: their entries are ordered apart.
+    // Routes of different kinds may share a name: their entries are ordered apart.
     let order_source = match route.kind {
         RouteKind::Http => source.clone(),
-        RouteKind::Grpc => format!("{source} (GRPCRoute)"),
+        other => format!("{source} ({})", other.name()),
     };
     let created = route
         .metadata
@@ -527,7 +527,7 @@ pub fn route_entries(
             });
             continue;
         }
-        let action = match action(rule, route_ns, grants, &service_port) {
+        let action = match action(rule, (route.kind, route_ns), grants, &service_port) {
             Ok(a) => a,
             Err(reason) => {
                 refused.push(Refused {
@@ -818,7 +818,7 @@ fn hostname(name: &str) -> Result<String, String> {
 /// What a rule does, or why it cannot be served.
 fn action(
     rule: &Rule,
-    route_ns: &str,
+    (kind, route_ns): (RouteKind, &str),
     grants: &[std::sync::Arc<super::ReferenceGrant>],
     service_port: &impl Fn(&str, &str, i64) -> bool,
 ) -> Result<Action, String> {
@@ -912,7 +912,7 @@ fn action(
             }
         }
         let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
-        let resolved = attach::backend_ref(&b.target, route_ns, grants, |ns, name| {
+        let resolved = attach::backend_ref(&b.target, kind, route_ns, grants, |ns, name| {
             state_has(service_port, ns, name, b.target.port)
         })
         .and_then(|(ns, name)| match b.target.port {

@@ -146,7 +146,7 @@ pub fn desired(
     for (route, attachments) in by_route {
         let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
         let generation = route.metadata.generation.unwrap_or(0);
-        let resolved_refs = resolved_refs(&route.spec, route_ns, grants, |ns, name| {
+        let resolved_refs = resolved_refs(&route.spec, route.kind, route_ns, grants, |ns, name| {
             services.contains(&(ns, name))
         });
         let current_parents: &[Value] = route.status["parents"]
@@ -448,6 +448,7 @@ pub fn desired(
 /// The route's `ResolvedRefs`: Ok, or the first unresolved backendRef's reason and why.
 fn resolved_refs(
     spec: &Value,
+    kind: super::RouteKind,
     route_ns: &str,
     grants: &[Arc<super::ReferenceGrant>],
     service_exists: impl Fn(&str, &str) -> bool,
@@ -457,7 +458,7 @@ fn resolved_refs(
             let Ok(r) = ObjectRef::deserialize(r) else {
                 return Err(("InvalidKind", "a backendRef cannot be read".into()));
             };
-            if let Err(why) = attach::backend_ref(&r, route_ns, grants, &service_exists) {
+            if let Err(why) = attach::backend_ref(&r, kind, route_ns, grants, &service_exists) {
                 let ns = r.namespace.as_deref().unwrap_or(route_ns);
                 return Err((
                     why.reason(),

@@ -155,7 +155,7 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             rule: u32::try_from(e.source.1).unwrap_or(u32::MAX),
             kind: match e.kind {
                 RouteKind::Http => String::new(),
-                RouteKind::Grpc => RouteKind::Grpc.name().to_owned(),
+                other => other.name().to_owned(),
             },
         }),
         ..Default::default()

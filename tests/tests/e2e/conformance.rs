@@ -1,8 +1,9 @@
 //! The Gateway API conformance suite (`sigs.k8s.io/gateway-api/conformance`, pinned in
 //! deploy/local/versions.env and built unmodified by `k8s.sh ensure`), run against holdfast
-//! on a local cluster that runs the suite's workloads: the GATEWAY-HTTP and GATEWAY-GRPC
-//! profiles, with the features holdfast's GatewayClass claims (`status.supportedFeatures`), and the tests
-//! listed in docs/conformance/skip-tests.txt skipped (each with its reason there).
+//! on a local cluster that runs the suite's workloads: the GATEWAY-HTTP, GATEWAY-GRPC and
+//! GATEWAY-TLS profiles, with the features holdfast's GatewayClass claims
+//! (`status.supportedFeatures`), and the tests listed in docs/conformance/skip-tests.txt
+//! skipped (each with its reason there).
 //!
 //! The report the suite writes is checked here (core: `success`, none failed or skipped)
 //! and kept with the test's logs; with `HOLDFAST_CONFORMANCE_REPORT=<file>` it is also
@@ -22,10 +23,15 @@ use holdfast_tests::wait;
 const CLASS: &str = "holdfast";
 
 /// The conformance profiles run, each checked in the report, and whether its extended
-/// part must have run: GATEWAY-GRPC's extended features are the Gateway's, whose tests
-/// are HTTPRoute tests that the suite counts in GATEWAY-HTTP, so no extended test of it
-/// runs and its report has no extended part (one there must be `success`).
-const PROFILES: [(&str, bool); 2] = [("GATEWAY-HTTP", true), ("GATEWAY-GRPC", false)];
+/// part must have run: GATEWAY-GRPC's and GATEWAY-TLS's extended features are the
+/// Gateway's (whose tests are HTTPRoute tests, counted in GATEWAY-HTTP) and TLSRoute's
+/// Terminate and Mixed modes (not claimed), so no extended test of theirs runs and their
+/// reports have no extended part (one there must be `success`).
+const PROFILES: [(&str, bool); 3] = [
+    ("GATEWAY-HTTP", true),
+    ("GATEWAY-GRPC", false),
+    ("GATEWAY-TLS", false),
+];
 
 /// The tests to skip: the first word of each line of docs/conformance/skip-tests.txt that
 /// is not blank or a `#` comment (the rest of the line is the reason).
@@ -101,8 +107,8 @@ fn implementation_version() -> String {
 }
 
 #[tokio::test]
-async fn the_gateway_api_conformance_suite_passes_gateway_http_and_gateway_grpc()
--> anyhow::Result<()> {
+async fn the_gateway_api_conformance_suite_passes_gateway_http_grpc_and_tls() -> anyhow::Result<()>
+{
     let suite = tools_bin()?.join("gateway-conformance");
     let version = std::fs::read_to_string(tools_bin()?.join("gateway-conformance.version"))?;
     let skipped = skipped_tests()?;

@@ -3102,3 +3102,146 @@ async fn an_h2c_backend_gets_http2_with_its_authority_and_answers_with_trailers(
     }
     Ok(())
 }
+
+/// A TLS ClientHello record asking for `sni` (the bytes a client sends first; nothing
+/// after it is read by a passthrough listener).
+fn client_hello(sni: &str) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[9u8; 32]);
+    body.push(0);
+    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
+    let n = sni.len() as u16;
+    let mut ext = 0u16.to_be_bytes().to_vec();
+    ext.extend_from_slice(&(n + 5).to_be_bytes());
+    ext.extend_from_slice(&(n + 3).to_be_bytes());
+    ext.push(0);
+    ext.extend_from_slice(&n.to_be_bytes());
+    ext.extend_from_slice(sni.as_bytes());
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut message = vec![1];
+    message.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    message.extend_from_slice(&body);
+    let mut record = vec![22, 3, 1];
+    record.extend_from_slice(&(message.len() as u16).to_be_bytes());
+    record.extend_from_slice(&message);
+    record
+}
+
+/// A TCP backend on 127.0.0.1 that echoes every byte back, prefixed with its `name` once.
+async fn tcp_echo(name: &'static str) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if s.write_all(name.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test]
+async fn a_tls_passthrough_listener_relays_the_connection_unopened_to_the_backend_its_server_name_picks()
+-> anyhow::Result<()> {
+    use holdfast_proto::snapshot::{gateway_host_name, listener_name};
+    use holdfast_proto::v1::{GatewayHost, GatewayListener, GatewayRef, GatewayRoute, MatchKind};
+    let (state, logs) = dirs("passthrough");
+    let exact = tcp_echo("exact:").await?;
+    let wild = tcp_echo("wild:").await?;
+    let cp = FakeControlPlane::start(None).await?;
+    let mut s = snapshot(1, &[], &[("exact", &[exact]), ("wild", &[wild])]);
+    // A free port for the listener (bound by the proxy, not by this test).
+    let port = closed_port().port();
+    let listener = listener_name("127.0.0.1", u32::from(port));
+    s.gateway_listeners = vec![GatewayListener {
+        name: listener.clone(),
+        address: "127.0.0.1".into(),
+        port: u32::from(port),
+        protocol: "TLS".into(),
+        gateway: Some(GatewayRef {
+            namespace: "infra".into(),
+            name: "gw".into(),
+            generation: 1,
+        }),
+        ..Default::default()
+    }];
+    let host = |name: &str, backend: &str| GatewayHost {
+        name: gateway_host_name(&listener, name),
+        listener: listener.clone(),
+        host: name.into(),
+        routes: vec![GatewayRoute {
+            match_kind: MatchKind::Prefix as i32,
+            path: "/".into(),
+            backends: vec![holdfast_proto::v1::WeightedBackend {
+                backend: backend.into(),
+                weight: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    s.gateway_hosts = vec![
+        host("*.example.com", "wild"),
+        host("abc.example.com", "exact"),
+    ];
+    s.gateway_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    holdfast_proto::snapshot::seal(&mut s, 1);
+    cp.push(s.clone());
+    let p = ProxyProc::start("proxy-passthrough", &[cp.url()], state.path(), &logs, &[])?;
+    wait_version(&p, &s.version).await?;
+    let at: SocketAddr = ([127, 0, 0, 1], port).into();
+
+    // The ClientHello and what follows reach the backend byte for byte, and its bytes
+    // come back: the exact hostname first, then the wildcard's.
+    for (sni, name) in [("abc.example.com", "exact:"), ("x.y.example.com", "wild:")] {
+        let mut c = tokio::net::TcpStream::connect(at).await?;
+        let hello = client_hello(sni);
+        c.write_all(&hello).await?;
+        c.write_all(b"opaque application bytes").await?;
+        let mut want = name.as_bytes().to_vec();
+        want.extend_from_slice(&hello);
+        want.extend_from_slice(b"opaque application bytes");
+        let mut got = vec![0u8; want.len()];
+        tokio::time::timeout(T, c.read_exact(&mut got)).await??;
+        assert_eq!(got, want, "{sni}");
+    }
+
+    // A name no route serves, a ClientHello without a name, and bytes that are not TLS:
+    // closed with nothing sent back.
+    let refused: [(&str, Vec<u8>); 2] = [
+        ("no_route", client_hello("other.test")),
+        (
+            "bad_hello",
+            b"GET / HTTP/1.1\r\nHost: abc.example.com\r\n\r\n".to_vec(),
+        ),
+    ];
+    for (outcome, bytes) in refused {
+        let mut c = tokio::net::TcpStream::connect(at).await?;
+        c.write_all(&bytes).await?;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(T, c.read(&mut buf))
+            .await?
+            .unwrap_or(0);
+        assert_eq!(n, 0, "{outcome}: closed, nothing sent");
+        // Counted once the connection has ended (just after the client sees it close).
+        let series =
+            format!("holdfast_proxy_passthrough_connections_total{{outcome=\"{outcome}\"}}");
+        wait::until(&format!("{outcome} counted"), T, || async {
+            let counted = p.metric_value(&series).await.map_err(|e| e.to_string())?;
+            Ok((counted == 1.0).then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}

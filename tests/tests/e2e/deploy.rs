@@ -159,6 +159,7 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
         ("gateway.networking.k8s.io", "gateways"),
         ("gateway.networking.k8s.io", "httproutes"),
         ("gateway.networking.k8s.io", "grpcroutes"),
+        ("gateway.networking.k8s.io", "tlsroutes"),
         ("gateway.networking.k8s.io", "referencegrants"),
     ] {
         for v in ["get", "list", "watch"] {
@@ -176,6 +177,7 @@ async fn rbac_and_pod_security_follow_the_allowlist() -> anyhow::Result<()> {
             "gateways/status",
             "httproutes/status",
             "grpcroutes/status",
+            "tlsroutes/status",
         ] {
             allowed.insert(("gateway.networking.k8s.io".into(), status.into(), v.into()));
         }

@@ -409,11 +409,12 @@ fn cache_of(status: &serde_json::Value, kind: &str) -> Option<serde_json::Value>
         .cloned()
 }
 
-const GATEWAY_KINDS: [&str; 5] = [
+const GATEWAY_KINDS: [&str; 6] = [
     "GatewayClass",
     "Gateway",
     "HTTPRoute",
     "GRPCRoute",
+    "TLSRoute",
     "ReferenceGrant",
 ];
 
@@ -555,6 +556,7 @@ async fn gateway_api_kinds_are_empty_only_when_discovery_says_they_do_not_exist_
         "--timeout=60s",
         "crd/httproutes.gateway.networking.k8s.io",
         "crd/grpcroutes.gateway.networking.k8s.io",
+        "crd/tlsroutes.gateway.networking.k8s.io",
         "crd/gatewayclasses.gateway.networking.k8s.io",
     ])?;
     for kind in GATEWAY_KINDS {

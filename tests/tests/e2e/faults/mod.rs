@@ -184,7 +184,7 @@ rules:
   resources: [endpointslices]
   verbs: [get, list, watch]
 - apiGroups: [gateway.networking.k8s.io]
-  resources: [gatewayclasses, gateways, httproutes, grpcroutes, referencegrants]
+  resources: [gatewayclasses, gateways, httproutes, grpcroutes, tlsroutes, referencegrants]
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [namespaces]
