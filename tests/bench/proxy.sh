@@ -122,18 +122,8 @@ http {
     ssl_session_tickets on;
     location / {
       proxy_pass http://echo;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      # The forwarding headers holdfast-proxy sends, and a loop header of the same size:
-      # the upstream and the load generator then do the same work behind each proxy.
-      proxy_set_header X-Forwarded-Proto \$scheme;
-      proxy_set_header X-Forwarded-Host \$host;
-      proxy_set_header X-Forwarded-Port \$server_port;
-      proxy_set_header X-Real-IP \$remote_addr;
-      proxy_set_header Forwarded "for=\$remote_addr;host=\$host;proto=\$scheme";
-      proxy_set_header X-Bench-Loop 0123456789abcdef;
+      # What holdfast-proxy sends upstream (common.sh).
+      include $work/forwarding.conf;
     }
   }
 }

@@ -9,7 +9,8 @@
 #                                 runs each benchmark once)
 #
 # Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
-# nginx (wrk closed loop, oha open loop; holdfast-load in the smoke run); route discovery fan-out of 1 MB and 10 MB
+# nginx (wrk closed loop, oha open loop; holdfast-load in the smoke run); a route with a
+# header modifier and a rewrite against nginx doing the same (filters.sh); route discovery fan-out of 1 MB and 10 MB
 # snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
 # Ingresses, 1,000 ACKing subscribers; with deltas, then 100 EndpointSlice changes a
 # second for a minute; the same with 10,000 HTTPRoutes on one Gateway); route propagation
@@ -119,6 +120,12 @@ fi
 
 step proxy against nginx
 tests/bench/proxy.sh "${PROXY[@]}"
+echo
+
+step filters against nginx
+echo "## A route with a header modifier and a rewrite, holdfast against nginx (\`tests/bench/filters.sh\`)"
+echo
+if $smoke; then tests/bench/filters.sh --smoke; else tests/bench/filters.sh; fi
 echo
 
 step route discovery fan-out

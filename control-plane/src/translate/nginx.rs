@@ -414,7 +414,7 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         .map(|protocol| {
             filters.refused_protocol = Some(format!("backend-protocol {protocol} is not served"));
             format!(
-                "{PREFIX}backend-protocol: {protocol:?} is not served (the proxy speaks HTTP/1.1 to backends; HTTPS, GRPC, GRPCS and H2C upstream are not built yet): the Ingress's paths answer 500 rather than send in cleartext"
+                "{PREFIX}backend-protocol: {protocol:?} is not served (HTTPS and GRPCS need TLS to backends, not built yet; for GRPC and H2C give the Service port appProtocol kubernetes.io/h2c, which makes the proxy speak h2c to it, and drop the annotation): the Ingress's paths answer 500 rather than send in a protocol not asked for"
             )
         });
     let mut regex = boolean("use-regex", &mut invalid) == Some(true);

@@ -5,6 +5,12 @@ use holdfast_proto::v1::{Backend, Endpoint, MatchKind, Route, Snapshot, VirtualH
 
 /// `n` routes: n/4 hosts with an Exact route and three nested Prefix routes each.
 pub fn table(n: usize) -> RouteTable {
+    RouteTable::compile(&snapshot(n)).expect("compiles")
+}
+
+/// The snapshot of [`table`].
+#[allow(dead_code)] // not every benchmark that shares this module builds on it
+pub fn snapshot(n: usize) -> Snapshot {
     let hosts = (n / 4).max(1);
     let mut s = Snapshot::default();
     for h in 0..hosts {
@@ -36,5 +42,5 @@ pub fn table(n: usize) -> RouteTable {
             ..Default::default()
         });
     }
-    RouteTable::compile(&s).expect("compiles")
+    s
 }

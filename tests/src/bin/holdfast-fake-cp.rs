@@ -34,6 +34,12 @@ struct Args {
     /// added, so a client can tell when round N is served. To measure an apply.
     #[arg(long)]
     replace_on_hup: bool,
+    /// Also serve a Gateway listener on this address (protocol HTTP) whose host `--host`
+    /// has two rules to the same upstreams: `/api` with a request header modifier (set
+    /// `x-tenant: blue`, add `x-via: holdfast`, remove `x-request-id`) and a prefix rewrite
+    /// to `/v2`, and `/` with no filter. To measure what filters cost per request.
+    #[arg(long)]
+    filters_listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -101,5 +107,68 @@ fn table(args: &Args, round: u64) -> anyhow::Result<Snapshot> {
         }
         holdfast_proto::snapshot::seal(&mut s, round + 1);
     }
+    if let Some(at) = args.filters_listen {
+        filters_listener(&mut s, at, &args.host);
+        holdfast_proto::snapshot::seal(&mut s, round + 1);
+    }
     Ok(s)
+}
+
+/// Adds `--filters-listen`'s Gateway listener and its host (see [`Args`]).
+fn filters_listener(s: &mut Snapshot, at: std::net::SocketAddr, host: &str) {
+    use holdfast_proto::snapshot::{gateway_host_name, listener_name};
+    use holdfast_proto::v1::{
+        GatewayHost, GatewayListener, GatewayRef, GatewayRoute, HeaderMatch, HeaderModifier,
+        MatchKind, PathModifier, UrlRewrite, WeightedBackend,
+    };
+    let name = listener_name(&at.ip().to_string(), u32::from(at.port()));
+    s.gateway_listeners.push(GatewayListener {
+        name: name.clone(),
+        address: at.ip().to_string(),
+        port: u32::from(at.port()),
+        protocol: "HTTP".into(),
+        gateway: Some(GatewayRef {
+            namespace: "bench".into(),
+            name: "filters".into(),
+            generation: 1,
+        }),
+        ..Default::default()
+    });
+    let pair = |n: &str, v: &str| HeaderMatch {
+        name: n.into(),
+        value: v.into(),
+    };
+    let rule = |path: &str| GatewayRoute {
+        match_kind: MatchKind::Prefix as i32,
+        path: path.into(),
+        backends: vec![WeightedBackend {
+            backend: "bench".into(),
+            weight: 1,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let filtered = GatewayRoute {
+        request_headers: Some(HeaderModifier {
+            set: vec![pair("x-tenant", "blue")],
+            add: vec![pair("x-via", "holdfast")],
+            remove: vec!["x-request-id".into()],
+        }),
+        rewrite: Some(UrlRewrite {
+            hostname: String::new(),
+            path: Some(PathModifier {
+                full: false,
+                value: "/v2".into(),
+                captures: false,
+            }),
+        }),
+        ..rule("/api")
+    };
+    s.gateway_hosts.push(GatewayHost {
+        name: gateway_host_name(&name, host),
+        listener: name.clone(),
+        host: host.into(),
+        routes: vec![filtered, rule("/")],
+        ..Default::default()
+    });
 }
