@@ -4,9 +4,10 @@
 //! HTTP/2 multiplexes, so each endpoint gets one shared connection, driven by a task of
 //! its own, and every request to it is a stream on that connection (trailers included,
 //! which gRPC answers its status in). A connection that has closed (the backend went
-//! away, or sent GOAWAY) is replaced by a new one on the next request; a connection
-//! nobody sends on closes once its last sender is dropped. The HTTP/2 keep-alive pings
-//! find a backend that stopped answering.
+//! away, or sent GOAWAY) is replaced by a new one on the next request. A connection stays
+//! open while it is in the map, idle or not; HTTP/2 keep-alive pings, sent while idle too,
+//! close one whose backend stopped answering. A request that fails on a connection the
+//! backend closed under it (GOAWAY) is answered 502, not sent to another endpoint.
 //!
 //! The map of connections is capped: past [`MAX_ENDPOINTS`] entries, the closed ones are
 //! swept out before another is added, so endpoints that came and went cannot grow it.
@@ -91,6 +92,7 @@ async fn connect<B: SendBody>(key: &Key) -> Result<http2::SendRequest<B>, Connec
         .timer(TokioTimer::new())
         .keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|e| ConnectError::Io(std::io::Error::other(e)))?;

@@ -4,7 +4,9 @@
 //! picks that hostname's TLSRoute backend (the Gateway hostname rules: exact, then the
 //! longest wildcard, then a listener without a hostname; weights as written), connects to
 //! one of its endpoints, sends the bytes it read and then relays both ways until either
-//! side closes or the connection is idle for `--tunnel-idle-timeout`.
+//! side closes or the connection is idle for `--idle-timeout` (as upgraded connections).
+//! A connection already relayed keeps going when its route is removed, until one side
+//! closes or it goes idle.
 //!
 //! The client controls what is read first, so it is bounded: the ClientHello must arrive
 //! within `--header-read-timeout` and be at most [`MAX_HELLO`] bytes. A connection with
@@ -29,6 +31,8 @@ use crate::server::ListenSettings;
 
 /// The most bytes of TLS records read before the ClientHello must be whole.
 pub const MAX_HELLO: usize = 64 * 1024;
+/// The most records a ClientHello may span (clients send one, or two for a large one).
+pub const MAX_RECORDS: usize = 16;
 
 /// A TLS record's header: content type, version, length.
 const RECORD_HEADER: usize = 5;
@@ -44,8 +48,9 @@ const MAX_RECORD: usize = 1 << 14;
 /// What the bytes read so far say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hello {
-    /// Not enough yet: read more.
-    Incomplete,
+    /// Not enough yet: read until the bytes are at least this long, then parse again (so
+    /// a client sending a byte at a time costs one parse per record, not per byte).
+    Incomplete(usize),
     /// A whole ClientHello, with the server name it asks for (lower case), if any.
     Complete(Option<String>),
     /// Not a TLS ClientHello (or one that breaks the format).
@@ -58,6 +63,7 @@ pub fn client_hello_sni(bytes: &[u8]) -> Hello {
     // The handshake message, gathered from the records (it may span several).
     let mut message = Vec::new();
     let mut rest = bytes;
+    let mut records = 0;
     loop {
         if message.len() >= 4 {
             let len = u32::from_be_bytes([0, message[1], message[2], message[3]]) as usize;
@@ -74,8 +80,13 @@ pub fn client_hello_sni(bytes: &[u8]) -> Hello {
                 };
             }
         }
+        let at = bytes.len() - rest.len();
         if rest.len() < RECORD_HEADER {
-            return Hello::Incomplete;
+            return Hello::Incomplete(at + RECORD_HEADER);
+        }
+        records += 1;
+        if records > MAX_RECORDS {
+            return Hello::Invalid("the ClientHello spans too many records");
         }
         if rest[0] != HANDSHAKE {
             return Hello::Invalid("not a TLS handshake record");
@@ -88,7 +99,7 @@ pub fn client_hello_sni(bytes: &[u8]) -> Hello {
             return Hello::Invalid("a TLS record length out of range");
         }
         if rest.len() < RECORD_HEADER + len {
-            return Hello::Incomplete;
+            return Hello::Incomplete(at + RECORD_HEADER + len);
         }
         message.extend_from_slice(&rest[RECORD_HEADER..RECORD_HEADER + len]);
         rest = &rest[RECORD_HEADER + len..];
@@ -217,9 +228,10 @@ pub enum Outcome {
     BadHello,
     /// A ClientHello without a server name.
     NoServerName,
-    /// No TLSRoute serves the name (or its backend has no endpoint).
+    /// No TLSRoute serves the name (or its backend reference does not resolve).
     NoRoute,
-    /// No endpoint of the backend could be connected to.
+    /// No endpoint of the backend could be connected to (or it has none), or the
+    /// backend did not take the ClientHello within `--send-timeout`.
     ConnectFailed,
 }
 
@@ -246,11 +258,17 @@ async fn connection(
     let read = async {
         let mut bytes = Vec::with_capacity(2048);
         let mut buf = [0u8; 4096];
+        let mut wanted = RECORD_HEADER;
         loop {
-            match client_hello_sni(&bytes) {
-                Hello::Incomplete if bytes.len() < MAX_HELLO + 4 * RECORD_HEADER => {}
-                Hello::Incomplete | Hello::Invalid(_) => return None,
-                Hello::Complete(name) => return Some((bytes, name)),
+            // Parsed again only once the bytes the last parse asked for are here.
+            if bytes.len() >= wanted {
+                match client_hello_sni(&bytes) {
+                    Hello::Incomplete(n) if n <= MAX_HELLO + MAX_RECORDS * RECORD_HEADER => {
+                        wanted = n;
+                    }
+                    Hello::Incomplete(_) | Hello::Invalid(_) => return None,
+                    Hello::Complete(name) => return Some((bytes, name)),
+                }
             }
             match client.read(&mut buf).await {
                 Ok(0) | Err(_) => return None,
@@ -272,7 +290,9 @@ async fn connection(
     let Ok(up) = upstream.as_mut() else {
         return Outcome::ConnectFailed;
     };
-    if up.stream.write_all(&hello).await.is_err() {
+    // A backend that takes the connection but never reads is given --send-timeout.
+    let sent = tokio::time::timeout(settings.send_timeout, up.stream.write_all(&hello)).await;
+    if !matches!(sent, Ok(Ok(()))) {
         return Outcome::ConnectFailed;
     }
     forwarder.tunnels().run(client, &mut up.stream).await;
@@ -318,19 +338,28 @@ mod tests {
 
     #[test]
     fn the_server_name_is_read_from_a_whole_client_hello_in_one_record_or_several() {
-        for split in [MAX_RECORD, 10, 1] {
+        for split in [MAX_RECORD, 30, 8] {
             let bytes = hello(Some("ABC.Example.com"), split);
             assert_eq!(
                 client_hello_sni(&bytes),
                 Hello::Complete(Some("abc.example.com".into())),
                 "records of {split}"
             );
-            // Every proper prefix is incomplete, never an error or a guess.
+            // Every proper prefix is incomplete, never an error or a guess, and asks for
+            // more than it has, at most the whole.
             for cut in 0..bytes.len() {
-                assert_eq!(client_hello_sni(&bytes[..cut]), Hello::Incomplete, "{cut}");
+                match client_hello_sni(&bytes[..cut]) {
+                    Hello::Incomplete(n) => assert!(n > cut && n <= bytes.len(), "{cut}: {n}"),
+                    other => panic!("{cut}: {other:?}"),
+                }
             }
         }
         assert_eq!(client_hello_sni(&hello(None, 512)), Hello::Complete(None));
+        // More records than a ClientHello needs is refused.
+        assert!(matches!(
+            client_hello_sni(&hello(Some("a.test"), 1)),
+            Hello::Invalid(_)
+        ));
     }
 
     #[test]
@@ -362,15 +391,24 @@ mod tests {
         let bad = hello(Some("a b"), MAX_RECORD);
         assert!(matches!(client_hello_sni(&bad), Hello::Invalid(_)));
         // Fields whose lengths run past the message: every truncation of a ClientHello's
-        // body, relabelled as whole, is refused or read without a panic.
+        // body, relabelled as whole, is refused while a fixed field is cut, has no
+        // extensions when cut just before them, and never yields the name unless whole.
         let good = hello(Some("x.test"), MAX_RECORD);
         let body = &good[RECORD_HEADER + 4..];
+        let before_extensions = 2 + 32 + 1 + 4 + 2;
         for cut in 0..body.len() {
             let mut message = vec![CLIENT_HELLO, 0, 0, cut as u8];
             message.extend_from_slice(&body[..cut]);
             let mut record = vec![HANDSHAKE, 3, 1, 0, message.len() as u8];
             record.extend_from_slice(&message);
-            let _ = client_hello_sni(&record);
+            let got = client_hello_sni(&record);
+            if cut < before_extensions {
+                assert!(matches!(got, Hello::Invalid(_)), "{cut}: {got:?}");
+            } else if cut == before_extensions {
+                assert_eq!(got, Hello::Complete(None));
+            } else {
+                assert!(!matches!(got, Hello::Complete(Some(_))), "{cut}: {got:?}");
+            }
         }
     }
 }

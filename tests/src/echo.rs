@@ -1,7 +1,8 @@
 //! A small echo upstream: answers every request with its own name, so a test can see which
 //! backend served. It speaks HTTP/1.1 and h2c, and reports what it received in headers:
-//! `x-echo-name`, `x-echo-path` (path and query), `x-echo-host`, `x-echo-headers` (the
-//! names of all request headers) and `x-echo-body-len`; forwarded headers
+//! `x-echo-name`, `x-echo-path` (path and query), `x-echo-host`, `x-echo-version` (the
+//! HTTP version it was asked in, `HTTP/1.1` or `HTTP/2.0`), `x-echo-headers` (the names
+//! of all request headers) and `x-echo-body-len`; forwarded headers
 //! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
 //!
 //! `?delay_ms=N` makes it wait N ms before answering (a slow upstream); `?bytes=N`
@@ -137,7 +138,8 @@ async fn respond(
         .header("x-echo-headers", names.join(","))
         .header("x-echo-name", &*name)
         .header("x-echo-path", &path)
-        .header("x-echo-host", host);
+        .header("x-echo-host", host)
+        .header("x-echo-version", format!("{:?}", req.version()));
     for (k, v) in req.headers() {
         if k.as_str().starts_with("x-forwarded-") || k == "x-real-ip" || k == "forwarded" {
             resp = resp.header(format!("x-echo-{}", k.as_str()), v.clone());

@@ -166,7 +166,7 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
                 ingress_class_name: s.ingress_class_name.clone(),
                 ..Default::default()
             });
-        let mut digest = digest_ingress_unchecked(&trimmed, false);
+        let mut digest = digest_ingress_unchecked(&trimmed, false, false);
         digest.problems.push((
             ProblemReason::IngressTooLarge,
             format!(
@@ -181,7 +181,8 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
         .annotations
         .as_ref()
         .map(|a| super::nginx::read(a, limits.nginx_annotations));
-    let mut digest = digest_ingress_unchecked(ing, read.as_ref().is_some_and(|r| r.regex));
+    let (regex, h2c) = read.as_ref().map_or((false, false), |r| (r.regex, r.h2c));
+    let mut digest = digest_ingress_unchecked(ing, regex, h2c);
     if let Some(read) = read {
         if read.ssl_redirect == Some(false) {
             digest.ssl_redirect = false;
@@ -196,8 +197,10 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
 }
 
 /// Digests one Ingress; with `regex` (ingress-nginx `use-regex`), its paths, of any type,
-/// are regular expressions (as ingress-nginx writes them all `location ~* ^<path>`).
-pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDigest {
+/// are regular expressions (as ingress-nginx writes them all `location ~* ^<path>`); with
+/// `h2c` (ingress-nginx `backend-protocol: GRPC` or `H2C`), its backends are reached over
+/// HTTP/2 with prior knowledge.
+pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool, h2c: bool) -> IngressDigest {
     let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
     let created = ing.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -224,7 +227,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDig
         return digest;
     };
     if let Some(db) = &spec.default_backend {
-        match backend_ref(ns, db) {
+        match backend_ref(ns, db, h2c) {
             Ok(b) => digest.default_backend = Some(Arc::new(b)),
             Err(e) => digest.problems.push((
                 ProblemReason::InvalidDefaultBackend,
@@ -322,7 +325,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool) -> IngressDig
                 };
                 (kind, path)
             };
-            match backend_ref(ns, &p.backend) {
+            match backend_ref(ns, &p.backend, h2c) {
                 Ok(backend) => digest.routes.push(RouteDigest {
                     path_key: sort_prefix(&path),
                     host: host.clone(),

@@ -149,6 +149,9 @@ pub struct Read {
     pub regex: bool,
     /// `ssl-redirect` (None: not set).
     pub ssl_redirect: Option<bool>,
+    /// `backend-protocol: GRPC` or `H2C`: its backends are reached over HTTP/2 with prior
+    /// knowledge (their names say so: [`super::rules::backend_ref`]).
+    pub h2c: bool,
     /// What was not served, and why.
     pub problems: Vec<(ProblemReason, String)>,
 }
@@ -408,13 +411,17 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         }
     }
     let ssl_redirect = boolean("ssl-redirect", &mut invalid);
-    // backend-protocol: HTTP (its default) is what the proxy speaks to backends.
-    let unserved_protocol = get("backend-protocol")
-        .filter(|p| !p.eq_ignore_ascii_case("HTTP"))
+    // backend-protocol: HTTP (its default) is HTTP/1.1 to the backends; GRPC and H2C are
+    // HTTP/2 with prior knowledge (gRPC without TLS is h2c).
+    let protocol = get("backend-protocol");
+    let h2c =
+        protocol.is_some_and(|p| p.eq_ignore_ascii_case("GRPC") || p.eq_ignore_ascii_case("H2C"));
+    let unserved_protocol = protocol
+        .filter(|p| !p.eq_ignore_ascii_case("HTTP") && !h2c)
         .map(|protocol| {
             filters.refused_protocol = Some(format!("backend-protocol {protocol} is not served"));
             format!(
-                "{PREFIX}backend-protocol: {protocol:?} is not served (HTTPS and GRPCS need TLS to backends, not built yet; for GRPC and H2C give the Service port appProtocol kubernetes.io/h2c, which makes the proxy speak h2c to it, and drop the annotation): the Ingress's paths answer 500 rather than send in a protocol not asked for"
+                "{PREFIX}backend-protocol: {protocol:?} is not served (HTTPS and GRPCS need TLS to backends, not built yet; HTTP, GRPC and H2C are): the Ingress's paths answer 500 rather than send in cleartext what was meant to go over TLS"
             )
         });
     let mut regex = boolean("use-regex", &mut invalid) == Some(true);
@@ -589,6 +596,7 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         canary: None,
         regex,
         ssl_redirect,
+        h2c,
         problems,
     }
 }
@@ -1566,12 +1574,18 @@ mod tests {
     }
 
     #[test]
-    fn backend_protocol_http_is_served_and_others_answer_500_never_cleartext() {
-        for value in ["HTTP", "http"] {
+    fn backend_protocol_http_grpc_and_h2c_are_served_and_others_answer_500_never_cleartext() {
+        for (value, h2c) in [
+            ("HTTP", false),
+            ("http", false),
+            ("GRPC", true),
+            ("h2c", true),
+        ] {
             let r = read(&annotations(&[("backend-protocol", value)]), true);
             assert!(r.problems.is_empty() && r.filters.is_empty(), "{value}");
+            assert_eq!(r.h2c, h2c, "{value}");
         }
-        for value in ["HTTPS", "GRPC", "GRPCS", "H2C", "AJP"] {
+        for value in ["HTTPS", "GRPCS", "AJP"] {
             let r = read(&annotations(&[("backend-protocol", value)]), true);
             assert_eq!(reasons(&r), [ProblemReason::UnservedAnnotation], "{value}");
             // Never sent in cleartext: the entry's backends do not resolve (500).

@@ -529,7 +529,7 @@ pub(super) fn resolve_allowed_backend(
         backend.unavailable_reason = format!("service {ns}/{svc_name} has no port {port_ref}");
         return backend;
     };
-    if service_port.h2c {
+    if service_port.h2c || key.h2c {
         backend.protocol = BackendProtocol::H2c as i32;
     }
     // (address, port, zone), borrowed; sorted and deduplicated before anything is copied.

@@ -231,9 +231,12 @@ impl std::fmt::Display for PortRef<'_> {
     }
 }
 
-/// One backend: (namespace, Service, port as written), named `ns/service:port`. Names
-/// and keys correspond one to one: namespaces and Service names are DNS labels (no `/`
-/// or `:`), and a port name must contain a letter (see [`backend_ref`]).
+/// One backend: (namespace, Service, port as written), named `ns/service:port`, and
+/// `ns/service:port (h2c)` when it is reached over HTTP/2 with prior knowledge because an
+/// Ingress says so (ingress-nginx `backend-protocol: GRPC` or `H2C`; a Service port's own
+/// `appProtocol: kubernetes.io/h2c` needs no second name). Names and keys correspond one
+/// to one: namespaces and Service names are DNS labels (no `/`, `:` or space), and a port
+/// name must contain a letter (see [`backend_ref`]).
 ///
 /// The parts are ranges of the name (one allocation, not four).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,9 +247,15 @@ pub(super) struct BackendRef {
     /// Byte offsets of the `/` after the namespace and the `:` after the Service.
     pub(super) slash: usize,
     pub(super) colon: usize,
-    /// The port's number, or None when it is named (the name ends `name`).
+    /// The port's number, or None when it is named (the name ends `name`, or
+    /// `name` [`H2C_SUFFIX`]).
     pub(super) number: Option<i32>,
+    /// Reached over HTTP/2 with prior knowledge (the name ends [`H2C_SUFFIX`]).
+    pub(super) h2c: bool,
 }
+
+/// What ends the name of a backend an Ingress asks to reach over h2c.
+pub(super) const H2C_SUFFIX: &str = " (h2c)";
 
 impl BackendRef {
     pub(super) fn namespace(&self) -> &str {
@@ -265,7 +274,10 @@ impl BackendRef {
     pub(super) fn port(&self) -> PortRef<'_> {
         match self.number {
             Some(n) => PortRef::Number(n),
-            None => PortRef::Name(&self.name[self.colon + 1..]),
+            None => {
+                let end = self.name.len() - if self.h2c { H2C_SUFFIX.len() } else { 0 };
+                PortRef::Name(&self.name[self.colon + 1..end])
+            }
         }
     }
 }
@@ -274,6 +286,7 @@ impl BackendRef {
 pub(super) fn backend_ref(
     ns: &str,
     backend: &IngressBackend,
+    h2c: bool,
 ) -> Result<BackendRef, InvalidBackend> {
     if backend.resource.is_some() {
         return Err(InvalidBackend::Resource);
@@ -289,7 +302,8 @@ pub(super) fn backend_ref(
         (None, Some(name)) if !name.is_empty() => PortRef::Name(name),
         _ => return Err(InvalidBackend::NoPort),
     };
-    let name = format!("{ns}/{}:{port}", svc.name);
+    let suffix = if h2c { H2C_SUFFIX } else { "" };
+    let name = format!("{ns}/{}:{port}{suffix}", svc.name);
     Ok(BackendRef {
         name_key: sort_prefix(&name),
         slash: ns.len(),
@@ -298,6 +312,7 @@ pub(super) fn backend_ref(
             PortRef::Number(n) => Some(n),
             PortRef::Name(_) => None,
         },
+        h2c,
         name,
     })
 }
@@ -310,6 +325,7 @@ pub(super) fn service_port_ref(ns: &str, svc: &str, port: i32) -> BackendRef {
         slash: ns.len(),
         colon: ns.len() + 1 + svc.len(),
         number: Some(port),
+        h2c: false,
         name,
     }
 }

@@ -2932,3 +2932,83 @@ fn a_host_holds_a_bounded_number_of_regular_expression_paths() {
         .collect();
     assert_eq!(over.len(), 1, "{:?}", t.problems);
 }
+
+#[test]
+fn a_backend_is_h2c_by_its_service_ports_app_protocol_or_by_an_ingress_asking_for_grpc() {
+    use holdfast_proto::v1::BackendProtocol;
+    // web:80 is plain; grpc:80 says appProtocol kubernetes.io/h2c.
+    let mut st = state(vec![
+        ingress(
+            "default",
+            "plain",
+            1,
+            json!([rule(
+                "plain.test",
+                "/",
+                "Prefix",
+                "web",
+                json!({ "number": 80 })
+            )]),
+        ),
+        tls_ingress(
+            "asks",
+            2,
+            &["asks.test"],
+            &[],
+            "none",
+            json!({
+                "nginx.ingress.kubernetes.io/backend-protocol": "GRPC"
+            }),
+        ),
+        ingress(
+            "default",
+            "declared",
+            3,
+            json!([rule(
+                "declared.test",
+                "/",
+                "Prefix",
+                "grpc",
+                json!({ "name": "rpc" })
+            )]),
+        ),
+    ]);
+    st.services.push(service(
+        "default",
+        "grpc",
+        json!([{ "name": "rpc", "port": 80, "targetPort": 9000, "appProtocol": "kubernetes.io/h2c" }]),
+    ));
+    st.endpoint_slices.push(slice(
+        "default",
+        "grpc-1",
+        "grpc",
+        json!([{ "name": "rpc", "port": 9000 }]),
+        json!([ready("10.0.1.1")]),
+    ));
+    let t = run(&st);
+    let protocol = |name: &str| BackendProtocol::try_from(backend(&t, name).protocol).unwrap();
+    assert_eq!(protocol("default/web:80"), BackendProtocol::Http1);
+    // The Ingress that asks for GRPC gets a backend of its own, same endpoints, over h2c;
+    // the other Ingress's backend on the same port stays HTTP/1.1.
+    assert_eq!(protocol("default/web:80 (h2c)"), BackendProtocol::H2c);
+    assert_eq!(
+        backend(&t, "default/web:80 (h2c)").endpoints,
+        backend(&t, "default/web:80").endpoints
+    );
+    // A port that says h2c itself is h2c for every route, by its own name (a named port
+    // too).
+    assert_eq!(protocol("default/grpc:rpc"), BackendProtocol::H2c);
+    assert_eq!(backend(&t, "default/grpc:rpc").endpoints[0].port, 9000);
+    let served: Vec<String> = routes(&t)
+        .into_iter()
+        .map(|(h, _, _, b)| format!("{h} {b}"))
+        .collect();
+    assert!(
+        served.contains(&"asks.test default/web:80 (h2c)".to_owned()),
+        "{served:?}"
+    );
+    assert!(
+        served.contains(&"plain.test default/web:80".to_owned()),
+        "{served:?}"
+    );
+}

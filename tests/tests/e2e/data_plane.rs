@@ -3217,8 +3217,7 @@ async fn a_tls_passthrough_listener_relays_the_connection_unopened_to_the_backen
         assert_eq!(got, want, "{sni}");
     }
 
-    // A name no route serves, a ClientHello without a name, and bytes that are not TLS:
-    // closed with nothing sent back.
+    // A name no route serves, and bytes that are not TLS: closed with nothing sent back.
     let refused: [(&str, Vec<u8>); 2] = [
         ("no_route", client_hello("other.test")),
         (

@@ -636,3 +636,69 @@ async fn the_readme_migration_example_is_served_unchanged() -> anyhow::Result<()
     assert_eq!(h["access-control-allow-origin"], "https://site.example");
     Ok(())
 }
+
+/// `backend-protocol: GRPC` (and `H2C`): the Ingress's backend is reached over HTTP/2 with
+/// prior knowledge (gRPC without TLS), while another Ingress to the same Service port
+/// stays on HTTP/1.1. Requests that come in over HTTP/2 (as gRPC's do) reach it on both
+/// engines; an HTTP/1.1 request reaches it through the hyper engine, and the native
+/// engine answers it 502.
+#[tokio::test]
+async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<()> {
+    let s = one_proxy("nginxh2c").await?;
+    let ns = s.ns.clone();
+    let (grpc, plain) = (format!("grpc.{ns}.test"), format!("plain.{ns}.test"));
+    for ing in [
+        annotated(
+            &s,
+            "grpc",
+            (&grpc, &["/"], SVC),
+            &[("backend-protocol", "GRPC")],
+        )?,
+        annotated(&s, "plain", (&plain, &["/"], SVC), &[])?,
+    ] {
+        create(&s.client, Some(&ns), &ing).await?;
+    }
+    let at = s.proxy_addrs()[0];
+    // Over h2c (prior knowledge) to the proxy: the version the backend was asked in.
+    let version_behind = |host: String| async move {
+        let stream = tokio::net::TcpStream::connect(at).await?;
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await?;
+        tokio::spawn(conn);
+        let req = http::Request::post(format!("http://{host}/pkg.Echo/Call"))
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let resp = tokio::time::timeout(wait::T, sender.send_request(req)).await??;
+        let version = resp
+            .headers()
+            .get("x-echo-version")
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        anyhow::Ok((resp.status().as_u16(), version))
+    };
+    let served = wait::until("both Ingresses served", wait::T, || async {
+        let grpc = version_behind(grpc.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let plain = version_behind(plain.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((grpc.0 == 200 && plain.0 == 200).then_some((grpc.1, plain.1)))
+    })
+    .await?;
+    assert_eq!(
+        served,
+        (Some("HTTP/2.0".to_owned()), Some("HTTP/1.1".to_owned())),
+        "(GRPC, plain)"
+    );
+
+    let (status, h, _) = web::request_with(at, "GET", &grpc, "/", &[]).await?;
+    if std::env::var("HOLDFAST_H1_ENGINE").is_ok_and(|e| e == "hyper") {
+        assert_eq!((status, h["x-echo-version"].to_str()?), (200, "HTTP/2.0"));
+    } else {
+        assert_eq!(status, 502, "{h:?}");
+    }
+    Ok(())
+}
