@@ -32,9 +32,9 @@ pub use holdfast_proto::v1::Cors;
 /// A rule's retry policy as the snapshot carries it.
 pub use holdfast_proto::v1::RetryPolicy;
 
-use super::RouteKind;
 use super::attach::{self, Hostnames, ObjectRef, Unresolved};
 use super::model::{Attachment, OurGateway, Resolved};
+use super::{HttpRoute, RouteKind};
 use crate::translate::ClusterState;
 
 /// A rule of an HTTPRoute, as far as this version serves it.
@@ -492,11 +492,72 @@ pub fn route_entries(
     services: &ServicePorts,
 ) -> (BTreeMap<HostKey, Vec<Entry>>, Vec<Refused>) {
     let mut tables: BTreeMap<HostKey, Vec<Entry>> = BTreeMap::new();
-    let mut refused = Vec::new();
     let Some(first) = attachments.first() else {
-        return (tables, refused);
+        return (tables, Vec::new());
     };
-    let route = &first.route;
+    let (entries, refused) = rule_entries(&first.route, grants, services);
+    for a in attachments {
+        let Ok(on) = &a.result else { continue };
+        let g = &gateways[a.gateway];
+        let Some(address) = g.address else { continue };
+        for (li, hostnames) in on {
+            let Some(port) = u16::try_from(g.listeners[*li].port)
+                .ok()
+                .and_then(|p| g.bind_port(p))
+            else {
+                continue;
+            };
+            if !served(address, port) {
+                continue;
+            }
+            let names = match hostnames {
+                Hostnames::Any => vec![String::new()],
+                Hostnames::Some(names) => names.clone(),
+                Hostnames::None => continue,
+            };
+            for name in names {
+                tables
+                    .entry((address, port, name))
+                    .or_default()
+                    .extend(entries.iter().cloned());
+            }
+        }
+    }
+    for list in tables.values_mut() {
+        in_precedence(list);
+    }
+    (tables, refused)
+}
+
+/// A route's entries (each rule's matches, in no order yet), and the rules, matches and
+/// filters left out with why: what [`route_entries`] puts on each listener hostname, and
+/// what the route's status says was dropped (`PartiallyInvalid`).
+pub fn rule_entries(
+    route: &HttpRoute,
+    grants: &[std::sync::Arc<super::ReferenceGrant>],
+    services: &ServicePorts,
+) -> (Vec<Entry>, Vec<Refused>) {
+    rules_read(route, grants, services, true)
+}
+
+/// What [`rule_entries`] leaves out of a route, without making its entries (the status
+/// pass asks this of every route).
+pub fn dropped_rules(
+    route: &HttpRoute,
+    grants: &[std::sync::Arc<super::ReferenceGrant>],
+    services: &ServicePorts,
+) -> Vec<Refused> {
+    rules_read(route, grants, services, false).1
+}
+
+/// [`rule_entries`], its entries made only when `make_entries`.
+fn rules_read(
+    route: &HttpRoute,
+    grants: &[std::sync::Arc<super::ReferenceGrant>],
+    services: &ServicePorts,
+    make_entries: bool,
+) -> (Vec<Entry>, Vec<Refused>) {
+    let mut refused = Vec::new();
     let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
     let route_name = route.metadata.name.as_deref().unwrap_or_default();
     let source = format!("{route_ns}/{route_name}");
@@ -509,6 +570,7 @@ pub fn route_entries(
         .metadata
         .creation_timestamp
         .as_ref()
+        .filter(|_| make_entries)
         .map(|t| t.0.to_string());
     let rules: Vec<Rule> = route.spec["rules"]
         .as_array()
@@ -553,6 +615,7 @@ pub fn route_entries(
                         reason: "ReplacePrefixMatch needs a PathPrefix match, not Exact".into(),
                     });
                 }
+                Ok(_) if !make_entries => {}
                 Ok(Conditions {
                     path,
                     method,
@@ -593,37 +656,7 @@ pub fn route_entries(
             }
         }
     }
-    for a in attachments {
-        let Ok(on) = &a.result else { continue };
-        let g = &gateways[a.gateway];
-        let Some(address) = g.address else { continue };
-        for (li, hostnames) in on {
-            let Some(port) = u16::try_from(g.listeners[*li].port)
-                .ok()
-                .and_then(|p| g.bind_port(p))
-            else {
-                continue;
-            };
-            if !served(address, port) {
-                continue;
-            }
-            let names = match hostnames {
-                Hostnames::Any => vec![String::new()],
-                Hostnames::Some(names) => names.clone(),
-                Hostnames::None => continue,
-            };
-            for name in names {
-                tables
-                    .entry((address, port, name))
-                    .or_default()
-                    .extend(entries.iter().cloned());
-            }
-        }
-    }
-    for list in tables.values_mut() {
-        in_precedence(list);
-    }
-    (tables, refused)
+    (entries, refused)
 }
 
 /// Puts a hostname table's entries in precedence order, each once (an entry's order is

@@ -23,7 +23,7 @@
 //! Every condition carries the object's generation, and keeps its transition time while
 //! its status does not change.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -97,6 +97,14 @@ pub struct Write {
     pub status: Value,
 }
 
+/// The passes made, and each attached route's dropped rules (the `PartiallyInvalid`
+/// message, None: none) by uid: the generation they were read at, and the last pass that
+/// saw the route. A route's spec is read again only when its generation changes, not on
+/// every status pass.
+#[allow(clippy::type_complexity)]
+static DROPPED: std::sync::Mutex<(u64, BTreeMap<String, (i64, u64, Option<String>)>)> =
+    std::sync::Mutex::new((0, BTreeMap::new()));
+
 /// Everything the leader should write now: the Gateways and HTTPRoutes whose status
 /// differs from what it should be.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -143,9 +151,49 @@ pub fn desired(
             _ => by_route.push((&a.route, vec![a])),
         }
     }
+    // Indexed only when some route's dropped rules are read (its generation is new).
+    let ports = std::cell::OnceCell::new();
+    let mut memo = DROPPED.lock().unwrap_or_else(|e| e.into_inner());
+    memo.0 = memo.0.wrapping_add(1);
+    let pass = memo.0;
     for (route, attachments) in by_route {
         let route_ns = route.metadata.namespace.as_deref().unwrap_or_default();
         let generation = route.metadata.generation.unwrap_or(0);
+        // Rules (or their matches or filters) left out: the route is served without them,
+        // and says so (the specification's "Dropped Rule" form of PartiallyInvalid).
+        // Which are left out depends on the route's spec alone (a backend that does not
+        // resolve is ResolvedRefs', not a dropped rule): remembered per generation.
+        // Its uid (every object the API server made has one), else kind and name.
+        let key: std::borrow::Cow<'_, str> = match route.metadata.uid.as_deref() {
+            Some(uid) => uid.into(),
+            None => format!(
+                "{} {}/{}",
+                route.kind.name(),
+                route_ns,
+                route.metadata.name.as_deref().unwrap_or_default()
+            )
+            .into(),
+        };
+        let dropped = match memo.1.get_mut(key.as_ref()) {
+            Some((g, seen, dropped)) if *g == generation => {
+                *seen = pass;
+                dropped.clone()
+            }
+            _ => {
+                let ports = ports.get_or_init(|| super::routes::ServicePorts::of(state));
+                let dropped = super::routes::dropped_rules(route, grants, ports);
+                let dropped = (!dropped.is_empty()).then(|| {
+                    let each: Vec<String> = dropped
+                        .iter()
+                        .map(|d| format!("rule {}: {}", d.rule, d.reason))
+                        .collect();
+                    format!("Dropped Rule(s): {}", each.join("; "))
+                });
+                memo.1
+                    .insert(key.into_owned(), (generation, pass, dropped.clone()));
+                dropped
+            }
+        };
         let resolved_refs = resolved_refs(&route.spec, route.kind, route_ns, grants, |ns, name| {
             services.contains(&(ns, name))
         });
@@ -211,10 +259,22 @@ pub fn desired(
             };
             // Built in place: `json!` would copy each value through its serializer (this
             // runs for every route on every pass).
+            let mut conditions = vec![accepted, refs];
+            if let Some(message) = &dropped {
+                conditions.push(condition(
+                    current,
+                    "PartiallyInvalid",
+                    "True",
+                    "UnsupportedValue",
+                    message,
+                    generation,
+                    now,
+                ));
+            }
             let entry = serde_json::Map::from_iter([
                 ("parentRef".to_owned(), a.parent_ref.clone()),
                 ("controllerName".to_owned(), Value::from(controller)),
-                ("conditions".to_owned(), Value::Array(vec![accepted, refs])),
+                ("conditions".to_owned(), Value::Array(conditions)),
             ]);
             parents.push(Value::Object(entry));
         }
@@ -230,6 +290,10 @@ pub fn desired(
             ));
         }
     }
+
+    // Routes gone (or no longer attached) are forgotten.
+    memo.1.retain(|_, (_, seen, _)| *seen == pass);
+    drop(memo);
 
     // A route that no longer names a Gateway of ours loses our entries.
     let attached_routes: std::collections::HashSet<*const super::HttpRoute> = resolved
@@ -726,6 +790,18 @@ mod tests {
                 ),
                 route(
                     "infra",
+                    "dropped",
+                    json!({ "parentRefs": [parent(Some("http"))],
+                    "rules": [
+                        { "backendRefs": [{ "name": "web", "port": 8080 }] },
+                        { "filters": [{ "type": "RequestMirror",
+                                        "requestMirror": { "backendRef": { "name": "web", "port": 8080 } } }],
+                          "backendRefs": [{ "name": "web", "port": 8080 }] },
+                    ] }),
+                    Value::Null,
+                ),
+                route(
+                    "infra",
                     "nosection",
                     json!({ "parentRefs": [parent(Some("nosuch"))] }),
                     Value::Null,
@@ -784,7 +860,10 @@ mod tests {
         assert_eq!(gw["conditions"][0]["reason"], "ListenersNotValid");
         assert_eq!(gw["conditions"][0]["status"], "True");
         assert_eq!(gw["listeners"][0]["name"], "http");
-        assert_eq!(gw["listeners"][0]["attachedRoutes"], 2, "ok and nobackend");
+        assert_eq!(
+            gw["listeners"][0]["attachedRoutes"], 3,
+            "ok, nobackend and dropped"
+        );
         assert_eq!(
             gw["listeners"][0]["supportedKinds"],
             json!([{ "group": GROUP, "kind": "HTTPRoute" }, { "group": GROUP, "kind": "GRPCRoute" }])
@@ -832,6 +911,22 @@ mod tests {
         assert_eq!(ok[1]["conditions"][0]["status"], "True");
         assert_eq!(ok[1]["conditions"][0]["observedGeneration"], 4);
         assert_eq!(ok[1]["conditions"][1]["reason"], "ResolvedRefs");
+        assert_eq!(
+            ok[1]["conditions"].as_array().map(Vec::len),
+            Some(2),
+            "no rule dropped: Accepted and ResolvedRefs alone"
+        );
+        // A route with a rule holdfast cannot serve is served without it, and says so.
+        let dropped = &parents("dropped")[0]["conditions"];
+        assert_eq!(dropped[0]["status"], "True", "still Accepted");
+        assert_eq!(dropped[2]["type"], "PartiallyInvalid");
+        assert_eq!(dropped[2]["status"], "True");
+        assert_eq!(dropped[2]["reason"], "UnsupportedValue");
+        let message = dropped[2]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("Dropped Rule") && message.contains("rule 1: filter RequestMirror"),
+            "{message}"
+        );
         let nobackend = parents("nobackend");
         assert_eq!(nobackend[0]["conditions"][0]["status"], "True");
         assert_eq!(nobackend[0]["conditions"][1]["reason"], "BackendNotFound");
