@@ -331,10 +331,9 @@ pub fn keep_held(
                 .filter(|g| g.name == *host)
                 .flat_map(|g| g.routes.iter())
                 .filter(|r| r.match_kind == *kind && gateway_route_key(r) == *path)
-                .flat_map(|r| r.backends.iter())
-                .filter(|b| !b.backend.is_empty())
+                .flat_map(holdfast_proto::snapshot::gateway_route_backends)
             {
-                need_backend(&b.backend, &mut out);
+                need_backend(b, &mut out);
             }
             continue;
         }
@@ -392,8 +391,8 @@ pub fn keep_held(
         }
         for route in routes {
             v.routes.push(route.clone());
-            for b in route.backends.iter().filter(|b| !b.backend.is_empty()) {
-                need_backend(&b.backend, &mut out);
+            for b in holdfast_proto::snapshot::gateway_route_backends(route) {
+                need_backend(b, &mut out);
             }
         }
         crate::translate::sort_ingress_routes(&mut v.routes);
@@ -1147,5 +1146,28 @@ mod gateway_hold_tests {
             "not kept on the Gateway that took the address"
         );
         assert!(holdfast_proto::snapshot::validate_structure(&kept).is_ok());
+    }
+
+    /// A held route's mirror backend is kept with it: the route names it, so a snapshot
+    /// without it would be invalid and never published.
+    #[test]
+    fn a_held_gateway_route_keeps_its_mirrors_backend() {
+        let mut published = with_gateway("gw", &["/a", "/mirrored"]);
+        published.backends.push(Backend {
+            name: "ns/copy:80".into(),
+            ..Default::default()
+        });
+        published.gateway_hosts[0].routes[1].mirrors = vec![holdfast_proto::v1::Mirror {
+            backend: "ns/copy:80".into(),
+            unresolved: String::new(),
+            numerator: 1,
+            denominator: 1,
+        }];
+        let candidate = with_gateway("gw", &["/a"]);
+        let held = removed_routes(&published, &candidate);
+        assert_eq!(held.len(), 1);
+        let kept = keep_held(&candidate, &published, &held);
+        assert!(kept.backends.iter().any(|b| b.name == "ns/copy:80"));
+        holdfast_proto::snapshot::validate_structure(&kept).expect("valid");
     }
 }

@@ -52,6 +52,8 @@ fn forwarder() -> Forwarder {
             trust_forwarded_from: vec![],
             allow_dot_segment_params: false,
             retry_budget: 0.2,
+            mirror_timeout: std::time::Duration::from_secs(5),
+            max_mirrors_in_flight: 1024,
             loop_token: holdfast_data_plane::proxy::new_loop_token(),
         },
         Metrics::new(&mut registry),
@@ -98,7 +100,7 @@ fn forward_via(
         parts.version,
         &parts.uri,
         &parts.headers,
-        (via, None),
+        (via, None, true),
         Some(table),
     ) else {
         panic!("the request is routed");

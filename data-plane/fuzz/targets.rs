@@ -350,6 +350,8 @@ impl Engines {
                     trust_forwarded_from: vec![],
                     allow_dot_segment_params: false,
                     retry_budget: 0.2,
+                    mirror_timeout: std::time::Duration::from_secs(5),
+                    max_mirrors_in_flight: 1024,
                     loop_token: token.clone(),
                 },
                 holdfast_data_plane::metrics::Metrics::new(&mut registry),

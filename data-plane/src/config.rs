@@ -223,6 +223,15 @@ pub struct Args {
     /// is counted).
     #[arg(long, env = "HOLDFAST_RETRY_BUDGET", default_value_t = 0.2)]
     pub retry_budget: f64,
+    /// How long each copy of a request for a mirror (a Gateway rule's RequestMirror) may
+    /// take: its connect, its write and the mirror's status line. A slower one is dropped
+    /// and counted; the request it copies never waits for it.
+    #[arg(long, env = "HOLDFAST_MIRROR_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub mirror_timeout: Duration,
+    /// Most copies for mirrors in flight at once; past that a copy is dropped (and
+    /// counted), never queued.
+    #[arg(long, env = "HOLDFAST_MAX_MIRRORS_IN_FLIGHT", default_value_t = 1024)]
+    pub max_mirrors_in_flight: usize,
     /// Largest snapshot applied, in encoded bytes (default 64 MiB); larger ones are
     /// NACKed and the current one keeps serving. Memory: about three times this while
     /// applying, plus the state file (in a memory-backed volume in deploy/kubernetes).
@@ -469,6 +478,8 @@ impl Args {
                 trust_forwarded_from: self.trust_forwarded_from,
                 allow_dot_segment_params: self.allow_dot_segment_params,
                 retry_budget: self.retry_budget,
+                mirror_timeout: self.mirror_timeout,
+                max_mirrors_in_flight: self.max_mirrors_in_flight,
                 loop_token: crate::proxy::new_loop_token(),
                 allow_upgrade: self
                     .allow_upgrade

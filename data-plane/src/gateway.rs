@@ -230,7 +230,7 @@ pub enum Action {
     /// (and host and path, for a rewrite); the response's headers are changed too.
     Forward {
         /// Relative weights, one per target.
-        weights: Vec<u32>,
+        weights: Box<[u32]>,
         /// The targets.
         targets: Vec<Target>,
         /// Request header changes.
@@ -248,9 +248,48 @@ pub enum Action {
         /// Per target, the header changes when it has its own (a backendRef's filters):
         /// the rule's and its own, made one.
         per_target: Vec<Option<Box<TargetChanges>>>,
+        /// Where copies of the requests go (RequestMirror filters).
+        mirrors: Box<[Mirror]>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
+}
+
+/// A RequestMirror: where copies of a rule's requests go, and which share of them.
+#[derive(Debug)]
+pub struct Mirror {
+    /// The backend copies go to (None: the reference does not resolve, and nothing is
+    /// copied).
+    pub backend: Option<Arc<Backend>>,
+    /// `numerator` of every `denominator` requests are copied.
+    numerator: u32,
+    /// At least 1, and at least `numerator`.
+    denominator: u32,
+    /// Requests seen, which spreads the copies evenly.
+    seen: AtomicU64,
+}
+
+impl Mirror {
+    /// A mirror of `numerator` in `denominator` requests (a share over 1 is 1; a
+    /// denominator of 0 is 1).
+    pub fn new(backend: Option<Arc<Backend>>, numerator: u32, denominator: u32) -> Self {
+        let denominator = denominator.max(1);
+        Mirror {
+            backend,
+            numerator: numerator.min(denominator),
+            denominator,
+            seen: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the next request is copied: exactly `numerator` of every `denominator`
+    /// requests in a row, spread evenly (request `i` of the `denominator` is copied when
+    /// `(i + 1) * numerator / denominator` passes a whole number).
+    pub fn takes_next(&self) -> bool {
+        let (k, d) = (u64::from(self.numerator), u64::from(self.denominator));
+        let i = self.seen.fetch_add(1, Ordering::Relaxed) % d;
+        (i + 1) * k / d > i * k / d
+    }
 }
 
 /// A target's header changes with its rule's: requests get the rule's, then the target's;
@@ -493,6 +532,16 @@ pub(crate) fn compile_entry(
                     }))
                 });
             }
+            let mirrors = r
+                .mirrors
+                .iter()
+                .map(|m| {
+                    let to = (!m.backend.is_empty())
+                        .then(|| backend(&m.backend))
+                        .transpose()?;
+                    Ok(Mirror::new(to, m.numerator, m.denominator))
+                })
+                .collect::<Result<Box<[_]>, CompileError>>()?;
             let rewrite = match &r.rewrite {
                 None => None,
                 Some(w) => Some(Box::new(Rewrite {
@@ -501,12 +550,13 @@ pub(crate) fn compile_entry(
                 })),
             };
             Action::Forward {
-                weights,
+                weights: weights.into_boxed_slice(),
                 targets,
                 headers: rule_request,
                 response: rule_response,
                 per_target,
                 rewrite,
+                mirrors,
                 timeouts: timeouts_of(r.timeouts.as_ref()),
                 retry: r.retry.as_ref().map(|p| {
                     Box::new(Retry {
@@ -691,6 +741,26 @@ mod tests {
     use super::*;
 
     use crate::matching::tests::headers;
+
+    #[test]
+    fn a_mirror_takes_exactly_its_share_of_every_denominator_requests_spread_evenly() {
+        let taken = |numerator, denominator, requests: usize| {
+            let m = Mirror::new(None, numerator, denominator);
+            (0..requests).map(|_| m.takes_next()).collect::<Vec<bool>>()
+        };
+        let count = |v: &[bool]| v.iter().filter(|t| **t).count();
+        assert_eq!(count(&taken(20, 100, 500)), 100);
+        assert_eq!(count(&taken(25, 50, 100)), 50);
+        assert_eq!(count(&taken(35, 100, 100)), 35);
+        assert_eq!(count(&taken(0, 100, 300)), 0);
+        assert_eq!(count(&taken(100, 100, 7)), 7);
+        // Over 1 is every request; a denominator of 0 is read as 1.
+        assert_eq!(count(&taken(3, 2, 9)), 9);
+        assert_eq!(count(&taken(0, 0, 9)), 0);
+        // Spread: a half is every other request, never two in a row.
+        let half = taken(1, 2, 10);
+        assert!(half.windows(2).all(|w| w[0] != w[1]), "{half:?}");
+    }
 
     #[test]
     fn a_listener_binds_its_port_and_keeps_the_port_clients_reach_for_redirects() {

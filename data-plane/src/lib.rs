@@ -40,6 +40,7 @@ pub mod limit;
 pub mod listeners;
 pub mod matching;
 pub mod metrics;
+pub mod mirror;
 pub mod passthrough;
 pub mod persist;
 pub mod proxy;

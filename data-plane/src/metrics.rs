@@ -229,6 +229,14 @@ pub struct PassthroughLabel {
     pub outcome: &'static str,
 }
 
+/// Label of the copies of requests for mirrors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorLabel {
+    /// How it ended ([`crate::mirror::Outcome`]): `answered`, `failed`, `timed_out`,
+    /// `dropped`, `no_endpoint` or `has_body`.
+    pub outcome: &'static str,
+}
+
 /// The index of `status`'s class in [`CLASSES`].
 fn class_of(status: u16) -> usize {
     match status {
@@ -294,6 +302,8 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// TLS passthrough connections (Gateway TLS listeners), by how they ended.
     pub passthrough: Family<PassthroughLabel, Counter>,
+    /// Copies of requests for mirrors (RequestMirror filters), by how they ended.
+    pub mirrors: Family<MirrorLabel, Counter>,
     /// Failed accepts on the client listeners (EMFILE and the like).
     pub accept_errors: Counter,
     /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
@@ -338,6 +348,7 @@ impl Metrics {
             upstream_queue_timeouts: Counter::default(),
             connections_refused: Counter::default(),
             passthrough: Family::default(),
+            mirrors: Family::default(),
             accept_errors: Counter::default(),
             tls_handshake_failures: Counter::default(),
             gateway_listeners: Gauge::default(),
@@ -421,6 +432,11 @@ impl Metrics {
             m.passthrough.clone(),
         );
         r.register(
+            "mirror_requests",
+            "Copies of requests for mirrors (RequestMirror filters), by how they ended",
+            m.mirrors.clone(),
+        );
+        r.register(
             "accept_errors",
             "Failed accepts on the client listeners (EMFILE, ENFILE and the like)",
             m.accept_errors.clone(),
@@ -492,6 +508,23 @@ impl Metrics {
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// Counts a copy of a request for a mirror that ended so.
+    pub fn count_mirror(&self, outcome: crate::mirror::Outcome) {
+        self.mirrors
+            .get_or_create(&MirrorLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// The copies for mirrors that ended so (None: no such series yet).
+    pub fn mirror_count(&self, outcome: crate::mirror::Outcome) -> Option<u64> {
+        let label = MirrorLabel {
+            outcome: outcome.as_str(),
+        };
+        self.mirrors.get(&label).map(|c| c.get())
     }
 
     /// Counts a response that matched no route (label `route` [`UNROUTED`]).

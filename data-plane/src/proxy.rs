@@ -148,6 +148,11 @@ pub struct ForwardSettings {
     pub allow_dot_segment_params: bool,
     /// A Gateway rule's retries, as a share of its requests (`--retry-budget`).
     pub retry_budget: f64,
+    /// Each copy of a request for a mirror: its connect, write and the answer's status
+    /// line (`--mirror-timeout`).
+    pub mirror_timeout: Duration,
+    /// Most copies for mirrors in flight; more are dropped (`--max-mirrors-in-flight`).
+    pub max_mirrors_in_flight: usize,
     /// This proxy's token in the loop-detection header [`LOOP_HEADER`]: random, made at
     /// start.
     pub loop_token: HeaderValue,
@@ -229,6 +234,8 @@ pub struct Forwarder {
     draining: std::sync::atomic::AtomicBool,
     /// What Gateway rules' retries may add (`--retry-budget`).
     retry_budget: holdfast_http::forward::RetryBudget,
+    /// The sender of copies for mirrors.
+    mirrors: crate::mirror::Mirrors,
 }
 
 /// Why the proxy answered a request itself with an error, and the status that carries:
@@ -491,6 +498,11 @@ impl Forwarder {
                 loop_token: settings.loop_token.clone(),
             },
             retry_budget: holdfast_http::forward::RetryBudget::new(settings.retry_budget),
+            mirrors: crate::mirror::Mirrors::new(
+                settings.max_mirrors_in_flight,
+                settings.mirror_timeout,
+                metrics.clone(),
+            ),
             settings,
             metrics,
             slots: Mutex::new(Default::default()),
@@ -879,7 +891,7 @@ impl Forwarder {
         version: Version,
         uri: &Uri,
         headers: &HeaderMap,
-        (via, peer): (&Via, Option<std::net::IpAddr>),
+        (via, peer, bodyless): (&Via, Option<std::net::IpAddr>, bool),
         table: Option<&'t RouteTable>,
     ) -> Result<Forwarding<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
         if version <= Version::HTTP_11
@@ -903,6 +915,7 @@ impl Forwarder {
             query: uri.query(),
             headers,
             peer,
+            bodyless,
         };
         match self.route(&view, via, table) {
             Decision::Forward(routed) => {
@@ -937,7 +950,7 @@ impl Forwarder {
             req.version(),
             req.uri(),
             req.headers(),
-            (via, Some(client.ip())),
+            (via, Some(client.ip()), req.body().is_end_stream()),
             table,
         ) {
             Ok(routed) => routed,
@@ -1460,6 +1473,8 @@ mod gateway_tests {
                 trust_forwarded_from: vec![],
                 allow_dot_segment_params: false,
                 retry_budget: 0.2,
+                mirror_timeout: Duration::from_secs(5),
+                max_mirrors_in_flight: 1024,
                 loop_token: new_loop_token(),
             },
             Metrics::new(&mut registry),
@@ -1697,6 +1712,7 @@ mod gateway_tests {
                 query: None,
                 headers: &h,
                 peer: None,
+                bodyless: true,
             };
             match f.route(&view, &Via::Http, Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -1754,6 +1770,7 @@ mod gateway_tests {
                 query: None,
                 headers: &h,
                 peer: peer.map(|p| p.parse().unwrap()),
+                bodyless: true,
             };
             match f.route(&view, &Via::Http, Some(&t)) {
                 Decision::Forward(_) => 200,
@@ -1844,7 +1861,7 @@ mod gateway_tests {
                 Version::HTTP_11,
                 &uri,
                 &h,
-                (via, None),
+                (via, None, true),
                 Some(&t),
             ) {
                 Ok(r) => Ok(r.route.backend.name.clone()),
@@ -1890,7 +1907,7 @@ mod gateway_tests {
             Version::HTTP_11,
             &uri,
             &h,
-            (&on_gateway(), None),
+            (&on_gateway(), None, true),
             Some(&t),
         ) else {
             panic!("routed");
@@ -1928,6 +1945,7 @@ mod gateway_tests {
                 query,
                 headers: &h,
                 peer: None,
+                bodyless: true,
             };
             match f.route(&view, &on_gateway(), Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -2022,6 +2040,7 @@ mod gateway_tests {
                 query: head.query.and_then(text),
                 headers: &HeadHeaders { head: &head, buf },
                 peer: None,
+                bodyless: true,
             };
             let ours = summary(f.route(&native, &on_gateway(), Some(&t)));
             let uri = Uri::try_from(target).unwrap();
@@ -2043,6 +2062,7 @@ mod gateway_tests {
                 query: uri.query(),
                 headers: &h,
                 peer: None,
+                bodyless: true,
             };
             let theirs = summary(f.route(&hyper, &on_gateway(), Some(&t)));
             assert_eq!(ours, theirs, "{target} {extra}");

@@ -6,7 +6,7 @@ use http::Method;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Headers that apply to one hop only (RFC 9110 §7.6.1), always removed when forwarding.
-const HOP_BY_HOP: [HeaderName; 8] = [
+pub const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -23,11 +23,21 @@ pub trait HeaderLookup {
     /// Whether a value of header `name` (lower case) satisfies `f`; each value is one
     /// header line's (a list in one line is one value).
     fn any_value(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool;
+
+    /// Calls `f` with each header line's name and value, in order (a request mirror's
+    /// copy).
+    fn each(&self, f: &mut dyn FnMut(&[u8], &[u8]));
 }
 
 impl HeaderLookup for HeaderMap {
     fn any_value(&self, name: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> bool {
         self.get_all(name).iter().any(|v| f(v.as_bytes()))
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&[u8], &[u8])) {
+        for (name, value) in self {
+            f(name.as_str().as_bytes(), value.as_bytes());
+        }
     }
 }
 

@@ -25,6 +25,9 @@ pub struct RequestView<'r> {
     pub headers: &'r (dyn HeaderLookup + Sync),
     /// The connection's peer address (None: not known; a source range then refuses).
     pub peer: Option<std::net::IpAddr>,
+    /// The request has no body: its framing says none or a length of 0 (HTTP/2: its
+    /// stream ended with its headers). Only such a request is copied to a mirror.
+    pub bodyless: bool,
 }
 
 impl RequestView<'_> {

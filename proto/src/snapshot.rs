@@ -220,6 +220,10 @@ pub const MAX_PATH_REGEX_LEN: usize = 1024;
 /// against them one by one, and each holds compiled state in every proxy.
 pub const MAX_PATH_REGEXES_PER_HOST: usize = 100;
 
+/// Most mirrors one route may have: each is a copy of every request it takes. The
+/// Gateway API allows a rule as many RequestMirror filters as filters (16).
+pub const MAX_MIRRORS_PER_ROUTE: usize = 16;
+
 /// The regular expression of an Ingress path of kind `Regex` (ingress-nginx `use-regex`):
 /// matched case-insensitively from the start of the request path (nginx's
 /// `location ~* ^<path>`), at most [`MAX_PATH_REGEX_LEN`] bytes, 256 KiB compiled and a
@@ -428,10 +432,17 @@ pub fn listener_certificates(l: &GatewayListener) -> impl Iterator<Item = &str> 
 
 /// The backends a Gateway host's routes name (unresolved references, "", left out).
 pub fn gateway_host_backends(g: &GatewayHost) -> impl Iterator<Item = &str> {
-    g.routes
+    g.routes.iter().flat_map(gateway_route_backends)
+}
+
+/// The backends a Gateway route names, its mirrors' included (unresolved references, "",
+/// left out).
+pub fn gateway_route_backends(r: &GatewayRoute) -> impl Iterator<Item = &str> {
+    let mirrors = r.mirrors.iter().map(|m| m.backend.as_str());
+    r.backends
         .iter()
-        .flat_map(|r| r.backends.iter())
         .map(|b| b.backend.as_str())
+        .chain(mirrors)
         .filter(|b| !b.is_empty())
 }
 
@@ -773,6 +784,18 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
             return Err(bad(
                 "a header change is not a lower-case name and a valid value",
             ));
+        }
+        if r.mirrors.len() > MAX_MIRRORS_PER_ROUTE
+            || r.mirrors
+                .iter()
+                .any(|m| m.denominator == 0 || m.numerator > m.denominator)
+        {
+            return Err(bad(&format!(
+                "more than {MAX_MIRRORS_PER_ROUTE} mirrors, or a mirror's share is not a fraction of at most 1"
+            )));
+        }
+        if r.redirect.is_some() && !r.mirrors.is_empty() {
+            return Err(bad("a redirect has mirrors"));
         }
         if let Some(redirect) = &r.redirect {
             if !matches!(redirect.status_code, 301 | 302 | 303 | 307 | 308) {

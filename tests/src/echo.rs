@@ -5,7 +5,12 @@
 //! of all request headers) and `x-echo-body-len`; forwarded headers
 //! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
 //!
-//! `?delay_ms=N` makes it wait N ms before answering (a slow upstream); `?bytes=N`
+//! A request with `?seen_key=K` is recorded under K (in this process): `?seen=K` answers
+//! how many were, in `x-echo-seen`, with the last one's path and query in
+//! `x-echo-seen-path` and its header names in `x-echo-seen-headers` (what a mirror got).
+//!
+//! `?delay_ms=N` makes it wait N ms before answering (a slow upstream; `--delay-ms` makes
+//! every answer wait); `?bytes=N`
 //! answers N bytes of `x` instead of the name; `?status=S` answers S (a failing
 //! upstream), and with `&fail_first=N&key=K` only the first N requests with key K do.
 //! A request with
@@ -28,14 +33,37 @@ use tokio::net::TcpListener;
 static FAILED: std::sync::Mutex<std::collections::BTreeMap<String, u32>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+/// The requests recorded per `seen_key`: how many, and the last one's path and header
+/// names.
+static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, (u32, String, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// Serves the echo backend `name` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, name: String) -> std::io::Result<()> {
+    serve_after(listener, name, std::time::Duration::ZERO).await
+}
+
+/// [`serve`], every answer after `delay` (a slow backend).
+pub async fn serve_after(
+    listener: TcpListener,
+    name: String,
+    delay: std::time::Duration,
+) -> std::io::Result<()> {
     let name: std::sync::Arc<str> = name.into();
     loop {
         let (stream, _) = listener.accept().await?;
         let name = name.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| respond(name.clone(), req));
+            let svc = service_fn(move |req| {
+                let name = name.clone();
+                async move {
+                    if !delay.is_zero() {
+                        // The upstream's own behaviour under test, not synchronisation.
+                        tokio::time::sleep(delay).await;
+                    }
+                    respond(name, req).await
+                }
+            });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                 .await;
@@ -112,6 +140,20 @@ async fn respond(
                 .unwrap_or_default());
         }
     }
+    let names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
+    let names = names.join(",");
+    let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_owned());
+    let path_and_query = path_and_query.unwrap_or_default();
+    let recorded = {
+        let mut seen = SEEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(key) = param("seen_key") {
+            let entry = seen.entry(key).or_default();
+            *entry = (entry.0 + 1, path_and_query, names.clone());
+        }
+        param("seen").map(|key| seen.get(&key).cloned().unwrap_or_default())
+    };
     let delay = req
         .uri()
         .query()
@@ -133,13 +175,18 @@ async fn respond(
         .map(str::to_owned)
         .or_else(|| req.uri().host().map(str::to_owned))
         .unwrap_or_default();
-    let names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
     let mut resp = Response::builder()
-        .header("x-echo-headers", names.join(","))
+        .header("x-echo-headers", names)
         .header("x-echo-name", &*name)
         .header("x-echo-path", &path)
         .header("x-echo-host", host)
         .header("x-echo-version", format!("{:?}", req.version()));
+    if let Some((count, path, headers)) = recorded {
+        resp = resp
+            .header("x-echo-seen", count.to_string())
+            .header("x-echo-seen-path", path)
+            .header("x-echo-seen-headers", headers);
+    }
     for (k, v) in req.headers() {
         if k.as_str().starts_with("x-forwarded-") || k == "x-real-ip" || k == "forwarded" {
             resp = resp.header(format!("x-echo-{}", k.as_str()), v.clone());

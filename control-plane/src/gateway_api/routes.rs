@@ -103,6 +103,22 @@ struct Filter {
     #[serde(rename = "urlRewrite")]
     url_rewrite: Option<RewriteSpec>,
     cors: Option<CorsSpec>,
+    request_mirror: Option<MirrorSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct MirrorSpec {
+    backend_ref: ObjectRef,
+    percent: Option<i64>,
+    fraction: Option<FractionSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct FractionSpec {
+    numerator: i64,
+    denominator: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -242,6 +258,18 @@ pub struct Weighted {
     pub response_headers: HeaderModifier,
 }
 
+/// A `RequestMirror`: where copies of the rule's requests go, and which share of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    /// `namespace/service:port`, or why the reference does not resolve (nothing is
+    /// copied).
+    pub backend: Result<String, Unresolved>,
+    /// `numerator` of every `denominator` requests are copied.
+    pub numerator: u32,
+    /// At least 1, and at least `numerator`.
+    pub denominator: u32,
+}
+
 /// A redirect (`RequestRedirect`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redirect {
@@ -339,6 +367,8 @@ pub enum Action {
         cors: Option<Box<Cors>>,
         /// When a response is tried again.
         retry: Option<Box<RetryPolicy>>,
+        /// Where copies of the requests go.
+        mirrors: Box<[Mirror]>,
     },
     /// Answer with a redirect.
     Redirect(Redirect),
@@ -860,6 +890,16 @@ fn action(
     let mut rewrite = None;
     let mut redirect = None;
     let mut cors_filter = None;
+    let mut mirrors = Vec::new();
+    let resolve = |target: &ObjectRef| {
+        attach::backend_ref(target, kind, route_ns, grants, |ns, name| {
+            state_has(service_port, ns, name, target.port)
+        })
+        .and_then(|(ns, name)| match target.port {
+            Some(port) => Ok(format!("{ns}/{name}:{port}")),
+            None => Err(Unresolved::BackendNotFound),
+        })
+    };
     for f in &rule.filters {
         match f.kind.as_str() {
             "RequestHeaderModifier" => {
@@ -870,6 +910,16 @@ fn action(
             "ResponseHeaderModifier" => {
                 if let Some(m) = &f.response_header_modifier {
                     response_headers = checked_modifier(m)?;
+                }
+            }
+            "RequestMirror" => {
+                if let Some(m) = &f.request_mirror {
+                    let (numerator, denominator) = mirror_share(m)?;
+                    mirrors.push(Mirror {
+                        backend: resolve(&m.backend_ref),
+                        numerator,
+                        denominator,
+                    });
                 }
             }
             "CORS" => {
@@ -925,6 +975,9 @@ fn action(
         if rewrite.is_some() {
             return Err("a rule cannot both redirect and rewrite".into());
         }
+        if !mirrors.is_empty() {
+            return Err("a rule cannot both redirect and mirror".into());
+        }
         return Ok(Action::Redirect(r));
     }
     let mut backends = Vec::new();
@@ -945,15 +998,8 @@ fn action(
             }
         }
         let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
-        let resolved = attach::backend_ref(&b.target, kind, route_ns, grants, |ns, name| {
-            state_has(service_port, ns, name, b.target.port)
-        })
-        .and_then(|(ns, name)| match b.target.port {
-            Some(port) => Ok(format!("{ns}/{name}:{port}")),
-            None => Err(Unresolved::BackendNotFound),
-        });
         backends.push(Weighted {
-            backend: resolved,
+            backend: resolve(&b.target),
             weight,
             request_headers,
             response_headers,
@@ -989,7 +1035,26 @@ fn action(
             .as_ref()
             .map(|r| retry_policy(r).map(Box::new))
             .transpose()?,
+        mirrors: mirrors.into_boxed_slice(),
     })
+}
+
+/// A RequestMirror's share of the requests, as numerator and denominator: `percent` of
+/// 100, or its `fraction` (denominator 100 when not given); every request when it gives
+/// neither.
+fn mirror_share(m: &MirrorSpec) -> Result<(u32, u32), String> {
+    let (numerator, denominator) = match (m.percent, &m.fraction) {
+        (Some(_), Some(_)) => return Err("a mirror gives both a percent and a fraction".into()),
+        (Some(p), None) => (p, 100),
+        (None, Some(f)) => (f.numerator, f.denominator.unwrap_or(100)),
+        (None, None) => (100, 100),
+    };
+    match (u32::try_from(numerator), u32::try_from(denominator)) {
+        (Ok(n), Ok(d)) if d > 0 && n <= d => Ok((n, d)),
+        _ => Err(format!(
+            "a mirror's share {numerator}/{denominator} is not a fraction of at most 1"
+        )),
+    }
 }
 
 /// A rule's `retry`, checked: codes 400-599 (the CRD's range); attempts, 1
@@ -1377,5 +1442,86 @@ mod tests {
         assert!(reasons.iter().any(|r| r.contains("no-slash")));
         assert!(reasons.iter().any(|r| r.contains("RegularExpression")));
         assert!(reasons.iter().any(|r| r.contains("ExtensionRef")));
+    }
+
+    #[test]
+    fn mirrors_carry_their_backend_and_share_and_a_bad_share_or_a_redirect_with_one_is_refused() {
+        let mirror = |backend: Value, share: Value| {
+            let mut m = json!({ "backendRef": backend });
+            for (k, v) in share.as_object().into_iter().flatten() {
+                m[k] = v.clone();
+            }
+            json!({ "type": "RequestMirror", "requestMirror": m })
+        };
+        let v2 = json!({ "name": "v2", "port": 8080 });
+        let st = state(vec![route(
+            "m",
+            "2026-01-01T00:00:00Z",
+            json!({
+            "parentRefs": [{ "name": "gw", "sectionName": "http" }],
+            "rules": [
+                { "matches": [{ "path": { "value": "/all" } }],
+                  "filters": [mirror(v2.clone(), json!({})),
+                              mirror(json!({ "name": "missing", "port": 8080 }), json!({ "percent": 20 }))],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/fraction" } }],
+                  "filters": [mirror(v2.clone(), json!({ "fraction": { "numerator": 25, "denominator": 50 } })),
+                              mirror(v2.clone(), json!({ "fraction": { "numerator": 3 } }))],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/over" } }],
+                  "filters": [mirror(v2.clone(), json!({ "fraction": { "numerator": 3, "denominator": 2 } }))],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/both" } }],
+                  "filters": [mirror(v2.clone(), json!({ "percent": 5, "fraction": { "numerator": 1 } }))],
+                  "backendRefs": [{ "name": "v1", "port": 8080 }] },
+                { "matches": [{ "path": { "value": "/redirect" } }],
+                  "filters": [mirror(v2, json!({})),
+                              { "type": "RequestRedirect", "requestRedirect": { "statusCode": 301 } }] }
+            ] }),
+        )]);
+        let (ports, refused) = build(&st);
+        let http = ports.iter().find(|p| p.port == 80).unwrap();
+        let mirrors = |p: &str| {
+            http.hosts[""]
+                .iter()
+                .find(|e| e.path == PathMatch::Prefix(p.into()))
+                .map(|e| match &e.action {
+                    Action::Forward { mirrors, .. } => mirrors.clone(),
+                    Action::Redirect(_) => panic!("{p} redirects"),
+                })
+        };
+        let share = |m: &Mirror| (m.backend.clone(), m.numerator, m.denominator);
+        let all = mirrors("/all").expect("/all is served");
+        assert_eq!(
+            all.iter().map(share).collect::<Vec<_>>(),
+            vec![
+                (Ok("infra/v2:8080".to_owned()), 100, 100),
+                (Err(Unresolved::BackendNotFound), 20, 100),
+            ]
+        );
+        let fraction = mirrors("/fraction").expect("/fraction is served");
+        assert_eq!(
+            fraction
+                .iter()
+                .map(|m| (m.numerator, m.denominator))
+                .collect::<Vec<_>>(),
+            vec![(25, 50), (3, 100)]
+        );
+        for p in ["/over", "/both", "/redirect"] {
+            assert_eq!(mirrors(p), None, "{p} is refused");
+        }
+        let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(refused.len(), 3, "{reasons:?}");
+        assert!(reasons.iter().any(|r| r.contains("3/2")), "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("both a percent and a fraction"))
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("both redirect and mirror"))
+        );
     }
 }

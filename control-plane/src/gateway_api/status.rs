@@ -518,7 +518,14 @@ fn resolved_refs(
     service_exists: impl Fn(&str, &str) -> bool,
 ) -> Result<(), (&'static str, String)> {
     for rule in spec["rules"].as_array().into_iter().flatten() {
-        for r in rule["backendRefs"].as_array().into_iter().flatten() {
+        let mirrors = rule["filters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["type"] == "RequestMirror")
+            .map(|f| &f["requestMirror"]["backendRef"]);
+        let backend_refs = rule["backendRefs"].as_array().into_iter().flatten();
+        for r in backend_refs.chain(mirrors) {
             let Ok(r) = ObjectRef::deserialize(r) else {
                 return Err(("InvalidKind", "a backendRef cannot be read".into()));
             };
@@ -703,6 +710,28 @@ mod tests {
     }
 
     #[test]
+    fn a_mirrors_backend_that_does_not_resolve_makes_resolved_refs_false() {
+        let spec = |mirror_to: &str| {
+            json!({ "rules": [{
+                "filters": [{ "type": "RequestMirror",
+                              "requestMirror": { "backendRef": { "name": mirror_to, "port": 8080 } } }],
+                "backendRefs": [{ "name": "web", "port": 8080 }] }] })
+        };
+        let exists = |_: &str, name: &str| name != "missing";
+        let kind = super::super::RouteKind::Http;
+        assert_eq!(
+            resolved_refs(&spec("web"), kind, "infra", &[], exists),
+            Ok(())
+        );
+        let Err((reason, message)) = resolved_refs(&spec("missing"), kind, "infra", &[], exists)
+        else {
+            panic!("a missing mirror backend resolves")
+        };
+        assert_eq!(reason, "BackendNotFound");
+        assert!(message.contains("infra/missing"), "{message}");
+    }
+
+    #[test]
     fn the_older_gateway_keeps_a_contested_address() {
         let pool = Pool::parse("127.10.0.0/29").unwrap();
         let held = json!({ "addresses": [{ "type": "IPAddress", "value": "127.10.0.3" }] });
@@ -794,8 +823,8 @@ mod tests {
                     json!({ "parentRefs": [parent(Some("http"))],
                     "rules": [
                         { "backendRefs": [{ "name": "web", "port": 8080 }] },
-                        { "filters": [{ "type": "RequestMirror",
-                                        "requestMirror": { "backendRef": { "name": "web", "port": 8080 } } }],
+                        { "filters": [{ "type": "ExtensionRef",
+                                        "extensionRef": { "group": "example.com", "kind": "Thing", "name": "t" } }],
                           "backendRefs": [{ "name": "web", "port": 8080 }] },
                     ] }),
                     Value::Null,
@@ -924,7 +953,7 @@ mod tests {
         assert_eq!(dropped[2]["reason"], "UnsupportedValue");
         let message = dropped[2]["message"].as_str().unwrap_or_default();
         assert!(
-            message.starts_with("Dropped Rule") && message.contains("rule 1: filter RequestMirror"),
+            message.starts_with("Dropped Rule") && message.contains("rule 1: filter ExtensionRef"),
             "{message}"
         );
         let nobackend = parents("nobackend");

@@ -169,14 +169,24 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
             timeouts,
             cors,
             retry,
+            mirrors,
         } => {
+            r.mirrors = mirrors
+                .iter()
+                .map(|m| {
+                    let (backend, unresolved) = named_or_why(&m.backend);
+                    holdfast_proto::v1::Mirror {
+                        backend,
+                        unresolved,
+                        numerator: m.numerator,
+                        denominator: m.denominator,
+                    }
+                })
+                .collect();
             r.backends = backends
                 .iter()
                 .map(|w| {
-                    let (backend, unresolved) = match &w.backend {
-                        Ok(name) => (name.clone(), String::new()),
-                        Err(why) => (String::new(), why.reason().to_owned()),
-                    };
+                    let (backend, unresolved) = named_or_why(&w.backend);
                     WeightedBackend {
                         backend,
                         weight: w.weight,
@@ -220,6 +230,15 @@ fn route_of(e: &routes::Entry) -> GatewayRoute {
         }
     }
     r
+}
+
+/// A backend reference as the snapshot carries it: its backend's name, or "" and why it
+/// does not resolve.
+fn named_or_why(b: &Result<String, crate::gateway_api::attach::Unresolved>) -> (String, String) {
+    match b {
+        Ok(name) => (name.clone(), String::new()),
+        Err(why) => (String::new(), why.reason().to_owned()),
+    }
 }
 
 /// A header modifier as the snapshot carries it (None: it changes nothing).

@@ -80,6 +80,8 @@ pub fn forwarder(table: RouteTable) -> Forwarder {
             trust_forwarded_from: vec![],
             allow_dot_segment_params: false,
             retry_budget: 0.2,
+            mirror_timeout: std::time::Duration::from_secs(5),
+            max_mirrors_in_flight: 1024,
             loop_token: holdfast_data_plane::proxy::new_loop_token(),
         },
         Metrics::new(&mut registry),

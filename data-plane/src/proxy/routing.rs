@@ -9,9 +9,10 @@ use holdfast_http::headers::{BadRequest, HeaderLookup, valid_authority};
 use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
 
 use super::{Forwarder, LOOP_HEADER, Reason, Via};
-use crate::gateway::{Action, HeaderChanges, Matched, PathRule, Target, Timeouts};
+use crate::gateway::{Action, HeaderChanges, Matched, Mirror, PathRule, Target, Timeouts};
 use crate::matching::Asked;
 use crate::table::{Found, Miss, Route, RouteTable, normalise_host};
+use crate::upstream::Key;
 
 pub use holdfast_http::routing::RequestView;
 use holdfast_http::routing::ResponseChanges;
@@ -290,33 +291,34 @@ impl Forwarder {
                 );
             }
         }
-        let (changes, response, rewrite, timeouts, cors, retry, per_target) = match &matched.action
-        {
-            Action::Forward {
-                headers,
-                response,
-                rewrite,
-                timeouts,
-                cors,
-                retry,
-                per_target,
-                ..
-            } => (
-                headers, response, rewrite, timeouts, cors, retry, per_target,
-            ),
-            Action::Redirect(redirect) => {
-                let scheme = if tls { "https" } else { "http" };
-                let query = request.query.filter(|_| !redirect.drop_query);
-                let target = match &redirect.path {
-                    Some(m) => with_query(m.apply(matched_path, path), query),
-                    None => sent_or_normalised(request, forward_path.as_ref()),
-                };
-                return Decision::Redirect {
-                    status: redirect.status,
-                    location: redirect.location(scheme, host, port, &target),
-                };
-            }
-        };
+        let (changes, response, rewrite, timeouts, cors, retry, per_target, mirrors) =
+            match &matched.action {
+                Action::Forward {
+                    headers,
+                    response,
+                    rewrite,
+                    timeouts,
+                    cors,
+                    retry,
+                    per_target,
+                    mirrors,
+                    ..
+                } => (
+                    headers, response, rewrite, timeouts, cors, retry, per_target, mirrors,
+                ),
+                Action::Redirect(redirect) => {
+                    let scheme = if tls { "https" } else { "http" };
+                    let query = request.query.filter(|_| !redirect.drop_query);
+                    let target = match &redirect.path {
+                        Some(m) => with_query(m.apply(matched_path, path), query),
+                        None => sent_or_normalised(request, forward_path.as_ref()),
+                    };
+                    return Decision::Redirect {
+                        status: redirect.status,
+                        location: redirect.location(scheme, host, port, &target),
+                    };
+                }
+            };
         // A CORS preflight is answered here: with the filter's headers to an allowed
         // origin, without them to another (the browser then refuses the request).
         let origin = cors
@@ -337,6 +339,7 @@ impl Forwarder {
                 headers: Box::new(headers),
             };
         }
+        let rule_changes = changes;
         let (picked, target) = match matched.next_pick() {
             Some((i, t)) => (i, Some(t)),
             None => (0, None),
@@ -391,9 +394,53 @@ impl Forwarder {
                 if retry.is_some() {
                     self.retry_budget.deposit();
                 }
+                if !mirrors.is_empty() {
+                    self.mirror(mirrors, request, &routed, rule_changes);
+                }
                 Decision::Forward(routed)
             }
             other => other,
+        }
+    }
+
+    /// Copies of a forwarded request for the mirrors that take it
+    /// ([`crate::mirror`]): sent from tasks of their own, never waited for.
+    fn mirror(
+        &self,
+        mirrors: &[Mirror],
+        request: &RequestView<'_>,
+        routed: &Routed<'_, '_>,
+        changes: &HeaderChanges,
+    ) {
+        let mut head: Option<Vec<u8>> = None;
+        for m in mirrors.iter().filter(|m| m.takes_next()) {
+            if !request.bodyless {
+                self.mirrors.not_sent(crate::mirror::Outcome::HasBody);
+                continue;
+            }
+            let Some(backend) = &m.backend else {
+                self.mirrors.not_sent(crate::mirror::Outcome::NoEndpoint);
+                continue;
+            };
+            let to = match &backend.external {
+                Some(e) => e.authority.clone().map(Key::Name),
+                None => self
+                    .balancer
+                    .pick(&backend.endpoints, backend.next_index(), None)
+                    .map(|(_, a)| Key::Addr(a)),
+            };
+            let head = head.get_or_insert_with(|| {
+                let target = sent_or_normalised(request, routed.forward_path.as_ref());
+                crate::mirror::copy_head(&crate::mirror::Copy {
+                    method: request.method,
+                    target: &target,
+                    host: routed.upstream_host.unwrap_or(routed.raw_host),
+                    headers: request.headers,
+                    changes: Some(changes).filter(|c| **c != HeaderChanges::default()),
+                    loop_header: (LOOP_HEADER, &self.settings.loop_token),
+                })
+            });
+            self.mirrors.send(to, head.clone());
         }
     }
 

@@ -413,6 +413,10 @@ where
             query: self.head.query.and_then(text),
             headers: &headers,
             peer: Some(self.peer.ip()),
+            bodyless: matches!(
+                self.head.framing(),
+                BodyFraming::Empty | BodyFraming::Length(0)
+            ),
         };
         let decision = self.service.decide(&view, via, &table);
         let (route, upgrade, (response_changes, retry)) = match decision {

@@ -542,6 +542,12 @@ impl crate::headers::HeaderLookup for HeadHeaders<'_> {
             .filter(|h| h.name.of(self.buf).eq_ignore_ascii_case(name.as_bytes()))
             .any(|h| f(h.value.of(self.buf)))
     }
+
+    fn each(&self, f: &mut dyn FnMut(&[u8], &[u8])) {
+        for h in &self.head.headers {
+            f(h.name.of(self.buf), h.value.of(self.buf));
+        }
+    }
 }
 
 /// An HTTP/1.x response head.

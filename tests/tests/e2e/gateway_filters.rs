@@ -432,3 +432,203 @@ async fn retries_send_again_only_safe_requests_up_to_the_attempts_and_within_the
     assert_eq!(over_budget().await?, 1.0);
     Ok(())
 }
+
+/// What the echo at `backend` (port 8080) recorded under `key` (`?seen_key=`): how many
+/// requests, and the last one's path and header names.
+async fn seen(backend: &str, key: &str) -> anyhow::Result<(u32, String, String)> {
+    let at: SocketAddr = (backend.parse::<std::net::IpAddr>()?, 8080).into();
+    let (status, headers, _) = web::get_full(at, "echo", &format!("/?seen={key}")).await?;
+    anyhow::ensure!(status == 200, "asking {backend} what it saw: {status}");
+    let header = |name: &str| -> anyhow::Result<String> {
+        let value = headers.get(name).map(|v| v.to_str().map(str::to_owned));
+        value
+            .ok_or_else(|| anyhow::anyhow!("the echo's answer has no {name}"))?
+            .map_err(Into::into)
+    };
+    Ok((
+        header("x-echo-seen")?.parse()?,
+        header("x-echo-seen-path")?,
+        header("x-echo-seen-headers")?,
+    ))
+}
+
+/// RequestMirror end to end: every request on a rule with a mirror is copied to the
+/// mirror's backend as it is forwarded (the rule's header changes and rewrite made, no
+/// body framing); a fraction copies exactly that share; a request with a body is not
+/// copied (counted); and a mirror that never answers neither delays nor fails the
+/// requests it copies: each copy times out (`--mirror-timeout`) or, past
+/// `--max-mirrors-in-flight`, is dropped, and every one is counted.
+#[tokio::test]
+async fn mirrors_get_copies_that_never_delay_or_fail_the_request_and_slow_ones_are_dropped_and_counted()
+-> anyhow::Result<()> {
+    use holdfast_tests::objects::{create, endpoint_slice, service};
+    let mut s = scenario(
+        "gwmirror",
+        "127.75.0.0/16",
+        &["--mirror-timeout", "2s", "--max-mirrors-in-flight", "4"],
+    )
+    .await?;
+    s.cluster.install_gateway_api()?;
+    let ns = s.ns.clone();
+    // A mirror that never answers in time: an echo that waits 30 s before every answer.
+    let slow_ip = s.net.add_host()?;
+    let echo = holdfast_tests::workspace_bin("holdfast-echo");
+    let slow_at = SocketAddr::new(slow_ip, 8080).to_string();
+    s.net.spawn(
+        &echo,
+        &[
+            "--listen",
+            &slow_at,
+            "--name",
+            "slow",
+            "--delay-ms",
+            "30000",
+        ],
+    )?;
+    let (main, copy) = (s.backends[0].clone(), s.backends[1].clone());
+    let slow = slow_ip.to_string();
+    for (name, address) in [("main", &main), ("copy", &copy), ("slow", &slow)] {
+        create(&s.client, Some(&ns), &service(name, 80, 8080)).await?;
+        let slice = endpoint_slice(&format!("{name}-1"), name, 8080, &[address.as_str()]);
+        create(&s.client, Some(&ns), &slice).await?;
+    }
+    let mirror = |to: &str, share: serde_json::Value| {
+        let mut m = json!({ "backendRef": { "name": to, "port": 80 } });
+        for (k, v) in share.as_object().into_iter().flatten() {
+            m[k] = v.clone();
+        }
+        json!({ "type": "RequestMirror", "requestMirror": m })
+    };
+    let main_ref = json!([{ "name": "main", "port": 80 }]);
+    with_route(
+        &s,
+        "mirror.test",
+        json!([
+            { "matches": [{ "path": { "value": "/all" } }],
+              "filters": [
+                  { "type": "RequestHeaderModifier",
+                    "requestHeaderModifier": { "set": [{ "name": "x-mirror-set", "value": "1" }] } },
+                  { "type": "URLRewrite",
+                    "urlRewrite": { "path": { "type": "ReplacePrefixMatch", "replacePrefixMatch": "/rewritten" } } },
+                  mirror("copy", json!({}))],
+              "backendRefs": main_ref },
+            { "matches": [{ "path": { "value": "/half" } }],
+              "filters": [mirror("copy", json!({ "fraction": { "numerator": 1, "denominator": 2 } }))],
+              "backendRefs": main_ref },
+            { "matches": [{ "path": { "value": "/slow" } }],
+              "filters": [mirror("slow", json!({}))],
+              "backendRefs": main_ref },
+            { "matches": [{ "path": { "value": "/plain" } }],
+              "backendRefs": main_ref }
+        ]),
+    )?;
+    let at = gateway_at(&s).await?;
+    let ask = |path: String| async move {
+        web::get_full(at, "mirror.test", &path)
+            .await
+            .map(|(status, headers, _)| (status, headers))
+    };
+    wait::until("the route served", wait::T, || async {
+        Ok((ask("/plain".into()).await.ok().map(|a| a.0) == Some(200)).then_some(()))
+    })
+    .await?;
+    let admin = s.proxies[0].admin;
+    let mirrored = |outcome: &'static str| async move {
+        let metrics = web::get(admin, "admin", "/metrics").await?.1;
+        series_sum(
+            &metrics,
+            "holdfast_proxy_mirror_requests_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+    };
+
+    // Every request is copied, as forwarded: rewritten, with the rule's header, and
+    // without the client's framing; the request itself goes to `main` only.
+    for _ in 0..10 {
+        let (status, headers) = ask("/all/x?seen_key=all".into()).await?;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-echo-name"], "echo-a");
+    }
+    wait::until("the mirror got 10 copies", wait::T, || async {
+        Ok((seen(&copy, "all").await.map_err(|e| format!("{e:#}"))?.0 == 10).then_some(()))
+    })
+    .await?;
+    let (_, path, names) = seen(&copy, "all").await?;
+    assert_eq!(path, "/rewritten/x?seen_key=all");
+    let names: Vec<&str> = names.split(',').collect();
+    assert!(names.contains(&"x-mirror-set"), "{names:?}");
+    assert!(!names.contains(&"content-length"), "{names:?}");
+    assert_eq!(seen(&main, "all").await?.0, 10, "the request went once");
+    assert_eq!(seen(&copy, "all").await?.0, 10, "and was copied once");
+    wait::until("10 copies counted as answered", wait::T, || async {
+        Ok((mirrored("answered").await.map_err(|e| format!("{e:#}"))? == 10.0).then_some(()))
+    })
+    .await?;
+
+    // A fraction of 1/2: exactly every other request.
+    for _ in 0..20 {
+        assert_eq!(ask("/half?seen_key=half".into()).await?.0, 200);
+    }
+    wait::until("the mirror got 10 of 20", wait::T, || async {
+        Ok((mirrored("answered").await.map_err(|e| format!("{e:#}"))? == 20.0).then_some(()))
+    })
+    .await?;
+    assert_eq!(seen(&copy, "half").await?.0, 10);
+    assert_eq!(seen(&main, "half").await?.0, 20);
+
+    // A request with a body is forwarded, not copied (counted at once, when routed).
+    let body_status = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(at).await?;
+        c.write_all(
+            b"POST /all?seen_key=body HTTP/1.1\r\nHost: mirror.test\r\nContent-Length: 5\r\n\
+              Connection: close\r\n\r\nhello",
+        )
+        .await?;
+        let mut answer = Vec::new();
+        tokio::time::timeout(wait::T, c.read_to_end(&mut answer)).await??;
+        String::from_utf8_lossy(&answer)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(body_status.starts_with("HTTP/1.1 200"), "{body_status}");
+    assert_eq!(mirrored("has_body").await?, 1.0);
+    assert_eq!(seen(&main, "body").await?.0, 1);
+    assert_eq!(
+        seen(&copy, "body").await?.0,
+        0,
+        "a request with a body is not copied"
+    );
+
+    // A mirror that never answers: 8 requests at once, each answered by `main` well
+    // before the copy's 2 s timeout; 4 copies go (and time out), the rest find no place.
+    let started = std::time::Instant::now();
+    let answers =
+        futures::future::join_all((0..8).map(|_| ask("/slow?seen_key=slow".into()))).await;
+    for answer in answers {
+        let (status, headers) = answer?;
+        assert_eq!(status, 200);
+        assert_eq!(headers["x-echo-name"], "echo-a");
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1500),
+        "the requests waited for their mirror: {:?}",
+        started.elapsed()
+    );
+    wait::until("every slow copy ended and was counted", wait::T, || async {
+        let timed_out = mirrored("timed_out").await.unwrap_or(0.0);
+        let dropped = mirrored("dropped").await.unwrap_or(0.0);
+        Ok((timed_out + dropped == 8.0).then_some(()))
+    })
+    .await?;
+    assert!(mirrored("timed_out").await? >= 1.0);
+    assert!(mirrored("dropped").await? >= 1.0);
+    assert_eq!(
+        mirrored("answered").await?,
+        20.0,
+        "the slow mirror answered none"
+    );
+    Ok(())
+}

@@ -702,3 +702,168 @@ async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<
     }
     Ok(())
 }
+
+/// The sum of `holdfast_proxy_error_responses_total` for `reasons`, None while there is no
+/// such series yet.
+fn errors_for(metrics: &str, reasons: &[&str]) -> Option<f64> {
+    let samples: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with("holdfast_proxy_error_responses_total{"))
+        .filter(|l| {
+            reasons
+                .iter()
+                .any(|r| l.contains(&format!("reason=\"{r}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+/// `proxy-connect-timeout` and `proxy-send-timeout` bound what the proxy's own flags (20 s
+/// here) would: a connect to an endpoint that never completes one (its accept queue full)
+/// ends after the Ingress's 1 s, and so does a write of a request body to a backend that
+/// reads nothing. Both are checked well under the proxy's 20 s. On the native HTTP/1.1
+/// engine (the send timeout's writes are the native engine's; the hyper engine waits for
+/// them within the response timeout, as docs/ingress-nginx.md says).
+#[tokio::test]
+async fn proxy_connect_and_send_timeouts_bound_the_connect_and_each_write_to_the_upstream()
+-> anyhow::Result<()> {
+    use holdfast_tests::objects::{endpoint_slice, service};
+    use std::time::{Duration, Instant};
+    let options = Options {
+        ingresses: 1,
+        proxies: 1,
+        proxy_args: [
+            "--h1-engine",
+            "native",
+            "--upstream-connect-timeout",
+            "20s",
+            "--upstream-response-timeout",
+            "20s",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Options::default()
+    };
+    let mut s = Scenario::start("nginxtimeouts", options).await?;
+    let ns = s.ns.clone();
+    let echo = holdfast_tests::workspace_bin("holdfast-echo");
+    // An endpoint whose connects hang: it never accepts, and its queue is filled here.
+    let stuck_ip = s.net.add_host()?;
+    let stuck: std::net::SocketAddr = (stuck_ip, 8080).into();
+    s.net.spawn(
+        &echo,
+        &[
+            "--listen",
+            &stuck.to_string(),
+            "--name",
+            "stuck",
+            "--never-accept",
+        ],
+    )?;
+    let mut queued = Vec::new();
+    let mut full = false;
+    for _ in 0..40 {
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(stuck),
+        )
+        .await
+        {
+            Ok(Ok(c)) => queued.push(c),
+            // Not listening yet.
+            Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => {
+                full = true;
+                break;
+            }
+        }
+    }
+    anyhow::ensure!(
+        full,
+        "the stuck endpoint's queue never filled ({} queued)",
+        queued.len()
+    );
+    // A backend that reads nothing for 30 s.
+    let deaf_ip = s.net.add_host()?;
+    let deaf = format!("{deaf_ip}:8080");
+    s.net.spawn(
+        &echo,
+        &["--listen", &deaf, "--name", "deaf", "--delay-ms", "30000"],
+    )?;
+    for (name, ip) in [("stuck", stuck_ip), ("deaf", deaf_ip)] {
+        create(&s.client, Some(&ns), &service(name, 80, 8080)).await?;
+        let slice = endpoint_slice(&format!("{name}-1"), name, 8080, &[&ip.to_string()]);
+        create(&s.client, Some(&ns), &slice).await?;
+    }
+    // The last created is served last (a snapshot holds what was read before it).
+    for ing in [
+        annotated(
+            &s,
+            "send",
+            ("send.test", &["/"], "deaf"),
+            &[("proxy-send-timeout", "1")],
+        )?,
+        annotated(
+            &s,
+            "connect",
+            ("connect.test", &["/"], "stuck"),
+            &[("proxy-connect-timeout", "1")],
+        )?,
+    ] {
+        create(&s.client, Some(&ns), &ing).await?;
+    }
+    let at = s.proxy_addrs()[0];
+    let admin = s.proxies[0].admin;
+    wait::until("the Ingresses served", wait::T, || async {
+        let status = web::request_with(at, "GET", "connect.test", "/x", &[]).await;
+        Ok(status.ok().filter(|(s, _, _)| *s != 404).map(|_| ()))
+    })
+    .await?;
+
+    // The connect: 502 after the Ingress's 1 s, not the proxy's 20 s.
+    let started = Instant::now();
+    let (status, _, _) = web::request_with(at, "GET", "connect.test", "/", &[]).await?;
+    let took = started.elapsed();
+    assert_eq!(status, 502);
+    assert!(took < Duration::from_secs(6), "the connect took {took:?}");
+    drop(queued);
+
+    // The write: a 96 MiB body (more than every buffer on the way holds) to a backend
+    // that reads none of it. The proxy gives up
+    // the write after 1 s and answers an upstream error (the client, still writing, may
+    // see its connection reset instead: the answer is read from the proxy's metrics).
+    let metrics = || async { web::get(admin, "admin", "/metrics").await.map(|m| m.1) };
+    let reasons = ["upstream_failed", "upstream_timeout"];
+    let before = errors_for(&metrics().await?, &reasons).unwrap_or(0.0);
+    let started = Instant::now();
+    let upload = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let mut c = tokio::net::TcpStream::connect(at).await?;
+        let size = 96 << 20;
+        let head = format!("POST / HTTP/1.1\r\nHost: send.test\r\nContent-Length: {size}\r\n\r\n");
+        c.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..size / chunk.len() {
+            c.write_all(&chunk).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let answered = wait::until(
+        "the stalled write answered",
+        Duration::from_secs(6),
+        || async {
+            let m = metrics().await.map_err(|e| format!("{e:#}"))?;
+            Ok(errors_for(&m, &reasons).filter(|n| *n > before))
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    upload.abort();
+    answered?;
+    assert!(
+        took < Duration::from_secs(6),
+        "the write was given up after {took:?}"
+    );
+    Ok(())
+}
