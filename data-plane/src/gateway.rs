@@ -282,13 +282,17 @@ impl Mirror {
         }
     }
 
-    /// Whether the next request is copied: exactly `numerator` of every `denominator`
-    /// requests in a row, spread evenly (request `i` of the `denominator` is copied when
-    /// `(i + 1) * numerator / denominator` passes a whole number).
-    pub fn takes_next(&self) -> bool {
+    /// Whether the next request is copied, with its number among the requests this
+    /// mirror has seen (where the copy's endpoint choice starts, apart from the rule's
+    /// own): exactly `numerator` of every `denominator` requests in a row, spread evenly
+    /// (request `i` of the `denominator` is copied when `(i + 1) * numerator /
+    /// denominator` passes a whole number). The count is this proxy's, from when the
+    /// listener's table was last compiled.
+    pub fn takes_next(&self) -> Option<u64> {
         let (k, d) = (u64::from(self.numerator), u64::from(self.denominator));
-        let i = self.seen.fetch_add(1, Ordering::Relaxed) % d;
-        (i + 1) * k / d > i * k / d
+        let n = self.seen.fetch_add(1, Ordering::Relaxed);
+        let i = n % d;
+        ((i + 1) * k / d > i * k / d).then_some(n)
     }
 }
 
@@ -746,7 +750,9 @@ mod tests {
     fn a_mirror_takes_exactly_its_share_of_every_denominator_requests_spread_evenly() {
         let taken = |numerator, denominator, requests: usize| {
             let m = Mirror::new(None, numerator, denominator);
-            (0..requests).map(|_| m.takes_next()).collect::<Vec<bool>>()
+            (0..requests)
+                .map(|_| m.takes_next().is_some())
+                .collect::<Vec<bool>>()
         };
         let count = |v: &[bool]| v.iter().filter(|t| **t).count();
         assert_eq!(count(&taken(20, 100, 500)), 100);

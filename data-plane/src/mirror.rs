@@ -6,17 +6,22 @@
 //! routed, and sent from a task of its own, which the request never waits for. Each copy
 //! is bounded by its own timeout (`--mirror-timeout`, for the connect, the write and the
 //! answer's status line together), and at most `--max-mirrors-in-flight` copies are in
-//! flight: past that a copy is dropped, never queued. Every copy is counted by how it
-//! ended ([`Outcome`], `holdfast_proxy_mirror_requests_total{outcome}`).
+//! flight: past that a copy is dropped, never queued. Each copy is counted by how it
+//! ended ([`Outcome`], `holdfast_proxy_mirror_requests_total{outcome}`), when it ends (one
+//! still in flight when the proxy stops is not).
 //!
 //! Only a request without a body is copied (a copy of a body would hold the request's
 //! bytes for a second reader, or slow the request to the mirror's pace); a request with a
-//! body is counted as `has_body` and not copied.
+//! body is counted as `has_body` and not copied. Copies go over HTTP/1.1 to a Service's
+//! endpoints only: a mirror backend that speaks h2c, or an ExternalName Service (whose
+//! name lookup a timeout cannot stop), gets none (`unsupported`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_http::headers::{HOP_BY_HOP, HeaderChanges, HeaderLookup};
+use holdfast_http::headers::{
+    FORWARDING, HOP_BY_HOP, HeaderChanges, HeaderLookup, Hop, add_forwarded, strip_hop_by_hop,
+};
 use holdfast_http::upstream::Key;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,6 +46,8 @@ pub enum Outcome {
     NoEndpoint,
     /// Not sent: the request has a body.
     HasBody,
+    /// Not sent: the mirror's backend speaks h2c, or is an ExternalName Service.
+    Unsupported,
 }
 
 impl Outcome {
@@ -53,6 +60,7 @@ impl Outcome {
             Outcome::Dropped => "dropped",
             Outcome::NoEndpoint => "no_endpoint",
             Outcome::HasBody => "has_body",
+            Outcome::Unsupported => "unsupported",
         }
     }
 }
@@ -68,52 +76,45 @@ pub struct Copy<'a> {
     pub host: &'a str,
     /// The request's headers, as the client sent them.
     pub headers: &'a (dyn HeaderLookup + Sync),
+    /// How the request reached this proxy, for the forwarding headers (None: the peer is
+    /// not known, and the client's forwarding headers are left out).
+    pub hop: Option<Hop<'a>>,
     /// The rule's request header changes.
     pub changes: Option<&'a HeaderChanges>,
     /// The loop-detection header and this proxy's token in it.
     pub loop_header: (&'a str, &'a HeaderValue),
 }
 
-/// The HTTP/1.1 head of a request's copy: its method and target, the Host sent upstream,
-/// the client's headers without the hop-by-hop ones (and those `Connection` names), its
-/// framing (it has no body) and Host, with the rule's changes made, this proxy's loop
-/// token, and `Connection: close`. A header line that is not a valid name and value is
-/// left out.
+/// The HTTP/1.1 head of a request's copy, made as a forwarded request's: its method and
+/// target, the Host sent upstream, the client's headers without the hop-by-hop ones (and
+/// those `Connection` names) and its framing (a copy has no body), the forwarding headers
+/// as the peer's trust sets them, the rule's changes, the loop-detection values the
+/// request came with and this proxy's token after them, and `Connection: close`. A header
+/// line that is not a valid name and value is left out.
 pub fn copy_head(copy: &Copy<'_>) -> Vec<u8> {
-    let mut named_by_connection: Vec<Vec<u8>> = Vec::new();
-    copy.headers.each(&mut |name, value| {
-        if name.eq_ignore_ascii_case(b"connection") {
-            named_by_connection.extend(
-                value
-                    .split(|b| *b == b',')
-                    .map(|n| n.trim_ascii().to_ascii_lowercase())
-                    .filter(|n| !n.is_empty()),
-            );
-        }
-    });
-    let (loop_name, loop_token) = copy.loop_header;
     let mut headers = HeaderMap::new();
     copy.headers.each(&mut |name, value| {
-        let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-        else {
-            return;
-        };
-        let dropped = HOP_BY_HOP.contains(&name)
-            || name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::UPGRADE
-            || name.as_str().eq_ignore_ascii_case(loop_name)
-            || named_by_connection
-                .iter()
-                .any(|n| n.as_slice() == name.as_str().as_bytes());
-        if !dropped {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
             headers.append(name, value);
         }
     });
+    strip_hop_by_hop(&mut headers, false);
+    let (loop_name, loop_token) = copy.loop_header;
+    let came_with: Vec<HeaderValue> = headers.get_all(loop_name).iter().cloned().collect();
+    match copy.hop {
+        Some(hop) => add_forwarded(&mut headers, hop),
+        None => {
+            for name in FORWARDING {
+                headers.remove(name);
+            }
+        }
+    }
     if let Some(changes) = copy.changes {
         changes.apply(&mut headers);
     }
-    // What the changes may not touch: this hop's framing and the loop token.
+    // What the changes may not touch: this hop's framing and the loop-detection values.
     for name in HOP_BY_HOP
         .iter()
         .chain([&header::HOST, &header::CONTENT_LENGTH, &header::UPGRADE])
@@ -141,6 +142,9 @@ pub fn copy_head(copy: &Copy<'_>) -> Vec<u8> {
     for (name, value) in &headers {
         line(name.as_str().as_bytes(), value.as_bytes());
     }
+    for value in &came_with {
+        line(loop_name.as_bytes(), value.as_bytes());
+    }
     line(loop_name.as_bytes(), loop_token.as_bytes());
     line(b"connection", b"close");
     out.extend_from_slice(b"\r\n");
@@ -155,10 +159,11 @@ pub struct Mirrors {
 }
 
 impl Mirrors {
-    /// At most `max_in_flight` copies at once, each within `timeout`; counted in `metrics`.
+    /// At most `max_in_flight` copies at once (at most [`Semaphore::MAX_PERMITS`]), each
+    /// within `timeout`; counted in `metrics`.
     pub fn new(max_in_flight: usize, timeout: Duration, metrics: Metrics) -> Self {
         Mirrors {
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            in_flight: Arc::new(Semaphore::new(max_in_flight.min(Semaphore::MAX_PERMITS))),
             timeout,
             metrics,
         }
@@ -235,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_has_the_forwarded_request_line_and_host_the_rules_changes_and_no_hop_headers() {
+    fn a_copy_is_the_request_as_forwarded_with_the_loop_values_it_came_with_and_ours() {
         let h = headers(&[
             ("host", "client.example"),
             ("x-keep", "1"),
@@ -244,7 +249,9 @@ mod tests {
             ("x-private", "secret"),
             ("keep-alive", "timeout=5"),
             ("content-length", "0"),
-            ("x-holdfast-loop", "someone-else"),
+            ("x-holdfast-loop", "another-proxy"),
+            ("x-forwarded-for", "192.0.2.9"),
+            ("x-real-ip", "192.0.2.9"),
             ("x-remove", "gone"),
             ("x-set", "old"),
         ]);
@@ -254,7 +261,7 @@ mod tests {
                     HeaderName::from_static("x-set"),
                     HeaderValue::from_static("new"),
                 ),
-                // A change cannot give the copy a body or keep it open.
+                // A change cannot give the copy a body, or drop the loop values.
                 (
                     HeaderName::from_static("content-length"),
                     HeaderValue::from_static("9"),
@@ -264,7 +271,10 @@ mod tests {
                 HeaderName::from_static("x-add"),
                 HeaderValue::from_static("a"),
             )],
-            remove: vec![HeaderName::from_static("x-remove")],
+            remove: vec![
+                HeaderName::from_static("x-remove"),
+                HeaderName::from_static("x-holdfast-loop"),
+            ],
         };
         let token = HeaderValue::from_static("ours");
         let head = copy_head(&Copy {
@@ -272,36 +282,51 @@ mod tests {
             target: "/rewritten?q=1",
             host: "upstream.example",
             headers: &h,
+            hop: Some(Hop {
+                client: "198.51.100.7".parse().unwrap(),
+                port: 80,
+                proto: "http",
+                host: "client.example",
+                trusted: false,
+            }),
             changes: Some(&changes),
             loop_header: ("x-holdfast-loop", &token),
         });
         let text = String::from_utf8(head).unwrap();
-        let mut lines: Vec<&str> = text.split("\r\n").collect();
+        let lines: Vec<&str> = text.split("\r\n").collect();
         assert_eq!(lines[0], "GET /rewritten?q=1 HTTP/1.1");
         assert_eq!(lines[1], "host: upstream.example");
         assert!(text.ends_with("connection: close\r\n\r\n"), "{text}");
-        lines.sort_unstable();
-        lines.dedup();
-        let mut rest: Vec<&str> = lines
-            .into_iter()
-            .filter(|l| !l.is_empty() && !l.starts_with("GET ") && !l.starts_with("host:"))
+        let loop_values: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("x-holdfast-loop: "))
             .collect();
-        rest.sort_unstable();
         assert_eq!(
-            rest,
-            [
-                "connection: close",
-                "x-add: a",
-                "x-holdfast-loop: ours",
-                "x-keep: 1",
-                "x-keep: 2",
-                "x-set: new",
-            ]
+            loop_values,
+            ["another-proxy", "ours"],
+            "appended, as forwarding does"
         );
+        let has = |line: &str| lines.contains(&line);
+        for kept in ["x-keep: 1", "x-keep: 2", "x-set: new", "x-add: a"] {
+            assert!(has(kept), "{kept}: {text}");
+        }
+        // From an untrusted peer: its address appended, its own claim replaced.
+        assert!(has("x-forwarded-for: 192.0.2.9, 198.51.100.7"), "{text}");
+        assert!(has("x-real-ip: 198.51.100.7"), "{text}");
+        for gone in [
+            "x-private",
+            "keep-alive",
+            "content-length",
+            "x-remove",
+            "x-set: old",
+        ] {
+            assert!(!text.contains(gone), "{gone}: {text}");
+        }
+        assert_eq!(lines.iter().filter(|l| l.starts_with("host:")).count(), 1);
     }
 
-    #[test]
-    fn a_copy_without_an_endpoint_or_a_free_place_is_counted_and_not_sent() {
+    #[tokio::test]
+    async fn a_copy_without_an_endpoint_or_a_free_place_is_counted_and_not_sent() {
         let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
         let mirrors = Mirrors::new(0, Duration::from_secs(1), metrics.clone());
         mirrors.send(None, b"GET / HTTP/1.1\r\n\r\n".to_vec());

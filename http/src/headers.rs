@@ -356,7 +356,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 /// Headers that say who the client is and how it reached the edge. A client cannot name
 /// them in `Connection` to have them removed: that would strip what a trusted balancer in
 /// front of holdfast added.
-const FORWARDING: [&str; 6] = [
+pub const FORWARDING: [&str; 6] = [
     "forwarded",
     "x-forwarded-for",
     "x-forwarded-host",

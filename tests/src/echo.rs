@@ -7,7 +7,8 @@
 //!
 //! A request with `?seen_key=K` is recorded under K (in this process): `?seen=K` answers
 //! how many were, in `x-echo-seen`, with the last one's path and query in
-//! `x-echo-seen-path` and its header names in `x-echo-seen-headers` (what a mirror got).
+//! `x-echo-seen-path`, its Host in `x-echo-seen-host` and its header names in
+//! `x-echo-seen-headers` (what a mirror got).
 //!
 //! `?delay_ms=N` makes it wait N ms before answering (a slow upstream; `--delay-ms` makes
 //! every answer wait); `?bytes=N`
@@ -33,9 +34,12 @@ use tokio::net::TcpListener;
 static FAILED: std::sync::Mutex<std::collections::BTreeMap<String, u32>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-/// The requests recorded per `seen_key`: how many, and the last one's path and header
-/// names.
-static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, (u32, String, String)>> =
+/// What was recorded of a `seen_key`'s requests: how many, and the last one's path, Host
+/// and header names.
+type Seen = (u32, String, String, String);
+
+/// The requests recorded per `seen_key`.
+static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, Seen>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Serves the echo backend `name` on `listener` until the task is dropped.
@@ -144,13 +148,19 @@ async fn respond(
     let names = names.join(",");
     let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_owned());
     let path_and_query = path_and_query.unwrap_or_default();
+    let seen_host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let recorded = {
         let mut seen = SEEN
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(key) = param("seen_key") {
             let entry = seen.entry(key).or_default();
-            *entry = (entry.0 + 1, path_and_query, names.clone());
+            *entry = (entry.0 + 1, path_and_query, seen_host, names.clone());
         }
         param("seen").map(|key| seen.get(&key).cloned().unwrap_or_default())
     };
@@ -181,10 +191,11 @@ async fn respond(
         .header("x-echo-path", &path)
         .header("x-echo-host", host)
         .header("x-echo-version", format!("{:?}", req.version()));
-    if let Some((count, path, headers)) = recorded {
+    if let Some((count, path, host, headers)) = recorded {
         resp = resp
             .header("x-echo-seen", count.to_string())
             .header("x-echo-seen-path", path)
+            .header("x-echo-seen-host", host)
             .header("x-echo-seen-headers", headers);
     }
     for (k, v) in req.headers() {

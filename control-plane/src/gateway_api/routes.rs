@@ -912,7 +912,20 @@ fn action(
                     response_headers = checked_modifier(m)?;
                 }
             }
+            "RequestMirror" if kind == RouteKind::Grpc => {
+                return Err(
+                    "filter RequestMirror is not served on a GRPCRoute: a gRPC call has a body, \
+                     and requests with a body are not copied"
+                        .into(),
+                );
+            }
             "RequestMirror" => {
+                if mirrors.len() == holdfast_proto::snapshot::MAX_MIRRORS_PER_ROUTE {
+                    return Err(format!(
+                        "more than {} RequestMirror filters",
+                        holdfast_proto::snapshot::MAX_MIRRORS_PER_ROUTE
+                    ));
+                }
                 if let Some(m) = &f.request_mirror {
                     let (numerator, denominator) = mirror_share(m)?;
                     mirrors.push(Mirror {
@@ -1523,5 +1536,23 @@ mod tests {
                 .iter()
                 .any(|r| r.contains("both redirect and mirror"))
         );
+        // A GRPCRoute's rule with a mirror is refused: every gRPC call has a body.
+        let rule: Rule = serde_json::from_value(json!({
+            "filters": [mirror(json!({ "name": "v2", "port": 8080 }), json!({}))],
+            "backendRefs": [{ "name": "v1", "port": 8080 }] }))
+        .unwrap();
+        let any_port = |_: &str, _: &str, _: i64| true;
+        let grpc = action(&rule, (RouteKind::Grpc, "infra"), &[], &any_port);
+        assert!(grpc.is_err_and(|why| why.contains("GRPCRoute")));
+        assert!(action(&rule, (RouteKind::Http, "infra"), &[], &any_port).is_ok());
+        // At most 16 mirrors.
+        let many: Vec<Value> = (0..17)
+            .map(|_| mirror(json!({ "name": "v2", "port": 8080 }), json!({})))
+            .collect();
+        let rule: Rule = serde_json::from_value(json!({
+            "filters": many, "backendRefs": [{ "name": "v1", "port": 8080 }] }))
+        .unwrap();
+        let refused = action(&rule, (RouteKind::Http, "infra"), &[], &any_port);
+        assert!(refused.is_err_and(|why| why.contains("more than 16")));
     }
 }

@@ -5,7 +5,7 @@
 
 use http::uri::PathAndQuery;
 
-use holdfast_http::headers::{BadRequest, HeaderLookup, valid_authority};
+use holdfast_http::headers::{BadRequest, HeaderLookup, Hop, valid_authority};
 use holdfast_http::path::{PathError, has_dot_segment_params, normalise};
 
 use super::{Forwarder, LOOP_HEADER, Reason, Via};
@@ -395,7 +395,18 @@ impl Forwarder {
                     self.retry_budget.deposit();
                 }
                 if !mirrors.is_empty() {
-                    self.mirror(mirrors, request, &routed, rule_changes);
+                    let hop = request.peer.map(|client| Hop {
+                        client,
+                        port,
+                        proto: if tls { "https" } else { "http" },
+                        host: raw_host,
+                        trusted: self
+                            .settings
+                            .trust_forwarded_from
+                            .iter()
+                            .any(|n| n.contains(&client)),
+                    });
+                    self.mirror(mirrors, request, &routed, (hop, rule_changes));
                 }
                 Decision::Forward(routed)
             }
@@ -410,25 +421,30 @@ impl Forwarder {
         mirrors: &[Mirror],
         request: &RequestView<'_>,
         routed: &Routed<'_, '_>,
-        changes: &HeaderChanges,
+        (hop, changes): (Option<Hop<'_>>, &HeaderChanges),
     ) {
+        use crate::mirror::Outcome;
         let mut head: Option<Vec<u8>> = None;
-        for m in mirrors.iter().filter(|m| m.takes_next()) {
+        for (m, n) in mirrors.iter().filter_map(|m| Some((m, m.takes_next()?))) {
             if !request.bodyless {
-                self.mirrors.not_sent(crate::mirror::Outcome::HasBody);
+                self.mirrors.not_sent(Outcome::HasBody);
                 continue;
             }
             let Some(backend) = &m.backend else {
-                self.mirrors.not_sent(crate::mirror::Outcome::NoEndpoint);
+                self.mirrors.not_sent(Outcome::NoEndpoint);
                 continue;
             };
-            let to = match &backend.external {
-                Some(e) => e.authority.clone().map(Key::Name),
-                None => self
-                    .balancer
-                    .pick(&backend.endpoints, backend.next_index(), None)
-                    .map(|(_, a)| Key::Addr(a)),
-            };
+            if backend.h2c || backend.external.is_some() {
+                self.mirrors.not_sent(Outcome::Unsupported);
+                continue;
+            }
+            // Its own round robin (the mirror's count), not the backend's: copies never
+            // shift the rule's own endpoint choice.
+            let start = usize::try_from(n).unwrap_or_default();
+            let to = self
+                .balancer
+                .pick(&backend.endpoints, start, None)
+                .map(|(_, a)| Key::Addr(a));
             let head = head.get_or_insert_with(|| {
                 let target = sent_or_normalised(request, routed.forward_path.as_ref());
                 crate::mirror::copy_head(&crate::mirror::Copy {
@@ -436,6 +452,7 @@ impl Forwarder {
                     target: &target,
                     host: routed.upstream_host.unwrap_or(routed.raw_host),
                     headers: request.headers,
+                    hop,
                     changes: Some(changes).filter(|c| **c != HeaderChanges::default()),
                     loop_header: (LOOP_HEADER, &self.settings.loop_token),
                 })

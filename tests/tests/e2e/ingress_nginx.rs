@@ -761,18 +761,19 @@ async fn proxy_connect_and_send_timeouts_bound_the_connect_and_each_write_to_the
             "--never-accept",
         ],
     )?;
-    let mut queued = Vec::new();
+    // Listening once a connect completes; then connects are queued until one hangs (its
+    // SYN dropped: the queue is full).
+    let first = wait::until("the stuck endpoint listening", wait::T, || async {
+        Ok(tokio::net::TcpStream::connect(stuck).await.ok())
+    })
+    .await?;
+    let mut queued = vec![first];
     let mut full = false;
-    for _ in 0..40 {
-        match tokio::time::timeout(
-            Duration::from_millis(500),
-            tokio::net::TcpStream::connect(stuck),
-        )
-        .await
-        {
+    for _ in 0..8 {
+        let connect = tokio::net::TcpStream::connect(stuck);
+        match tokio::time::timeout(Duration::from_millis(500), connect).await {
             Ok(Ok(c)) => queued.push(c),
-            // Not listening yet.
-            Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(Err(e)) => anyhow::bail!("connecting to the stuck endpoint: {e}"),
             Err(_) => {
                 full = true;
                 break;
@@ -835,7 +836,8 @@ async fn proxy_connect_and_send_timeouts_bound_the_connect_and_each_write_to_the
     // see its connection reset instead: the answer is read from the proxy's metrics).
     let metrics = || async { web::get(admin, "admin", "/metrics").await.map(|m| m.1) };
     let reasons = ["upstream_failed", "upstream_timeout"];
-    let before = errors_for(&metrics().await?, &reasons).unwrap_or(0.0);
+    // None: no such answer yet (the first one then makes the series).
+    let before = errors_for(&metrics().await?, &reasons);
     let started = Instant::now();
     let upload = tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
@@ -854,7 +856,7 @@ async fn proxy_connect_and_send_timeouts_bound_the_connect_and_each_write_to_the
         Duration::from_secs(6),
         || async {
             let m = metrics().await.map_err(|e| format!("{e:#}"))?;
-            Ok(errors_for(&m, &reasons).filter(|n| *n > before))
+            Ok(errors_for(&m, &reasons).filter(|n| before.is_none_or(|b| *n > b)))
         },
     )
     .await;
