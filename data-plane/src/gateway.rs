@@ -321,6 +321,9 @@ pub struct Matched {
     /// Requests a second per client address (an Ingress's `limit-rps`), shared by the
     /// entries of one Ingress path (a canary's header, cookie and weighted entries).
     pub rate_limit: Option<Arc<crate::limit::RateLimit>>,
+    /// Requests in progress at once per client address (an Ingress's
+    /// `limit-connections`), shared like `rate_limit`.
+    pub conn_limit: Option<Arc<crate::limit::ConnLimit>>,
     requests: AtomicU64,
 }
 
@@ -601,6 +604,8 @@ pub(crate) fn compile_entry(
                 .map_err(|_| bad("source range"))?
                 .map(Box::new),
             max_body: std::num::NonZeroU64::new(r.max_body_bytes),
+            conn_limit: (r.limit_connections > 0)
+                .then(|| Arc::new(crate::limit::ConnLimit::new(r.limit_connections))),
             rate_limit: (r.limit_rps > 0)
                 .then(|| Arc::new(crate::limit::RateLimit::new(r.limit_rps, r.limit_burst))),
             requests: AtomicU64::new(0),

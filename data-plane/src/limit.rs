@@ -1,4 +1,6 @@
-//! Per-client request rate limits (an Ingress's ingress-nginx `limit-rps`): a token bucket
+//! Per-client limits of an Ingress's ingress-nginx annotations: [`ConnLimit`], the
+//! requests in progress at once per client address (`limit-connections`), and
+//! [`RateLimit`], request rates (`limit-rps`): a token bucket
 //! per client address, per route entry and per proxy (as ingress-nginx's are per nginx
 //! instance). Pure bookkeeping: the caller passes the time, so tests drive the clock.
 //!
@@ -10,8 +12,78 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Requests in progress at once per client address (nginx's `limit_conn`, which counts
+/// each request in progress, an HTTP/2 stream included, as a connection). Bounded by
+/// itself: an address is tracked only while it has a request in progress.
+#[derive(Debug)]
+pub struct ConnLimit {
+    /// Most requests in progress at once per address.
+    pub max: u32,
+    in_progress: Mutex<HashMap<IpAddr, u32>>,
+}
+
+/// A request in progress under a [`ConnLimit`]: its place is given back when dropped.
+#[derive(Debug)]
+pub struct ConnPermit {
+    limit: Arc<ConnLimit>,
+    client: IpAddr,
+}
+
+impl ConnLimit {
+    /// At most `max` requests in progress at once per address.
+    pub fn new(max: u32) -> Self {
+        ConnLimit {
+            max,
+            in_progress: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place for one more request from `client`, held until the permit is dropped;
+    /// None when `max` of its requests are in progress.
+    pub fn acquire(self: &Arc<Self>, client: IpAddr) -> Option<ConnPermit> {
+        let mut in_progress = self
+            .in_progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = in_progress.entry(client).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(ConnPermit {
+            limit: self.clone(),
+            client,
+        })
+    }
+
+    /// Requests of `client` in progress.
+    pub fn in_progress(&self, client: IpAddr) -> u32 {
+        let in_progress = self
+            .in_progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        in_progress.get(&client).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for ConnPermit {
+    fn drop(&mut self) {
+        let mut in_progress = self
+            .limit
+            .in_progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = in_progress.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                in_progress.remove(&self.client);
+            }
+        }
+    }
+}
 
 /// Most client addresses tracked per limited entry.
 pub const MAX_CLIENTS: usize = 16_384;
@@ -115,6 +187,24 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_has_at_most_max_requests_in_progress_and_each_end_gives_its_place_back() {
+        let limit = Arc::new(ConnLimit::new(2));
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let first = limit.acquire(a).expect("first");
+        let second = limit.acquire(a).expect("second");
+        assert!(limit.acquire(a).is_none(), "a third at once");
+        assert!(limit.acquire(b).is_some(), "another address has its own");
+        drop(first);
+        let third = limit.acquire(a).expect("a place given back");
+        drop((second, third));
+        assert_eq!(limit.in_progress(a), 0);
+        assert!(
+            limit.in_progress.lock().unwrap().is_empty(),
+            "an address without requests is forgotten"
+        );
+    }
     use std::time::Duration;
 
     fn ip(n: u32) -> IpAddr {

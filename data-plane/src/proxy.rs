@@ -419,6 +419,9 @@ pub struct Forwarding<'t> {
     pub retry: Option<&'t Retry>,
     /// An Ingress's own request body limit (under `--max-request-body`).
     pub max_body: Option<std::num::NonZeroU64>,
+    /// What the request holds while in progress (a place under `limit-connections`):
+    /// kept until the response head is sent.
+    pub hold: Option<holdfast_http::routing::Hold>,
 }
 
 impl<'t> Forwarding<'t> {
@@ -437,6 +440,7 @@ impl<'t> Forwarding<'t> {
             timeouts: routed.timeouts.copied().unwrap_or_default(),
             retry: routed.retry,
             max_body: routed.max_body,
+            hold: routed.hold,
         })
     }
 }
@@ -1002,6 +1006,8 @@ impl Forwarder {
         });
         let (mut parts, body) = req.into_parts();
         let response_changes = std::mem::take(&mut routed.response_changes);
+        // Held until the response head is returned.
+        let _hold = routed.hold.take();
         let wait = routed
             .timeouts
             .backend

@@ -777,17 +777,21 @@ impl RouteTable {
         let mut entries = Vec::with_capacity(g.routes.len());
         // The entries of one Ingress path share its rate limit: a canary's header and
         // cookie entries must not multiply it.
-        let mut limits: HashMap<(i32, &str, Option<&str>), Arc<crate::limit::RateLimit>> =
-            HashMap::new();
+        type PathKey<'a> = (i32, &'a str, Option<&'a str>);
+        let mut limits: HashMap<PathKey<'_>, Arc<crate::limit::RateLimit>> = HashMap::new();
+        let mut conn_limits: HashMap<PathKey<'_>, Arc<crate::limit::ConnLimit>> = HashMap::new();
         for r in &g.routes {
             let mut e = crate::gateway::compile_entry(r, &host, Label::HostPath, &backend, &bad)?;
+            let key = (
+                r.match_kind,
+                r.path.as_str(),
+                r.ingress.as_ref().map(|i| i.name.as_str()),
+            );
             if let Some(limit) = e.action.rate_limit.take() {
-                let key = (
-                    r.match_kind,
-                    r.path.as_str(),
-                    r.ingress.as_ref().map(|i| i.name.as_str()),
-                );
                 e.action.rate_limit = Some(limits.entry(key).or_insert(limit).clone());
+            }
+            if let Some(limit) = e.action.conn_limit.take() {
+                e.action.conn_limit = Some(conn_limits.entry(key).or_insert(limit).clone());
             }
             entries.push(Entry {
                 path: e.path,

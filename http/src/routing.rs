@@ -113,7 +113,13 @@ pub struct Routed<'t, 'r, R> {
     /// An Ingress's own request body limit in bytes (ingress-nginx `proxy-body-size`),
     /// under the proxy's (see [`body_limit`]).
     pub max_body: Option<std::num::NonZeroU64>,
+    /// What the request holds while it is in progress (a place under an Ingress's
+    /// `limit-connections`): the engine keeps it until the request ends.
+    pub hold: Option<Hold>,
 }
+
+/// Something a request holds while it is in progress, given back when dropped.
+pub type Hold = Box<dyn std::any::Any + Send + Sync>;
 
 /// The request body limit in bytes for a proxy limit of `proxy` (0: none) and a route's
 /// own `route`: the lower of the two (0: none).

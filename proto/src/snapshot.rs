@@ -690,6 +690,7 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || !r.allow_sources.is_empty()
                 || !r.deny_sources.is_empty()
                 || r.limit_rps > 0
+                || r.limit_connections > 0
                 || r.max_body_bytes > 0
                 || !r.cookies.is_empty()
                 || !r.header_patterns.is_empty()

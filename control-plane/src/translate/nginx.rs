@@ -63,6 +63,7 @@ pub const SERVED: &[&str] = &[
     "enable-cors",
     "force-ssl-redirect",
     "limit-burst-multiplier",
+    "limit-connections",
     "limit-rps",
     "permanent-redirect",
     "permanent-redirect-code",
@@ -110,6 +111,8 @@ pub struct NginxFilters {
     /// Requests a second per client address, and at once (`limit-rps`,
     /// `limit-burst-multiplier`).
     pub rate_limit: Option<(u32, u32)>,
+    /// Requests in progress at once per client address (`limit-connections`).
+    pub limit_connections: Option<u32>,
     /// A `backend-protocol` the proxy does not speak: the paths answer 500 with this
     /// reason rather than send in cleartext what was meant to go over TLS.
     pub refused_protocol: Option<String>,
@@ -209,6 +212,7 @@ impl NginxFilters {
             r.limit_rps = rps;
             r.limit_burst = burst;
         }
+        r.limit_connections = self.limit_connections.unwrap_or(0);
     }
 }
 
@@ -568,6 +572,16 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             "limit-burst-multiplier",
             "ignored: it needs limit-rps".into(),
         );
+    }
+    if let Some(n) = get("limit-connections") {
+        match n.parse::<u32>() {
+            Ok(0) => {}
+            Ok(n) => filters.limit_connections = Some(n),
+            Err(_) => invalid(
+                "limit-connections",
+                format!("{n:?} is not a number of connections; no limit is applied"),
+            ),
+        }
     }
     if let Some(size) = get("proxy-body-size") {
         match nginx_size(size) {
@@ -1002,7 +1016,7 @@ mod tests {
             &annotations(&[
                 ("configuration-snippet", "more_set_headers \"X: y\";"),
                 ("server-snippet", "location /x {}"),
-                ("limit-connections", "5"),
+                ("limit-rpm", "5"),
                 ("upstream-vhost", "internal.example"),
             ]),
             true,
@@ -1017,11 +1031,7 @@ mod tests {
                 ProblemReason::UnservedAnnotation
             ]
         );
-        assert!(
-            r.problems
-                .iter()
-                .any(|(_, m)| m.contains("limit-connections"))
-        );
+        assert!(r.problems.iter().any(|(_, m)| m.contains("limit-rpm")));
         assert_eq!(
             r.filters.upstream_vhost.as_deref(),
             Some("internal.example")
@@ -1190,7 +1200,7 @@ mod tests {
                 ("canary-by-header", "X-Canary"),
                 ("upstream-vhost", "ignored.example"),
                 ("canary-by-cookie", "c"),
-                ("limit-connections", "3"),
+                ("limit-rpm", "3"),
             ]),
             true,
         );
@@ -1552,6 +1562,23 @@ mod tests {
             Some(3_600_000)
         );
         assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    #[test]
+    fn limit_connections_is_a_positive_count_and_anything_else_is_a_problem() {
+        let r = read(&annotations(&[("limit-connections", "3")]), true);
+        assert_eq!(r.filters.limit_connections, Some(3));
+        assert!(r.problems.is_empty());
+        let mut route = GatewayRoute::default();
+        r.filters.apply(&mut route);
+        assert_eq!(route.limit_connections, 3);
+        let r = read(&annotations(&[("limit-connections", "0")]), true);
+        assert_eq!(r.filters.limit_connections, None, "0: no limit");
+        for bad in ["-1", "lots", "1.5"] {
+            let r = read(&annotations(&[("limit-connections", bad)]), true);
+            assert_eq!(r.filters.limit_connections, None, "{bad}");
+            assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation], "{bad}");
+        }
     }
 
     #[test]

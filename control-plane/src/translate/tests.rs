@@ -2683,7 +2683,7 @@ fn ingress_nginx_annotations_become_filters_of_that_ingress_s_entries_only() {
             ("app-root", "/app"),
             ("upstream-vhost", "internal.example"),
             ("configuration-snippet", "return 200;"),
-            ("limit-connections", "10"),
+            ("limit-rpm", "10"),
         ],
     );
     let plain = ingress(

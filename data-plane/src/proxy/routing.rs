@@ -291,6 +291,27 @@ impl Forwarder {
                 );
             }
         }
+        // A place among the client's requests in progress, held until the request ends.
+        let hold = match &matched.conn_limit {
+            None => None,
+            Some(limit) => {
+                let client = self
+                    .client_address(request)
+                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+                match limit.acquire(client) {
+                    Some(permit) => Some(permit),
+                    None => {
+                        return refuse(
+                            Reason::RateLimited,
+                            format!(
+                                "connection limited: {client} has {} requests in progress",
+                                limit.max
+                            ),
+                        );
+                    }
+                }
+            }
+        };
         let (changes, response, rewrite, timeouts, cors, retry, per_target, mirrors) =
             match &matched.action {
                 Action::Forward {
@@ -391,6 +412,7 @@ impl Forwarder {
                 routed.timeouts = Some(timeouts).filter(|t| **t != Timeouts::default());
                 routed.retry = retry.as_deref();
                 routed.max_body = matched.max_body;
+                routed.hold = hold.map(|p| Box::new(p) as holdfast_http::routing::Hold);
                 if retry.is_some() {
                     self.retry_budget.deposit();
                 }
@@ -550,6 +572,7 @@ fn forward_to<'t, 'r>(
         timeouts: None,
         retry: None,
         max_body: None,
+        hold: None,
     })
 }
 

@@ -419,7 +419,7 @@ where
             ),
         };
         let decision = self.service.decide(&view, via, &table);
-        let (route, upgrade, (response_changes, retry)) = match decision {
+        let (route, upgrade, (response_changes, retry, _hold)) = match decision {
             Decision::Forward(r) => {
                 let upgrade = self.head.minor == 1
                     && self.head.upgrade
@@ -461,7 +461,7 @@ where
                     .request
                     .and_then(|d| Some((started.checked_add(d)?, d)));
                 plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
-                (r.route, upgrade, (r.response_changes, r.retry))
+                (r.route, upgrade, (r.response_changes, r.retry, r.hold))
             }
             Decision::Refuse {
                 reason,
@@ -1770,6 +1770,7 @@ mod tests {
                 timeouts: None,
                 retry: None,
                 max_body: None,
+                hold: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {

@@ -115,7 +115,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                     "configuration-snippet",
                     "more_set_headers \"X-Injected: 1\";",
                 ),
-                ("limit-connections", "5"),
+                ("limit-rpm", "5"),
             ],
         )?,
         // ingress-nginx's own rewrite example, and another Ingress of the host.
@@ -404,7 +404,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                 })
             };
             Ok((on_cors("SnippetRefused", "configuration-snippet")
-                && on_cors("UnservedAnnotation", "limit-connections"))
+                && on_cors("UnservedAnnotation", "limit-rpm"))
             .then_some(()))
         }
     })
@@ -867,5 +867,57 @@ async fn proxy_connect_and_send_timeouts_bound_the_connect_and_each_write_to_the
         took < Duration::from_secs(6),
         "the write was given up after {took:?}"
     );
+    Ok(())
+}
+
+/// `limit-connections`: at most that many requests from one client address in progress at
+/// once on the Ingress's paths, per proxy; more get 503 at once, and each request that
+/// ends gives its place back. Another Ingress's host is not limited.
+#[tokio::test]
+async fn limit_connections_caps_a_clients_requests_in_progress_and_gives_places_back()
+-> anyhow::Result<()> {
+    let s = one_proxy("nginxconn").await?;
+    let ns = s.ns.clone();
+    for ing in [
+        annotated(&s, "free", ("free.test", &["/"], SVC), &[])?,
+        annotated(
+            &s,
+            "capped",
+            ("capped.test", &["/"], SVC),
+            &[("limit-connections", "2")],
+        )?,
+    ] {
+        create(&s.client, Some(&ns), &ing).await?;
+    }
+    let at = s.proxy_addrs()[0];
+    let ask = |host: &'static str, path: &'static str| async move {
+        web::request_with(at, "GET", host, path, &[])
+            .await
+            .map(|(status, _, _)| status)
+    };
+    wait::until("the Ingresses served", wait::T, || async {
+        let capped = ask("capped.test", "/").await.ok() == Some(200);
+        let free = ask("free.test", "/").await.ok() == Some(200);
+        Ok((capped && free).then_some(()))
+    })
+    .await?;
+    // Four at once, each answered after 3 s: two are let through, two refused at once.
+    let statuses = |host: &'static str| async move {
+        let answers = futures::future::join_all((0..4).map(|_| ask(host, "/?delay_ms=3000"))).await;
+        let mut statuses = answers.into_iter().collect::<anyhow::Result<Vec<u16>>>()?;
+        statuses.sort_unstable();
+        Ok::<_, anyhow::Error>(statuses)
+    };
+    assert_eq!(statuses("capped.test").await?, [200, 200, 503, 503]);
+    // Their places are given back as they end (just after each answer is sent).
+    wait::until("the places given back", wait::T, || async {
+        let twice = futures::future::join_all((0..2).map(|_| ask("capped.test", "/"))).await;
+        Ok(twice
+            .iter()
+            .all(|s| s.as_ref().ok() == Some(&200))
+            .then_some(()))
+    })
+    .await?;
+    assert_eq!(statuses("free.test").await?, [200, 200, 200, 200]);
     Ok(())
 }
