@@ -255,6 +255,60 @@ pub enum Action {
     Redirect(Redirect),
 }
 
+/// A sticky-session cookie (ingress-nginx `affinity: cookie`): its value is a token of
+/// the endpoint the request went to, and a request that brings it goes there again while
+/// that endpoint is ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Affinity {
+    /// The cookie's name.
+    pub cookie: String,
+    /// What follows the value in Set-Cookie (`; Path=/; HttpOnly`).
+    pub attributes: String,
+}
+
+impl Affinity {
+    /// The token naming `endpoint` in the cookie: 16 hex digits of a hash of its address
+    /// (not a secret: a client can learn only which of the backend's endpoints it uses).
+    pub fn token(endpoint: &std::net::SocketAddr) -> String {
+        // FNV-1a: stable across proxies and restarts, so every proxy reads every cookie.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in endpoint.to_string().bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+
+    /// Where a request goes among `endpoints`: the one its cookie names, if it is there
+    /// (and no cookie to set); else the one `next` gives, and the Set-Cookie naming it.
+    /// (None, None) without endpoints.
+    pub fn pick(
+        &self,
+        headers: &dyn holdfast_http::headers::HeaderLookup,
+        endpoints: &[std::net::SocketAddr],
+        next: impl FnOnce() -> usize,
+    ) -> (Option<usize>, Option<HeaderValue>) {
+        if endpoints.is_empty() {
+            return (None, None);
+        }
+        if let Some(token) = crate::matching::cookie(headers, &self.cookie)
+            && let Some(i) = endpoints
+                .iter()
+                .position(|e| Self::token(e).as_bytes() == token.as_slice())
+        {
+            return (Some(i), None);
+        }
+        let i = next() % endpoints.len();
+        let value = format!(
+            "{}={}{}",
+            self.cookie,
+            Self::token(&endpoints[i]),
+            self.attributes
+        );
+        (Some(i), HeaderValue::from_str(&value).ok())
+    }
+}
+
 /// A RequestMirror: where copies of a rule's requests go, and which share of them.
 #[derive(Debug)]
 pub struct Mirror {
@@ -324,6 +378,8 @@ pub struct Matched {
     /// Requests in progress at once per client address (an Ingress's
     /// `limit-connections`), shared like `rate_limit`.
     pub conn_limit: Option<Arc<crate::limit::ConnLimit>>,
+    /// A sticky-session cookie (an Ingress's `affinity: cookie`).
+    pub affinity: Option<Box<Affinity>>,
     requests: AtomicU64,
 }
 
@@ -604,6 +660,12 @@ pub(crate) fn compile_entry(
                 .map_err(|_| bad("source range"))?
                 .map(Box::new),
             max_body: std::num::NonZeroU64::new(r.max_body_bytes),
+            affinity: r.affinity.as_ref().map(|a| {
+                Box::new(Affinity {
+                    cookie: a.cookie_name.clone(),
+                    attributes: a.attributes.clone(),
+                })
+            }),
             conn_limit: (r.limit_connections > 0)
                 .then(|| Arc::new(crate::limit::ConnLimit::new(r.limit_connections))),
             rate_limit: (r.limit_rps > 0)
@@ -750,6 +812,40 @@ mod tests {
     use super::*;
 
     use crate::matching::tests::headers;
+
+    #[test]
+    fn a_sticky_cookie_names_its_endpoint_and_a_request_without_a_known_one_gets_one() {
+        let a = Affinity {
+            cookie: "INGRESSCOOKIE".into(),
+            attributes: "; Path=/; HttpOnly".into(),
+        };
+        let endpoints: Vec<std::net::SocketAddr> = vec![
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+        ];
+        // No cookie: the next endpoint, and a cookie naming it.
+        let (start, set) = a.pick(&headers(&[]), &endpoints, || 3);
+        assert_eq!(start, Some(1));
+        let set = set.expect("a cookie to set");
+        let token = Affinity::token(&endpoints[1]);
+        assert_eq!(
+            set.to_str().unwrap(),
+            format!("INGRESSCOOKIE={token}; Path=/; HttpOnly")
+        );
+        assert_eq!(token.len(), 16);
+        assert_ne!(token, Affinity::token(&endpoints[0]));
+        // Its cookie (the name read case-insensitively, as nginx does): that endpoint,
+        // whatever the round robin says, and nothing to set.
+        let cookie = format!("a=1; ingresscookie={token}");
+        let (start, set) = a.pick(&headers(&[("cookie", &cookie)]), &endpoints, || 0);
+        assert_eq!((start, set), (Some(1), None));
+        // A cookie naming no endpoint of the backend (gone, or made up): a new one.
+        let stale = "INGRESSCOOKIE=0123456789abcdef";
+        let (start, set) = a.pick(&headers(&[("cookie", stale)]), &endpoints, || 0);
+        assert_eq!(start, Some(0));
+        assert!(set.is_some());
+        assert_eq!(a.pick(&headers(&[]), &[], || 0), (None, None));
+    }
 
     #[test]
     fn a_mirror_takes_exactly_its_share_of_every_denominator_requests_spread_evenly() {

@@ -124,7 +124,13 @@ impl Conditions {
 /// reads it) in the `Cookie` headers of `headers` has exactly `value` (`a=1; b=2`; spaces
 /// around the pairs ignored).
 pub fn has_cookie(headers: &dyn HeaderLookup, name: &str, value: &str) -> bool {
-    let mut first: Option<bool> = None;
+    cookie(headers, name).is_some_and(|v| v == value.as_bytes())
+}
+
+/// The value of the first cookie named `name` (case-insensitively) in the `Cookie`
+/// headers of `headers`, as [`has_cookie`] reads them.
+pub fn cookie(headers: &dyn HeaderLookup, name: &str) -> Option<Vec<u8>> {
+    let mut first: Option<Vec<u8>> = None;
     headers.any_value("cookie", &mut |line| {
         for pair in line.split(|b| *b == b';') {
             let pair = pair.trim_ascii();
@@ -133,13 +139,13 @@ pub fn has_cookie(headers: &dyn HeaderLookup, name: &str, value: &str) -> bool {
                 None => (pair, &b""[..]),
             };
             if n.eq_ignore_ascii_case(name.as_bytes()) {
-                first = Some(v == value.as_bytes());
+                first = Some(v.to_vec());
                 return true;
             }
         }
         false
     });
-    first == Some(true)
+    first
 }
 
 /// The value of the first parameter named `name` in `query` (`a=1&b&c=3`: `b` has the

@@ -422,6 +422,8 @@ pub struct Forwarding<'t> {
     /// What the request holds while in progress (a place under `limit-connections`):
     /// kept until the response head is sent.
     pub hold: Option<holdfast_http::routing::Hold>,
+    /// Where the endpoint choice starts (a sticky session's), instead of the round robin.
+    pub start: Option<usize>,
 }
 
 impl<'t> Forwarding<'t> {
@@ -441,6 +443,7 @@ impl<'t> Forwarding<'t> {
             retry: routed.retry,
             max_body: routed.max_body,
             hold: routed.hold,
+            start: routed.start,
         })
     }
 }
@@ -1008,6 +1011,7 @@ impl Forwarder {
         let response_changes = std::mem::take(&mut routed.response_changes);
         // Held until the response head is returned.
         let _hold = routed.hold.take();
+        let sticky = routed.start;
         let wait = routed
             .timeouts
             .backend
@@ -1033,7 +1037,8 @@ impl Forwarder {
         let again = retry.map(|_| parts.headers.clone());
         let mut retried = 0;
         let mut headers = Some(parts.headers);
-        let mut start = backend.next_index();
+        // A sticky session's endpoint first, else the backend's round robin.
+        let mut start = sticky.unwrap_or_else(|| backend.next_index());
         let mut tried: Option<SocketAddr> = None;
         let mut failure = Failure::NoEndpoint;
         'retry: loop {

@@ -116,6 +116,9 @@ pub struct Routed<'t, 'r, R> {
     /// What the request holds while it is in progress (a place under an Ingress's
     /// `limit-connections`): the engine keeps it until the request ends.
     pub hold: Option<Hold>,
+    /// Where the endpoint choice starts (an index into the backend's endpoints; a sticky
+    /// session's), instead of the backend's round robin.
+    pub start: Option<usize>,
 }
 
 /// Something a request holds while it is in progress, given back when dropped.

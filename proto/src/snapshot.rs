@@ -691,6 +691,7 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
                 || !r.deny_sources.is_empty()
                 || r.limit_rps > 0
                 || r.limit_connections > 0
+                || r.affinity.is_some()
                 || r.max_body_bytes > 0
                 || !r.cookies.is_empty()
                 || !r.header_patterns.is_empty()
@@ -794,6 +795,18 @@ pub fn validate_gateway_host(g: &GatewayHost) -> Result<(), InvalidSnapshot> {
             return Err(bad(&format!(
                 "more than {MAX_MIRRORS_PER_ROUTE} mirrors, or a mirror's share is not a fraction of at most 1"
             )));
+        }
+        if let Some(a) = &r.affinity {
+            let token = !a.cookie_name.is_empty()
+                && a.cookie_name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            let attributes = a.attributes.is_empty()
+                || (a.attributes.starts_with("; ")
+                    && http::HeaderValue::from_str(&a.attributes).is_ok());
+            if !token || !attributes {
+                return Err(bad("an affinity cookie's name or attributes are not valid"));
+            }
         }
         if r.redirect.is_some() && !r.mirrors.is_empty() {
             return Err(bad("a redirect has mirrors"));

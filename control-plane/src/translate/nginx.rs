@@ -79,6 +79,14 @@ pub const SERVED: &[&str] = &[
     "use-regex",
     "whitelist-source-range",
     "x-forwarded-prefix",
+    "affinity",
+    "affinity-mode",
+    "session-cookie-name",
+    "session-cookie-path",
+    "session-cookie-max-age",
+    "session-cookie-expires",
+    "session-cookie-secure",
+    "session-cookie-samesite",
 ];
 
 /// What an Ingress's ingress-nginx annotations ask of its paths.
@@ -113,9 +121,88 @@ pub struct NginxFilters {
     pub rate_limit: Option<(u32, u32)>,
     /// Requests in progress at once per client address (`limit-connections`).
     pub limit_connections: Option<u32>,
+    /// A sticky-session cookie (`affinity: cookie` and `session-cookie-*`): its name,
+    /// its Path (None: each path's own), and the attributes after it.
+    pub affinity: Option<(String, Option<String>, String)>,
     /// A `backend-protocol` the proxy does not speak: the paths answer 500 with this
     /// reason rather than send in cleartext what was meant to go over TLS.
     pub refused_protocol: Option<String>,
+}
+
+/// The sticky-session cookie of `affinity: cookie` from the `session-cookie-*`
+/// annotations, with ingress-nginx's defaults: `INGRESSCOOKIE`, the path's own Path,
+/// HttpOnly, no lifetime (a session cookie); `session-cookie-max-age` or
+/// `session-cookie-expires` (seconds) as Max-Age (which RFC 6265 has win over Expires, so
+/// only Max-Age is sent), `session-cookie-secure`, `session-cookie-samesite`. None, with a
+/// problem, when the name or path cannot be a cookie's.
+fn affinity<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    invalid: &mut impl FnMut(&str, String),
+) -> Option<(String, Option<String>, String)> {
+    let name = get("session-cookie-name").unwrap_or("INGRESSCOOKIE");
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    if !token(name) {
+        invalid(
+            "session-cookie-name",
+            format!("{name:?} is not a cookie name; no affinity"),
+        );
+        return None;
+    }
+    let path = match get("session-cookie-path") {
+        Some(p) if p.starts_with('/') && p.bytes().all(|b| b.is_ascii_graphic() && b != b';') => {
+            Some(p.to_owned())
+        }
+        Some(p) => {
+            invalid(
+                "session-cookie-path",
+                format!("{p:?} is not a cookie path; no affinity"),
+            );
+            return None;
+        }
+        None => None,
+    };
+    let mut rest = String::new();
+    let lifetime = ["session-cookie-max-age", "session-cookie-expires"]
+        .into_iter()
+        .find_map(|n| Some((n, get(n)?)));
+    if let Some((n, seconds)) = lifetime {
+        match seconds.parse::<u64>() {
+            Ok(s) => rest.push_str(&format!("; Max-Age={s}")),
+            Err(_) => invalid(
+                n,
+                format!("{seconds:?} is not seconds; a session cookie is set"),
+            ),
+        }
+    }
+    match get("session-cookie-samesite") {
+        None => {}
+        Some(v @ ("None" | "Lax" | "Strict")) => rest.push_str(&format!("; SameSite={v}")),
+        Some(v) => invalid(
+            "session-cookie-samesite",
+            format!("{v:?} is not None, Lax or Strict; ignored"),
+        ),
+    }
+    match get("session-cookie-secure").map(parse_bool) {
+        Some(Some(true)) => rest.push_str("; Secure"),
+        Some(Some(false)) | None => {}
+        Some(None) => invalid(
+            "session-cookie-secure",
+            "is neither true nor false; ignored".into(),
+        ),
+    }
+    match get("affinity-mode") {
+        None | Some("balanced" | "persistent") => {}
+        Some(m) => invalid(
+            "affinity-mode",
+            format!("{m:?} is not balanced or persistent; ignored"),
+        ),
+    }
+    rest.push_str("; HttpOnly");
+    Some((name.to_owned(), path, rest))
 }
 
 /// A canary Ingress (`canary: "true"`): its paths join the main Ingress's routes at the
@@ -213,6 +300,21 @@ impl NginxFilters {
             r.limit_burst = burst;
         }
         r.limit_connections = self.limit_connections.unwrap_or(0);
+        if let Some((name, path, rest)) = &self.affinity {
+            // ingress-nginx's default Path is the Ingress path's (a regular expression's
+            // is no cookie path: "/").
+            let path = path.clone().unwrap_or_else(|| {
+                if r.match_kind == MatchKind::Regex as i32 {
+                    "/".to_owned()
+                } else {
+                    r.path.clone()
+                }
+            });
+            r.affinity = Some(holdfast_proto::v1::Affinity {
+                cookie_name: name.clone(),
+                attributes: format!("; Path={path}{rest}"),
+            });
+        }
     }
 }
 
@@ -572,6 +674,16 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
             "limit-burst-multiplier",
             "ignored: it needs limit-rps".into(),
         );
+    }
+    if let Some(kind) = get("affinity") {
+        if kind == "cookie" {
+            filters.affinity = affinity(&get, &mut invalid);
+        } else {
+            invalid(
+                "affinity",
+                format!("{kind:?} is not \"cookie\", the one affinity served; ignored"),
+            );
+        }
     }
     if let Some(n) = get("limit-connections") {
         match n.parse::<u32>() {
@@ -1562,6 +1674,54 @@ mod tests {
             Some(3_600_000)
         );
         assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+    }
+
+    #[test]
+    fn affinity_cookie_has_ingress_nginx_s_defaults_and_the_session_cookie_attributes() {
+        let affinity_of = |a: &[(&str, &str)], path: &str| {
+            let r = read(&annotations(a), true);
+            let mut route = GatewayRoute {
+                path: path.into(),
+                match_kind: MatchKind::Prefix as i32,
+                ..Default::default()
+            };
+            r.filters.apply(&mut route);
+            (route.affinity, reasons(&r))
+        };
+        let (a, problems) = affinity_of(&[("affinity", "cookie")], "/app");
+        let a = a.expect("affinity");
+        assert_eq!(a.cookie_name, "INGRESSCOOKIE");
+        assert_eq!(a.attributes, "; Path=/app; HttpOnly");
+        assert!(problems.is_empty());
+        let (a, problems) = affinity_of(
+            &[
+                ("affinity", "cookie"),
+                ("session-cookie-name", "route"),
+                ("session-cookie-path", "/"),
+                ("session-cookie-expires", "172800"),
+                ("session-cookie-max-age", "3600"),
+                ("session-cookie-samesite", "Lax"),
+                ("session-cookie-secure", "true"),
+                ("affinity-mode", "persistent"),
+            ],
+            "/app",
+        );
+        let a = a.expect("affinity");
+        assert_eq!(a.cookie_name, "route");
+        assert_eq!(
+            a.attributes,
+            "; Path=/; Max-Age=3600; SameSite=Lax; Secure; HttpOnly"
+        );
+        assert!(problems.is_empty());
+        for bad in [
+            [("affinity", "ip"), ("session-cookie-name", "x")],
+            [("affinity", "cookie"), ("session-cookie-name", "a b")],
+            [("affinity", "cookie"), ("session-cookie-path", "no-slash")],
+        ] {
+            let (a, problems) = affinity_of(&bad, "/");
+            assert_eq!(a, None, "{bad:?}");
+            assert_eq!(problems, [ProblemReason::InvalidAnnotation], "{bad:?}");
+        }
     }
 
     #[test]

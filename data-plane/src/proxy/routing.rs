@@ -413,6 +413,18 @@ impl Forwarder {
                 routed.retry = retry.as_deref();
                 routed.max_body = matched.max_body;
                 routed.hold = hold.map(|p| Box::new(p) as holdfast_http::routing::Hold);
+                if let Some(affinity) = &matched.affinity {
+                    let endpoints = &routed.route.backend.endpoints;
+                    let (start, set) = affinity.pick(request.headers, endpoints, || {
+                        routed.route.backend.next_index()
+                    });
+                    routed.start = start;
+                    if let Some(cookie) = set {
+                        let mut made = routed.response_changes.get().cloned().unwrap_or_default();
+                        made.add.push((http::header::SET_COOKIE, cookie));
+                        routed.response_changes = ResponseChanges::Made(Box::new(made));
+                    }
+                }
                 if retry.is_some() {
                     self.retry_budget.deposit();
                 }
@@ -573,6 +585,7 @@ fn forward_to<'t, 'r>(
         retry: None,
         max_body: None,
         hold: None,
+        start: None,
     })
 }
 

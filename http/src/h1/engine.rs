@@ -419,7 +419,7 @@ where
             ),
         };
         let decision = self.service.decide(&view, via, &table);
-        let (route, upgrade, (response_changes, retry, _hold)) = match decision {
+        let (route, upgrade, (response_changes, retry, _hold, start)) = match decision {
             Decision::Forward(r) => {
                 let upgrade = self.head.minor == 1
                     && self.head.upgrade
@@ -461,7 +461,11 @@ where
                     .request
                     .and_then(|d| Some((started.checked_add(d)?, d)));
                 plan_upstream_head(&mut self.out, &mut self.pieces, &self.head, buf, &onward);
-                (r.route, upgrade, (r.response_changes, r.retry, r.hold))
+                (
+                    r.route,
+                    upgrade,
+                    (r.response_changes, r.retry, r.hold, r.start),
+                )
             }
             Decision::Refuse {
                 reason,
@@ -500,7 +504,7 @@ where
         }
         self.start = head_at + len;
         let (status, next) = self
-            .forward(route, body, upgrade, response_changes.get(), retry)
+            .forward(route, body, upgrade, response_changes.get(), (retry, start))
             .await;
         self.count(Some(route), status, started);
         next
@@ -588,9 +592,10 @@ where
         body: BodyFraming,
         upgrade: bool,
         changes: Option<&HeaderChanges>,
-        retry: Option<&Retry>,
+        (retry, start): (Option<&Retry>, Option<usize>),
     ) -> (u16, Next) {
-        let mut index = self.service.first_index(route);
+        // A sticky session's endpoint first, else the backend's round robin.
+        let mut index = start.unwrap_or_else(|| self.service.first_index(route));
         let mut tried = None;
         let mut failure = Failure::NoEndpoint;
         // A rule's retry policy sends again only a request that can go twice.
@@ -1771,6 +1776,7 @@ mod tests {
                 retry: None,
                 max_body: None,
                 hold: None,
+                start: None,
             })
         }
         fn is_tls(&self, _: &()) -> bool {

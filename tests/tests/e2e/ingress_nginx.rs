@@ -921,3 +921,67 @@ async fn limit_connections_caps_a_clients_requests_in_progress_and_gives_places_
     assert_eq!(statuses("free.test").await?, [200, 200, 200, 200]);
     Ok(())
 }
+
+/// `affinity: cookie`: a request without the cookie is sent round robin and given a
+/// cookie naming its endpoint (ingress-nginx's `INGRESSCOOKIE`, the path's Path,
+/// HttpOnly); every request that brings it goes to that endpoint; one whose cookie names
+/// no endpoint of the backend is given a new one.
+#[tokio::test]
+async fn affinity_cookie_sends_a_client_back_to_its_endpoint() -> anyhow::Result<()> {
+    let s = one_proxy("nginxsticky").await?;
+    let ns = s.ns.clone();
+    let ing = annotated(
+        &s,
+        "sticky",
+        ("sticky.test", &["/app"], SVC),
+        &[("affinity", "cookie"), ("session-cookie-max-age", "60")],
+    )?;
+    create(&s.client, Some(&ns), &ing).await?;
+    let at = s.proxy_addrs()[0];
+    let ask = |cookie: Option<String>| async move {
+        let headers: Vec<(&str, &str)> = cookie
+            .as_deref()
+            .map(|c| vec![("cookie", c)])
+            .unwrap_or_default();
+        let (status, headers, _) =
+            web::request_with(at, "GET", "sticky.test", "/app", &headers).await?;
+        anyhow::ensure!(status == 200, "sticky.test/app answered {status}");
+        let name = headers
+            .get("x-echo-name")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| anyhow::anyhow!("no x-echo-name"))?
+            .to_owned();
+        let set = headers
+            .get(http::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok::<_, anyhow::Error>((name, set))
+    };
+    wait::until("the sticky Ingress served", wait::T, || async {
+        Ok(ask(None).await.ok())
+    })
+    .await?;
+    // Without the cookie: both endpoints in turn, each answer with its cookie.
+    let mut pinned = Vec::new();
+    for _ in 0..2 {
+        let (name, set) = ask(None).await?;
+        let set = set.ok_or_else(|| anyhow::anyhow!("no Set-Cookie"))?;
+        let (pair, attributes) = set.split_once(';').unwrap_or((&set, ""));
+        anyhow::ensure!(pair.starts_with("INGRESSCOOKIE="), "{set}");
+        assert_eq!(attributes, " Path=/app; Max-Age=60; HttpOnly", "{set}");
+        pinned.push((name, pair.to_owned()));
+    }
+    assert_ne!(pinned[0].0, pinned[1].0, "round robin without the cookie");
+    // With a cookie: its endpoint every time, and no new cookie.
+    for (name, cookie) in &pinned {
+        for _ in 0..6 {
+            let (got, set) = ask(Some(cookie.clone())).await?;
+            assert_eq!(&got, name, "{cookie}");
+            assert_eq!(set, None, "{cookie}");
+        }
+    }
+    // A cookie naming no endpoint of the backend: a new cookie.
+    let (_, set) = ask(Some("INGRESSCOOKIE=0123456789abcdef".into())).await?;
+    assert!(set.is_some_and(|c| c.starts_with("INGRESSCOOKIE=")));
+    Ok(())
+}
