@@ -47,7 +47,8 @@ impl World {
 }
 
 /// Service `web` with an echo backend; Ingresses `secure` (HTTPS, Secret `site`), `open`
-/// (HTTPS with the redirect turned off, Secret `open`), `broken` (Secret `broken`, which
+/// (HTTPS with the redirect turned off, Secret `open`), `nginxopen` (the same with
+/// ingress-nginx's `ssl-redirect: "false"`), `broken` (Secret `broken`, which
 /// holds garbage), `wild` (`*.wild.<ns>.test`, a wildcard certificate), `old` (an
 /// expired certificate) and `shop` (rule host `www.shop.<ns>.test`, `spec.tls` host
 /// `*.shop.<ns>.test`); a control plane and a proxy with an HTTPS listener.
@@ -71,6 +72,7 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
     let host = |n: &str| format!("{n}.{ns}.test");
     let site = ca.server(&[&host("secure")]);
     let open = ca.server(&[&host("open")]);
+    let nginx_open = ca.server(&[&host("nginxopen")]);
     let wild = ca.server(&[&host("*.wild")]);
     let old = ca.expired_server(&[&host("old")]);
     let shop = ca.server(&[&host("*.shop")]);
@@ -78,6 +80,11 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
         ("shop", shop.cert_pem.as_str(), shop.key_pem.as_str()),
         ("site", site.cert_pem.as_str(), site.key_pem.as_str()),
         ("open", open.cert_pem.as_str(), open.key_pem.as_str()),
+        (
+            "nginxopen",
+            nginx_open.cert_pem.as_str(),
+            nginx_open.key_pem.as_str(),
+        ),
         ("broken", "not a certificate", "not a key"),
         ("wild", wild.cert_pem.as_str(), wild.key_pem.as_str()),
         ("old", old.cert_pem.as_str(), old.key_pem.as_str()),
@@ -96,6 +103,12 @@ async fn world(prefix: &str) -> anyhow::Result<(World, Issued)> {
             "open",
             "open",
             json!({ "holdfast.dev/ssl-redirect": "false" }),
+        ),
+        // The same opt-out, as ingress-nginx users write it.
+        (
+            "nginxopen",
+            "nginxopen",
+            json!({ "nginx.ingress.kubernetes.io/ssl-redirect": "false" }),
         ),
         ("broken", "broken", json!({})),
         ("opaque", "opaque", json!({})),
@@ -195,6 +208,12 @@ async fn an_ingress_tls_host_is_served_over_https_and_a_broken_secret_touches_no
     );
     assert_eq!(w.p.get(&open, "/").await?.0, 200);
     assert_eq!(https_get(https, h2.clone(), &open, "/").await?.status, 200);
+    let nginx_open = w.host("nginxopen");
+    assert_eq!(w.p.get(&nginx_open, "/").await?.0, 200);
+    assert_eq!(
+        https_get(https, h2.clone(), &nginx_open, "/").await?.status,
+        200
+    );
 
     // The broken Secret: its host has no certificate (no HTTPS, no redirect, still
     // routed), an Event and a problem say why, and no other host is affected.

@@ -115,6 +115,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                     "configuration-snippet",
                     "more_set_headers \"X-Injected: 1\";",
                 ),
+                ("server-snippet", "location /injected { return 200; }"),
                 ("limit-rpm", "5"),
             ],
         )?,
@@ -404,6 +405,7 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
                 })
             };
             Ok((on_cors("SnippetRefused", "configuration-snippet")
+                && on_cors("SnippetRefused", "server-snippet")
                 && on_cors("UnservedAnnotation", "limit-rpm"))
             .then_some(()))
         }
@@ -647,12 +649,19 @@ async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<
     let s = one_proxy("nginxh2c").await?;
     let ns = s.ns.clone();
     let (grpc, plain) = (format!("grpc.{ns}.test"), format!("plain.{ns}.test"));
+    let h2c = format!("h2c.{ns}.test");
     for ing in [
         annotated(
             &s,
             "grpc",
             (&grpc, &["/"], SVC),
             &[("backend-protocol", "GRPC")],
+        )?,
+        annotated(
+            &s,
+            "h2c",
+            (&h2c, &["/"], SVC),
+            &[("backend-protocol", "H2C")],
         )?,
         annotated(&s, "plain", (&plain, &["/"], SVC), &[])?,
     ] {
@@ -685,13 +694,17 @@ async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<
         let plain = version_behind(plain.clone())
             .await
             .map_err(|e| e.to_string())?;
-        Ok((grpc.0 == 200 && plain.0 == 200).then_some((grpc.1, plain.1)))
+        let h2c = version_behind(h2c.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((grpc.0 == 200 && plain.0 == 200 && h2c.0 == 200).then_some((grpc.1, plain.1, h2c.1)))
     })
     .await?;
+    let http2 = Some("HTTP/2.0".to_owned());
     assert_eq!(
         served,
-        (Some("HTTP/2.0".to_owned()), Some("HTTP/1.1".to_owned())),
-        "(GRPC, plain)"
+        (http2.clone(), Some("HTTP/1.1".to_owned()), http2),
+        "(GRPC, plain, H2C)"
     );
 
     let (status, h, _) = web::request_with(at, "GET", &grpc, "/", &[]).await?;
@@ -983,5 +996,37 @@ async fn affinity_cookie_sends_a_client_back_to_its_endpoint() -> anyhow::Result
     // A cookie naming no endpoint of the backend: a new cookie.
     let (_, set) = ask(Some("INGRESSCOOKIE=0123456789abcdef".into())).await?;
     assert!(set.is_some_and(|c| c.starts_with("INGRESSCOOKIE=")));
+
+    // The session-cookie annotations: name, Path, lifetime, SameSite, Secure.
+    let ing = annotated(
+        &s,
+        "sticky-options",
+        ("options.test", &["/shop"], SVC),
+        &[
+            ("affinity", "cookie"),
+            ("affinity-mode", "persistent"),
+            ("session-cookie-name", "route"),
+            ("session-cookie-path", "/"),
+            ("session-cookie-expires", "172800"),
+            ("session-cookie-samesite", "Strict"),
+            ("session-cookie-secure", "true"),
+        ],
+    )?;
+    create(&s.client, Some(&ns), &ing).await?;
+    let set = wait::until("the options Ingress served", wait::T, || async {
+        let answer = web::request_with(at, "GET", "options.test", "/shop", &[]).await;
+        Ok(answer
+            .ok()
+            .filter(|(status, _, _)| *status == 200)
+            .and_then(|(_, headers, _)| headers.get(http::header::SET_COOKIE).cloned()))
+    })
+    .await?;
+    let set = set.to_str()?;
+    let (pair, attributes) = set.split_once(';').unwrap_or((set, ""));
+    assert!(pair.starts_with("route="), "{set}");
+    assert_eq!(
+        attributes,
+        " Path=/; Max-Age=172800; SameSite=Strict; Secure; HttpOnly"
+    );
     Ok(())
 }
