@@ -1322,7 +1322,16 @@ async fn a_gateway_is_programmed_only_once_a_proxy_has_bound_its_listeners() -> 
     })
     .await?;
     assert!(failures >= 3.0);
-    let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"]).map_err(|e| anyhow::anyhow!(e))?;
+    // The leader writes the status on its own schedule (under the whole suite a CI run read
+    // the CRD's "Waiting for controller" here), so its first write is awaited: Programmed
+    // for the Gateway's generation. The port is still taken, so what it says cannot change.
+    let gw = wait::until("the Gateway status written by us", wait::T, || async {
+        let gw = get_json(&s.cluster, &["gateway", "-n", ns, "gw"])?;
+        let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
+        let ours = programmed["observedGeneration"] == gw["metadata"]["generation"];
+        Ok(ours.then_some(gw))
+    })
+    .await?;
     assert_eq!(gw["status"]["addresses"][0]["value"], address, "{gw}");
     let programmed = find_condition(&gw["status"]["conditions"], "Programmed");
     assert_eq!(programmed["status"], "False", "{gw}");
