@@ -820,6 +820,12 @@ impl Translator {
 
         // Services and EndpointSlices: keep the index current, note whose changed.
         let mut dirty_services: FastSet<String> = FastSet::default();
+        // A changed Secret resolves again the backends verified with its ca.crt.
+        for d in secrets.removed.iter().chain(&secrets.added) {
+            if let Some(key) = &d.key {
+                dirty_services.insert(rules::secret_dependency(key));
+            }
+        }
         for d in &services.removed {
             if let Some(key) = &d.key {
                 if self
@@ -1099,6 +1105,7 @@ impl Translator {
         to_resolve.sort_unstable_by(|a, b| by_name(a, b));
         to_resolve.dedup_by(|a, b| a.name == b.name);
         let (by_key, slices_by_key) = (&self.services_by_key, &self.slices_by_key);
+        let secrets = &self.secrets_by_key;
         let proxies = &self.proxy_addresses;
         let resolved = parallel_map(&to_resolve, |key| {
             let slices = slices_by_key
@@ -1108,6 +1115,7 @@ impl Translator {
                 key,
                 by_key.get(key.service_key()).map(|s| &**s),
                 slices,
+                secrets,
                 opts.allow_external_name,
                 proxies,
             )

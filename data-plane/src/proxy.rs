@@ -208,7 +208,7 @@ impl Via {
 /// A passthrough connection's upstream: the connection, holding its endpoint's slot.
 pub struct PassthroughUpstream {
     /// The connection to the endpoint.
-    pub stream: tokio::net::TcpStream,
+    pub stream: holdfast_http::upstream::Stream,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -581,9 +581,11 @@ impl Forwarder {
                 Target::Busy(_) => continue,
                 Target::None => break,
             };
+            // Passthrough relays the client's own TLS: never a handshake of ours, even to
+            // a backend that a policy says speaks TLS.
             let opened = tokio::time::timeout(
                 self.settings.connect_timeout,
-                holdfast_http::upstream::open(&key),
+                holdfast_http::upstream::open(key.destination()),
             )
             .await
             .unwrap_or(Err(crate::upstream::ConnectError::Timeout));
@@ -1191,13 +1193,13 @@ impl Forwarder {
         start: usize,
         tried: &mut Option<SocketAddr>,
     ) -> Target<'b> {
-        if let Some((authority, number)) = backend
+        if let Some(((authority, number), key)) = backend
             .external
             .as_deref()
-            .and_then(|e| e.authority.as_ref().zip(e.number))
+            .and_then(|e| e.authority.as_ref().zip(e.number).zip(e.key.as_ref()))
         {
             return if attempt == 0 {
-                Target::Go(Key::Name(authority.clone()), number, authority, None)
+                Target::Go(key.clone(), number, authority, None)
             } else {
                 Target::None
             };
@@ -1208,7 +1210,7 @@ impl Forwarder {
                 match self.slot(a).await {
                     Some(permit) => {
                         let dial = &backend.dial[i];
-                        Target::Go(Key::Addr(a), dial.number, &dial.authority, permit)
+                        Target::Go(dial.key.clone(), dial.number, &dial.authority, permit)
                     }
                     None => {
                         // Busy past the connect timeout: the next endpoint, if any.

@@ -35,7 +35,7 @@ use rustls::sign::CertifiedKey;
 use crate::matching::{Entry, HostEntry, HostMiss, Hosts, Level, PathRule, Paths, Selection};
 use crate::metrics::{RouteCounters, SeriesKey};
 use crate::shards::Shards;
-use crate::upstream::{Key, Number};
+use crate::upstream::{Key, Number, Secure};
 
 /// A backend ready to forward to.
 #[derive(Debug)]
@@ -55,6 +55,8 @@ pub struct Backend {
     /// It speaks HTTP/2 over cleartext (its Service port's `appProtocol` is
     /// `kubernetes.io/h2c`): requests go on the shared connections of [`crate::h2c`].
     pub h2c: bool,
+    /// It is reached over TLS (its endpoints' keys are [`Key::Secure`]).
+    pub tls: bool,
     /// Round-robin position.
     next: AtomicUsize,
 }
@@ -66,16 +68,18 @@ pub struct Dial {
     pub authority: Authority,
     /// The endpoint's number ([`Number`]).
     pub number: Number,
+    /// Where its connections go: the address, over TLS when the backend says so.
+    pub key: Key,
 }
 
 impl Drop for Backend {
     /// Gives back its endpoints' numbers.
     fn drop(&mut self) {
-        for addr in &self.endpoints {
-            Number::release(&Key::Addr(*addr));
+        for dial in &self.dial {
+            Number::release(&dial.key);
         }
-        if let Some(authority) = self.external.as_ref().and_then(|e| e.authority.as_ref()) {
-            Number::release(&Key::Name(authority.clone()));
+        if let Some(key) = self.external.as_ref().and_then(|e| e.key.as_ref()) {
+            Number::release(key);
         }
     }
 }
@@ -96,6 +100,9 @@ pub struct External {
     pub authority: Option<Authority>,
     /// The target's number, when it has an authority ([`Number`]).
     pub number: Option<Number>,
+    /// Where its connections go, when it has an authority: the name, over TLS when the
+    /// backend says so.
+    pub key: Option<Key>,
 }
 
 /// A matched route.
@@ -295,6 +302,15 @@ pub enum CompileError {
         /// What is unusable.
         reason: String,
     },
+    /// A backend's TLS settings cannot be used.
+    #[error("backend {backend}: TLS")]
+    BackendTls {
+        /// Backend name.
+        backend: String,
+        /// Why.
+        #[source]
+        source: holdfast_proto::backend_tls::BackendTlsError,
+    },
     /// An endpoint's address or port is not usable.
     #[error("backend {backend}: endpoint {address}:{port} is not an IP address and port")]
     BadEndpoint {
@@ -374,14 +390,37 @@ fn compile_backend(
         authorities.push(Authority::try_from(addr.to_string()).map_err(|_| bad())?);
         endpoints.push(addr);
     }
+    let h2c = b.protocol == holdfast_proto::v1::BackendProtocol::H2c as i32;
+    // TLS is set up only for a backend that can serve: one that cannot answers 503 and
+    // never connects (the control plane says why there, a CA that does not parse say).
+    let tls = match &b.tls {
+        Some(tls) if b.unavailable_reason.is_empty() => Some(
+            holdfast_proto::backend_tls::client_config(tls, h2c).map_err(|source| {
+                CompileError::BackendTls {
+                    backend: b.name.clone(),
+                    source,
+                }
+            })?,
+        ),
+        _ => None,
+    };
+    let secure = |to: Key| match &tls {
+        Some(c) => Key::Secure(Arc::new(Secure {
+            to,
+            name: c.name.clone(),
+            config: c.config.clone(),
+            settings: c.settings,
+        })),
+        None => to,
+    };
     let external = (!b.external_name.is_empty()).then(|| {
         let port = u16::try_from(b.external_port).unwrap_or(0);
         let target = format!("{}:{port}", b.external_name);
         let authority = Authority::try_from(target.as_str()).ok();
+        let key = authority.as_ref().map(|a| secure(Key::Name(a.clone())));
         Box::new(External {
-            number: authority
-                .as_ref()
-                .map(|a| Number::of(&Key::Name(a.clone()))),
+            number: key.as_ref().map(Number::of),
+            key,
             authority,
             target,
         })
@@ -389,9 +428,13 @@ fn compile_backend(
     let dial = endpoints
         .iter()
         .zip(authorities)
-        .map(|(addr, authority)| Dial {
-            authority,
-            number: Number::of(&Key::Addr(*addr)),
+        .map(|(addr, authority)| {
+            let key = secure(Key::Addr(*addr));
+            Dial {
+                authority,
+                number: Number::of(&key),
+                key,
+            }
         })
         .collect();
     let unavailable_reason = if !b.unavailable_reason.is_empty() {
@@ -412,7 +455,8 @@ fn compile_backend(
         dial,
         external,
         unavailable_reason,
-        h2c: b.protocol == holdfast_proto::v1::BackendProtocol::H2c as i32,
+        h2c,
+        tls: b.tls.is_some(),
         next: AtomicUsize::new(0),
     })
 }

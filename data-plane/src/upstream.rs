@@ -24,14 +24,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+pub use holdfast_http::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number, Secure, Stream, open};
 use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-
-pub use holdfast_http::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number, open};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,7 +45,7 @@ pub struct Upstream<B: SendBody> {
     /// None once the connection has finished (closed or failed). Dropping it then matters:
     /// a request queued on a connection that closed without taking it comes back (as
     /// unsent) only when the connection is dropped.
-    conn: Option<http1::Connection<TokioIo<TcpStream>, B>>,
+    conn: Option<http1::Connection<TokioIo<Stream>, B>>,
     /// It came from the idle pool.
     reused: bool,
 }
@@ -456,5 +454,145 @@ mod tests {
         );
         // Resolving names and refusing this host's addresses: `holdfast_http::upstream`'s
         // tests.
+    }
+
+    /// A TLS server for `sans` from a CA of its own, answering `ok` over HTTP/1.1 on each
+    /// connection; returns its address, the CA (PEM) and how many handshakes completed.
+    async fn tls_server(sans: &[&str]) -> (SocketAddr, String, Arc<AtomicUsize>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
+        let cert = rcgen::CertificateParams::new(sans)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let count = handshakes.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let (acceptor, count) = (acceptor.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Ok(mut s) = acceptor.accept(s).await else {
+                        return;
+                    };
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if s.write_all(ok).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, ca.pem(), handshakes)
+    }
+
+    fn secure(to: SocketAddr, tls: &holdfast_proto::v1::BackendTls) -> Key {
+        let c = holdfast_proto::backend_tls::client_config(tls, false).unwrap();
+        Key::Secure(Arc::new(Secure {
+            to: Key::Addr(to),
+            name: c.name,
+            config: c.config,
+            settings: c.settings,
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_tls_backend_is_verified_as_its_settings_say_and_its_connections_are_reused() {
+        let (addr, ca, handshakes) = tls_server(&["web.internal"]).await;
+        let (_, other_ca, _) = tls_server(&["web.internal"]).await;
+        let verified = holdfast_proto::v1::BackendTls {
+            server_name: "web.internal".into(),
+            verify: true,
+            ca_pem: ca.clone(),
+            sni: true,
+            subject_alt_names: Vec::new(),
+        };
+        let pool = Pool::new(4, 1);
+        let key = secure(addr, &verified);
+        for _ in 0..3 {
+            assert_eq!(exchange(&pool, &key).await, b"ok");
+        }
+        assert_eq!(
+            handshakes.load(Ordering::SeqCst),
+            1,
+            "three requests, one handshake"
+        );
+        assert!(
+            pool.take(&Key::Addr(addr)).is_none(),
+            "a TLS connection is never given to a cleartext key"
+        );
+        let refused = |tls: holdfast_proto::v1::BackendTls| async move {
+            let e = Up::connect(secure(addr, &tls), Duration::from_secs(5))
+                .await
+                .err();
+            assert!(matches!(e, Some(ConnectError::Tls(_))), "{tls:?}: {e:?}");
+        };
+        // Another CA, another name, SANs none of which the certificate has: refused.
+        refused(holdfast_proto::v1::BackendTls {
+            ca_pem: other_ca.clone(),
+            ..verified.clone()
+        })
+        .await;
+        refused(holdfast_proto::v1::BackendTls {
+            server_name: "other.internal".into(),
+            ..verified.clone()
+        })
+        .await;
+        refused(holdfast_proto::v1::BackendTls {
+            subject_alt_names: vec!["a.internal".into(), "b.internal".into()],
+            ..verified.clone()
+        })
+        .await;
+        // One of the SANs on the certificate: taken, whatever the server name.
+        let sans = holdfast_proto::v1::BackendTls {
+            server_name: "other.internal".into(),
+            subject_alt_names: vec!["a.internal".into(), "web.internal".into()],
+            ..verified.clone()
+        };
+        assert_eq!(
+            exchange(&Pool::new(0, 1), &secure(addr, &sans)).await,
+            b"ok"
+        );
+        // Unverified: any certificate, encrypted all the same.
+        let unverified = holdfast_proto::v1::BackendTls {
+            verify: false,
+            ca_pem: other_ca,
+            server_name: "other.internal".into(),
+            ..verified
+        };
+        let before = handshakes.load(Ordering::SeqCst);
+        assert_eq!(
+            exchange(&Pool::new(0, 1), &secure(addr, &unverified)).await,
+            b"ok"
+        );
+        assert_eq!(handshakes.load(Ordering::SeqCst), before + 1);
     }
 }

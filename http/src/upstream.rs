@@ -1,13 +1,18 @@
 //! Upstream connections: where one goes ([`Key`]), an endpoint's number in a worker's
 //! idle pool ([`Number`]), and opening one ([`open`]): an ExternalName is resolved and
-//! never connected to this host.
+//! never connected to this host, and a backend that speaks TLS ([`Secure`]) gets its
+//! handshake, verified as its settings say, before a byte of a request is written.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// An idle upstream connection older than this is closed, not reused.
@@ -21,6 +26,58 @@ pub enum Key {
     Addr(SocketAddr),
     /// A DNS name and port (an ExternalName Service), resolved when connecting.
     Name(Authority),
+    /// One of the above over TLS: a connection is kept and reused only for the same
+    /// destination with the same TLS settings.
+    Secure(Arc<Secure>),
+}
+
+impl Key {
+    /// Where the connection goes, TLS or not.
+    pub fn destination(&self) -> &Key {
+        match self {
+            Key::Secure(s) => &s.to,
+            plain => plain,
+        }
+    }
+}
+
+/// A destination reached over TLS, with the settings its handshake is made and verified
+/// with (the data plane builds them from the backend's snapshot entry).
+pub struct Secure {
+    /// The endpoint or name (never `Secure` itself).
+    pub to: Key,
+    /// The name the certificate is checked against (and sent as SNI when the config
+    /// enables it).
+    pub name: rustls::pki_types::ServerName<'static>,
+    /// Roots, verification and ALPN.
+    pub config: Arc<rustls::ClientConfig>,
+    /// Equal for equal settings: connections are pooled only with their own settings.
+    pub settings: u64,
+}
+
+impl std::fmt::Debug for Secure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secure")
+            .field("to", &self.to)
+            .field("name", &self.name)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Secure {
+    fn eq(&self, other: &Self) -> bool {
+        self.to == other.to && self.settings == other.settings
+    }
+}
+
+impl Eq for Secure {}
+
+impl std::hash::Hash for Secure {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.to.hash(state);
+        self.settings.hash(state);
+    }
 }
 
 /// An endpoint's number: the same in every compiled table while any holds the endpoint,
@@ -111,6 +168,9 @@ pub enum ConnectError {
     Refused,
     /// connect(2) failed.
     Io(std::io::Error),
+    /// The TLS handshake failed (the certificate did not verify, the peer does not speak
+    /// TLS, ...).
+    Tls(std::io::Error),
 }
 
 impl std::fmt::Display for ConnectError {
@@ -122,6 +182,7 @@ impl std::fmt::Display for ConnectError {
                 f.write_str("name resolved only to loopback or link-local addresses")
             }
             ConnectError::Io(_) => f.write_str("connect failed"),
+            ConnectError::Tls(_) => f.write_str("TLS handshake with the upstream failed"),
         }
     }
 }
@@ -129,15 +190,127 @@ impl std::fmt::Display for ConnectError {
 impl std::error::Error for ConnectError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ConnectError::Io(e) | ConnectError::Resolve(Some(e)) => Some(e),
+            ConnectError::Io(e) | ConnectError::Tls(e) | ConnectError::Resolve(Some(e)) => Some(e),
             _ => None,
         }
     }
 }
 
-/// A TCP connection to `key` (an ExternalName resolved, never to this host).
-pub async fn open(key: &Key) -> Result<TcpStream, ConnectError> {
+/// An upstream connection: TCP, or TLS over it.
+pub enum Stream {
+    /// Cleartext.
+    Plain(TcpStream),
+    /// TLS (boxed: its state is large).
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    /// The TCP connection under it.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// Sets TCP_NODELAY.
+    pub fn set_nodelay(&self, on: bool) -> std::io::Result<()> {
+        self.tcp().set_nodelay(on)
+    }
+
+    /// Whether an idle connection is still quiet: a read would block. Bytes waiting (or
+    /// the end) mean the upstream closed it or sent something unasked (over TLS, an
+    /// alert): not reusable. Called only on a connection about to be reused or dropped.
+    pub fn is_quiet(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.tcp().try_read(&mut probe),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection to `key` (an ExternalName resolved, never to this host), its TLS
+/// handshake made and verified when `key` is [`Key::Secure`]. The caller bounds the
+/// whole of it with its connect timeout.
+pub async fn open(key: &Key) -> Result<Stream, ConnectError> {
     match key {
+        Key::Secure(secure) => {
+            let tcp = connect(&secure.to).await?;
+            let _ = tcp.set_nodelay(true);
+            let connector = tokio_rustls::TlsConnector::from(secure.config.clone());
+            let tls = connector
+                .connect(secure.name.clone(), tcp)
+                .await
+                .map_err(ConnectError::Tls)?;
+            Ok(Stream::Tls(Box::new(tls)))
+        }
+        plain => connect(plain).await.map(Stream::Plain),
+    }
+}
+
+/// A TCP connection to a plain key.
+async fn connect(key: &Key) -> Result<TcpStream, ConnectError> {
+    match key {
+        Key::Secure(_) => Err(ConnectError::Io(std::io::Error::other(
+            "TLS settings wrap a destination, not another TLS key",
+        ))),
         Key::Addr(addr) => TcpStream::connect(addr).await.map_err(ConnectError::Io),
         Key::Name(authority) => {
             let host = authority.host();

@@ -4,6 +4,7 @@
 //! - [`v1`]: messages plus the `RouteDiscovery` and `Admin` clients and servers.
 //! - [`wire`]: `DiscoveryResponse`, hand-written so a snapshot is encoded once and its
 //!   bytes shared by every stream.
+//! - [`backend_tls`]: TLS to a backend, from its snapshot entry (both planes).
 //! - [`certificate`]: parsing and checking a TLS certificate and key (both planes).
 //! - [`mtls`]: mutual TLS between the planes (configurations from files, reloaded on
 //!   change; identities from certificates).
@@ -15,6 +16,7 @@
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
 
+pub mod backend_tls;
 pub mod certificate;
 pub mod client;
 pub mod content;

@@ -17,6 +17,10 @@
 //! A request with
 //! `Upgrade` is answered `101 Switching Protocols`, and the upgraded connection echoes
 //! every byte back, unless the query has `refuse_upgrade` (then it is answered normally).
+//!
+//! Over TLS ([`serve_tls`]) every answer also says what the handshake was:
+//! `x-echo-tls-sni` (the server name the client sent, empty when none) and
+//! `x-echo-tls-alpn` (the protocol agreed, empty when none).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -70,6 +74,55 @@ pub async fn serve_after(
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// [`serve_after`] over TLS with `config` (its certificate; ALPN as it says): each
+/// handshake within 10 s, and every answer says what the handshake was.
+pub async fn serve_tls(
+    listener: TcpListener,
+    name: String,
+    delay: std::time::Duration,
+    config: std::sync::Arc<rustls::ServerConfig>,
+) -> std::io::Result<()> {
+    let name: std::sync::Arc<str> = name.into();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (name, acceptor) = (name.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let handshake = acceptor.accept(stream);
+            let Ok(Ok(tls)) =
+                tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await
+            else {
+                return;
+            };
+            let session = tls.get_ref().1;
+            let sni = session.server_name().unwrap_or_default().to_owned();
+            let alpn = session
+                .alpn_protocol()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_default();
+            let svc = service_fn(move |req| {
+                let (name, sni, alpn) = (name.clone(), sni.clone(), alpn.clone());
+                async move {
+                    if !delay.is_zero() {
+                        // The upstream's own behaviour under test, not synchronisation.
+                        tokio::time::sleep(delay).await;
+                    }
+                    let mut response = respond(name, req).await?;
+                    for (header, value) in [("x-echo-tls-sni", sni), ("x-echo-tls-alpn", alpn)] {
+                        if let Ok(v) = http::HeaderValue::from_str(&value) {
+                            response.headers_mut().insert(header, v);
+                        }
+                    }
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(tls), svc)
                 .await;
         });
     }

@@ -166,7 +166,7 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
                 ingress_class_name: s.ingress_class_name.clone(),
                 ..Default::default()
             });
-        let mut digest = digest_ingress_unchecked(&trimmed, false, false);
+        let mut digest = digest_ingress_unchecked(&trimmed, false, &Speaks::default());
         digest.problems.push((
             ProblemReason::IngressTooLarge,
             format!(
@@ -176,13 +176,18 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
         ));
         return digest;
     }
-    let read = ing
+    let mut read = ing
         .metadata
         .annotations
         .as_ref()
         .map(|a| super::nginx::read(a, limits.nginx_annotations));
-    let (regex, h2c) = read.as_ref().map_or((false, false), |r| (r.regex, r.h2c));
-    let mut digest = digest_ingress_unchecked(ing, regex, h2c);
+    if let Some(r) = read.as_mut() {
+        own_proxy_ssl_secret(r, ing.metadata.namespace.as_deref().unwrap_or(""));
+    }
+    let (regex, speaks) = read
+        .as_ref()
+        .map_or((false, Speaks::default()), |r| (r.regex, r.speaks.clone()));
+    let mut digest = digest_ingress_unchecked(ing, regex, &speaks);
     if let Some(read) = read {
         if read.ssl_redirect == Some(false) {
             digest.ssl_redirect = false;
@@ -196,11 +201,50 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
     digest
 }
 
+/// Qualifies `proxy-ssl-secret` with the Ingress's namespace `ns`; a Secret of another
+/// namespace, or a name that cannot be a Secret's, is refused (the paths answer 500: the
+/// certificate was meant to be checked), as a TLS Secret of `spec.tls` is only ever the
+/// Ingress's own.
+fn own_proxy_ssl_secret(read: &mut super::nginx::Read, ns: &str) {
+    let Some(secret) = read.speaks.tls.as_mut().and_then(|t| t.verify.as_mut()) else {
+        return;
+    };
+    let (namespace, name) = secret.split_once('/').unwrap_or((ns, secret.as_str()));
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    if namespace == ns && label(name) {
+        *secret = format!("{ns}/{name}");
+        return;
+    }
+    let why = if namespace == ns {
+        format!("{secret:?} is not a Secret's name")
+    } else {
+        format!(
+            "Secret {secret:?} is in another namespace than the Ingress's ({ns:?}), which an Ingress may not read"
+        )
+    };
+    read.problems.push((
+        ProblemReason::InvalidAnnotation,
+        format!(
+            "nginx.ingress.kubernetes.io/proxy-ssl-secret: {why}: the Ingress's paths answer 500 rather than send to a backend whose certificate was meant to be checked"
+        ),
+    ));
+    read.speaks = Speaks::default();
+    read.filters.refused_protocol = Some("proxy-ssl-secret is not served".into());
+}
+
 /// Digests one Ingress; with `regex` (ingress-nginx `use-regex`), its paths, of any type,
-/// are regular expressions (as ingress-nginx writes them all `location ~* ^<path>`); with
-/// `h2c` (ingress-nginx `backend-protocol: GRPC` or `H2C`), its backends are reached over
-/// HTTP/2 with prior knowledge.
-pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool, h2c: bool) -> IngressDigest {
+/// are regular expressions (as ingress-nginx writes them all `location ~* ^<path>`); its
+/// backends are spoken to as `speaks` says (ingress-nginx `backend-protocol`).
+pub(super) fn digest_ingress_unchecked(
+    ing: &Ingress,
+    regex: bool,
+    speaks: &Speaks,
+) -> IngressDigest {
     let class = class_of(ing).map(str::to_owned);
     let source = ingress_ref(ing);
     let created = ing.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -227,7 +271,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool, h2c: bool) ->
         return digest;
     };
     if let Some(db) = &spec.default_backend {
-        match backend_ref(ns, db, h2c) {
+        match backend_ref(ns, db, speaks) {
             Ok(b) => digest.default_backend = Some(Arc::new(b)),
             Err(e) => digest.problems.push((
                 ProblemReason::InvalidDefaultBackend,
@@ -325,7 +369,7 @@ pub(super) fn digest_ingress_unchecked(ing: &Ingress, regex: bool, h2c: bool) ->
                 };
                 (kind, path)
             };
-            match backend_ref(ns, &p.backend, h2c) {
+            match backend_ref(ns, &p.backend, speaks) {
                 Ok(backend) => digest.routes.push(RouteDigest {
                     path_key: sort_prefix(&path),
                     host: host.clone(),
@@ -472,6 +516,9 @@ pub struct SecretDigest {
     /// The certificate resource (named `namespace/name`), or why there is none. The
     /// reason never contains key bytes.
     pub(super) certificate: Result<Certificate, InvalidSecret>,
+    /// `ca.crt`, when the Secret has one that is text: the CAs a backend's certificate is
+    /// checked against (ingress-nginx `proxy-ssl-secret`).
+    pub(super) ca: Option<String>,
 }
 
 /// Why a TLS Secret gives no certificate (the message of its [`Problem`]; it never holds
@@ -520,5 +567,14 @@ pub fn digest_secret(secret: &Secret) -> SecretDigest {
             serial: f.serial,
         })
     })();
-    SecretDigest { key, certificate }
+    let ca = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok());
+    SecretDigest {
+        key,
+        certificate,
+        ca,
+    }
 }

@@ -24,6 +24,7 @@ use holdfast_proto::v1::{
 };
 
 use super::ProblemReason;
+use super::rules::{Speaks, TlsAsked};
 
 /// The annotations' prefix.
 pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -46,6 +47,10 @@ pub const CORS_DEFAULT_MAX_AGE: u32 = 1_728_000;
 pub const SERVED: &[&str] = &[
     "app-root",
     "backend-protocol",
+    "proxy-ssl-name",
+    "proxy-ssl-secret",
+    "proxy-ssl-server-name",
+    "proxy-ssl-verify",
     "canary",
     "canary-by-cookie",
     "canary-by-header",
@@ -239,9 +244,9 @@ pub struct Read {
     pub regex: bool,
     /// `ssl-redirect` (None: not set).
     pub ssl_redirect: Option<bool>,
-    /// `backend-protocol: GRPC` or `H2C`: its backends are reached over HTTP/2 with prior
-    /// knowledge (their names say so: [`super::rules::backend_ref`]).
-    pub h2c: bool,
+    /// `backend-protocol` and `proxy-ssl-*`: how its backends are spoken to (their names
+    /// say so: [`super::rules::backend_ref`]).
+    pub speaks: Speaks,
     /// What was not served, and why.
     pub problems: Vec<(ProblemReason, String)>,
 }
@@ -518,18 +523,10 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
     }
     let ssl_redirect = boolean("ssl-redirect", &mut invalid);
     // backend-protocol: HTTP (its default) is HTTP/1.1 to the backends; GRPC and H2C are
-    // HTTP/2 with prior knowledge (gRPC without TLS is h2c).
-    let protocol = get("backend-protocol");
-    let h2c =
-        protocol.is_some_and(|p| p.eq_ignore_ascii_case("GRPC") || p.eq_ignore_ascii_case("H2C"));
-    let unserved_protocol = protocol
-        .filter(|p| !p.eq_ignore_ascii_case("HTTP") && !h2c)
-        .map(|protocol| {
-            filters.refused_protocol = Some(format!("backend-protocol {protocol} is not served"));
-            format!(
-                "{PREFIX}backend-protocol: {protocol:?} is not served (HTTPS and GRPCS need TLS to backends, not built yet; HTTP, GRPC and H2C are): the Ingress's paths answer 500 rather than send in cleartext what was meant to go over TLS"
-            )
-        });
+    // HTTP/2 with prior knowledge (gRPC without TLS is h2c); HTTPS and GRPCS are the same
+    // over TLS, made as the proxy-ssl-* annotations say.
+    let (speaks, unserved_protocol) =
+        backend_protocol(&get, &mut invalid, &mut filters.refused_protocol);
     let mut regex = boolean("use-regex", &mut invalid) == Some(true);
     if let Some(target) = get("rewrite-target") {
         // nginx variables besides $1-$9 are not expanded: refuse them.
@@ -722,9 +719,120 @@ pub fn read(annotations: &BTreeMap<String, String>, on: bool) -> Read {
         canary: None,
         regex,
         ssl_redirect,
-        h2c,
+        speaks,
         problems,
     }
+}
+
+/// `backend-protocol` with the `proxy-ssl-*` annotations: how the Ingress's backends are
+/// spoken to, and the problem when they cannot be as asked (then `refused` is set: the
+/// paths answer 500 rather than send in cleartext, or unverified, what was meant to go
+/// over verified TLS).
+fn backend_protocol<'v>(
+    get: &impl Fn(&str) -> Option<&'v str>,
+    invalid: &mut dyn FnMut(&str, String),
+    refused: &mut Option<String>,
+) -> (Speaks, Option<String>) {
+    let protocol = get("backend-protocol").unwrap_or("HTTP");
+    let (h2c, tls) = match protocol.to_ascii_uppercase().as_str() {
+        "HTTP" => (false, false),
+        "GRPC" | "H2C" => (true, false),
+        "HTTPS" => (false, true),
+        "GRPCS" => (true, true),
+        _ => {
+            *refused = Some(format!("backend-protocol {protocol} is not served"));
+            return (
+                Speaks::default(),
+                Some(format!(
+                    "{PREFIX}backend-protocol: {protocol:?} is not served (HTTP, HTTPS, GRPC, GRPCS and H2C are): the Ingress's paths answer 500"
+                )),
+            );
+        }
+    };
+    let ssl = [
+        "proxy-ssl-verify",
+        "proxy-ssl-name",
+        "proxy-ssl-server-name",
+    ];
+    if !tls {
+        for name in ssl.iter().filter(|n| get(n).is_some()) {
+            invalid(
+                name,
+                format!("ignored: backend-protocol is {protocol:?}, not HTTPS or GRPCS"),
+            );
+        }
+        return (Speaks { h2c, tls: None }, None);
+    }
+    // proxy-ssl-verify: "off" by default, as in ingress-nginx: encrypted, not verified.
+    // "on" checks the backend's certificate against proxy-ssl-secret's ca.crt.
+    let secret = get("proxy-ssl-secret").filter(|v| !v.is_empty());
+    let verify = match get("proxy-ssl-verify")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("off") => None,
+        Some("on") if secret.is_some() => secret.map(str::to_owned),
+        Some(value) => {
+            *refused = Some(format!("proxy-ssl-verify {value} is not served"));
+            let why = if value == "on" {
+                "it needs proxy-ssl-secret, the Secret whose ca.crt the certificate is checked against"
+            } else {
+                "it is neither \"on\" nor \"off\""
+            };
+            return (
+                Speaks::default(),
+                Some(format!(
+                    "{PREFIX}proxy-ssl-verify: {value:?} cannot be served ({why}): the Ingress's paths answer 500 rather than send to a backend whose certificate was meant to be checked"
+                )),
+            );
+        }
+    };
+    if secret.is_some() {
+        invalid(
+            "proxy-ssl-secret",
+            if verify.is_some() {
+                "its ca.crt checks the backend's certificate; its tls.crt is not presented to the backend (client certificates to backends are not built)".into()
+            } else {
+                "ignored without proxy-ssl-verify: \"on\" (its ca.crt is used only to verify; its tls.crt is not presented to the backend: client certificates to backends are not built)".into()
+            },
+        );
+    }
+    let name = get("proxy-ssl-name").and_then(|n| {
+        let lower = n.to_ascii_lowercase();
+        let ok = !lower.is_empty()
+            && lower
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b':')
+            && rustls::pki_types::ServerName::try_from(lower.as_str()).is_ok();
+        if !ok {
+            invalid(
+                "proxy-ssl-name",
+                format!("{n:?} is not a DNS name or an IP address; ignored"),
+            );
+        }
+        ok.then_some(lower)
+    });
+    let sni = match get("proxy-ssl-server-name")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("off") => false,
+        Some("on") => true,
+        Some(other) => {
+            invalid(
+                "proxy-ssl-server-name",
+                format!("{other:?} is neither \"on\" nor \"off\"; off, its default"),
+            );
+            false
+        }
+    };
+    (
+        Speaks {
+            h2c,
+            tls: Some(TlsAsked { name, sni, verify }),
+        },
+        None,
+    )
 }
 
 /// The canary rules of a `canary: "true"` Ingress, each defaulting as in ingress-nginx.
@@ -1761,21 +1869,91 @@ mod tests {
     }
 
     #[test]
-    fn backend_protocol_http_grpc_and_h2c_are_served_and_others_answer_500_never_cleartext() {
-        for (value, h2c) in [
-            ("HTTP", false),
-            ("http", false),
-            ("GRPC", true),
-            ("h2c", true),
+    fn backend_protocols_are_served_over_tls_as_proxy_ssl_says_and_others_answer_500_never_cleartext()
+     {
+        let tls = |name: Option<&str>, sni| {
+            Some(TlsAsked {
+                name: name.map(str::to_owned),
+                sni,
+                verify: None,
+            })
+        };
+        for (pairs, h2c, want_tls) in [
+            (vec![("backend-protocol", "HTTP")], false, None),
+            (vec![("backend-protocol", "http")], false, None),
+            (vec![("backend-protocol", "GRPC")], true, None),
+            (vec![("backend-protocol", "h2c")], true, None),
+            (vec![("backend-protocol", "HTTPS")], false, tls(None, false)),
+            (
+                vec![("backend-protocol", "GRPCS"), ("proxy-ssl-verify", "off")],
+                true,
+                tls(None, false),
+            ),
+            (
+                vec![
+                    ("backend-protocol", "HTTPS"),
+                    ("proxy-ssl-name", "Web.Internal"),
+                    ("proxy-ssl-server-name", "on"),
+                ],
+                false,
+                tls(Some("web.internal"), true),
+            ),
         ] {
-            let r = read(&annotations(&[("backend-protocol", value)]), true);
-            assert!(r.problems.is_empty() && r.filters.is_empty(), "{value}");
-            assert_eq!(r.h2c, h2c, "{value}");
+            let r = read(&annotations(&pairs), true);
+            assert!(r.problems.is_empty() && r.filters.is_empty(), "{pairs:?}");
+            assert_eq!(r.speaks.h2c, h2c, "{pairs:?}");
+            assert_eq!(r.speaks.tls, want_tls, "{pairs:?}");
         }
-        for value in ["HTTPS", "GRPCS", "AJP"] {
-            let r = read(&annotations(&[("backend-protocol", value)]), true);
-            assert_eq!(reasons(&r), [ProblemReason::UnservedAnnotation], "{value}");
-            // Never sent in cleartext: the entry's backends do not resolve (500).
+        // Verified with proxy-ssl-secret's ca.crt; that its tls.crt is not presented is
+        // said.
+        let r = read(
+            &annotations(&[
+                ("backend-protocol", "HTTPS"),
+                ("proxy-ssl-verify", "on"),
+                ("proxy-ssl-secret", "ns/upstream"),
+            ]),
+            true,
+        );
+        assert_eq!(
+            r.speaks.tls.as_ref().and_then(|t| t.verify.as_deref()),
+            Some("ns/upstream")
+        );
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        assert!(r.filters.is_empty());
+        // A bad name or SNI switch is a problem, and the rest stands.
+        let r = read(
+            &annotations(&[
+                ("backend-protocol", "HTTPS"),
+                ("proxy-ssl-name", "not a name"),
+                ("proxy-ssl-server-name", "yes"),
+            ]),
+            true,
+        );
+        assert_eq!(r.speaks.tls, tls(None, false));
+        assert_eq!(
+            reasons(&r),
+            [
+                ProblemReason::InvalidAnnotation,
+                ProblemReason::InvalidAnnotation
+            ]
+        );
+        // proxy-ssl-* without TLS is said to do nothing.
+        let r = read(&annotations(&[("proxy-ssl-name", "a.test")]), true);
+        assert_eq!(reasons(&r), [ProblemReason::InvalidAnnotation]);
+        assert_eq!(r.speaks, Speaks::default());
+        for pairs in [
+            vec![("backend-protocol", "AJP")],
+            vec![("backend-protocol", "HTTPS"), ("proxy-ssl-verify", "on")],
+            vec![("backend-protocol", "GRPCS"), ("proxy-ssl-verify", "maybe")],
+        ] {
+            let r = read(&annotations(&pairs), true);
+            assert_eq!(
+                reasons(&r),
+                [ProblemReason::UnservedAnnotation],
+                "{pairs:?}"
+            );
+            // Never sent in cleartext or unverified: the entry's backends do not resolve
+            // (500).
             let mut e = GatewayRoute {
                 backends: vec![WeightedBackend {
                     backend: "ns/web:443".into(),
@@ -1785,8 +1963,8 @@ mod tests {
                 ..GatewayRoute::default()
             };
             r.filters.apply(&mut e);
-            assert!(e.backends[0].backend.is_empty(), "{value}");
-            assert!(e.backends[0].unresolved.contains(value), "{value}");
+            assert!(e.backends[0].backend.is_empty(), "{pairs:?}");
+            assert!(!e.backends[0].unresolved.is_empty(), "{pairs:?}");
         }
     }
 

@@ -143,6 +143,12 @@ impl Backends {
             .entry(b.service_key().to_owned())
             .or_default()
             .push(b.clone());
+        if let Some(secret) = b.verify_secret() {
+            self.by_service
+                .entry(super::rules::secret_dependency(secret))
+                .or_default()
+                .push(b.clone());
+        }
         new.push(b.clone());
     }
 
@@ -157,10 +163,13 @@ impl Backends {
         }
         self.entries.remove(&b.name);
         self.unsummed.push(b.name.clone());
-        if let Some(list) = self.by_service.get_mut(b.service_key()) {
-            list.retain(|x| x.name != b.name);
-            if list.is_empty() {
-                self.by_service.remove(b.service_key());
+        let secret = b.verify_secret().map(super::rules::secret_dependency);
+        for key in std::iter::once(b.service_key()).chain(secret.as_deref()) {
+            if let Some(list) = self.by_service.get_mut(key) {
+                list.retain(|x| x.name != b.name);
+                if list.is_empty() {
+                    self.by_service.remove(key);
+                }
             }
         }
     }
@@ -460,12 +469,43 @@ pub(super) fn resolve_backend(
     key: &BackendRef,
     svc: Option<&ServiceDigest>,
     slices: &[Arc<SliceDigest>],
+    secrets: &FastMap<String, Arc<SecretDigest>>,
     allow_external: bool,
     proxies: &FastSet<String>,
 ) -> (Backend, Refused) {
     let mut addresses = Vec::new();
-    let backend =
+    let mut backend =
         resolve_allowed_backend(key, svc, slices, allow_external, proxies, &mut addresses);
+    // Verified TLS: the Secret's ca.crt, or 503 with why (never unverified).
+    if let (Some(tls), Some(secret)) = (backend.tls.as_mut(), key.verify_secret()) {
+        match secrets.get(secret).map(|d| d.ca.as_deref()) {
+            Some(Some(ca)) => {
+                tls.verify = true;
+                tls.ca_pem = ca.to_owned();
+            }
+            found => {
+                let why = if found.is_none() {
+                    "is not a kubernetes.io/tls Secret that exists"
+                } else {
+                    "has no ca.crt"
+                };
+                backend.unavailable_reason = format!(
+                    "TLS to backend {}: Secret {secret} (proxy-ssl-secret) {why}",
+                    backend.name
+                );
+            }
+        }
+    }
+    // TLS the proxy could not set up (a name that is none) answers 503 with why; the
+    // proxy would refuse the whole snapshot for it.
+    if let Some(tls) = &backend.tls
+        && backend.unavailable_reason.is_empty()
+    {
+        let h2 = backend.protocol == BackendProtocol::H2c as i32;
+        if let Err(e) = holdfast_proto::backend_tls::client_config(tls, h2) {
+            backend.unavailable_reason = format!("TLS to backend {}: {e}", backend.name);
+        }
+    }
     let external = !allow_external && svc.is_some_and(|s| s.external_name.is_some());
     (
         backend,
@@ -493,6 +533,25 @@ pub(super) fn resolve_allowed_backend(
         backend.unavailable_reason = format!("service {ns}/{svc_name} not found");
         return backend;
     };
+    if key.h2c {
+        backend.protocol = BackendProtocol::H2c as i32;
+    }
+    if let Some(tls) = &key.tls {
+        // Set before anything else: no way out of here leaves it cleartext. Unverified
+        // (ingress-nginx `proxy-ssl-verify: "off"`): no CA, and the name matters only as
+        // SNI, when asked for; by default the ExternalName's name or the Service's.
+        let name = match &svc.external_name {
+            Some(external) if !external.is_empty() => external.clone(),
+            _ => format!("{svc_name}.{ns}.svc"),
+        };
+        backend.tls = Some(holdfast_proto::v1::BackendTls {
+            server_name: tls.name.clone().unwrap_or(name),
+            verify: false,
+            ca_pem: String::new(),
+            sni: tls.sni,
+            subject_alt_names: Vec::new(),
+        });
+    }
     if let Some(external) = &svc.external_name {
         if !allow_external {
             backend.unavailable_reason = format!(

@@ -247,15 +247,78 @@ pub(super) struct BackendRef {
     /// Byte offsets of the `/` after the namespace and the `:` after the Service.
     pub(super) slash: usize,
     pub(super) colon: usize,
-    /// The port's number, or None when it is named (the name ends `name`, or
-    /// `name` [`H2C_SUFFIX`]).
+    /// The port's number, or None when it is named (the name's `port_end` ends it).
     pub(super) number: Option<i32>,
-    /// Reached over HTTP/2 with prior knowledge (the name ends [`H2C_SUFFIX`]).
+    /// Where the port ends in `name` (what follows says how the backend is spoken to).
+    pub(super) port_end: usize,
+    /// Reached over HTTP/2 (the name ends ` (h2c)`, or ` (grpcs ...)` over TLS).
     pub(super) h2c: bool,
+    /// Reached over TLS (the name ends ` (https ...)` or ` (grpcs ...)`).
+    pub(super) tls: Option<TlsAsked>,
 }
 
-/// What ends the name of a backend an Ingress asks to reach over h2c.
-pub(super) const H2C_SUFFIX: &str = " (h2c)";
+/// How an Ingress asks its backends to be spoken to (ingress-nginx `backend-protocol` and
+/// `proxy-ssl-*`); the default is HTTP/1.1 in cleartext.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Speaks {
+    /// HTTP/2 (`GRPC`, `H2C`, `GRPCS`).
+    pub h2c: bool,
+    /// Over TLS (`HTTPS`, `GRPCS`).
+    pub tls: Option<TlsAsked>,
+}
+
+impl Speaks {
+    /// What ends the backend's name: nothing for the default, otherwise ` (...)` with
+    /// every setting, so backends spoken to differently are different backends.
+    fn suffix(&self) -> String {
+        match &self.tls {
+            None if self.h2c => " (h2c)".to_owned(),
+            None => String::new(),
+            Some(tls) => {
+                let mut s = String::from(if self.h2c { " (grpcs" } else { " (https" });
+                if let Some(name) = &tls.name {
+                    s.push_str(" name=");
+                    s.push_str(name);
+                }
+                if tls.sni {
+                    s.push_str(" sni");
+                }
+                if let Some(secret) = &tls.verify {
+                    s.push_str(" verify=");
+                    s.push_str(secret);
+                }
+                s.push(')');
+                s
+            }
+        }
+    }
+}
+
+/// TLS to an Ingress's backends (ingress-nginx `backend-protocol: HTTPS`/`GRPCS`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsAsked {
+    /// The name the handshake is for (`proxy-ssl-name`); None: `<service>.<namespace>.svc`.
+    pub name: Option<String>,
+    /// Send the name as SNI (`proxy-ssl-server-name: "on"`).
+    pub sni: bool,
+    /// Check the backend's certificate against the `ca.crt` of this Secret
+    /// (`namespace/name`, the Ingress's namespace: `proxy-ssl-verify: "on"` with
+    /// `proxy-ssl-secret`); None: unverified (`proxy-ssl-verify: "off"`, the default).
+    pub verify: Option<String>,
+}
+
+/// The key a backend verified against Secret `ns/name` is indexed under besides its
+/// Service's, so a change of the Secret resolves it again (no Service key has a space).
+pub(super) fn secret_dependency(secret: &str) -> String {
+    format!("secret {secret}")
+}
+
+impl BackendRef {
+    /// The Secret its TLS is verified with, if any.
+    pub(super) fn verify_secret(&self) -> Option<&str> {
+        self.tls.as_ref()?.verify.as_deref()
+    }
+}
 
 impl BackendRef {
     pub(super) fn namespace(&self) -> &str {
@@ -274,10 +337,7 @@ impl BackendRef {
     pub(super) fn port(&self) -> PortRef<'_> {
         match self.number {
             Some(n) => PortRef::Number(n),
-            None => {
-                let end = self.name.len() - if self.h2c { H2C_SUFFIX.len() } else { 0 };
-                PortRef::Name(&self.name[self.colon + 1..end])
-            }
+            None => PortRef::Name(&self.name[self.colon + 1..self.port_end]),
         }
     }
 }
@@ -286,7 +346,7 @@ impl BackendRef {
 pub(super) fn backend_ref(
     ns: &str,
     backend: &IngressBackend,
-    h2c: bool,
+    speaks: &Speaks,
 ) -> Result<BackendRef, InvalidBackend> {
     if backend.resource.is_some() {
         return Err(InvalidBackend::Resource);
@@ -302,8 +362,9 @@ pub(super) fn backend_ref(
         (None, Some(name)) if !name.is_empty() => PortRef::Name(name),
         _ => return Err(InvalidBackend::NoPort),
     };
-    let suffix = if h2c { H2C_SUFFIX } else { "" };
-    let name = format!("{ns}/{}:{port}{suffix}", svc.name);
+    let mut name = format!("{ns}/{}:{port}", svc.name);
+    let port_end = name.len();
+    name.push_str(&speaks.suffix());
     Ok(BackendRef {
         name_key: sort_prefix(&name),
         slash: ns.len(),
@@ -312,7 +373,9 @@ pub(super) fn backend_ref(
             PortRef::Number(n) => Some(n),
             PortRef::Name(_) => None,
         },
-        h2c,
+        port_end,
+        h2c: speaks.h2c,
+        tls: speaks.tls.clone(),
         name,
     })
 }
@@ -325,7 +388,9 @@ pub(super) fn service_port_ref(ns: &str, svc: &str, port: i32) -> BackendRef {
         slash: ns.len(),
         colon: ns.len() + 1 + svc.len(),
         number: Some(port),
+        port_end: name.len(),
         h2c: false,
+        tls: None,
         name,
     }
 }

@@ -3012,3 +3012,120 @@ fn a_backend_is_h2c_by_its_service_ports_app_protocol_or_by_an_ingress_asking_fo
         "{served:?}"
     );
 }
+
+#[test]
+fn an_ingress_asking_for_https_gets_a_tls_backend_verified_with_its_own_secrets_ca() {
+    use k8s_openapi::ByteString;
+    let (ca, _) = cert_pem(&["backend ca"]);
+    let (chain, key) = cert_pem(&["client.test"]);
+    let with_ca = |ca: &str| {
+        let mut s = (*tls_secret("default", "upstream", &chain, &key)).clone();
+        s.data
+            .get_or_insert_default()
+            .insert("ca.crt".into(), ByteString(ca.as_bytes().to_vec()));
+        Arc::new(s)
+    };
+    let ing = |name: &str, age: u32, annotations: Value| {
+        tls_ingress(
+            name,
+            age,
+            &[&format!("{name}.test")],
+            &[],
+            "none",
+            annotations,
+        )
+    };
+    let mut st = state(vec![
+        ing(
+            "open",
+            1,
+            json!({ "nginx.ingress.kubernetes.io/backend-protocol": "HTTPS" }),
+        ),
+        ing(
+            "named",
+            2,
+            json!({ "nginx.ingress.kubernetes.io/backend-protocol": "GRPCS",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-name": "web.internal",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-server-name": "on" }),
+        ),
+        ing(
+            "checked",
+            3,
+            json!({ "nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-verify": "on",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-secret": "default/upstream" }),
+        ),
+        ing(
+            "foreign",
+            4,
+            json!({ "nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-verify": "on",
+                    "nginx.ingress.kubernetes.io/proxy-ssl-secret": "other/upstream" }),
+        ),
+    ]);
+    let mut translator = Translator::default();
+    // The Secret does not exist yet: the verified backend answers 503 and says why; it is
+    // never published unverified.
+    let t = translator.translate(&st, &Options::default());
+    let checked = backend(&t, "default/web:80 (https verify=default/upstream)");
+    assert!(
+        checked.unavailable_reason.contains("default/upstream"),
+        "{checked:?}"
+    );
+    assert!(checked.tls.is_some(), "{checked:?}");
+    let open = backend(&t, "default/web:80 (https)");
+    let tls = open.tls.as_ref().expect("TLS");
+    assert_eq!(
+        (tls.server_name.as_str(), tls.verify, tls.sni),
+        ("web.default.svc", false, false)
+    );
+    assert_eq!(open.endpoints, backend(&t, "default/web:80").endpoints);
+    let named = backend(&t, "default/web:80 (grpcs name=web.internal sni)");
+    let tls = named.tls.as_ref().expect("TLS");
+    assert_eq!((tls.server_name.as_str(), tls.sni), ("web.internal", true));
+    assert_eq!(
+        named.protocol,
+        holdfast_proto::v1::BackendProtocol::H2c as i32
+    );
+    // Another namespace's Secret: refused, the paths answer 500 (no backend).
+    assert!(
+        t.problems.iter().any(|p| p.name == "foreign"
+            && p.reason == ProblemReason::InvalidAnnotation
+            && p.message.contains("another namespace")),
+        "{:?}",
+        t.problems
+    );
+    assert!(
+        !t.snapshot()
+            .backends
+            .iter()
+            .any(|b| b.name.contains("other/upstream")),
+    );
+    // The Secret appears, without ca.crt, then with one: the backend is resolved again
+    // each time (the Secret is what changed).
+    st.secrets
+        .push(tls_secret("default", "upstream", &chain, &key));
+    let t = translator.translate(&st, &Options::default());
+    let checked = backend(&t, "default/web:80 (https verify=default/upstream)");
+    assert!(checked.unavailable_reason.contains("ca.crt"), "{checked:?}");
+    st.secrets = vec![with_ca(&ca)];
+    let t = translator.translate(&st, &Options::default());
+    let checked = backend(&t, "default/web:80 (https verify=default/upstream)");
+    assert_eq!(checked.unavailable_reason, "");
+    let tls = checked.tls.as_ref().expect("TLS");
+    assert!(tls.verify);
+    assert_eq!(tls.ca_pem, ca);
+    assert_eq!(
+        run(&st).snapshot(),
+        t.snapshot(),
+        "incremental as from scratch"
+    );
+    // A ca.crt that is no certificate: 503 with why, nothing sent.
+    st.secrets = vec![with_ca("not a certificate")];
+    let t = translator.translate(&st, &Options::default());
+    let checked = backend(&t, "default/web:80 (https verify=default/upstream)");
+    assert!(
+        checked.unavailable_reason.contains("CA certificate"),
+        "{checked:?}"
+    );
+}

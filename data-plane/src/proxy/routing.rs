@@ -12,7 +12,6 @@ use super::{Forwarder, LOOP_HEADER, Reason, Via};
 use crate::gateway::{Action, HeaderChanges, Matched, Mirror, PathRule, Target, Timeouts};
 use crate::matching::Asked;
 use crate::table::{Found, Miss, Route, RouteTable, normalise_host};
-use crate::upstream::Key;
 
 pub use holdfast_http::routing::RequestView;
 use holdfast_http::routing::ResponseChanges;
@@ -478,7 +477,7 @@ impl Forwarder {
             let to = self
                 .balancer
                 .pick(&backend.endpoints, start, None)
-                .map(|(_, a)| Key::Addr(a));
+                .map(|(i, _)| backend.dial[i].key.clone());
             let head = head.get_or_insert_with(|| {
                 let target = sent_or_normalised(request, routed.forward_path.as_ref());
                 crate::mirror::copy_head(&crate::mirror::Copy {

@@ -30,7 +30,6 @@ use std::net::IpAddr;
 
 use http::{HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::chunked::{Chunked, Piece};
@@ -45,7 +44,7 @@ use crate::forward::{Failure, Retry, Target};
 use crate::headers::{HeaderChanges, HeaderLookup, Hop};
 use crate::routing::{Decision, RequestView};
 use crate::tunnel::Tunnels;
-use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number};
+use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number, Stream};
 
 /// The largest read into a connection's buffer.
 const READ_CHUNK: usize = 16 * 1024;
@@ -744,7 +743,7 @@ where
         key: &Key,
         number: Number,
         fresh: bool,
-    ) -> Result<(TcpStream, bool), ConnectError> {
+    ) -> Result<(Stream, bool), ConnectError> {
         // A GET or HEAD without a body goes again on a new connection if a pooled one
         // turns out closed (nothing of an answer came): it needs no check before.
         let check = !(self.head_request || self.get) || self.head.framing() != BodyFraming::Empty;
@@ -768,11 +767,7 @@ where
     /// server does the same when the body is first read). An upstream that stops taking
     /// the body and answers early is answered with: `body_cut` then says the client's
     /// body was not read whole, so neither connection can carry another request.
-    async fn exchange(
-        &mut self,
-        upstream: &mut TcpStream,
-        body: BodyFraming,
-    ) -> Result<(), Exchange> {
+    async fn exchange(&mut self, upstream: &mut Stream, body: BodyFraming) -> Result<(), Exchange> {
         self.up_start = 0;
         self.up_end = 0;
         self.body_cut = false;
@@ -832,7 +827,7 @@ where
     /// body's first bytes) in one vectored write, within the response timeout.
     async fn write_up(
         &mut self,
-        upstream: &mut TcpStream,
+        upstream: &mut Stream,
         bytes: Option<(usize, usize)>,
     ) -> std::io::Result<()> {
         let by = self.by(self.send_wait);
@@ -858,7 +853,7 @@ where
 
     /// Reads response heads until a final one, `by` then (else `Exchange::Timeout`);
     /// interim ones (100, 103) are skipped.
-    async fn read_final(&mut self, upstream: &mut TcpStream, by: Until) -> Result<(), Exchange> {
+    async fn read_final(&mut self, upstream: &mut Stream, by: Until) -> Result<(), Exchange> {
         let mut received = false;
         loop {
             if !self.read_response(upstream, received, by).await? {
@@ -873,7 +868,7 @@ where
     /// connection.
     async fn read_response(
         &mut self,
-        upstream: &mut TcpStream,
+        upstream: &mut Stream,
         received: bool,
         by: Until,
     ) -> Result<bool, Exchange> {
@@ -926,7 +921,7 @@ where
     /// Relays `left` bytes of a Content-Length body from the client to `upstream`.
     async fn relay_length_up(
         &mut self,
-        upstream: &mut TcpStream,
+        upstream: &mut Stream,
         mut left: u64,
     ) -> Result<(), Exchange> {
         while left > 0 {
@@ -945,7 +940,7 @@ where
 
     /// Relays a chunked body from the client to `upstream`, its coding as it came but for
     /// trailer fields (dropped), checking it and `--max-request-body` as it passes.
-    async fn relay_chunked_up(&mut self, upstream: &mut TcpStream) -> Result<(), Exchange> {
+    async fn relay_chunked_up(&mut self, upstream: &mut Stream) -> Result<(), Exchange> {
         let max = self.max_body;
         let mut coding = Chunked::default();
         loop {
@@ -1016,7 +1011,7 @@ where
     /// body; pools the upstream connection when it can carry another request.
     async fn relay_response(
         &mut self,
-        mut upstream: TcpStream,
+        mut upstream: Stream,
         key: Key,
         number: Number,
         upgrade: bool,
@@ -1115,7 +1110,7 @@ where
     }
 
     /// Relays a Content-Length response body of `n` bytes.
-    async fn relay_length_down(&mut self, upstream: &mut TcpStream, n: u64) -> Result<(), Relay> {
+    async fn relay_length_down(&mut self, upstream: &mut Stream, n: u64) -> Result<(), Relay> {
         let mut left = n;
         // The first bytes go with the head.
         let first = ((self.up_end - self.up_start) as u64).min(left) as usize;
@@ -1140,7 +1135,7 @@ where
     /// or (`data_only`) reduced to its data.
     async fn relay_chunked_down(
         &mut self,
-        upstream: &mut TcpStream,
+        upstream: &mut Stream,
         data_only: bool,
     ) -> Result<(), Relay> {
         let mut coding = Chunked::default();
@@ -1184,7 +1179,7 @@ where
     }
 
     /// Relays a response body that ends when the upstream closes.
-    async fn relay_until_close(&mut self, upstream: &mut TcpStream) -> Result<(), Relay> {
+    async fn relay_until_close(&mut self, upstream: &mut Stream) -> Result<(), Relay> {
         self.out
             .extend_from_slice(&self.up[self.up_start..self.up_end]);
         self.up_start = self.up_end;
@@ -1205,7 +1200,7 @@ where
 
     /// Reads from the upstream into the emptied upstream buffer; the upstream closing
     /// here cuts a body short.
-    async fn read_up_into(&mut self, upstream: &mut TcpStream) -> Result<(), Relay> {
+    async fn read_up_into(&mut self, upstream: &mut Stream) -> Result<(), Relay> {
         match upstream.read(&mut self.up[..]).await {
             Ok(0) => Err(Relay::Upstream(std::io::Error::other(
                 "the upstream closed mid-body",
@@ -1223,7 +1218,7 @@ where
     /// slot). The connection is the tunnel's from now on.
     async fn tunnel(
         &mut self,
-        mut upstream: TcpStream,
+        mut upstream: Stream,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> (u16, Next) {
         // What the upstream sent after its 101, and what the client sent after its
@@ -1405,6 +1400,7 @@ fn key_authority(key: &Key) -> String {
     match key {
         Key::Addr(a) => a.to_string(),
         Key::Name(a) => a.to_string(),
+        Key::Secure(s) => key_authority(&s.to),
     }
 }
 
@@ -1496,7 +1492,7 @@ async fn fill<S: AsyncRead + Unpin>(
 struct Idle {
     key: Option<Key>,
     /// Last in, first out, with when each went idle.
-    conns: Vec<(TcpStream, Instant)>,
+    conns: Vec<(Stream, Instant)>,
 }
 
 thread_local! {
@@ -1510,7 +1506,7 @@ thread_local! {
 
 /// An idle connection to `key`, numbered `number`; with `check`, one still open (a `recv`
 /// that would block).
-fn take_idle(number: Number, key: &Key, check: bool) -> Option<TcpStream> {
+fn take_idle(number: Number, key: &Key, check: bool) -> Option<Stream> {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         let idle = idle.get_mut(number.index())?;
@@ -1527,10 +1523,8 @@ fn take_idle(number: Number, key: &Key, check: bool) -> Option<TcpStream> {
             }
             // Readable now means the upstream closed it (or sent bytes unasked): not
             // reusable.
-            let mut probe = [0u8; 1];
-            match stream.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(stream),
-                _ => continue,
+            if stream.is_quiet() {
+                return Some(stream);
             }
         }
         None
@@ -1541,7 +1535,7 @@ fn take_idle(number: Number, key: &Key, check: bool) -> Option<TcpStream> {
 /// endpoint. What is kept under the number for another endpoint (whose number was freed
 /// and given again) is dropped. Now and then the whole pool drops what idled past
 /// [`IDLE_TIMEOUT`] (endpoints gone too).
-fn put_idle(number: Number, key: Key, stream: TcpStream, max: usize) {
+fn put_idle(number: Number, key: Key, stream: Stream, max: usize) {
     IDLE.with(|idle| {
         let mut idle = idle.borrow_mut();
         let now = clock::now();
@@ -1599,12 +1593,13 @@ mod tests {
     use super::*;
 
     /// A connected socket on 127.0.0.1 (and its listener, kept so it stays open).
-    async fn stream() -> (TcpStream, tokio::net::TcpListener) {
+    async fn stream() -> (Stream, tokio::net::TcpListener) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        (TcpStream::connect(addr).await.expect("connect"), listener)
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        (Stream::Plain(tcp), listener)
     }
 
     #[tokio::test]
@@ -1615,7 +1610,7 @@ mod tests {
         // again to another endpoint.
         let n = Number::of(&a);
         let (kept, _l1) = stream().await;
-        let kept_port = kept.local_addr().unwrap().port();
+        let kept_port = kept.tcp().local_addr().unwrap().port();
         put_idle(n, a.clone(), kept, 4);
         assert!(
             take_idle(n, &b, false).is_none(),
@@ -1628,13 +1623,13 @@ mod tests {
             "a's connections went when b took the number"
         );
         let got = take_idle(n, &b, false).expect("b's connection");
-        assert_ne!(got.local_addr().unwrap().port(), kept_port);
+        assert_ne!(got.tcp().local_addr().unwrap().port(), kept_port);
         assert!(take_idle(n, &b, false).is_none(), "taken once");
         let (again, _l3) = stream().await;
-        let again_port = again.local_addr().unwrap().port();
+        let again_port = again.tcp().local_addr().unwrap().port();
         put_idle(n, b.clone(), again, 4);
         let got = take_idle(n, &b, true).expect("still open, so given");
-        assert_eq!(got.local_addr().unwrap().port(), again_port);
+        assert_eq!(got.tcp().local_addr().unwrap().port(), again_port);
         Number::release(&a);
     }
 

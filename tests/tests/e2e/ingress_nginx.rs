@@ -670,22 +670,11 @@ async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<
     let at = s.proxy_addrs()[0];
     // Over h2c (prior knowledge) to the proxy: the version the backend was asked in.
     let version_behind = |host: String| async move {
-        let stream = tokio::net::TcpStream::connect(at).await?;
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await?;
-        tokio::spawn(conn);
-        let req = http::Request::post(format!("http://{host}/pkg.Echo/Call"))
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-        let resp = tokio::time::timeout(wait::T, sender.send_request(req)).await??;
-        let version = resp
-            .headers()
+        let (status, headers) = grpc_call(at, &host).await?;
+        let version = headers
             .get("x-echo-version")
             .map(|v| v.to_str().unwrap_or_default().to_owned());
-        anyhow::Ok((resp.status().as_u16(), version))
+        anyhow::Ok((status, version))
     };
     let served = wait::until("both Ingresses served", wait::T, || async {
         let grpc = version_behind(grpc.clone())
@@ -714,6 +703,208 @@ async fn backend_protocol_grpc_reaches_the_backend_over_h2c() -> anyhow::Result<
         assert_eq!(status, 502, "{h:?}");
     }
     Ok(())
+}
+
+/// `backend-protocol: HTTPS` and `GRPCS` reach a backend that speaks only TLS: over
+/// HTTP/1.1 and HTTP/2 (ALPN `h2`), with no SNI unless `proxy-ssl-server-name: "on"` sends
+/// `proxy-ssl-name`, and keep-alive reuses the handshake. The same backend without the
+/// annotation gets cleartext it cannot read (502). `proxy-ssl-verify: "on"` checks the
+/// certificate against `proxy-ssl-secret`'s `ca.crt` for `proxy-ssl-name` (a certificate
+/// for another name: 502), and without a Secret answers 500: never unverified.
+#[tokio::test]
+async fn backend_protocol_https_and_grpcs_reach_the_backend_over_tls_only_as_asked()
+-> anyhow::Result<()> {
+    use holdfast_tests::objects::{endpoint_slice, service};
+    let mut s = one_proxy("nginxtls").await?;
+    let ns = s.ns.clone();
+    let dir = tempfile::tempdir()?;
+    let ca = holdfast_tests::tls::TestCa::new("nginxtls backend CA");
+    let (crt, key) = ca.server(&["secure.internal"]).write(dir.path(), "echo")?;
+    let ip = s.net.add_host()?;
+    let listen = format!("{ip}:8443");
+    let echo = holdfast_tests::workspace_bin("holdfast-echo");
+    let (crt, key) = (crt.to_string_lossy(), key.to_string_lossy());
+    s.net.spawn(
+        &echo,
+        &[
+            "--listen",
+            &listen,
+            "--name",
+            "secure",
+            "--tls-cert",
+            &crt,
+            "--tls-key",
+            &key,
+        ],
+    )?;
+    create(&s.client, Some(&ns), &service("secure", 80, 8443)).await?;
+    let slice = endpoint_slice("secure-1", "secure", 8443, &[&ip.to_string()]);
+    create(&s.client, Some(&ns), &slice).await?;
+    let host = |h: &str| format!("{h}.{ns}.test");
+    let (https, sni, grpcs) = (host("https"), host("sni"), host("grpcs"));
+    let (plain, verify) = (host("plain"), host("verify"));
+    let (checked, mismatched) = (host("checked"), host("mismatched"));
+    // The Secret proxy-ssl-secret names: a kubernetes.io/tls Secret with the backend's CA
+    // in ca.crt.
+    let client = ca.client(&["proxy.internal"], &[]);
+    let mut secret =
+        holdfast_tests::objects::tls_secret("upstream", &client.cert_pem, &client.key_pem);
+    secret
+        .string_data
+        .get_or_insert_default()
+        .insert("ca.crt".into(), ca.cert_pem.clone());
+    create(&s.client, Some(&ns), &secret).await?;
+    let verified = |name: &'static str| {
+        [
+            ("backend-protocol", "HTTPS"),
+            ("proxy-ssl-verify", "on"),
+            ("proxy-ssl-secret", "upstream"),
+            ("proxy-ssl-name", name),
+        ]
+    };
+    for ing in [
+        annotated(
+            &s,
+            "checked",
+            (&checked, &["/"], "secure"),
+            &verified("secure.internal"),
+        )?,
+        annotated(
+            &s,
+            "mismatched",
+            (&mismatched, &["/"], "secure"),
+            &verified("other.internal"),
+        )?,
+        annotated(
+            &s,
+            "https",
+            (&https, &["/"], "secure"),
+            &[("backend-protocol", "HTTPS")],
+        )?,
+        annotated(
+            &s,
+            "sni",
+            (&sni, &["/"], "secure"),
+            &[
+                ("backend-protocol", "HTTPS"),
+                ("proxy-ssl-server-name", "on"),
+                ("proxy-ssl-name", "secure.internal"),
+            ],
+        )?,
+        annotated(
+            &s,
+            "grpcs",
+            (&grpcs, &["/"], "secure"),
+            &[("backend-protocol", "GRPCS")],
+        )?,
+        annotated(&s, "plain", (&plain, &["/"], "secure"), &[])?,
+        annotated(
+            &s,
+            "verify",
+            (&verify, &["/"], "secure"),
+            &[("backend-protocol", "HTTPS"), ("proxy-ssl-verify", "on")],
+        )?,
+    ] {
+        create(&s.client, Some(&ns), &ing).await?;
+    }
+    let at = s.proxy_addrs()[0];
+    let header = |h: &http::HeaderMap, name: &str| {
+        h.get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    // Served once the last one created is (a snapshot holds what was read before it).
+    let (status, h, _) = wait::until("the TLS backend answering", wait::T, || async {
+        let r = web::request_with(at, "GET", &https, "/", &[])
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        Ok((r.0 == 200).then_some(r))
+    })
+    .await?;
+    assert_eq!(status, 200);
+    assert_eq!(header(&h, "x-echo-name").as_deref(), Some("secure"));
+    assert_eq!(header(&h, "x-echo-tls-sni").as_deref(), Some(""), "no SNI");
+    assert_eq!(header(&h, "x-echo-tls-alpn").as_deref(), Some("http/1.1"));
+    assert_eq!(header(&h, "x-echo-version").as_deref(), Some("HTTP/1.1"));
+    wait::until("the other Ingresses served", wait::T, || async {
+        let r = web::request_with(at, "GET", &verify, "/", &[])
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        Ok((r.0 != 404).then_some(()))
+    })
+    .await?;
+    let (status, h, _) = web::request_with(at, "GET", &sni, "/", &[]).await?;
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&h, "x-echo-tls-sni").as_deref(),
+        Some("secure.internal")
+    );
+    // Verified against the Secret's ca.crt for the name proxy-ssl-name gives: served when
+    // the certificate is for that name, a failed handshake (502) when it is not.
+    let (status, h, _) = web::request_with(at, "GET", &checked, "/", &[]).await?;
+    assert_eq!(
+        (status, header(&h, "x-echo-name").as_deref()),
+        (200, Some("secure"))
+    );
+    let (status, h, _) = web::request_with(at, "GET", &mismatched, "/", &[]).await?;
+    assert_eq!(status, 502, "{h:?}");
+    // Cleartext to a TLS backend is not an answer; verification without a Secret to
+    // verify with is refused.
+    let (status, _, _) = web::request_with(at, "GET", &plain, "/", &[]).await?;
+    assert_eq!(status, 502);
+    let (status, h, _) = web::request_with(at, "GET", &verify, "/", &[]).await?;
+    assert_eq!(status, 500, "{h:?}");
+    assert_eq!(header(&h, "x-echo-name"), None);
+
+    // GRPCS: HTTP/2 over TLS, ALPN h2 (the client speaks h2c to the proxy).
+    let (status, h) = grpc_call(at, &grpcs).await?;
+    assert_eq!(status, 200);
+    assert_eq!(header(&h, "x-echo-version").as_deref(), Some("HTTP/2.0"));
+    assert_eq!(header(&h, "x-echo-tls-alpn").as_deref(), Some("h2"));
+
+    // Keep-alive: ten requests in a row, one client connection, open no new upstream
+    // connection each (the handshake is reused; a worker opens at most one).
+    let admin = s.proxies[0].admin;
+    let opened = || async {
+        let body = web::get(admin, "admin", "/metrics").await?.1;
+        web::metric_value(&body, "holdfast_proxy_upstream_connections_opened_total")
+    };
+    let before = opened().await?;
+    let stream = tokio::net::TcpStream::connect(at).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    for _ in 0..10 {
+        let req = http::Request::get("/")
+            .header(http::header::HOST, &https)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let resp = tokio::time::timeout(wait::T, sender.send_request(req)).await??;
+        assert_eq!(resp.status(), 200);
+        http_body_util::BodyExt::collect(resp.into_body()).await?;
+    }
+    let after = opened().await?;
+    assert!(
+        after - before <= 1.0,
+        "ten requests opened {} upstream connections",
+        after - before
+    );
+    Ok(())
+}
+
+/// A gRPC-shaped POST for `host` over h2c (prior knowledge) to the proxy at `at`: the
+/// status and headers of the answer.
+async fn grpc_call(at: std::net::SocketAddr, host: &str) -> anyhow::Result<(u16, http::HeaderMap)> {
+    let stream = tokio::net::TcpStream::connect(at).await?;
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await?;
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{host}/pkg.Echo/Call"))
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let resp = tokio::time::timeout(wait::T, sender.send_request(req)).await??;
+    Ok((resp.status().as_u16(), resp.headers().clone()))
 }
 
 /// The sum of `holdfast_proxy_error_responses_total` for `reasons`, None while there is no
