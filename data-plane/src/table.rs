@@ -373,9 +373,12 @@ fn compile_backend(
 ) -> Result<Backend, CompileError> {
     let mut endpoints = Vec::with_capacity(b.endpoints.len());
     let mut authorities = Vec::with_capacity(b.endpoints.len());
+    // A TLS backend that cannot serve (its settings refused by the control plane) keeps no
+    // endpoint: nothing could ever dial one of them without its TLS.
+    let tls_refused = b.tls.is_some() && !b.unavailable_reason.is_empty();
     // Checked whole before any number is taken: a backend that does not compile holds
     // none.
-    for e in b.endpoints.iter().filter(|e| e.ready) {
+    for e in b.endpoints.iter().filter(|e| e.ready && !tls_refused) {
         let bad = || CompileError::BadEndpoint {
             backend: b.name.clone(),
             address: e.address.clone(),
@@ -413,7 +416,7 @@ fn compile_backend(
         })),
         None => to,
     };
-    let external = (!b.external_name.is_empty()).then(|| {
+    let external = (!b.external_name.is_empty() && !tls_refused).then(|| {
         let port = u16::try_from(b.external_port).unwrap_or(0);
         let target = format!("{}:{port}", b.external_name);
         let authority = Authority::try_from(target.as_str()).ok();

@@ -545,10 +545,23 @@ mod tests {
             1,
             "three requests, one handshake"
         );
+        assert_eq!(pool.idle(), 1);
         assert!(
             pool.take(&Key::Addr(addr)).is_none(),
             "a TLS connection is never given to a cleartext key"
         );
+        let unverified_key = secure(
+            addr,
+            &holdfast_proto::v1::BackendTls {
+                verify: false,
+                ..verified.clone()
+            },
+        );
+        assert!(
+            pool.take(&unverified_key).is_none(),
+            "a connection is given only to a key with the same TLS settings"
+        );
+        assert!(pool.take(&key).is_some(), "its own key takes it");
         let refused = |tls: holdfast_proto::v1::BackendTls| async move {
             let e = Up::connect(secure(addr, &tls), Duration::from_secs(5))
                 .await

@@ -219,12 +219,21 @@ impl Stream {
     }
 
     /// Whether an idle connection is still quiet: a read would block. Bytes waiting (or
-    /// the end) mean the upstream closed it or sent something unasked (over TLS, an
-    /// alert): not reusable. Called only on a connection about to be reused or dropped.
-    pub fn is_quiet(&self) -> bool {
+    /// the end) mean the upstream closed it or sent something unasked: not reusable.
+    /// Over TLS the read goes through the session, so records it already holds (a
+    /// close_notify) count, and TLS's own messages (a late session ticket) do not. Called
+    /// only on a connection about to be reused or dropped: what a read takes is lost.
+    pub fn is_quiet(&mut self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.tcp().try_read(&mut probe),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        match self {
+            Stream::Plain(s) => matches!(s.try_read(&mut probe),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            Stream::Tls(s) => {
+                let mut buf = ReadBuf::new(&mut probe);
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                Pin::new(&mut **s).poll_read(&mut cx, &mut buf).is_pending()
+            }
+        }
     }
 }
 

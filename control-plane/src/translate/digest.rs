@@ -188,6 +188,18 @@ pub fn digest_ingress_within(ing: &Ingress, limits: IngressReading) -> IngressDi
         .as_ref()
         .map_or((false, Speaks::default()), |r| (r.regex, r.speaks.clone()));
     let mut digest = digest_ingress_unchecked(ing, regex, &speaks);
+    if let Some(why) = read
+        .as_ref()
+        .and_then(|r| r.filters.refused_protocol.as_ref())
+        && digest.default_backend.take().is_some()
+    {
+        // Its paths answer 500; the default backend, which no path's filters reach, is
+        // not published rather than spoken to otherwise than the Ingress asks.
+        digest.problems.push((
+            ProblemReason::InvalidAnnotation,
+            format!("spec.defaultBackend not served: {why}"),
+        ));
+    }
     if let Some(read) = read {
         if read.ssl_redirect == Some(false) {
             digest.ssl_redirect = false;

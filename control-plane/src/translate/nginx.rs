@@ -753,6 +753,7 @@ fn backend_protocol<'v>(
         "proxy-ssl-verify",
         "proxy-ssl-name",
         "proxy-ssl-server-name",
+        "proxy-ssl-secret",
     ];
     if !tls {
         for name in ssl.iter().filter(|n| get(n).is_some()) {

@@ -361,7 +361,9 @@ pub(super) fn build_host(
     sort_routes(&mut routes);
     // Each canary path joins the main route at its path and kind (the oldest canary
     // wins; ingress-nginx serves one canary per path).
-    let mut joined: Vec<(&RouteDigest, &IngressDigest)> = Vec::new();
+    // A canary's backends are spoken to as the main Ingress's are (its backend-protocol and
+    // proxy-ssl-* are the main Ingress's, as all its other annotations).
+    let mut joined: Vec<(&RouteDigest, &IngressDigest, Arc<BackendRef>)> = Vec::new();
     for (route, rank) in canaries {
         let canary = ordered[rank];
         let skip = |why: String| Problem {
@@ -373,27 +375,28 @@ pub(super) fn build_host(
                 route.kind, route.path
             ),
         };
-        if !winners
+        let main = winners
             .iter()
-            .any(|(w, _)| (w.kind, &w.path) == (route.kind, &route.path))
-        {
-            problems.push(skip("no Ingress without canary routes it".into()));
-        } else if let Some((_, first)) = joined
+            .find(|(w, _)| (w.kind, &w.path) == (route.kind, &route.path));
+        if let Some((_, first, _)) = joined
             .iter()
-            .find(|(j, _)| (j.kind, &j.path) == (route.kind, &route.path))
+            .find(|(j, _, _)| (j.kind, &j.path) == (route.kind, &route.path))
         {
             problems.push(skip(format!(
                 "{}/{} (older) is its canary already",
                 first.source.namespace, first.source.name
             )));
+        } else if let Some((main, _)) = main {
+            let backend = Arc::new(route.backend.speaking_like(&main.backend));
+            joined.push((route, canary, backend));
         } else {
-            joined.push((route, canary));
+            problems.push(skip("no Ingress without canary routes it".into()));
         }
     }
     let mut backends: Vec<Arc<BackendRef>> = winners
         .iter()
         .map(|(r, _)| r.backend.clone())
-        .chain(joined.iter().map(|(r, _)| r.backend.clone()))
+        .chain(joined.iter().map(|(_, _, b)| b.clone()))
         .collect();
     backends.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     backends.dedup_by(|a, b| a.name == b.name);
@@ -405,14 +408,14 @@ pub(super) fn build_host(
     let mut entry = HostEntry::new(vhost, owner, problems, backends);
     if !joined.is_empty() {
         let g = Arc::make_mut(&mut entry.wire);
-        for (route, canary) in &joined {
+        for (route, canary, backend) in &joined {
             let rules = canary.canary.as_deref().cloned().unwrap_or_default();
             if let Some(i) = g
                 .routes
                 .iter()
                 .position(|r| r.match_kind == route.kind as i32 && r.path == route.path)
             {
-                let entries = super::nginx::with_canary(&g.routes[i], &route.backend.name, &rules);
+                let entries = super::nginx::with_canary(&g.routes[i], &backend.name, &rules);
                 g.routes.splice(i..=i, entries);
             }
         }

@@ -314,6 +314,24 @@ pub(super) fn secret_dependency(secret: &str) -> String {
 }
 
 impl BackendRef {
+    /// The same Service port spoken to as `other` is (a canary joining its main Ingress's
+    /// path).
+    pub(super) fn speaking_like(&self, other: &BackendRef) -> BackendRef {
+        let speaks = Speaks {
+            h2c: other.h2c,
+            tls: other.tls.clone(),
+        };
+        let mut name = self.name[..self.port_end].to_owned();
+        name.push_str(&speaks.suffix());
+        BackendRef {
+            name_key: sort_prefix(&name),
+            name,
+            h2c: speaks.h2c,
+            tls: speaks.tls,
+            ..self.clone()
+        }
+    }
+
     /// The Secret its TLS is verified with, if any.
     pub(super) fn verify_secret(&self) -> Option<&str> {
         self.tls.as_ref()?.verify.as_deref()

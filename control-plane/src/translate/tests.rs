@@ -3101,6 +3101,21 @@ fn an_ingress_asking_for_https_gets_a_tls_backend_verified_with_its_own_secrets_
             .iter()
             .any(|b| b.name.contains("other/upstream")),
     );
+    // Its path answers 500: the entry has no backend, only why.
+    let foreign = t
+        .snapshot()
+        .gateway_hosts
+        .iter()
+        .find(|g| g.host == "foreign.test")
+        .expect("foreign.test is served")
+        .clone();
+    assert!(
+        foreign.routes.iter().all(|r| r
+            .backends
+            .iter()
+            .all(|b| b.backend.is_empty() && !b.unresolved.is_empty())),
+        "{foreign:?}"
+    );
     // The Secret appears, without ca.crt, then with one: the backend is resolved again
     // each time (the Secret is what changed).
     st.secrets
@@ -3127,5 +3142,79 @@ fn an_ingress_asking_for_https_gets_a_tls_backend_verified_with_its_own_secrets_
     assert!(
         checked.unavailable_reason.contains("CA certificate"),
         "{checked:?}"
+    );
+}
+
+#[test]
+fn a_canary_of_an_https_ingress_speaks_tls_too_and_a_refused_protocol_publishes_no_default_backend()
+{
+    let annotated = |name: &str, age: u32, svc: &str, annotations: &[(&str, &str)]| {
+        let rules = json!([rule(
+            "a.example.com",
+            "/",
+            "Prefix",
+            svc,
+            json!({"number": 80})
+        )]);
+        let mut ing = (*ingress("default", name, age, rules)).clone();
+        ing.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (format!("{}{k}", nginx::PREFIX), (*v).to_owned()))
+                .collect(),
+        );
+        Arc::new(ing)
+    };
+    let refused = {
+        let mut ing = (*annotated(
+            "refused",
+            3,
+            "web",
+            &[("backend-protocol", "HTTPS"), ("proxy-ssl-verify", "on")],
+        ))
+        .clone();
+        let spec = ing.spec.as_mut().unwrap();
+        spec.rules = None;
+        spec.default_backend = Some(
+            serde_json::from_value(
+                json!({ "service": { "name": "web", "port": { "number": 80 } } }),
+            )
+            .unwrap(),
+        );
+        Arc::new(ing)
+    };
+    let t = run(&state(vec![
+        annotated("main", 1, "web", &[("backend-protocol", "HTTPS")]),
+        annotated(
+            "canary",
+            2,
+            "beta",
+            &[("canary", "true"), ("canary-weight", "100")],
+        ),
+        refused,
+    ]));
+    let g = &t.snapshot().gateway_hosts[0];
+    let backends: Vec<&str> = g
+        .routes
+        .iter()
+        .flat_map(|r| r.backends.iter().map(|b| b.backend.as_str()))
+        .collect();
+    assert!(
+        backends.contains(&"default/beta:80 (https)") && !backends.contains(&"default/beta:80"),
+        "{backends:?}"
+    );
+    assert!(t.content.backend("default/beta:80 (https)").is_some());
+    // The Ingress whose protocol is refused has its default backend left out, and says so.
+    assert!(
+        t.snapshot().default_backend.is_none(),
+        "{:?}",
+        t.snapshot().default_backend
+    );
+    assert!(
+        t.problems
+            .iter()
+            .any(|p| p.name == "refused" && p.message.contains("spec.defaultBackend not served")),
+        "{:?}",
+        t.problems
     );
 }

@@ -92,7 +92,11 @@ impl Balancer {
         error: &(dyn std::error::Error + 'static),
     ) {
         let chain = holdfast_process::error_chain(error);
-        if is_local_error(error) {
+        if is_tls_error(error) {
+            // A handshake fails by the backend's TLS settings (its CA, its name), which
+            // are one route's: the endpoint stays for the others.
+            tracing::warn!(%endpoint, backend, error = %chain, "upstream TLS handshake failed; not ejecting");
+        } else if is_local_error(error) {
             tracing::warn!(%endpoint, backend, error = %chain, "upstream connect failed for a local reason; not ejecting");
         } else {
             tracing::warn!(%endpoint, backend, error = %chain, "upstream connect failed; ejecting endpoint");
@@ -111,6 +115,20 @@ pub fn is_local_error(e: &(dyn std::error::Error + 'static)) -> bool {
                 errno == libc::EADDRNOTAVAIL || holdfast_process::out_of_resources(errno)
             })
         {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether `e` is a failed TLS handshake (a [`ConnectError::Tls`] in its chain).
+///
+/// [`ConnectError::Tls`]: holdfast_http::upstream::ConnectError::Tls
+pub fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(holdfast_http::upstream::ConnectError::Tls(_)) = err.downcast_ref() {
             return true;
         }
         cur = err.source();
@@ -158,6 +176,19 @@ mod tests {
         let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
         b.connect_failed(e[0], "web", &emfile);
         assert_eq!(b.pick(&e, 0, None), Some((0, e[0])));
+    }
+
+    #[test]
+    fn a_failed_tls_handshake_ejects_nobody() {
+        use holdfast_http::upstream::ConnectError;
+        let b = Balancer::new(Duration::from_secs(10));
+        let e = addrs(2);
+        let tls = ConnectError::Tls(std::io::Error::other("certificate not trusted"));
+        b.connect_failed(e[0], "web (https)", &tls);
+        assert_eq!(b.pick(&e, 0, None), Some((0, e[0])), "still picked first");
+        let refused = ConnectError::Io(std::io::ErrorKind::ConnectionRefused.into());
+        b.connect_failed(e[0], "web", &refused);
+        assert_eq!(b.pick(&e, 0, None), Some((1, e[1])), "ejected by a refusal");
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -463,7 +463,11 @@ impl Forwarder {
                 self.mirrors.not_sent(Outcome::HasBody);
                 continue;
             }
-            let Some(backend) = &m.backend else {
+            let Some(backend) = m
+                .backend
+                .as_ref()
+                .filter(|b| b.unavailable_reason.is_none())
+            else {
                 self.mirrors.not_sent(Outcome::NoEndpoint);
                 continue;
             };

@@ -794,9 +794,10 @@ where
         };
         if body_left && self.head.expect_continue && self.head.minor == 1 {
             let send = Until::After(self.timeouts.send);
-            let go_on = self
-                .timer
-                .within(send, self.io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n"));
+            let go_on = self.timer.within(
+                send,
+                write_flushed(&mut self.io, b"HTTP/1.1 100 Continue\r\n\r\n"),
+            );
             if !matches!(go_on.await, Ok(Ok(()))) {
                 return Err(Exchange::ClientGone);
             }
@@ -834,11 +835,14 @@ where
         let written = match bytes {
             Some((from, to)) => {
                 let data = &self.buf[from..to];
-                self.timer.within(by, upstream.write_all(data)).await
+                self.timer.within(by, write_flushed(upstream, data)).await
             }
             None => {
                 let base = &self.buf[self.head_at..];
-                let write = write_runs(upstream, &self.pieces, base, &self.out);
+                let write = async {
+                    write_runs(upstream, &self.pieces, base, &self.out).await?;
+                    upstream.flush().await
+                };
                 self.timer.within(by, write).await
             }
         };
@@ -1093,7 +1097,8 @@ where
     /// Writes `out` (a head, with any body bytes appended) to the client.
     async fn send_out(&mut self) -> Result<(), Relay> {
         let send = Until::After(self.timeouts.send);
-        match self.timer.within(send, self.io.write_all(&self.out)).await {
+        let write = write_flushed(&mut self.io, &self.out);
+        match self.timer.within(send, write).await {
             Ok(Ok(())) => Ok(()),
             _ => Err(Relay::Client),
         }
@@ -1102,7 +1107,7 @@ where
     /// Writes `bytes` of the upstream buffer to the client.
     async fn send_up_bytes(&mut self, from: usize, to: usize) -> Result<(), Relay> {
         let send = Until::After(self.timeouts.send);
-        let write = self.io.write_all(&self.up[from..to]);
+        let write = write_flushed(&mut self.io, &self.up[from..to]);
         match self.timer.within(send, write).await {
             Ok(Ok(())) => Ok(()),
             _ => Err(Relay::Client),
@@ -1425,6 +1430,14 @@ fn upgrade_allowed(headers: &dyn HeaderLookup, allowed: &[String]) -> bool {
 }
 
 /// Writes all of `slices`, in as few writes as the socket takes.
+/// Writes `bytes` whole, then flushes: over TLS a write can leave records inside the TLS
+/// session when the socket is full, and only a flush (or another write) sends them. Over
+/// TCP the flush does nothing.
+async fn write_flushed<S: AsyncWrite + Unpin>(io: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    io.write_all(bytes).await?;
+    io.flush().await
+}
+
 async fn write_all_vectored<S: AsyncWrite + Unpin>(
     io: &mut S,
     mut slices: &mut [std::io::IoSlice<'_>],
@@ -1514,7 +1527,7 @@ fn take_idle(number: Number, key: &Key, check: bool) -> Option<Stream> {
             return None;
         }
         let now = clock::now();
-        while let Some((stream, since)) = idle.conns.pop() {
+        while let Some((mut stream, since)) = idle.conns.pop() {
             if now.duration_since(since) >= IDLE_TIMEOUT {
                 continue;
             }
