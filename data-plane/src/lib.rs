@@ -31,6 +31,7 @@
 //! Logging, the shutdown signal, the node name and the admin HTTP listener are shared with
 //! the control plane, in the `holdfast-process` crate (`process/`).
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod cors;
