@@ -255,7 +255,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use http_body_util::Empty;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     type Up = Upstream<Empty<Bytes>>;
@@ -282,26 +282,9 @@ mod tests {
                 live.fetch_add(1, Ordering::SeqCst);
                 let (live, mut close) = (live.clone(), close_rx.clone());
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        tokio::select! {
-                            n = s.read(&mut chunk) => {
-                                let n = n.unwrap_or(0);
-                                if n == 0 {
-                                    break;
-                                }
-                                buf.extend_from_slice(&chunk[..n]);
-                                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                                    buf.drain(..end + 4);
-                                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                                    if s.write_all(ok).await.is_err() {
-                                        break;
-                                    }
-                                }
-                            }
-                            _ = async { close.wait_for(|c| *c).await.map(|_| ()) } => break,
-                        }
+                    tokio::select! {
+                        () = answer_ok(&mut s) => {}
+                        _ = async { close.wait_for(|c| *c).await.map(|_| ()) } => {}
                     }
                     drop(s);
                     live.fetch_sub(1, Ordering::SeqCst);
@@ -313,6 +296,29 @@ mod tests {
             accepted,
             open,
             close,
+        }
+    }
+
+    /// Answers `ok` to every request head on `s` until it ends.
+    async fn answer_ok<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while let Ok(n) = s.read(&mut chunk).await {
+            if n == 0 {
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if s.write_all(ok).await.is_err() {
+                    return;
+                }
+                // Over TLS the answer may wait in the session until flushed.
+                if s.flush().await.is_err() {
+                    return;
+                }
+            }
         }
     }
 
@@ -493,21 +499,7 @@ mod tests {
                         return;
                     };
                     count.fetch_add(1, Ordering::SeqCst);
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while let Ok(n) = s.read(&mut chunk).await {
-                        if n == 0 {
-                            break;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                            if s.write_all(ok).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
+                    answer_ok(&mut s).await;
                 });
             }
         });

@@ -60,23 +60,41 @@ pub async fn serve_after(
     let name: std::sync::Arc<str> = name.into();
     loop {
         let (stream, _) = listener.accept().await?;
-        let name = name.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let name = name.clone();
-                async move {
-                    if !delay.is_zero() {
-                        // The upstream's own behaviour under test, not synchronisation.
-                        tokio::time::sleep(delay).await;
-                    }
-                    respond(name, req).await
-                }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                .await;
-        });
+        tokio::spawn(serve_connection(stream, name.clone(), delay, None));
     }
+}
+
+/// Serves one connection (HTTP/1.1 with upgrades, or HTTP/2), every answer after `delay`;
+/// over TLS, `handshake` (SNI, ALPN) is added to every answer.
+async fn serve_connection<I>(
+    io: I,
+    name: std::sync::Arc<str>,
+    delay: std::time::Duration,
+    handshake: Option<(String, String)>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let (name, handshake) = (name.clone(), handshake.clone());
+        async move {
+            if !delay.is_zero() {
+                // The upstream's own behaviour under test, not synchronisation.
+                tokio::time::sleep(delay).await;
+            }
+            let mut response = respond(name, req).await?;
+            if let Some((sni, alpn)) = handshake {
+                for (header, value) in [("x-echo-tls-sni", sni), ("x-echo-tls-alpn", alpn)] {
+                    if let Ok(v) = http::HeaderValue::from_str(&value) {
+                        response.headers_mut().insert(header, v);
+                    }
+                }
+            }
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let _ = auto::Builder::new(TokioExecutor::new())
+        .serve_connection_with_upgrades(TokioIo::new(io), svc)
+        .await;
 }
 
 /// [`serve_after`] over TLS with `config` (its certificate; ALPN as it says): each
@@ -105,25 +123,7 @@ pub async fn serve_tls(
                 .alpn_protocol()
                 .map(|p| String::from_utf8_lossy(p).into_owned())
                 .unwrap_or_default();
-            let svc = service_fn(move |req| {
-                let (name, sni, alpn) = (name.clone(), sni.clone(), alpn.clone());
-                async move {
-                    if !delay.is_zero() {
-                        // The upstream's own behaviour under test, not synchronisation.
-                        tokio::time::sleep(delay).await;
-                    }
-                    let mut response = respond(name, req).await?;
-                    for (header, value) in [("x-echo-tls-sni", sni), ("x-echo-tls-alpn", alpn)] {
-                        if let Ok(v) = http::HeaderValue::from_str(&value) {
-                            response.headers_mut().insert(header, v);
-                        }
-                    }
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                .await;
+            serve_connection(tls, name, delay, Some((sni, alpn))).await;
         });
     }
 }
