@@ -92,7 +92,7 @@ phase "data-plane tests on the hyper engine"
 # HTTPS, h2spec, the Gateway API tests and filters, and the conformance suite. The admin
 # test checks which engine the proxy reports serving.
 HOLDFAST_H1_ENGINE=hyper cargo test -p holdfast-tests --test e2e --locked -- \
-  data_plane:: data_plane_e2e:: https:: https_e2e:: h2spec:: gateway_api:: gateway_filters:: ingress_nginx:: \
+  access_log:: traces::a_sampled data_plane:: data_plane_e2e:: https:: https_e2e:: h2spec:: gateway_api:: gateway_filters:: ingress_nginx:: \
   conformance::
 phase "AFL++ fuzzing"
 # Coverage-guided fuzzing (AFL++ through the pinned cargo-afl) of the framing tracker, the

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use holdfast_process::admin::{Page, healthz, metrics, text};
 use holdfast_proto::v1::admin_server::Admin;
 use holdfast_proto::v1::{
-    ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetChangesRequest, GetSnapshotRequest,
-    GetStatusRequest, GetStatusResponse, ListProxiesRequest, ListProxiesResponse, Snapshot,
-    SnapshotDelta,
+    ApproveHeldSnapshotRequest, ApproveHeldSnapshotResponse, GetChangesRequest, GetRolloutRequest,
+    GetRolloutResponse, GetSnapshotRequest, GetStatusRequest, GetStatusResponse,
+    ListProxiesRequest, ListProxiesResponse, Snapshot, SnapshotDelta,
 };
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
@@ -19,17 +19,28 @@ use tonic::Status;
 use crate::state::{ApproveError, Shared};
 
 /// The admin gRPC service.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AdminService {
     shared: Shared,
+    /// The caches (the objects `GetRollout` looks up); None in tests of the rest.
+    caches: Option<crate::caches::Caches>,
+}
+
+impl std::fmt::Debug for AdminService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminService").finish_non_exhaustive()
+    }
 }
 
 impl AdminService {
-    /// Reports on `shared`.
-    pub fn new(shared: Shared) -> Self {
-        AdminService { shared }
+    /// Reports on `shared`, and on the objects in `caches`.
+    pub fn new(shared: Shared, caches: Option<crate::caches::Caches>) -> Self {
+        AdminService { shared, caches }
     }
 }
+
+/// The kinds `GetRollout` answers for.
+const ROLLOUT_KINDS: [&str; 5] = ["Ingress", "HTTPRoute", "GRPCRoute", "TLSRoute", "Gateway"];
 
 #[tonic::async_trait]
 impl Admin for AdminService {
@@ -66,6 +77,71 @@ impl Admin for AdminService {
             c.private_key.clear();
         }
         Ok(tonic::Response::new(delta))
+    }
+
+    async fn get_rollout(
+        &self,
+        request: tonic::Request<GetRolloutRequest>,
+    ) -> Result<tonic::Response<GetRolloutResponse>, Status> {
+        let r = request.into_inner();
+        let Some(kind) = ROLLOUT_KINDS
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(&r.kind))
+        else {
+            return Err(Status::invalid_argument(format!(
+                "kind {:?} is not one of {}",
+                r.kind,
+                ROLLOUT_KINDS.join(", ")
+            )));
+        };
+        if r.namespace.is_empty() || r.name.is_empty() {
+            return Err(Status::invalid_argument(
+                "name the object's namespace and name",
+            ));
+        }
+        let Some(caches) = &self.caches else {
+            return Err(Status::unavailable("this replica has no caches"));
+        };
+        let Some((generation, resource_version)) = caches.generation(kind, &r.namespace, &r.name)
+        else {
+            return Err(Status::not_found(format!(
+                "{kind} {}/{} is not in this replica's caches",
+                r.namespace, r.name
+            )));
+        };
+        let object = crate::rollout::Object {
+            kind: (*kind).to_owned(),
+            namespace: r.namespace,
+            name: r.name,
+            generation,
+            resource_version,
+        };
+        let published = self.shared.published();
+        let status = self.shared.status();
+        // The build's problems name Ingresses (a Gateway API object's are in its status).
+        let problems = status
+            .problems
+            .into_iter()
+            .filter(|p| {
+                object.kind == "Ingress" && p.namespace == object.namespace && p.name == object.name
+            })
+            .collect();
+        let stamp = |v: &str| self.shared.stamp(v);
+        let connected = self.shared.proxies();
+        let departed = self.shared.departed();
+        let seen = crate::rollout::Seen {
+            published: published
+                .as_deref()
+                .map(|p| (p.version.as_str(), p.progress.as_slice())),
+            stamp: &stamp,
+            connected: &connected,
+            departed: &departed,
+            held: status.held.is_some(),
+            problems,
+        };
+        Ok(tonic::Response::new(crate::rollout::rollout(
+            &object, &seen,
+        )))
     }
 
     async fn list_proxies(

@@ -129,6 +129,32 @@ impl Caches {
         (caches, writers)
     }
 
+    /// The `metadata.generation` and `resourceVersion` of one object of `kind` (Ingress,
+    /// HTTPRoute, GRPCRoute, TLSRoute, Gateway) as cached; None when it is not.
+    pub fn generation(&self, kind: &str, namespace: &str, name: &str) -> Option<(i64, String)> {
+        fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<(i64, String)>
+        where
+            K: Resource + Clone + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+        {
+            let key = reflector::ObjectRef::new(name).within(namespace);
+            let o = store.get(&key)?;
+            let meta = o.meta();
+            Some((
+                meta.generation.unwrap_or_default(),
+                meta.resource_version.clone().unwrap_or_default(),
+            ))
+        }
+        match kind {
+            "Ingress" => get(&self.ingresses, namespace, name),
+            "HTTPRoute" => get(&self.http_routes, namespace, name),
+            "GRPCRoute" => get(&self.grpc_routes, namespace, name),
+            "TLSRoute" => get(&self.tls_routes, namespace, name),
+            "Gateway" => get(&self.gateways, namespace, name),
+            _ => None,
+        }
+    }
+
     /// Everything translation needs, read from the stores (no API calls).
     pub fn state(&self) -> ClusterState {
         self.read().1
@@ -167,6 +193,18 @@ impl Caches {
         };
         progress.sort_by(|a, b| a.kind.cmp(&b.kind));
         (progress, state)
+    }
+
+    /// Only the IngressClasses and Ingresses (what says which Ingresses are ours), the
+    /// rest of the state empty: for readers that need no more, without copying every
+    /// store.
+    pub fn ingress_state(&self) -> ClusterState {
+        let mut progress = Vec::with_capacity(2);
+        ClusterState {
+            ingress_classes: self.read_kind(&self.ingress_classes, &mut progress),
+            ingresses: self.read_kind(&self.ingresses, &mut progress),
+            ..ClusterState::default()
+        }
     }
 
     /// One kind's objects, with its progress pushed onto `progress`, under its lock.

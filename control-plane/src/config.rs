@@ -273,6 +273,14 @@ pub struct Args {
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// An OpenTelemetry Collector's OTLP/gRPC endpoint (`http://collector:4317`): each
+    /// sampled build exports a `build` span, with a `publish` child when it offered a
+    /// snapshot. Off when not set.
+    #[arg(long, env = "HOLDFAST_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of builds traced (0 to 1).
+    #[arg(long, env = "HOLDFAST_TRACE_SAMPLE_RATIO", default_value_t = 1.0)]
+    pub trace_sample_ratio: f64,
 }
 
 /// Validated configuration: one settings value per component, which wiring hands over
@@ -338,6 +346,25 @@ fn namespace_name(s: &str) -> Option<(&str, &str)> {
 impl Args {
     /// Checks the values together.
     pub fn validate(self) -> Result<Config, ConfigError> {
+        if !(0.0..=1.0).contains(&self.trace_sample_ratio) {
+            return Err(ConfigError::new(
+                "trace-sample-ratio",
+                "must be from 0 to 1",
+            ));
+        }
+        let tracing = match &self.otlp_endpoint {
+            None => None,
+            Some(e) if e.starts_with("http://") => Some(publisher::Tracing {
+                endpoint: e.clone(),
+                ratio: self.trace_sample_ratio,
+            }),
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "otlp-endpoint",
+                    "must be an http:// URL (http://collector:4317): TLS to the collector is not supported yet (run the collector beside the proxy, or behind a local agent)",
+                ));
+            }
+        };
         if !(0.0..=1.0).contains(&self.max_removal_share) {
             return Err(ConfigError::new(
                 "max-removal-share",
@@ -561,6 +588,7 @@ impl Args {
                 max_removal_share: self.max_removal_share,
                 confirm_after: self.hold_confirm_after,
                 max_snapshot_bytes: self.max_snapshot_bytes,
+                tracing,
             },
             status,
             instance,

@@ -14,6 +14,7 @@
 //! - [`connection_age`]: a gRPC connection ends after its age (GOAWAY) and grace.
 //! - [`discovery`]: the `RouteDiscovery` gRPC stream (ACK/NACK, nonces, shared bytes).
 //! - [`admin`]: the `Admin` gRPC service and the HTTP `/healthz`, `/readyz`, `/metrics`.
+//! - [`rollout`]: how far one object's change has rolled out to the proxies (pure).
 //! - [`status`]: leader election (a Lease) and `status.loadBalancer` of our Ingresses.
 //! - [`metrics`], [`config`], [`server`] (wiring).
 //! - `fixtures` (tests only): a mocked API server that pins the exact requests made.
@@ -33,7 +34,9 @@ mod fixtures;
 pub mod gateway_api;
 pub mod guard;
 pub mod metrics;
+pub mod programmed;
 pub mod publisher;
+pub mod rollout;
 pub mod server;
 pub mod state;
 pub mod status;

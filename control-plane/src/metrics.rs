@@ -56,8 +56,16 @@ pub struct Metrics {
     pub snapshot_routes: Gauge,
     /// Time to read the caches, translate, seal and validate.
     pub build_duration: Histogram,
+    /// From the leader first seeing an Ingress's new generation to every proxy connected
+    /// to it serving that generation.
+    pub programmed: Histogram,
+    /// Our Ingresses the leader tracks for `Programmed` (0 elsewhere, and until its first
+    /// look after becoming leader).
+    pub programmed_tracked: Gauge,
     /// Snapshots published.
     pub published: Counter,
+    /// Spans not delivered to the OpenTelemetry Collector.
+    pub spans_dropped: Counter,
     /// Builds whose content equalled the published snapshot (nothing sent).
     pub unchanged: Counter,
     /// 1 while a snapshot is held back.
@@ -118,7 +126,10 @@ impl Metrics {
             snapshot_revision: Gauge::default(),
             snapshot_routes: Gauge::default(),
             build_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            programmed: Histogram::new(exponential_buckets(0.05, 2.0, 14)),
+            programmed_tracked: Gauge::default(),
             published: Counter::default(),
+            spans_dropped: Counter::default(),
             unchanged: Counter::default(),
             held: Gauge::default(),
             holds: Counter::default(),
@@ -157,9 +168,24 @@ impl Metrics {
             m.snapshot_routes.clone(),
         );
         r.register(
+            "object_programmed_seconds",
+            "From the leader first seeing an Ingress's new generation to every proxy connected to it serving that generation",
+            m.programmed.clone(),
+        );
+        r.register(
+            "object_programmed_tracked",
+            "Our Ingresses whose generations the leader tracks for the Programmed Event (0 on other replicas)",
+            m.programmed_tracked.clone(),
+        );
+        r.register(
             "snapshot_build_duration_seconds",
             "Time to build, seal and validate a snapshot",
             m.build_duration.clone(),
+        );
+        r.register(
+            "spans_dropped",
+            "Spans not delivered to the OpenTelemetry Collector (the export queue full, or an export failed)",
+            m.spans_dropped.clone(),
         );
         r.register(
             "snapshots_published",

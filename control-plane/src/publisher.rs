@@ -44,6 +44,17 @@ pub struct Settings {
     pub confirm_after: Duration,
     /// Largest snapshot published, encoded (`--max-snapshot-bytes`); a larger one is held.
     pub max_snapshot_bytes: usize,
+    /// Builds traced to a collector (`--otlp-endpoint`), if any.
+    pub tracing: Option<Tracing>,
+}
+
+/// Where builds' spans go, and the share of builds traced.
+#[derive(Debug, Clone)]
+pub struct Tracing {
+    /// The collector's OTLP/gRPC endpoint.
+    pub endpoint: String,
+    /// The share of builds traced.
+    pub ratio: f64,
 }
 
 /// Translates, seals and validates: the whole build, with no I/O. The translator is
@@ -113,26 +124,82 @@ pub fn expiry_problems(
     out
 }
 
+/// Writes of one Event tried before it is given up (about 15 s of pauses in all).
+const EVENT_ATTEMPTS: u32 = 5;
+/// The pause after the first failed Event write; each later pause doubles.
+const EVENT_RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Where the control plane's Events go: its client and its name as their reporter.
+#[derive(Clone)]
+pub struct Events {
+    client: Client,
+    reporter: Reporter,
+}
+
+/// Event writes in flight at once in this process, at most [`EVENT_WRITERS`]: a change to
+/// thousands of Ingresses queues their Events rather than opening thousands of requests.
+fn event_writers() -> &'static tokio::sync::Semaphore {
+    static WRITERS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    WRITERS.get_or_init(|| tokio::sync::Semaphore::new(EVENT_WRITERS))
+}
+
+/// Event writes in flight at once.
+const EVENT_WRITERS: usize = 8;
+
+impl Events {
+    /// Events recorded through `client`, reported by `instance` of the control plane.
+    pub fn new(client: Client, instance: String) -> Self {
+        Events {
+            client,
+            reporter: Reporter {
+                controller: "holdfast-control-plane".into(),
+                instance: Some(instance),
+            },
+        }
+    }
+
+    /// Records `event` on `reference` in a task of its own. A failed write (a busy or
+    /// restarting API server) is retried [`EVENT_ATTEMPTS`] times, then given up with a
+    /// warning. Each is an Event of its own: kube's `Recorder` would make a later Event of
+    /// the same reason on the same object a repeat of the first, with the first's message,
+    /// so each write gets a recorder with nothing cached.
+    pub fn record(&self, event: Event, reference: k8s_openapi::api::core::v1::ObjectReference) {
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        tokio::spawn(async move {
+            let mut pause = EVENT_RETRY_FIRST;
+            for attempt in 1..=EVENT_ATTEMPTS {
+                // A place is held for the write only, not through the pause after it.
+                let written = match event_writers().acquire().await {
+                    Ok(_writing) => recorder.publish(&event, &reference).await,
+                    Err(_) => return,
+                };
+                match written {
+                    Ok(()) => return,
+                    Err(error) if attempt == EVENT_ATTEMPTS => {
+                        tracing::warn!(%error, attempts = attempt, reason = %event.reason, "could not record Event");
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, attempt, "could not record Event; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// Reports skipped Ingress rules as Kubernetes Events, each once per process.
 pub struct ProblemReporter {
-    recorder: Option<Recorder>,
+    events: Option<Events>,
     reported: BTreeSet<Problem>,
 }
 
 impl ProblemReporter {
     /// Events are recorded through `client` (None: log only).
     pub fn new(client: Option<Client>, instance: String) -> Self {
-        let recorder = client.map(|c| {
-            Recorder::new(
-                c,
-                Reporter {
-                    controller: "holdfast-control-plane".into(),
-                    instance: Some(instance),
-                },
-            )
-        });
         ProblemReporter {
-            recorder,
+            events: client.map(|c| Events::new(c, instance)),
             reported: BTreeSet::new(),
         }
     }
@@ -145,7 +212,7 @@ impl ProblemReporter {
                 reason = p.reason.as_str(),
                 "{}", p.message
             );
-            let Some(recorder) = self.recorder.clone() else {
+            let Some(events) = &self.events else {
                 continue;
             };
             let Some(ing) = state.ingresses.iter().find(|i| {
@@ -162,12 +229,9 @@ impl ProblemReporter {
                 action: "Translate".into(),
                 secondary: None,
             };
-            // Off the build path: an API outage must not slow publishing.
-            tokio::spawn(async move {
-                if let Err(error) = recorder.publish(&event, &reference).await {
-                    tracing::debug!(%error, "could not record Event");
-                }
-            });
+            // Off the build path: an API outage must not slow publishing. The problem is
+            // also in the log and `GetStatus`.
+            events.record(event, reference);
         }
         self.reported = current;
     }
@@ -279,10 +343,28 @@ pub async fn run(
     let mut confirming: Option<tokio::task::JoinHandle<()>> = None;
     // The long-lived translator and the Event reporter, used by one build at a time on
     // tokio's blocking pool (see `rebuild_off_runtime`).
+    let tracer = settings.tracing.as_ref().and_then(|t| {
+        let dropped = shared.metrics().spans_dropped.clone();
+        match holdfast_process::otlp::Exporter::start(
+            &t.endpoint,
+            "holdfast-control-plane",
+            1024,
+            dropped,
+        ) {
+            Ok(exporter) => Some((exporter, t.ratio)),
+            Err(error) => {
+                tracing::error!(%error, endpoint = %t.endpoint, "not tracing builds");
+                None
+            }
+        }
+    });
+    // The last builds' spans are sent before the process ends.
+    let exporter_at_exit = tracer.as_ref().map(|(exporter, _)| exporter.clone());
     let builder = Arc::new(std::sync::Mutex::new(Builder {
         translator: Translator::default(),
         reporter,
         deferred: None,
+        tracer,
     }));
     // Certificates near expiry are noticed without any cluster change.
     let mut expiry_tick = tokio::time::interval(Duration::from_secs(3600));
@@ -295,6 +377,11 @@ pub async fn run(
             _ = &mut shutdown => {
                 if let Some(task) = confirming {
                     task.abort();
+                }
+                if let Some(exporter) = &exporter_at_exit
+                    && !exporter.flush(Duration::from_secs(2)).await
+                {
+                    tracing::warn!("build spans still queued at exit were not sent");
                 }
                 return;
             }
@@ -408,6 +495,8 @@ struct Builder {
     /// which was never published, and is joined to this one ([`carry_changes`]) so that
     /// the guard and the delta stay O(change).
     deferred: Option<(String, Since)>,
+    /// Where builds' spans go, and the share of builds traced.
+    tracer: Option<(holdfast_process::otlp::Exporter, f64)>,
 }
 
 /// Joins the change lists across a deferred build: `candidate` was built right after the
@@ -528,6 +617,7 @@ fn rebuild(
         translator,
         reporter,
         deferred,
+        tracer,
     } = builder;
     #[cfg(test)]
     BUILDS_ON_THIS_THREAD.with(|n| n.set(n.get() + 1));
@@ -535,6 +625,10 @@ fn rebuild(
         tracing::debug!(unsynced = ?shared.unsynced(), "not building: caches incomplete");
         return Built::Done;
     }
+    let mut span = tracer
+        .as_ref()
+        .filter(|(_, ratio)| sampled(*ratio))
+        .map(|(exporter, _)| BuildSpan::start(exporter.clone()));
     let started = Instant::now();
     // Each kind's store with its progress, read together.
     let (progress, state) = caches.read();
@@ -558,6 +652,9 @@ fn rebuild(
             tracing::error!(%error, "built snapshot failed validation; not publishing");
             *translator = Translator::default();
             *deferred = None;
+            if let Some(span) = span.take() {
+                span.end("invalid", revision, None, true);
+            }
             return Built::Done;
         }
     };
@@ -578,15 +675,101 @@ fn rebuild(
         *deferred = candidate
             .since()
             .map(|s| (candidate.content_hash.clone(), s.clone()));
+        if let Some(span) = span.take() {
+            span.end("deferred", revision, None, false);
+        }
         return Built::Deferred;
     }
+    let offered = SystemTime::now();
+    let routes = candidate.route_count();
     offer(
         shared,
         candidate,
         settings.max_removal_share,
         settings.max_snapshot_bytes,
     );
+    if let Some(span) = span.take() {
+        let published = shared.published().map(|p| p.version.clone());
+        let publish = Publish {
+            start: offered,
+            version: published.unwrap_or_default(),
+            routes,
+            held: shared.held().is_some(),
+        };
+        span.end("offered", revision, Some(publish), false);
+    }
     Built::Done
+}
+
+/// Whether a build is traced, at `ratio`.
+fn sampled(ratio: f64) -> bool {
+    let draw = u64::from_be_bytes(holdfast_process::otlp::span_id()) >> 11;
+    (draw as f64) < ratio * (1u64 << 53) as f64
+}
+
+/// A traced build: its span, exported when it ends ([`BuildSpan::end`]).
+struct BuildSpan {
+    exporter: holdfast_process::otlp::Exporter,
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    start: SystemTime,
+}
+
+/// What a build's `publish` child span says: the offer, and what it left published.
+struct Publish {
+    start: SystemTime,
+    version: String,
+    routes: usize,
+    held: bool,
+}
+
+impl BuildSpan {
+    fn start(exporter: holdfast_process::otlp::Exporter) -> BuildSpan {
+        BuildSpan {
+            exporter,
+            trace_id: holdfast_process::otlp::trace_id(),
+            span_id: holdfast_process::otlp::span_id(),
+            start: SystemTime::now(),
+        }
+    }
+
+    /// Exports the `build` span (`outcome`: offered, deferred, invalid) and, when it
+    /// offered its snapshot, the `publish` span under it.
+    fn end(self, outcome: &str, revision: u64, publish: Option<Publish>, error: bool) {
+        use holdfast_process::otlp::{Kind, Span, Value};
+        let end = SystemTime::now();
+        if let Some(p) = publish {
+            self.exporter.export(Span {
+                trace_id: self.trace_id,
+                span_id: holdfast_process::otlp::span_id(),
+                parent: Some(self.span_id),
+                name: "publish".into(),
+                kind: Kind::Internal,
+                start: p.start,
+                end,
+                attributes: vec![
+                    ("holdfast.snapshot.version", Value::Str(p.version)),
+                    ("holdfast.snapshot.routes", Value::Int(p.routes as i64)),
+                    ("holdfast.held", Value::Str(p.held.to_string())),
+                ],
+                error: false,
+            });
+        }
+        self.exporter.export(Span {
+            trace_id: self.trace_id,
+            span_id: self.span_id,
+            parent: None,
+            name: "build".into(),
+            kind: Kind::Internal,
+            start: self.start,
+            end,
+            attributes: vec![
+                ("holdfast.build.outcome", Value::Str(outcome.into())),
+                ("holdfast.cluster.revision", Value::Int(revision as i64)),
+            ],
+            error,
+        });
+    }
 }
 
 /// Makes the last build's problems and certificates visible: metrics and `GetStatus`.
@@ -1219,6 +1402,7 @@ mod tests {
                 max_removal_share: 0.5,
                 confirm_after: Duration::from_secs(3600),
                 max_snapshot_bytes: usize::MAX,
+                tracing: None,
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(run(

@@ -136,6 +136,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         watch,
         &mut tasks,
     );
+    let admin_caches = caches.clone();
     tasks.spawn(status::run(
         client.clone(),
         caches.clone(),
@@ -211,7 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             grpc.max_streams_per_identity,
         ))
         .add_service(AdminServer::with_interceptor(
-            AdminService::new(shared.clone()),
+            AdminService::new(shared.clone(), Some(admin_caches)),
             move |request: tonic::Request<()>| {
                 admin_mode.check_admin(request.extensions())?;
                 Ok(request)

@@ -536,6 +536,13 @@ pub struct Shared {
 /// How many published versions a replica keeps for `Admin/GetChanges`.
 pub const HISTORY: usize = 16;
 
+/// How many published versions' progress a replica keeps for `Admin/GetRollout`.
+pub const STAMPS: usize = 4096;
+
+/// How many proxies that left a replica keeps for `Admin/GetRollout`, and for how long.
+pub const DEPARTED: usize = 256;
+const DEPARTED_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Debug)]
 struct Inner {
     published: watch::Sender<Option<Arc<Published>>>,
@@ -545,6 +552,11 @@ struct Inner {
     history: Mutex<std::collections::VecDeque<Arc<Published>>>,
     status: Mutex<Status>,
     proxies: Mutex<BTreeMap<u64, v1::ProxyStatus>>,
+    /// The versions published last ([`STAMPS`] of them, newest last) and the furthest
+    /// progress each was published at.
+    stamps: Mutex<std::collections::VecDeque<(String, Vec<KindProgress>)>>,
+    /// Proxies whose stream ended, and when (at most [`DEPARTED`], for an hour).
+    departed: Mutex<std::collections::VecDeque<(v1::ProxyStatus, SystemTime)>>,
     next_stream: AtomicU64,
     metrics: Metrics,
 }
@@ -579,6 +591,8 @@ impl Shared {
                 history: Mutex::new(std::collections::VecDeque::new()),
                 status: Mutex::new(status),
                 proxies: Mutex::new(BTreeMap::new()),
+                stamps: Mutex::new(std::collections::VecDeque::new()),
+                departed: Mutex::new(std::collections::VecDeque::new()),
                 next_stream: AtomicU64::new(1),
                 metrics,
             }),
@@ -602,6 +616,7 @@ impl Shared {
 
     /// Publishes a sealed, validated snapshot to every stream.
     pub fn publish(&self, published: Arc<Published>) {
+        self.stamp_published(&published.version, &published.progress);
         let m = &self.inner.metrics;
         let restamp = self
             .published()
@@ -899,6 +914,45 @@ impl Shared {
         }
     }
 
+    /// Records that `version` was published at `progress` (a restamp of the same version
+    /// raises its progress).
+    fn stamp_published(&self, version: &str, progress: &[KindProgress]) {
+        let mut stamps = lock(&self.inner.stamps);
+        if let Some((_, p)) = stamps.iter_mut().rev().find(|(v, _)| v == version) {
+            for newer in progress {
+                match p.iter_mut().find(|k| k.kind == newer.kind) {
+                    Some(k) => k.resource_version = k.resource_version.max(newer.resource_version),
+                    None => p.push(newer.clone()),
+                }
+            }
+            return;
+        }
+        if stamps.len() == STAMPS {
+            stamps.pop_front();
+        }
+        stamps.push_back((version.to_owned(), progress.to_vec()));
+    }
+
+    /// The furthest progress `version` was published at, if it is among the last
+    /// [`STAMPS`] versions published.
+    pub fn stamp(&self, version: &str) -> Option<Vec<KindProgress>> {
+        lock(&self.inner.stamps)
+            .iter()
+            .rev()
+            .find(|(v, _)| v == version)
+            .map(|(_, p)| p.clone())
+    }
+
+    /// Proxies whose stream ended within the last hour, and when.
+    pub fn departed(&self) -> Vec<(v1::ProxyStatus, SystemTime)> {
+        let now = SystemTime::now();
+        lock(&self.inner.departed)
+            .iter()
+            .filter(|(_, at)| now.duration_since(*at).unwrap_or_default() < DEPARTED_FOR)
+            .cloned()
+            .collect()
+    }
+
     /// Registers a proxy stream; returns its id for later updates.
     pub fn add_proxy(&self, status: v1::ProxyStatus) -> u64 {
         let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
@@ -916,9 +970,16 @@ impl Shared {
 
     /// Removes a proxy stream.
     pub fn remove_proxy(&self, id: u64) {
-        if lock(&self.inner.proxies).remove(&id).is_some() {
-            self.inner.metrics.proxies_connected.dec();
+        let Some(status) = lock(&self.inner.proxies).remove(&id) else {
+            return;
+        };
+        self.inner.metrics.proxies_connected.dec();
+        let mut departed = lock(&self.inner.departed);
+        departed.retain(|(p, _)| p.id != status.id);
+        if departed.len() == DEPARTED {
+            departed.pop_front();
         }
+        departed.push_back((status, SystemTime::now()));
     }
 
     /// Every connected proxy.

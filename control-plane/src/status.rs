@@ -16,7 +16,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
 use kube::api::PostParams;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Client, Resource};
 use kube_lease_manager::LeaseManagerBuilder;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +26,8 @@ use crate::caches::{Caches, ClaimsConfigMap};
 use crate::claims;
 use crate::discovery::UNBOUND_UNKNOWN;
 use crate::gateway_api;
+use crate::programmed::{self, Tracker};
+use crate::publisher::Events;
 use crate::state::Shared;
 use crate::translate::{self, ClusterState};
 
@@ -159,6 +162,64 @@ pub fn stale<'a>(
         .collect()
 }
 
+/// How often the leader looks for Ingress generations served everywhere.
+const PROGRAMMED_EVERY: Duration = Duration::from_millis(200);
+
+/// One look: notes our Ingresses' generations, and for each one every connected proxy now
+/// serves, observes the histogram and records a `Programmed` Event.
+fn programmed_step(
+    tracker: &mut Tracker,
+    caches: &Caches,
+    shared: &Shared,
+    opts: &translate::Options,
+    events: &Events,
+) {
+    let now = std::time::Instant::now();
+    let state = caches.ingress_state();
+    let ours = translate::our_ingresses(&state, opts);
+    tracker.observe(
+        ours.iter().filter_map(|i| {
+            let m = &i.metadata;
+            Some((
+                m.namespace.as_deref()?,
+                m.name.as_deref()?,
+                m.generation.unwrap_or_default(),
+                m.resource_version.as_deref()?,
+            ))
+        }),
+        now,
+    );
+    shared
+        .metrics()
+        .programmed_tracked
+        .set(i64::try_from(tracker.tracked()).unwrap_or(i64::MAX));
+    if tracker.pending() == 0 {
+        return;
+    }
+    let proxies: Vec<_> = shared
+        .proxies()
+        .iter()
+        .map(|p| shared.stamp(&p.acked_version))
+        .collect();
+    for done in tracker.programmed(&proxies, now) {
+        shared.metrics().programmed.observe(done.took.as_secs_f64());
+        let Some(ingress) = ours.iter().find(|i| {
+            i.metadata.namespace.as_deref() == Some(&done.namespace)
+                && i.metadata.name.as_deref() == Some(&done.name)
+        }) else {
+            continue;
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "Programmed".into(),
+            note: Some(programmed::message(&done)),
+            action: "Serve".into(),
+            secondary: None,
+        };
+        events.record(event, ingress.object_ref(&()));
+    }
+}
+
 /// Runs leader election, and while leader keeps the host claims ledger and our
 /// Ingresses' status up to date.
 pub async fn run(
@@ -188,6 +249,10 @@ pub async fn run(
         }
     };
     let (mut leader, task) = manager.watch().await;
+    let events = Events::new(client.clone(), settings.identity.clone());
+    let mut programmed = Tracker::default();
+    let mut programmed_tick = tokio::time::interval(PROGRAMMED_EVERY);
+    programmed_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // A pass that took long (thousands of status writes) is not followed by a burst of
     // the ticks it missed: the next is a second after it.
@@ -201,11 +266,19 @@ pub async fn run(
                 if changed.is_err() { break; }
                 let is_leader = *leader.borrow_and_update();
                 shared.metrics().leader.set(i64::from(is_leader));
+                // A new leader starts from what exists now.
+                programmed = Tracker::default();
+                shared.metrics().programmed_tracked.set(0);
                 if is_leader {
                     shared.metrics().leader_acquisitions.inc();
                     tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "became leader: recording host claims, writing Ingress status");
                 } else {
                     tracing::info!(identity = %settings.identity, "not the leader");
+                }
+            }
+            _ = programmed_tick.tick() => {
+                if *leader.borrow() && shared.all_synced() {
+                    programmed_step(&mut programmed, &caches, &shared, &settings.translate, &events);
                 }
             }
             _ = tick.tick() => {

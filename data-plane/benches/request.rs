@@ -100,7 +100,7 @@ fn forward_via(
         parts.version,
         &parts.uri,
         &parts.headers,
-        (via, None, true),
+        (via, None, true, "test-id"),
         Some(table),
     ) else {
         panic!("the request is routed");
@@ -250,6 +250,7 @@ fn bench_filters(c: &mut Criterion) {
     let via = Via::Gateway {
         listener: Arc::from(LISTENER),
         tls: None,
+        version: "",
     };
     let client: SocketAddr = ([10, 1, 2, 3], 40000).into();
     let heads = |case: &str| {

@@ -240,6 +240,70 @@ pub struct Args {
     /// Log format (filter with RUST_LOG, default info).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Where the access log goes, one line per request: `stdout`, a file (appended to;
+    /// created if missing), or `off`. The proxy's own log is on stderr.
+    #[arg(long, env = "HOLDFAST_ACCESS_LOG", default_value = "stdout")]
+    pub access_log: String,
+    /// The access log's format: `json` (one object per line, the README's fields) or
+    /// `combined` (nginx's, for pipelines that parse it).
+    #[arg(long, env = "HOLDFAST_ACCESS_LOG_FORMAT", default_value = "json")]
+    pub access_log_format: crate::access_log::Format,
+    /// Log paths with their query string (off: the path alone; queries often carry
+    /// tokens).
+    #[arg(long, env = "HOLDFAST_ACCESS_LOG_QUERY")]
+    pub access_log_query: bool,
+    /// Share of requests logged (0 to 1), spread evenly; errors (a status of 400 or
+    /// more, or the proxy's own answer) are always logged.
+    #[arg(long, env = "HOLDFAST_ACCESS_LOG_SAMPLE", default_value_t = 1.0)]
+    pub access_log_sample: f64,
+    /// Lines waiting for the access log's writer at most; past that (the sink is slower
+    /// than the traffic) lines are dropped and counted in
+    /// holdfast_proxy_access_log_dropped_total. Requests never wait for the log.
+    #[arg(long, env = "HOLDFAST_ACCESS_LOG_BUFFER", default_value_t = 16384)]
+    pub access_log_buffer: usize,
+    /// An OpenTelemetry Collector's OTLP/gRPC endpoint (`http://collector:4317`): the proxy
+    /// then sends each request's W3C `traceparent` upstream as its own span's, and
+    /// exports the span of each sampled request there. Off when not set (`traceparent`
+    /// and `tracestate` pass as they came).
+    #[arg(long, env = "HOLDFAST_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of new traces sampled (0 to 1); a request that comes with a `traceparent` is
+    /// sampled as its parent was.
+    #[arg(long, env = "HOLDFAST_TRACE_SAMPLE_RATIO", default_value_t = 1.0)]
+    pub trace_sample_ratio: f64,
+}
+
+/// Tracing's settings (`--otlp-endpoint`, `--trace-sample-ratio`).
+#[derive(Debug, Clone)]
+pub struct TracingSettings {
+    /// The collector.
+    pub endpoint: String,
+    /// The share of new traces sampled.
+    pub ratio: f64,
+}
+
+/// Where the access log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTo {
+    /// Standard output.
+    Stdout,
+    /// This file, appended to.
+    File(PathBuf),
+}
+
+/// The access log's settings (`--access-log*`); None in [`Config`] when it is off.
+#[derive(Debug, Clone)]
+pub struct AccessLogSettings {
+    /// `--access-log`.
+    pub to: AccessLogTo,
+    /// `--access-log-format`.
+    pub format: crate::access_log::Format,
+    /// `--access-log-query`.
+    pub query: bool,
+    /// `--access-log-sample`.
+    pub sample: f64,
+    /// `--access-log-buffer`.
+    pub buffer: usize,
 }
 
 /// A CIDR (`10.0.0.0/8`) or a single address (`10.0.0.1`, `::1`).
@@ -271,6 +335,10 @@ pub struct Config {
     pub drain_delay: Duration,
     /// `--log-format`.
     pub log_format: LogFormat,
+    /// The access log; None when `--access-log off`.
+    pub access_log: Option<AccessLogSettings>,
+    /// Tracing; None without `--otlp-endpoint`.
+    pub tracing: Option<TracingSettings>,
 }
 
 /// The addresses the proxy listens on.
@@ -371,6 +439,51 @@ impl Args {
         if !(0.0..=1.0).contains(&self.retry_budget) {
             return Err(ConfigError::new("retry-budget", "must be from 0 to 1"));
         }
+        if !(0.0..=1.0).contains(&self.access_log_sample) {
+            return Err(ConfigError::new("access-log-sample", "must be from 0 to 1"));
+        }
+        if !(0.0..=1.0).contains(&self.trace_sample_ratio) {
+            return Err(ConfigError::new(
+                "trace-sample-ratio",
+                "must be from 0 to 1",
+            ));
+        }
+        let tracing = match self.otlp_endpoint {
+            None => None,
+            Some(e) if e.starts_with("http://") => Some(TracingSettings {
+                endpoint: e,
+                ratio: self.trace_sample_ratio,
+            }),
+            Some(_) => {
+                return Err(ConfigError::new(
+                    "otlp-endpoint",
+                    "must be an http:// URL (http://collector:4317): TLS to the collector is not supported yet (run the collector beside the proxy, or behind a local agent)",
+                ));
+            }
+        };
+        if self.access_log_buffer == 0 {
+            return Err(ConfigError::new("access-log-buffer", "must be at least 1"));
+        }
+        let access_log = match self.access_log.as_str() {
+            "off" => None,
+            "" => {
+                return Err(ConfigError::new(
+                    "access-log",
+                    "must be stdout, off or a file path",
+                ));
+            }
+            to => Some(AccessLogSettings {
+                to: if to == "stdout" {
+                    AccessLogTo::Stdout
+                } else {
+                    AccessLogTo::File(PathBuf::from(to))
+                },
+                format: self.access_log_format,
+                query: self.access_log_query,
+                sample: self.access_log_sample,
+                buffer: self.access_log_buffer,
+            }),
+        };
         if self.max_header_bytes < 1024 {
             return Err(ConfigError::new(
                 "max-header-bytes",
@@ -501,6 +614,8 @@ impl Args {
             max_snapshot_bytes: self.max_snapshot_bytes,
             drain_delay: self.drain_delay,
             log_format: self.log_format,
+            access_log,
+            tracing,
         })
     }
 }

@@ -67,6 +67,10 @@ use crate::server::ListenSettings;
 use crate::subscriber::Applier;
 use crate::table::RouteTable;
 
+/// At exit, how long the access log's writer and the span exporter each get to write
+/// what is waiting.
+const FLUSH_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Runs the proxy until `shutdown` is cancelled, then drains.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Config {
@@ -79,6 +83,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         max_snapshot_bytes,
         drain_delay,
         log_format: _,
+        access_log,
+        tracing,
     } = config;
     persist::prepare_dir(&state_dir)
         .with_context(|| format!("preparing --state-dir {}", state_dir.display()))?;
@@ -146,7 +152,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(proxy = %listeners[0].local_addr()?, https = %https, admin = %admin_listener.local_addr()?, debug = %debug_listener.local_addr()?, node = %subscribe.node.id, workers, "listening");
 
     let escaped_slashes = forward.escaped_slashes;
-    let forwarder = Arc::new(Forwarder::new(table.clone(), forward, metrics.clone()));
+    let mut forwarder = Forwarder::new(table.clone(), forward, metrics.clone());
+    if let Some(settings) = access_log {
+        forwarder = forwarder.with_access_log(access_log::open(&settings, &metrics)?);
+    }
+    if let Some(settings) = tracing {
+        let exporter = holdfast_process::otlp::Exporter::start(
+            &settings.endpoint,
+            "holdfast-proxy",
+            8192,
+            metrics.spans_dropped.clone(),
+        )
+        .with_context(|| format!("--otlp-endpoint {}", settings.endpoint))?;
+        forwarder = forwarder.with_tracing(exporter, settings.ratio);
+    }
+    let forwarder = Arc::new(forwarder);
     let tls = match &subscribe.tls {
         Some(files) => {
             let reloading = holdfast_proto::mtls::Reloading::new(
@@ -294,6 +314,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     forwarder.finish_tunnels(deadline).await;
     workers.stop().await;
+    // The last requests' access log lines and spans, written before the process ends.
+    forwarder.flush_observers(FLUSH_AT_EXIT).await;
     subscriber.abort();
     retry.abort();
     admin.abort();

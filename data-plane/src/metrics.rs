@@ -292,6 +292,10 @@ pub struct Metrics {
     pub upstream_connect_errors: Counter,
     /// Upstream connections opened (the rest of the requests reused an idle one).
     pub upstream_connections_opened: Counter,
+    /// Access log lines dropped because its writer was behind.
+    pub access_log_dropped: Counter,
+    /// Spans not delivered to the collector (its queue full, or an export failed).
+    pub spans_dropped: Counter,
     /// Applied snapshots that could not be written to the state file.
     pub persist_failures: Counter,
     /// 1 when the served snapshot is in the state file (it survives a restart).
@@ -343,6 +347,8 @@ impl Metrics {
             received_bytes: Counter::default(),
             upstream_connect_errors: Counter::default(),
             upstream_connections_opened: Counter::default(),
+            access_log_dropped: Counter::default(),
+            spans_dropped: Counter::default(),
             persist_failures: Counter::default(),
             snapshot_persisted: Gauge::default(),
             upstream_queue_timeouts: Counter::default(),
@@ -492,6 +498,16 @@ impl Metrics {
             "upstream_connections_opened",
             "Upstream connections opened (other requests reused an idle connection)",
             m.upstream_connections_opened.clone(),
+        );
+        r.register(
+            "access_log_dropped",
+            "Access log lines dropped because the log's writer was behind (requests never wait for it)",
+            m.access_log_dropped.clone(),
+        );
+        r.register(
+            "spans_dropped",
+            "Spans not delivered to the OpenTelemetry Collector (the export queue full, or an export failed)",
+            m.spans_dropped.clone(),
         );
         r.register(
             "upstream_connect_errors",

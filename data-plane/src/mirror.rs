@@ -83,12 +83,14 @@ pub struct Copy<'a> {
     pub changes: Option<&'a HeaderChanges>,
     /// The loop-detection header and this proxy's token in it.
     pub loop_header: (&'a str, &'a HeaderValue),
+    /// The original's `X-Request-Id` (sent unless the rule sets one).
+    pub request_id: &'a str,
 }
 
 /// The HTTP/1.1 head of a request's copy, made as a forwarded request's: its method and
 /// target, the Host sent upstream, the client's headers without the hop-by-hop ones (and
 /// those `Connection` names) and its framing (a copy has no body), the forwarding headers
-/// as the peer's trust sets them, the rule's changes, the loop-detection values the
+/// as the peer's trust sets them, the rule's changes, the original's request id, the loop-detection values the
 /// request came with and this proxy's token after them, and `Connection: close`. A header
 /// line that is not a valid name and value is left out.
 pub fn copy_head(copy: &Copy<'_>) -> Vec<u8> {
@@ -111,8 +113,18 @@ pub fn copy_head(copy: &Copy<'_>) -> Vec<u8> {
             }
         }
     }
+    headers.remove(holdfast_http::headers::REQUEST_ID);
     if let Some(changes) = copy.changes {
         changes.apply(&mut headers);
+    }
+    let removed = copy
+        .changes
+        .is_some_and(|c| c.remove.contains(&holdfast_http::headers::REQUEST_ID));
+    if !headers.contains_key(holdfast_http::headers::REQUEST_ID)
+        && !removed
+        && let Ok(id) = HeaderValue::from_str(copy.request_id)
+    {
+        headers.insert(holdfast_http::headers::REQUEST_ID, id);
     }
     // What the changes may not touch: this hop's framing and the loop-detection values.
     for name in HOP_BY_HOP
@@ -241,6 +253,7 @@ mod tests {
 
     #[test]
     fn a_copy_is_the_request_as_forwarded_with_the_loop_values_it_came_with_and_ours() {
+        // And with the original's request id, not the one the client sent.
         let h = headers(&[
             ("host", "client.example"),
             ("x-keep", "1"),
@@ -250,6 +263,7 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("content-length", "0"),
             ("x-holdfast-loop", "another-proxy"),
+            ("x-request-id", "the-clients-own"),
             ("x-forwarded-for", "192.0.2.9"),
             ("x-real-ip", "192.0.2.9"),
             ("x-remove", "gone"),
@@ -291,6 +305,7 @@ mod tests {
             }),
             changes: Some(&changes),
             loop_header: ("x-holdfast-loop", &token),
+            request_id: "the-originals",
         });
         let text = String::from_utf8(head).unwrap();
         let lines: Vec<&str> = text.split("\r\n").collect();
@@ -307,7 +322,13 @@ mod tests {
             "appended, as forwarding does"
         );
         let has = |line: &str| lines.contains(&line);
-        for kept in ["x-keep: 1", "x-keep: 2", "x-set: new", "x-add: a"] {
+        for kept in [
+            "x-keep: 1",
+            "x-keep: 2",
+            "x-set: new",
+            "x-add: a",
+            "x-request-id: the-originals",
+        ] {
             assert!(has(kept), "{kept}: {text}");
         }
         // From an untrusted peer: its address appended, its own claim replaced.
@@ -319,6 +340,7 @@ mod tests {
             "content-length",
             "x-remove",
             "x-set: old",
+            "the-clients-own",
         ] {
             assert!(!text.contains(gone), "{gone}: {text}");
         }

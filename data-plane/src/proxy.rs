@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use holdfast_http::forward::{Failure, Retry, Target};
-use holdfast_http::headers::{BadRequest, Hop, add_forwarded, check_framing, strip_hop_by_hop};
+use holdfast_http::headers::{
+    BadRequest, Hop, REQUEST_ID, RequestId, add_forwarded, check_framing, set_request_id,
+    strip_hop_by_hop,
+};
 use holdfast_process::error_chain;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
@@ -188,6 +191,8 @@ pub enum Via {
     Https {
         /// The SNI, if the client sent one.
         sni: Option<Arc<str>>,
+        /// The TLS version (`TLSv1.3`), for the access log.
+        version: &'static str,
     },
     /// A Gateway listener: routed by that listener's routes alone.
     Gateway {
@@ -195,6 +200,8 @@ pub enum Via {
         listener: Arc<str>,
         /// Over TLS, with the SNI if the client sent one.
         tls: Option<Option<Arc<str>>>,
+        /// Over TLS, its version.
+        version: &'static str,
     },
 }
 
@@ -202,6 +209,28 @@ impl Via {
     /// Came over TLS.
     pub fn is_tls(&self) -> bool {
         matches!(self, Via::Https { .. } | Via::Gateway { tls: Some(_), .. })
+    }
+
+    /// Over TLS, its version and the SNI, for the access log.
+    pub fn tls(&self) -> Option<(&'static str, Option<&str>)> {
+        match self {
+            Via::Http | Via::Gateway { tls: None, .. } => None,
+            Via::Https { sni, version } => Some((version, sni.as_deref())),
+            Via::Gateway {
+                tls: Some(sni),
+                version,
+                ..
+            } => Some((version, sni.as_deref())),
+        }
+    }
+}
+
+/// How a TLS version is logged.
+pub fn tls_version_name(version: Option<rustls::ProtocolVersion>) -> &'static str {
+    match version {
+        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+        _ => "TLS",
     }
 }
 
@@ -236,6 +265,181 @@ pub struct Forwarder {
     retry_budget: holdfast_http::forward::RetryBudget,
     /// The sender of copies for mirrors.
     mirrors: crate::mirror::Mirrors,
+    /// The access log, when it is on.
+    access_log: Option<crate::access_log::AccessLog>,
+    /// Where spans go, when the proxy traces.
+    tracer: Option<holdfast_process::otlp::Exporter>,
+}
+
+/// The attempts a request hyper serves made upstream, counted as they are made.
+#[derive(Clone, Default)]
+struct Attempts(Arc<std::sync::atomic::AtomicU32>);
+
+/// Where a response hyper relays came from, for the access log.
+#[derive(Clone)]
+struct Upstreamed {
+    to: String,
+    took: Duration,
+}
+
+/// What the access log needs of a request hyper serves, kept before it is forwarded.
+struct Words {
+    time: std::time::SystemTime,
+    method: Method,
+    uri: Uri,
+    host: String,
+    protocol: &'static str,
+    received: u64,
+    headers: HeaderMap,
+}
+
+impl Words {
+    fn of(req: &Request<Incoming>) -> Words {
+        let host = match req.uri().authority() {
+            Some(a) => a.as_str(),
+            None => req
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default(),
+        };
+        let mut headers = HeaderMap::new();
+        for name in [
+            header::REFERER,
+            header::USER_AGENT,
+            http::HeaderName::from_static("traceparent"),
+        ] {
+            if let Some(v) = req.headers().get(&name) {
+                headers.insert(name, v.clone());
+            }
+        }
+        // Every X-Forwarded-For line, as one list (a balancer may add a line of its own).
+        let xff = http::HeaderName::from_static("x-forwarded-for");
+        let joined = req
+            .headers()
+            .get_all(&xff)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Ok(v) = HeaderValue::from_str(&joined)
+            && !joined.is_empty()
+        {
+            headers.insert(xff, v);
+        }
+        Words {
+            time: std::time::SystemTime::now(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            host: host.to_owned(),
+            protocol: match req.version() {
+                Version::HTTP_2 => "HTTP/2.0",
+                Version::HTTP_10 => "HTTP/1.0",
+                _ => "HTTP/1.1",
+            },
+            // The body's declared length (it is streamed, not counted).
+            received: req.body().size_hint().exact().unwrap_or(0),
+            headers,
+        }
+    }
+
+    fn header(&self, name: http::HeaderName) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// The span of a request (OpenTelemetry's HTTP server span conventions), a child of the
+/// client's span when it sent one.
+fn span(
+    line: &Logged<'_>,
+    trace: &holdfast_http::trace::TraceContext,
+    route: Option<&str>,
+) -> holdfast_process::otlp::Span {
+    use holdfast_process::otlp::{Kind, Span, Value};
+    let method = line
+        .method
+        .get(..line.method.floor_char_boundary(64))
+        .unwrap_or_default();
+    let name = match line.route {
+        Some(r) if !r.path.is_empty() => format!("{method} {}", r.path),
+        _ => method.to_owned(),
+    };
+    // What a client wrote is kept short: a span waits in a bounded queue.
+    let short = |s: &str| {
+        s.get(..s.floor_char_boundary(1024))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut attributes = vec![
+        ("http.request.method", Value::Str(short(line.method))),
+        ("url.path", Value::Str(short(line.path))),
+        ("server.address", Value::Str(short(line.host))),
+        ("client.address", Value::Str(line.peer.to_string())),
+        (
+            "network.protocol.version",
+            Value::Str(
+                match line.protocol {
+                    "HTTP/2.0" => "2",
+                    "HTTP/1.0" => "1.0",
+                    _ => "1.1",
+                }
+                .into(),
+            ),
+        ),
+        ("http.response.status_code", Value::Int(line.status.into())),
+        ("holdfast.attempts", Value::Int(line.attempts.into())),
+        ("holdfast.request_id", Value::Str(line.request_id.into())),
+    ];
+    if let Some(r) = line.route {
+        attributes.push(("http.route", Value::Str(r.path.to_string())));
+    }
+    if let Some(route) = route {
+        attributes.push(("holdfast.route", Value::Str(route.into())));
+    }
+    if let Some(upstream) = line.upstream {
+        attributes.push(("holdfast.upstream.address", Value::Str(upstream.into())));
+    }
+    if let Some(reason) = line.reason {
+        attributes.push(("holdfast.reason", Value::Str(reason.as_str().into())));
+    }
+    Span {
+        trace_id: trace.trace_id,
+        span_id: trace.span_id,
+        parent: trace.parent,
+        name,
+        kind: Kind::Server,
+        start: line.time,
+        end: line.time + line.took,
+        attributes,
+        error: line.status >= 500,
+    }
+}
+
+/// A request as either engine saw it, for its access log line ([`Forwarder::log`]).
+pub(crate) struct Logged<'a> {
+    pub time: std::time::SystemTime,
+    pub peer: std::net::IpAddr,
+    pub via: &'a Via,
+    pub method: &'a str,
+    pub host: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub protocol: &'static str,
+    pub status: u16,
+    pub received: u64,
+    pub sent: u64,
+    pub took: Duration,
+    pub upstream_took: Option<Duration>,
+    pub upstream: Option<&'a str>,
+    pub route: Option<&'a Route>,
+    pub reason: Option<Reason>,
+    pub request_id: &'a str,
+    pub trace: Option<holdfast_http::trace::TraceContext>,
+    pub attempts: u32,
+    pub referer: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub forwarded_for: Option<&'a str>,
+    pub traceparent: Option<&'a str>,
 }
 
 /// Why the proxy answered a request itself with an error, and the status that carries:
@@ -503,6 +707,7 @@ impl Forwarder {
                 allow_upgrade: settings.allow_upgrade.clone(),
                 loop_header: LOOP_HEADER,
                 loop_token: settings.loop_token.clone(),
+                trace_ratio: None,
             },
             retry_budget: holdfast_http::forward::RetryBudget::new(settings.retry_budget),
             mirrors: crate::mirror::Mirrors::new(
@@ -514,7 +719,121 @@ impl Forwarder {
             metrics,
             slots: Mutex::new(Default::default()),
             draining: std::sync::atomic::AtomicBool::new(false),
+            access_log: None,
+            tracer: None,
         }
+    }
+
+    /// Logs every request to `log`.
+    pub fn with_access_log(mut self, log: crate::access_log::AccessLog) -> Self {
+        self.access_log = Some(log);
+        self
+    }
+
+    /// Traces requests: a span of each sampled one (parent-based; new traces at `ratio`)
+    /// to `exporter`, and this hop's `traceparent` upstream.
+    pub fn with_tracing(mut self, exporter: holdfast_process::otlp::Exporter, ratio: f64) -> Self {
+        self.tracer = Some(exporter);
+        self.engine.trace_ratio = Some(ratio);
+        self
+    }
+
+    /// At shutdown, once connections have drained: waits, at most `within` each, for the
+    /// spans queued to be sent and the access log's waiting lines to be written, so that
+    /// the last requests' are not lost with the process.
+    pub async fn flush_observers(self: &Arc<Self>, within: Duration) {
+        if let Some(tracer) = &self.tracer
+            && !tracer.flush(within).await
+        {
+            tracing::warn!(?within, "spans still queued at exit were not sent");
+        }
+        if self.access_log.is_some() {
+            let me = self.clone();
+            let written = tokio::task::spawn_blocking(move || {
+                me.access_log
+                    .as_ref()
+                    .is_none_or(|log| log.sink.close(within))
+            })
+            .await;
+            if !matches!(written, Ok(true)) {
+                tracing::warn!(?within, "access log lines waiting at exit were not written");
+            }
+        }
+    }
+
+    /// Whether each request is seen when it ends (the access log, or tracing).
+    pub(crate) fn observes(&self) -> bool {
+        self.access_log.is_some() || self.tracer.is_some()
+    }
+
+    /// Whether a peer's forwarding headers are kept (`--trust-forwarded-from`).
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        self.settings
+            .trust_forwarded_from
+            .iter()
+            .any(|net| net.contains(&peer))
+    }
+
+    /// Writes a request's line to the access log (when it is on): `line` as the engine
+    /// saw the request, completed here with the client's address after the trusted
+    /// forwarders, the normalised path, the route and the trace id.
+    pub(crate) fn log(&self, line: &Logged<'_>) {
+        thread_local! {
+            /// Each serving thread's route name, written once per request without allocating.
+            static ROUTE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        ROUTE.with(|name| {
+            let mut name = name.borrow_mut();
+            let route = line.route.map(|r| {
+                r.log_name(&mut name);
+                name.as_str()
+            });
+            self.observe(line, route);
+        });
+    }
+
+    fn observe(&self, line: &Logged<'_>, route: Option<&str>) {
+        if let (Some(tracer), Some(trace)) = (&self.tracer, line.trace.filter(|t| t.sampled)) {
+            tracer.export(span(line, &trace, route));
+        }
+        let Some(log) = &self.access_log else {
+            return;
+        };
+        // The trace this hop is part of (when it traces), else the client's.
+        let traced = line.trace.map(|t| t.trace_id_hex());
+        let path = crate::access_log::logged_path(
+            line.path,
+            line.query,
+            log.query,
+            self.settings.escaped_slashes,
+        );
+        let record = crate::access_log::Record {
+            time: line.time,
+            client: crate::access_log::client_address(line.peer, line.forwarded_for, |ip| {
+                self.trusts(ip)
+            }),
+            method: line.method,
+            host: line.host,
+            path: &path,
+            protocol: line.protocol,
+            tls: line.via.tls(),
+            status: line.status,
+            bytes_received: line.received,
+            bytes_sent: line.sent,
+            duration: line.took,
+            upstream_duration: line.upstream_took,
+            upstream: line.upstream,
+            route,
+            reason: line.reason.map(Reason::as_str),
+            request_id: Some(line.request_id).filter(|id| !id.is_empty()),
+            trace_id: match &traced {
+                Some(hex) => std::str::from_utf8(hex).ok(),
+                None => line.traceparent.and_then(crate::access_log::trace_id),
+            },
+            referer: line.referer,
+            user_agent: line.user_agent,
+        };
+        log.sink.log(&record);
     }
 
     /// A request on `route` whose rule's policy allows a retry: true when the retry
@@ -638,7 +957,11 @@ impl Forwarder {
     /// `--verbose-errors`. The client otherwise learns the status and nothing else.
     fn fail(&self, reason: Reason, detail: impl Into<String>) -> Response<ProxyBody> {
         let (status, body) = self.error_page(reason, detail);
-        local(status, body)
+        let mut answer = local(status, body);
+        if self.observes() {
+            answer.extensions_mut().insert(reason);
+        }
+        answer
     }
 
     /// An error answer's status and page (without its final newline), counted in the
@@ -809,6 +1132,28 @@ impl Forwarder {
         port: u16,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        let mut req = req;
+        let request_id = RequestId::choose(
+            req.headers().get(REQUEST_ID).map(HeaderValue::as_bytes),
+            self.trusts(client.ip()),
+        );
+        req.extensions_mut().insert(request_id);
+        let trace = self.engine.trace_ratio.map(|ratio| {
+            let incoming = req
+                .headers()
+                .get(holdfast_http::trace::TRACEPARENT)
+                .map(HeaderValue::as_bytes);
+            holdfast_http::trace::TraceContext::start(incoming, ratio)
+        });
+        if let Some(trace) = trace {
+            req.extensions_mut().insert(trace);
+        }
+        let attempts = self.observes().then(|| {
+            let counted = Attempts::default();
+            req.extensions_mut().insert(counted.clone());
+            counted
+        });
+        let words = self.observes().then(|| Words::of(&req));
         let table = self.table.load_full();
         let http1 = req.version() <= Version::HTTP_11;
         let (mut response, route) = self
@@ -832,6 +1177,36 @@ impl Forwarder {
             ),
             None => self.metrics.count_unrouted(status),
         }
+        if let Some(words) = &words {
+            let upstream = response.extensions().get::<Upstreamed>();
+            let upstream_to = upstream.map(|u| u.to.to_string());
+            self.log(&Logged {
+                time: words.time,
+                peer: client.ip(),
+                via,
+                method: words.method.as_str(),
+                host: &words.host,
+                path: words.uri.path(),
+                query: words.uri.query(),
+                protocol: words.protocol,
+                status,
+                received: words.received,
+                // What hyper will write: the body's length when it is known.
+                sent: response.body().size_hint().exact().unwrap_or(0),
+                took: started.elapsed(),
+                upstream_took: upstream.map(|u| u.took),
+                upstream: upstream_to.as_deref(),
+                route,
+                reason: response.extensions().get::<Reason>().copied(),
+                request_id: request_id.as_str(),
+                trace,
+                attempts: attempts.map_or(0, |a| a.0.load(Ordering::Relaxed)),
+                referer: words.header(header::REFERER),
+                user_agent: words.header(header::USER_AGENT),
+                forwarded_for: words.header(http::HeaderName::from_static("x-forwarded-for")),
+                traceparent: words.header(http::HeaderName::from_static("traceparent")),
+            });
+        }
         response
     }
 
@@ -847,6 +1222,17 @@ impl Forwarder {
         port: u16,
         upgrade: bool,
     ) -> PathAndQuery {
+        let trusted = self.trusts(client.ip());
+        // The request's id, as `handle` chose it (or chosen here): the client's header is
+        // replaced by it, unless the rule sets its own.
+        let id = match parts.extensions.get::<RequestId>() {
+            Some(id) => *id,
+            None => RequestId::choose(
+                parts.headers.get(REQUEST_ID).map(HeaderValue::as_bytes),
+                trusted,
+            ),
+        };
+        parts.headers.remove(REQUEST_ID);
         if let Some(changes) = routed.header_changes {
             changes.apply(&mut parts.headers);
         }
@@ -856,13 +1242,26 @@ impl Forwarder {
             port,
             proto: if tls { "https" } else { "http" },
             host: routed.raw_host.to_str().unwrap_or_default(),
-            trusted: self
-                .settings
-                .trust_forwarded_from
-                .iter()
-                .any(|net| net.contains(&client.ip())),
+            trusted,
         };
         add_forwarded(&mut parts.headers, hop);
+        set_request_id(&mut parts.headers, &id, routed.header_changes);
+        if let Some(trace) = parts
+            .extensions
+            .get::<holdfast_http::trace::TraceContext>()
+            .filter(|t| t.replaces_client())
+        {
+            let ours = trace.traceparent();
+            if let Ok(v) = HeaderValue::from_bytes(&ours) {
+                parts.headers.insert(holdfast_http::trace::TRACEPARENT, v);
+            }
+            // A trace started here: the client's tracestate belongs to none it continues.
+            if trace.parent.is_none() {
+                parts
+                    .headers
+                    .remove(http::HeaderName::from_static("tracestate"));
+            }
+        }
         parts.headers.insert(
             header::HOST,
             routed.upstream_host.unwrap_or(routed.raw_host),
@@ -900,7 +1299,7 @@ impl Forwarder {
         version: Version,
         uri: &Uri,
         headers: &HeaderMap,
-        (via, peer, bodyless): (&Via, Option<std::net::IpAddr>, bool),
+        (via, peer, bodyless, request_id): (&Via, Option<std::net::IpAddr>, bool, &str),
         table: Option<&'t RouteTable>,
     ) -> Result<Forwarding<'t>, (Response<ProxyBody>, Option<&'t Route>)> {
         if version <= Version::HTTP_11
@@ -925,6 +1324,7 @@ impl Forwarder {
             headers,
             peer,
             bodyless,
+            request_id,
         };
         match self.route(&view, via, table) {
             Decision::Forward(routed) => {
@@ -959,7 +1359,14 @@ impl Forwarder {
             req.version(),
             req.uri(),
             req.headers(),
-            (via, Some(client.ip()), req.body().is_end_stream()),
+            (
+                via,
+                Some(client.ip()),
+                req.body().is_end_stream(),
+                req.extensions()
+                    .get::<RequestId>()
+                    .map_or("", RequestId::as_str),
+            ),
             table,
         ) {
             Ok(routed) => routed,
@@ -1042,6 +1449,7 @@ impl Forwarder {
         // A sticky session's endpoint first, else the backend's round robin.
         let mut start = sticky.unwrap_or_else(|| backend.next_index());
         let mut tried: Option<SocketAddr> = None;
+        let attempts = parts.extensions.get::<Attempts>().cloned();
         let mut failure = Failure::NoEndpoint;
         'retry: loop {
             for attempt in 0..2 {
@@ -1054,6 +1462,9 @@ impl Forwarder {
                         }
                         Target::None => break,
                     };
+                if let Some(counted) = &attempts {
+                    counted.0.fetch_add(1, Ordering::Relaxed);
+                }
                 let sent = Instant::now();
                 let result = if backend.h2c {
                     match self.h2c.sender(&key, connect).await {
@@ -1119,7 +1530,14 @@ impl Forwarder {
                             continue 'retry;
                         }
                         let client_upgrade = client_upgrade.take();
+                        let took = sent.elapsed();
                         let mut answer = self.relay(resp, up, upgrade, client_upgrade, slot_permit);
+                        if self.observes() {
+                            answer.extensions_mut().insert(Upstreamed {
+                                to: tried.map_or_else(|| authority.to_string(), |a| a.to_string()),
+                                took,
+                            });
+                        }
                         if let Some(changes) = response_changes.get() {
                             changes.apply_to_response(answer.headers_mut(), LOOP_HEADER);
                         }
@@ -1726,6 +2144,7 @@ mod gateway_tests {
                 headers: &h,
                 peer: None,
                 bodyless: true,
+                request_id: "test-id",
             };
             match f.route(&view, &Via::Http, Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -1784,6 +2203,7 @@ mod gateway_tests {
                 headers: &h,
                 peer: peer.map(|p| p.parse().unwrap()),
                 bodyless: true,
+                request_id: "test-id",
             };
             match f.route(&view, &Via::Http, Some(&t)) {
                 Decision::Forward(_) => 200,
@@ -1854,6 +2274,7 @@ mod gateway_tests {
         Via::Gateway {
             listener: Arc::from("127.10.0.1:80"),
             tls: None,
+            version: "",
         }
     }
 
@@ -1874,7 +2295,7 @@ mod gateway_tests {
                 Version::HTTP_11,
                 &uri,
                 &h,
-                (via, None, true),
+                (via, None, true, "test-id"),
                 Some(&t),
             ) {
                 Ok(r) => Ok(r.route.backend.name.clone()),
@@ -1907,6 +2328,7 @@ mod gateway_tests {
         let other = Via::Gateway {
             listener: Arc::from("127.10.0.2:80"),
             tls: None,
+            version: "",
         };
         assert_eq!(status(&other, "/x"), Err((StatusCode::NOT_FOUND, None)));
     }
@@ -1920,7 +2342,7 @@ mod gateway_tests {
             Version::HTTP_11,
             &uri,
             &h,
-            (&on_gateway(), None, true),
+            (&on_gateway(), None, true, "test-id"),
             Some(&t),
         ) else {
             panic!("routed");
@@ -1959,6 +2381,7 @@ mod gateway_tests {
                 headers: &h,
                 peer: None,
                 bodyless: true,
+                request_id: "test-id",
             };
             match f.route(&view, &on_gateway(), Some(&t)) {
                 Decision::Forward(r) => format!(
@@ -2054,6 +2477,7 @@ mod gateway_tests {
                 headers: &HeadHeaders { head: &head, buf },
                 peer: None,
                 bodyless: true,
+                request_id: "test-id",
             };
             let ours = summary(f.route(&native, &on_gateway(), Some(&t)));
             let uri = Uri::try_from(target).unwrap();
@@ -2076,6 +2500,7 @@ mod gateway_tests {
                 headers: &h,
                 peer: None,
                 bodyless: true,
+                request_id: "test-id",
             };
             let theirs = summary(f.route(&hyper, &on_gateway(), Some(&t)));
             assert_eq!(ours, theirs, "{target} {extra}");

@@ -117,6 +117,7 @@ pub async fn serve(
                     Some(listener) => Via::Gateway {
                         listener: listener.clone(),
                         tls: None,
+                        version: "",
                     },
                     None => Via::Http,
                 };
@@ -137,12 +138,16 @@ pub async fn serve(
                             let sni = stream.get_ref().1.server_name().map(|n| {
                                 Arc::<str>::from(n.to_ascii_lowercase())
                             });
+                            let version = crate::proxy::tls_version_name(
+                                stream.get_ref().1.protocol_version(),
+                            );
                             let via = match gateway {
                                 Some(listener) => Via::Gateway {
                                     listener,
                                     tls: Some(sni),
+                                    version,
                                 },
-                                None => Via::Https { sni },
+                                None => Via::Https { sni, version },
                             };
                             conn.serve(stream, peer, via).await
                         }

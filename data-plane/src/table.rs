@@ -146,6 +146,24 @@ impl Route {
         }
     }
 
+    /// How the access log names it, written into `out` (cleared first):
+    /// `<namespace>/<ingress> <host><path>` for an Ingress route, its series label for a
+    /// Gateway API route.
+    pub fn log_name(&self, out: &mut String) {
+        out.clear();
+        match &self.label {
+            Label::HostPath => {
+                if !self.source.is_empty() {
+                    out.push_str(&self.source);
+                    out.push(' ');
+                }
+                out.push_str(&self.host);
+                out.push_str(&self.path);
+            }
+            Label::Named(name) => out.push_str(name),
+        }
+    }
+
     /// Whether `other` has this route's label (without making either).
     pub fn same_label(&self, other: &Route) -> bool {
         match (&self.label, &other.label) {
@@ -468,11 +486,27 @@ fn compile_backend(
 fn compile_certificate(
     c: &holdfast_proto::v1::Certificate,
 ) -> Result<TlsCertificate, CompileError> {
-    let parsed = certificate::parse(&c.certificate_chain, &c.private_key).map_err(|source| {
-        CompileError::Certificate {
-            name: c.name.clone(),
-            source,
-        }
+    certificate_with(c, |c| {
+        certificate::parse(&c.certificate_chain, &c.private_key)
+    })
+}
+
+/// A certificate from a snapshot shown without private keys (`Admin/GetSnapshot`).
+fn certificate_without_key(
+    c: &holdfast_proto::v1::Certificate,
+) -> Result<TlsCertificate, CompileError> {
+    certificate_with(c, |c| certificate::parse_without_key(&c.certificate_chain))
+}
+
+fn certificate_with(
+    c: &holdfast_proto::v1::Certificate,
+    parse: impl FnOnce(
+        &holdfast_proto::v1::Certificate,
+    ) -> Result<certificate::Parsed, certificate::CertificateError>,
+) -> Result<TlsCertificate, CompileError> {
+    let parsed = parse(c).map_err(|source| CompileError::Certificate {
+        name: c.name.clone(),
+        source,
     })?;
     Ok(TlsCertificate {
         name: c.name.clone(),
@@ -493,11 +527,28 @@ impl RouteTable {
         RouteTable::compile_sharing(snapshot, &())
     }
 
+    /// Compiles a snapshot as `Admin/GetSnapshot` shows it, without private keys, to look
+    /// routes up offline ([`crate::admin::explain`]). Its certificates cannot serve a
+    /// handshake: never serve a table compiled this way.
+    pub fn compile_without_keys(snapshot: &Snapshot) -> Result<Self, CompileError> {
+        RouteTable::compile_with(snapshot, &(), certificate_without_key)
+    }
+
     /// [`RouteTable::compile`], holding the names of hosts and backends `names` has (the
     /// snapshot held, [`Held`]) rather than copies.
     pub fn compile_sharing(
         snapshot: &Snapshot,
         names: &dyn SharedNames,
+    ) -> Result<Self, CompileError> {
+        RouteTable::compile_with(snapshot, names, compile_certificate)
+    }
+
+    fn compile_with(
+        snapshot: &Snapshot,
+        names: &dyn SharedNames,
+        compile_certificate: fn(
+            &holdfast_proto::v1::Certificate,
+        ) -> Result<TlsCertificate, CompileError>,
     ) -> Result<Self, CompileError> {
         let mut t = RouteTable {
             version: snapshot.version.clone(),

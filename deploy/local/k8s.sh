@@ -48,7 +48,8 @@ log() { printf 'k8s.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------------------------------
-# ensure: build etcd, kube-apiserver, kubectl, grpcurl, h2spec, promtool and helm from
+# ensure: build etcd, kube-apiserver, kubectl, grpcurl, h2spec, the OpenTelemetry
+# Collector, promtool and helm from
 # pinned module versions.
 
 have_all_tools() {
@@ -57,10 +58,11 @@ have_all_tools() {
     have_stamped helm "$HELM_VERSION" &&
     have_stamped kube-controller-manager "$KUBERNETES_VERSION" &&
     have_stamped kube-scheduler "$KUBERNETES_VERSION" && have_stamped kwok "$KWOK_VERSION" &&
-    have_stamped_file kwok-logs-crd.yaml "$KWOK_VERSION" &&
+    have_stamped_file kwok-crds.yaml "$KWOK_VERSION" &&
     have_stamped echo-basic "$GATEWAY_API_VERSION" &&
     have_stamped gateway-conformance "$GATEWAY_API_VERSION" &&
-    have_stamped coredns "$COREDNS_VERSION"
+    have_stamped coredns "$COREDNS_VERSION" &&
+    have_stamped otelcol "$OTELCOL_VERSION"
 }
 
 # Tools outside PIN (a new h2spec, promtool or helm must not rebuild Kubernetes) have their
@@ -82,6 +84,15 @@ go_install() {
   (cd "$work" && CGO_ENABLED=0 GOBIN="$work" go install -trimpath -ldflags "-s -w" "$pkg")
   mv "$work/$name" "$BIN/$name"
   printf '%s\n' "${pkg##*@}" >"$BIN/$name.version"
+}
+
+build_otelcol() {
+  grep -q "go.opentelemetry.io/collector/otelcol $OTELCOL_VERSION" "$HERE/otelcol/go.mod" ||
+    die "deploy/local/otelcol/go.mod does not pin the collector at $OTELCOL_VERSION"
+  (cd "$HERE/otelcol" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w" \
+    -o "$BIN/.otelcol.tmp" .)
+  mv "$BIN/.otelcol.tmp" "$BIN/otelcol"
+  printf '%s\n' "$OTELCOL_VERSION" >"$BIN/otelcol.version"
 }
 
 build_h2spec() {
@@ -206,6 +217,7 @@ cmd_ensure() {
   [[ -x $BIN/etcd ]] || { log "building etcd $ETCD_VERSION"; build_etcd; }
   [[ -x $BIN/grpcurl ]] || { log "building grpcurl $GRPCURL_VERSION"; build_grpcurl; }
   have_stamped h2spec "$H2SPEC_VERSION" || { log "building h2spec $H2SPEC_VERSION"; build_h2spec; }
+  have_stamped otelcol "$OTELCOL_VERSION" || { log "building the OpenTelemetry Collector $OTELCOL_VERSION"; build_otelcol; }
   have_stamped promtool "$PROMETHEUS_VERSION" || {
     log "building promtool $PROMETHEUS_VERSION"
     go_install promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION"
@@ -228,14 +240,19 @@ cmd_ensure() {
     log "building the Gateway API conformance suite and echo-basic $GATEWAY_API_VERSION"
     build_gateway_api
   fi
-  have_stamped_file kwok-logs-crd.yaml "$KWOK_VERSION" || {
-    # kwok serves `pods/log` from files that Logs objects name (the pod agent writes them).
+  have_stamped_file kwok-crds.yaml "$KWOK_VERSION" || {
+    # kwok serves `pods/log` from files that Logs objects name (the pod agent writes them),
+    # and `pods/portforward` to the addresses PortForward objects name.
     local kwok_mod
     kwok_mod=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
-    cp "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$BIN/.kwok-logs-crd.yaml.tmp"
-    chmod 0644 "$BIN/.kwok-logs-crd.yaml.tmp"
-    mv "$BIN/.kwok-logs-crd.yaml.tmp" "$BIN/kwok-logs-crd.yaml"
-    printf '%s\n' "$KWOK_VERSION" >"$BIN/kwok-logs-crd.yaml.version"
+    {
+      cat "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml"
+      printf -- '---\n'
+      cat "$kwok_mod/kustomize/crd/bases/kwok.x-k8s.io_portforwards.yaml"
+    } >"$BIN/.kwok-crds.yaml.tmp"
+    chmod 0644 "$BIN/.kwok-crds.yaml.tmp"
+    mv "$BIN/.kwok-crds.yaml.tmp" "$BIN/kwok-crds.yaml"
+    printf '%s\n' "$KWOK_VERSION" >"$BIN/kwok-crds.yaml.version"
   }
   have_stamped kwok "$KWOK_VERSION" || {
     log "building kwok $KWOK_VERSION"
@@ -609,7 +626,7 @@ $BIN/kwok
 --node-name=$NODE_NAME
 --node-port=$kwok_port
 --server-address=127.0.0.1:$kwok_port
---enable-crds=Logs
+--enable-crds=Logs,PortForward
 EOF
 }
 
@@ -619,11 +636,12 @@ EOF
 cmd_workloads() {
   local dir=$1 c deadline
   pod_cidr_from_env
-  # kwok's Logs kind, which kwok watches for the files it serves through pods/log.
+  # kwok's Logs and PortForward kinds, which kwok watches for the files it serves through
+  # pods/log and the addresses it forwards pods/portforward to.
   "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" apply --server-side \
-    -f "$BIN/kwok-logs-crd.yaml" >/dev/null
+    -f "$BIN/kwok-crds.yaml" >/dev/null
   "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" wait --for=condition=Established \
-    --timeout="${READY_TIMEOUT}s" crd/logs.kwok.x-k8s.io >/dev/null
+    --timeout="${READY_TIMEOUT}s" crd/logs.kwok.x-k8s.io crd/portforwards.kwok.x-k8s.io >/dev/null
   for c in "${WORKLOADS[@]}"; do
     : >"$dir/$c.log"
     cmd_start "$c" "$dir"

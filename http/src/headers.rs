@@ -458,9 +458,189 @@ pub fn add_forwarded(headers: &mut HeaderMap, hop: Hop<'_>) {
     }
 }
 
+/// The longest `X-Request-Id` kept from a trusted peer, in bytes.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// The header.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A request's id, sent upstream as `X-Request-Id` and logged: a trusted peer's (a
+/// balancer in front that made one), else 128 random bits in 32 hex digits. Held inline:
+/// choosing one allocates nothing.
+#[derive(Clone, Copy)]
+pub struct RequestId {
+    bytes: [u8; MAX_REQUEST_ID],
+    len: u8,
+}
+
+impl RequestId {
+    /// The request's id: `sent` (the first `X-Request-Id` value) when the peer is trusted
+    /// and it is one (1 to [`MAX_REQUEST_ID`] visible ASCII bytes), else a new one. An
+    /// untrusted client's is never kept: it could reuse another request's id.
+    pub fn choose(sent: Option<&[u8]>, trusted: bool) -> RequestId {
+        match sent {
+            Some(v) if trusted && Self::valid(v) => {
+                let mut bytes = [0; MAX_REQUEST_ID];
+                bytes[..v.len()].copy_from_slice(v);
+                RequestId {
+                    bytes,
+                    len: v.len() as u8,
+                }
+            }
+            _ => Self::new_random(),
+        }
+    }
+
+    /// Whether `v` can be kept as an id.
+    pub fn valid(v: &[u8]) -> bool {
+        !v.is_empty() && v.len() <= MAX_REQUEST_ID && v.iter().all(|b| (b'!'..=b'~').contains(b))
+    }
+
+    /// 128 random bits, in lower-case hex.
+    pub fn new_random() -> RequestId {
+        let value = random_u128();
+        let mut bytes = [0; MAX_REQUEST_ID];
+        for (i, b) in bytes[..32].iter_mut().enumerate() {
+            let nibble = (value >> (124 - 4 * i)) & 0xf;
+            *b = b"0123456789abcdef"[nibble as usize];
+        }
+        RequestId { bytes, len: 32 }
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// As text (always visible ASCII).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Sets `X-Request-Id` on a request head that the rule's `changes` have been applied to:
+/// the client's was removed before them (`take_request_id`), so one there now is the
+/// rule's, which is sent instead of `id`; a rule that removes the header sends none.
+pub fn set_request_id(headers: &mut HeaderMap, id: &RequestId, changes: Option<&HeaderChanges>) {
+    if !headers.contains_key(REQUEST_ID)
+        && !changes.is_some_and(|c| c.remove.contains(&REQUEST_ID))
+        && let Ok(v) = HeaderValue::from_bytes(id.as_bytes())
+    {
+        headers.insert(REQUEST_ID, v);
+    }
+}
+
+/// Removes the client's `X-Request-Id` and chooses the request's id from it
+/// ([`RequestId::choose`]).
+pub fn take_request_id(headers: &mut HeaderMap, trusted: bool) -> RequestId {
+    let id = RequestId::choose(headers.get(REQUEST_ID).map(HeaderValue::as_bytes), trusted);
+    headers.remove(REQUEST_ID);
+    id
+}
+
+/// 128 bits from the operating system's random source (request ids and trace ids, which
+/// must be neither guessable from earlier ones nor repeated): drawn from a per-thread pool
+/// refilled with one `getrandom` call per 32 ids. Should the source fail, a per-thread
+/// SplitMix64 (seeded from the standard library's per-process random keys) stands in:
+/// unique, not unpredictable.
+pub(crate) fn random_u128() -> u128 {
+    use std::cell::{Cell, RefCell};
+    use std::hash::{BuildHasher, RandomState};
+    const POOL: usize = 512;
+    thread_local! {
+        static RANDOM: RefCell<([u8; POOL], usize)> = const { RefCell::new(([0; POOL], POOL)) };
+        static STATE: Cell<u64> = Cell::new(RandomState::new().hash_one(std::thread::current().id()));
+    }
+    let drawn = RANDOM.with(|pool| {
+        let (bytes, used) = &mut *pool.borrow_mut();
+        if *used + 16 > POOL {
+            getrandom::fill(bytes).ok()?;
+            *used = 0;
+        }
+        let mut out = [0; 16];
+        out.copy_from_slice(&bytes[*used..*used + 16]);
+        *used += 16;
+        Some(u128::from_le_bytes(out))
+    });
+    if let Some(n) = drawn {
+        return n;
+    }
+    let next = || {
+        STATE.with(|s| {
+            let mut z = s.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+            s.set(z);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+    };
+    (u128::from(next()) << 64) | u128::from(next())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ids_do_not_repeat_across_refills_of_the_pool() {
+        // 1,000 draws: about 31 refills of the per-thread pool.
+        let drawn: std::collections::HashSet<u128> = (0..1000).map(|_| random_u128()).collect();
+        assert_eq!(drawn.len(), 1000);
+        assert!(!drawn.contains(&0));
+    }
+
+    #[test]
+    fn a_request_id_is_a_trusted_peers_valid_one_else_a_new_random_one() {
+        let kept = RequestId::choose(Some(b"lb-7f3a"), true);
+        assert_eq!(kept.as_str(), "lb-7f3a");
+        // An untrusted client's is never kept; nor an invalid one from a trusted peer.
+        let long = [b'a'; MAX_REQUEST_ID + 1];
+        for (sent, trusted) in [
+            (&b"lb-7f3a"[..], false),
+            (b"has space", true),
+            (b"", true),
+            (&long[..], true),
+        ] {
+            let id = RequestId::choose(Some(sent), trusted);
+            assert_ne!(id.as_bytes(), sent);
+            assert_eq!(id.as_str().len(), 32, "{id:?}");
+            assert!(
+                id.as_str()
+                    .bytes()
+                    .all(|b| b"0123456789abcdef".contains(&b))
+            );
+        }
+        let longest = [b'a'; MAX_REQUEST_ID];
+        assert_eq!(RequestId::choose(Some(&longest), true).as_bytes(), longest);
+        // New ones differ.
+        let ids: std::collections::HashSet<String> = (0..1000)
+            .map(|_| RequestId::new_random().as_str().to_owned())
+            .collect();
+        assert_eq!(ids.len(), 1000);
+        // On a request head: the rule's own is kept; else the request's id replaces any.
+        let mut h = HeaderMap::new();
+        h.insert(REQUEST_ID, HeaderValue::from_static("the-client"));
+        let id = take_request_id(&mut h, false);
+        assert!(h.get(REQUEST_ID).is_none());
+        set_request_id(&mut h, &id, None);
+        assert_eq!(h.get(REQUEST_ID).unwrap().as_bytes(), id.as_bytes());
+        h.insert(REQUEST_ID, HeaderValue::from_static("the-rule"));
+        set_request_id(&mut h, &id, None);
+        assert_eq!(h.get(REQUEST_ID).unwrap(), "the-rule");
+        let removes = HeaderChanges {
+            remove: vec![REQUEST_ID],
+            ..HeaderChanges::default()
+        };
+        let mut h = HeaderMap::new();
+        set_request_id(&mut h, &id, Some(&removes));
+        assert!(h.is_empty(), "a rule that removes it sends none");
+    }
 
     proptest::proptest! {
         /// A rule's changes then its backend's, made one change list, change any headers

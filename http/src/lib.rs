@@ -21,6 +21,8 @@
 //! - [`forward`]: where each attempt to forward goes, and why forwarding failed.
 //! - [`tunnel`]: upgraded connections' tunnels, with their idle timeout and shutdown.
 //! - [`clock`]: a worker's coarse clock, read once per turn of its event loop.
+//! - [`trace`]: W3C trace context: a request's span continued or started, and the
+//!   `traceparent` sent upstream (pure).
 
 pub mod clock;
 pub mod forward;
@@ -30,5 +32,6 @@ pub mod headers;
 pub mod inflight;
 pub mod path;
 pub mod routing;
+pub mod trace;
 pub mod tunnel;
 pub mod upstream;

@@ -28,6 +28,8 @@ pub struct RequestView<'r> {
     /// The request has no body: its framing says none or a length of 0 (HTTP/2: its
     /// stream ended with its headers). Only such a request is copied to a mirror.
     pub bodyless: bool,
+    /// The request's id (`X-Request-Id`), which its mirrors' copies carry too.
+    pub request_id: &'r str,
 }
 
 impl RequestView<'_> {

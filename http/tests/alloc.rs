@@ -24,6 +24,8 @@ fn exchange(request: &mut RequestHead, response: &mut ResponseHead, out: &mut Ve
     let mut end = HeadEnd::default();
     let len = end.find(REQUEST).expect("a whole head");
     request.parse(REQUEST, len, limits).expect("a valid head");
+    // Each request gets an id of its own.
+    let id = holdfast_http::headers::RequestId::choose(None, false);
     let onward = Onward {
         target: request.target.of(REQUEST),
         hop: Hop {
@@ -37,6 +39,9 @@ fn exchange(request: &mut RequestHead, response: &mut ResponseHead, out: &mut Ve
         loop_header: ("x-holdfast-loop", b"token"),
         changes: None,
         upstream_host: None,
+        request_id: id.as_bytes(),
+        traceparent: None,
+        drop_tracestate: false,
     };
     write_upstream_head(out, request, REQUEST, &onward);
     assert!(out.ends_with(b"\r\n\r\n"));

@@ -12,10 +12,13 @@
 //! - [`exit_code`], [`usage_error`]: how a binary ends; [`error_chain`]: an error and its
 //!   causes on one line.
 //! - [`out_of_resources`]: the errnos that retrying at once cannot cure.
+//! - [`otlp`]: spans exported over OTLP/gRPC to an OpenTelemetry Collector, never
+//!   waited for.
 //! - [`admin`]: the admin HTTP listeners (`/healthz`, `/readyz`, `/metrics`, debug pages),
 //!   hardened against slow and greedy clients, and the pages both planes answer alike.
 
 pub mod admin;
+pub mod otlp;
 pub mod tls;
 
 use std::process::ExitCode;

@@ -61,13 +61,7 @@ pub struct Parsed {
 /// Parses a PEM chain (leaf first) and a PEM private key (PKCS#8, PKCS#1 or SEC1), and
 /// checks that the key is the leaf's.
 pub fn parse(chain_pem: &[u8], key_pem: &[u8]) -> Result<Parsed, CertificateError> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| CertificateError::Chain(pem_error(&e)))?;
-    let Some(leaf) = chain.first() else {
-        return Err(CertificateError::Chain("no CERTIFICATE block".into()));
-    };
-    let facts = facts(leaf)?;
+    let (chain, facts) = chain_and_facts(chain_pem)?;
     let key =
         PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertificateError::Key(pem_error(&e)))?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key)
@@ -81,6 +75,49 @@ pub fn parse(chain_pem: &[u8], key_pem: &[u8]) -> Result<Parsed, CertificateErro
         key: Arc::new(key),
         facts,
     })
+}
+
+/// A chain without its private key (what `Admin/GetSnapshot` shows): the facts, and a
+/// key that cannot sign, for looking routes up offline (`kubectl holdfast explain`). A
+/// proxy never serves one: its snapshots always carry keys, parsed by [`parse`].
+pub fn parse_without_key(chain_pem: &[u8]) -> Result<Parsed, CertificateError> {
+    let (chain, facts) = chain_and_facts(chain_pem)?;
+    Ok(Parsed {
+        key: Arc::new(CertifiedKey::new(chain, Arc::new(NoKey))),
+        facts,
+    })
+}
+
+/// The signing key of a certificate shown without its key: offers no scheme, so a
+/// handshake with it fails.
+#[derive(Debug)]
+struct NoKey;
+
+impl rustls::sign::SigningKey for NoKey {
+    fn choose_scheme(
+        &self,
+        _offered: &[rustls::SignatureScheme],
+    ) -> Option<Box<dyn rustls::sign::Signer>> {
+        None
+    }
+
+    fn algorithm(&self) -> rustls::SignatureAlgorithm {
+        rustls::SignatureAlgorithm::Anonymous
+    }
+}
+
+/// The chain's certificates (leaf first) and the leaf's facts.
+fn chain_and_facts(
+    chain_pem: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, Facts), CertificateError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| CertificateError::Chain(pem_error(&e)))?;
+    let Some(leaf) = chain.first() else {
+        return Err(CertificateError::Chain("no CERTIFICATE block".into()));
+    };
+    let facts = facts(leaf)?;
+    Ok((chain, facts))
 }
 
 /// A PEM error in words, without the bytes it was reading.

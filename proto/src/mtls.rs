@@ -84,22 +84,55 @@ impl Files {
         Ok(sha.finalize().into())
     }
 
+    /// The three files' contents.
+    pub fn read_all(&self) -> Result<Pems, TlsError> {
+        Ok(Pems {
+            cert: Self::read(&self.cert)?,
+            key: Self::read(&self.key)?,
+            ca: Self::read(&self.ca)?,
+            names: [self.cert.clone(), self.key.clone(), self.ca.clone()],
+        })
+    }
+}
+
+/// The contents of one side's three PEM documents (from [`Files`], or from a Secret's
+/// `tls.crt`, `tls.key` and `ca.crt`), with the names errors call them by.
+#[derive(Clone)]
+pub struct Pems {
+    /// Our certificate chain (leaf first).
+    pub cert: Vec<u8>,
+    /// Our private key.
+    pub key: Vec<u8>,
+    /// The CA that signs the other side's certificates.
+    pub ca: Vec<u8>,
+    /// What errors call the three (file paths, or `secret/NAME:tls.crt` and so on).
+    pub names: [PathBuf; 3],
+}
+
+impl std::fmt::Debug for Pems {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pems").field("names", &self.names).finish()
+    }
+}
+
+impl Pems {
     fn chain(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-        certificates(&self.cert)
+        certificates(&self.cert, &self.names[0])
     }
 
     fn private_key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
-        PrivateKeyDer::from_pem_slice(&Self::read(&self.key)?).map_err(|_| TlsError::Pem {
-            path: self.key.clone(),
+        PrivateKeyDer::from_pem_slice(&self.key).map_err(|_| TlsError::Pem {
+            path: self.names[1].clone(),
             what: "holds no usable PEM private key".into(),
         })
     }
 
     fn roots(&self) -> Result<RootCertStore, TlsError> {
         let mut roots = RootCertStore::empty();
-        for c in certificates(&self.ca)? {
+        for c in certificates(&self.ca, &self.names[2])? {
             roots.add(c).map_err(|e| TlsError::Pem {
-                path: self.ca.clone(),
+                path: self.names[2].clone(),
                 what: format!("not a usable CA certificate: {e}"),
             })?;
         }
@@ -107,9 +140,8 @@ impl Files {
     }
 }
 
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = Files::read(path)?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
+fn certificates(bytes: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<_, _>>()
         .map_err(|_| TlsError::Pem {
             path: path.to_owned(),
@@ -132,6 +164,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// presented, must chain to `files.ca`. Connections without one carry no identity, and
 /// every service that needs one refuses them.
 pub fn server_config(files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
+    let files = files.read_all()?;
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(files.roots()?), provider())
             .allow_unauthenticated()
@@ -147,6 +180,11 @@ pub fn server_config(files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
 
 /// A client configuration: our certificate, and the server verified against `files.ca`.
 pub fn client_config(files: &Files) -> Result<Arc<ClientConfig>, TlsError> {
+    client_config_from(&files.read_all()?)
+}
+
+/// [`client_config`] from contents already read.
+pub fn client_config_from(files: &Pems) -> Result<Arc<ClientConfig>, TlsError> {
     let mut config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(files.roots()?)

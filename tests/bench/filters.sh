@@ -43,7 +43,7 @@ taskset -c 1 "$BIN/holdfast-echo" --listen "127.0.0.1:$UP" --name bench & pids+=
 "$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP" --host bench.test --upstream "127.0.0.1:$UP" \
   --filters-listen "127.0.0.1:$GW" 2>/dev/null & pids+=($!)
 wait_port "$UP"; wait_port "$CP"
-RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" \
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --access-log off --listen "127.0.0.1:$HF" \
   --admin-listen "127.0.0.1:$HFA" --debug-listen 127.0.0.1:0 --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id bench --worker-threads 1 & pids+=($!)
 hf_pid=$!

@@ -98,7 +98,7 @@ up_pid=$!
   --tls-cert "$work/pki/site.crt" --tls-key "$work/pki/site.key" 2>/dev/null & pids+=($!)
 wait_port "$UP"; wait_port "$CP"
 # Plaintext to the stand-in control plane: the benchmark measures the proxy's client side.
-RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF" --listen-tls "127.0.0.1:$HFS" \
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --access-log off --listen "127.0.0.1:$HF" --listen-tls "127.0.0.1:$HFS" \
   --admin-listen "127.0.0.1:$HFA" --debug-listen 127.0.0.1:0 --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state" --node-id bench --worker-threads 1 & pids+=($!)
 hf_pid=$!
@@ -507,7 +507,7 @@ fi
 start_two_workers() {
   [[ -z ${hf2_pid:-} ]] || return 0
   HF2=$(free_port); HF2A=$(free_port); NG2=$(free_port); HP2=$(free_port)
-  RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF2" \
+  RUST_LOG=error taskset -c 0,1 "$BIN/holdfast-proxy" --access-log off --listen "127.0.0.1:$HF2" \
     --admin-listen "127.0.0.1:$HF2A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
     --control-plane "http://127.0.0.1:$CP" --state-dir "$work/state2" --node-id bench2 --worker-threads 2 & pids+=($!)
   hf2_pid=$!
@@ -666,7 +666,7 @@ CP3=$(free_port); HF3=$(free_port); HF3A=$(free_port)
 "$BIN/holdfast-fake-cp" --listen "127.0.0.1:$CP3" --host bench.test --upstream "127.0.0.1:$UP" \
   --extra-hosts 10000 2>/dev/null & pids+=($!)
 wait_port "$CP3"
-RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --listen "127.0.0.1:$HF3" \
+RUST_LOG=error taskset -c 0 "$BIN/holdfast-proxy" --access-log off --listen "127.0.0.1:$HF3" \
   --admin-listen "127.0.0.1:$HF3A" --debug-listen 127.0.0.1:0 --insecure-plaintext \
   --control-plane "http://127.0.0.1:$CP3" --state-dir "$work/state3" --node-id bench3 --worker-threads 1 & pids+=($!)
 hf3_pid=$!

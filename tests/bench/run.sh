@@ -10,7 +10,8 @@
 #
 # Sections: machine; route lookup and snapshot build (criterion); holdfast-proxy against
 # nginx (wrk closed loop, oha open loop; holdfast-load in the smoke run); a route with a
-# header modifier and a rewrite against nginx doing the same (filters.sh); route discovery fan-out of 1 MB and 10 MB
+# header modifier and a rewrite against nginx doing the same (filters.sh); JSON access logs
+# to a file against none, holdfast and nginx (access-log.sh); route discovery fan-out of 1 MB and 10 MB
 # snapshots to 1..1,000 streams; the control plane at scale (real API server, 10,000
 # Ingresses, 1,000 ACKing subscribers; with deltas, then 100 EndpointSlice changes a
 # second for a minute; the same with 10,000 HTTPRoutes on one Gateway); route propagation
@@ -126,6 +127,12 @@ step filters against nginx
 echo "## A route with a header modifier and a rewrite, holdfast against nginx (\`tests/bench/filters.sh\`)"
 echo
 if $smoke; then tests/bench/filters.sh --smoke; else tests/bench/filters.sh; fi
+echo
+
+step access log against nginx
+echo "## The access log's cost, holdfast against nginx (\`tests/bench/access-log.sh\`)"
+echo
+if $smoke; then tests/bench/access-log.sh --smoke; else tests/bench/access-log.sh; fi
 echo
 
 step route discovery fan-out

@@ -3,7 +3,8 @@
 //! `x-echo-name`, `x-echo-path` (path and query), `x-echo-host`, `x-echo-version` (the
 //! HTTP version it was asked in, `HTTP/1.1` or `HTTP/2.0`), `x-echo-headers` (the names
 //! of all request headers) and `x-echo-body-len`; forwarded headers
-//! (`x-forwarded-*`, `x-real-ip`, `forwarded`) are copied back as `x-echo-<name>`.
+//! (`x-forwarded-*`, `x-real-ip`, `forwarded`), `x-request-id`, `traceparent` and `tracestate` are copied back as
+//! `x-echo-<name>`.
 //!
 //! A request with `?seen_key=K` is recorded under K (in this process): `?seen=K` answers
 //! how many were, in `x-echo-seen`, with the last one's path and query in
@@ -252,7 +253,13 @@ async fn respond(
             .header("x-echo-seen-headers", headers);
     }
     for (k, v) in req.headers() {
-        if k.as_str().starts_with("x-forwarded-") || k == "x-real-ip" || k == "forwarded" {
+        if k.as_str().starts_with("x-forwarded-")
+            || k == "x-real-ip"
+            || k == "forwarded"
+            || k == "x-request-id"
+            || k == "traceparent"
+            || k == "tracestate"
+        {
             resp = resp.header(format!("x-echo-{}", k.as_str()), v.clone());
         }
     }

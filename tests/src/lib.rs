@@ -42,6 +42,7 @@ pub mod http;
 pub mod load;
 pub mod netns;
 pub mod objects;
+pub mod otelcol;
 pub mod pod_agent;
 pub mod process;
 pub mod proxy;

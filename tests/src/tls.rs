@@ -339,7 +339,7 @@ pub async fn https_get(
 pub const OPERATOR: &str = "spiffe://holdfast.test/operator";
 
 /// The certificates of the planes for one test process: a CA, the control plane's
-/// serving certificate (127.0.0.1 and localhost), an operator's client certificate, and a
+/// serving certificate (127.0.0.1, localhost and the Service's name), an operator's client certificate, and a
 /// client certificate per proxy node id, all as files.
 pub struct Planes {
     /// The CA that signs everything here.
@@ -367,7 +367,12 @@ impl Planes {
             let ca = TestCa::new("holdfast test planes CA");
             let ca_file = ca.write(&dir, "ca").expect("CA file");
             let server = ca
-                .server(&["127.0.0.1", "localhost"])
+                .server(&[
+                    "127.0.0.1",
+                    "localhost",
+                    // The name `kubectl holdfast` checks by default (the Service's).
+                    "holdfast-control-plane.holdfast-system.svc",
+                ])
                 .write(&dir, "control-plane")
                 .expect("server files");
             let operator = ca

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use holdfast_http::forward::{Failure, Target};
-use holdfast_http::h1::engine::{Service, Settings};
+use holdfast_http::h1::engine::{Served, Service, Settings};
 use holdfast_http::routing::{Decision, RequestView};
 use holdfast_http::tunnel::Tunnels;
 use holdfast_http::upstream::ConnectError;
@@ -59,10 +59,7 @@ impl Service for Forwarder {
     }
 
     fn trusted(&self, peer: IpAddr) -> bool {
-        self.settings
-            .trust_forwarded_from
-            .iter()
-            .any(|net| net.contains(&peer))
+        self.trusts(peer)
     }
 
     fn status(&self, reason: Reason) -> StatusCode {
@@ -125,5 +122,44 @@ impl Service for Forwarder {
 
     fn tunnels(&self) -> &Tunnels {
         &self.tunnels
+    }
+
+    fn logs(&self) -> bool {
+        self.observes()
+    }
+
+    fn log(&self, route: Option<&Route>, via: &Via, served: &Served<'_, Reason>) {
+        Forwarder::log(
+            self,
+            &super::Logged {
+                time: served.time,
+                peer: served.peer,
+                via,
+                method: served.method,
+                host: served.host,
+                path: served.path,
+                query: served.query,
+                protocol: if served.http10 {
+                    "HTTP/1.0"
+                } else {
+                    "HTTP/1.1"
+                },
+                status: served.status,
+                received: served.received,
+                sent: served.sent,
+                took: served.took,
+                upstream_took: served.upstream_took,
+                upstream: served.upstream,
+                route,
+                reason: served.reason,
+                request_id: served.request_id,
+                trace: served.trace.copied(),
+                attempts: served.attempts,
+                referer: served.referer,
+                user_agent: served.user_agent,
+                forwarded_for: served.forwarded_for,
+                traceparent: served.traceparent,
+            },
+        );
     }
 }

@@ -81,10 +81,10 @@ impl Forwarder {
                 "no route table yet: waiting for a snapshot",
             );
         };
-        if let Via::Gateway { listener, tls } = via {
+        if let Via::Gateway { listener, tls, .. } = via {
             return self.route_gateway(request, &host, raw_host, listener, tls, table);
         }
-        if let Via::Https { sni } = via {
+        if let Via::Https { sni, .. } = via {
             // The connection's certificate is the one its SNI chose; a Host served with
             // another one (a client reusing a connection for another host) is misdirected
             // (RFC 9110 §15.5.20): the client retries on a connection of its own.
@@ -492,6 +492,7 @@ impl Forwarder {
                     hop,
                     changes: Some(changes).filter(|c| **c != HeaderChanges::default()),
                     loop_header: (LOOP_HEADER, &self.settings.loop_token),
+                    request_id: request.request_id,
                 })
             });
             self.mirrors.send(to, head.clone());

@@ -466,6 +466,32 @@ fn a_certificate_that_does_not_parse_fails_the_compile_without_echoing_the_key()
     assert!(!e.contains("c2VjcmV0"), "{e}");
 }
 
+/// A snapshot as `Admin/GetSnapshot` shows it (private keys left out) compiles for looking
+/// routes up, with each host's certificate facts, and its certificates sign nothing; the
+/// proxy's own compile refuses it.
+#[test]
+fn a_snapshot_without_keys_compiles_for_explaining_only() {
+    let mut s = tls_snapshot();
+    for c in &mut s.certificates {
+        c.private_key.clear();
+    }
+    assert!(RouteTable::compile(&s).is_err());
+    let t = RouteTable::compile_without_keys(&s).unwrap();
+    assert_eq!(
+        backend_for(&t, "x.example.test", "/"),
+        Some("ns/x:80".into())
+    );
+    let c = t.certificate_for(Some("x.example.test")).unwrap();
+    assert_eq!(c.name, "ns/x");
+    assert_eq!(c.facts.dns_names, vec!["x.example.test".to_owned()]);
+    let offered = [
+        rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+        rustls::SignatureScheme::RSA_PSS_SHA256,
+        rustls::SignatureScheme::ED25519,
+    ];
+    assert!(c.key.key.choose_scheme(&offered).is_none());
+}
+
 // ---------------------------------------------------------------------------------------
 // Deltas: a table changed by a delta is the table compiled from the whole result.
 

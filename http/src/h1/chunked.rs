@@ -81,6 +81,15 @@ pub enum Piece {
     End(usize),
 }
 
+impl Piece {
+    /// How many bytes it is.
+    pub fn bytes(self) -> usize {
+        match self {
+            Piece::Framing(n) | Piece::Data(n) | Piece::Trailer(n) | Piece::End(n) => n,
+        }
+    }
+}
+
 /// Follows one chunked body.
 #[derive(Debug, Clone)]
 pub struct Chunked {

@@ -23,7 +23,7 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -41,7 +41,7 @@ use super::{
 };
 use crate::clock;
 use crate::forward::{Failure, Retry, Target};
-use crate::headers::{HeaderChanges, HeaderLookup, Hop};
+use crate::headers::{HeaderChanges, HeaderLookup, Hop, RequestId};
 use crate::routing::{Decision, RequestView};
 use crate::tunnel::Tunnels;
 use crate::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number, Stream};
@@ -55,6 +55,9 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Most body bytes read and dropped after a request answered here, to keep its
 /// connection (hyper drains about as much).
 const DISCARD_MAX: usize = 64 * 1024;
+
+/// The interim answer to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// How long an upstream that stopped taking a request body has to answer it.
 const EARLY_ANSWER: Duration = Duration::from_secs(1);
@@ -125,6 +128,130 @@ pub trait Service: Sync {
     /// A request on `route` that its rule's retry policy would send again: whether the
     /// proxy's retry budget lets it (counted either way).
     fn retry(&self, route: &Self::Route) -> bool;
+    /// Whether requests are logged ([`Service::log`]); read once per connection. Off, the
+    /// engine keeps nothing for a log line.
+    fn logs(&self) -> bool {
+        false
+    }
+    /// An answered request, for the access log (called only when [`Service::logs`]).
+    fn log(&self, route: Option<&Self::Route>, via: &Self::Via, served: &Served<'_, Self::Reason>) {
+        let _ = (route, via, served);
+    }
+}
+
+/// What the access log says of a request the engine answered.
+#[derive(Debug)]
+pub struct Served<'a, R> {
+    /// When its head was read (wall clock).
+    pub time: SystemTime,
+    /// The connection's peer.
+    pub peer: std::net::IpAddr,
+    /// The method ("" when the head was not read far enough).
+    pub method: &'a str,
+    /// The host routed by (Host or the target's authority).
+    pub host: &'a str,
+    /// The path as sent.
+    pub path: &'a str,
+    /// The query, without its `?`.
+    pub query: Option<&'a str>,
+    /// The request was HTTP/1.0.
+    pub http10: bool,
+    /// The status answered.
+    pub status: u16,
+    /// Bytes read from the client: the head, and the body as far as it was read.
+    pub received: u64,
+    /// Bytes written to the client (a tunnel's after its 101 are not counted).
+    pub sent: u64,
+    /// From the head read to the answer written.
+    pub took: Duration,
+    /// From the request sent upstream to the response head back, when one came.
+    pub upstream_took: Option<Duration>,
+    /// The endpoint (or name) the last attempt went to.
+    pub upstream: Option<&'a str>,
+    /// Why the proxy answered itself, when it did.
+    pub reason: Option<R>,
+    /// The request's id (`X-Request-Id`, sent upstream).
+    pub request_id: &'a str,
+    /// Its place in a trace, when the proxy traces.
+    pub trace: Option<&'a crate::trace::TraceContext>,
+    /// Attempts made upstream (connections tried, and a retry's).
+    pub attempts: u32,
+    /// The request's `Referer`, `User-Agent`, first `X-Forwarded-For` and `traceparent`.
+    pub referer: Option<&'a str>,
+    /// See `referer`.
+    pub user_agent: Option<&'a str>,
+    /// See `referer`.
+    pub forwarded_for: Option<&'a str>,
+    /// See `referer`.
+    pub traceparent: Option<&'a str>,
+}
+
+/// What a request's log line needs that the engine does not keep otherwise: its words,
+/// copied out of the read buffer (which a body's reads compact), the bytes each way, the
+/// upstream. One per connection, reused: once its strings have grown, a request copies
+/// without allocating.
+#[derive(Debug, Default)]
+struct Account {
+    time: Option<SystemTime>,
+    received: u64,
+    sent: u64,
+    upstream_took: Option<Duration>,
+    upstream: String,
+    /// The fields of [`Field`], one after the other; `ends[f]` is where field `f` ends.
+    text: String,
+    ends: [usize; FIELDS],
+    /// Which fields were there (an empty one differs from none).
+    present: u8,
+}
+
+/// The text fields of an [`Account`], in order.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Method,
+    Host,
+    Path,
+    Query,
+    Referer,
+    UserAgent,
+    ForwardedFor,
+    Traceparent,
+}
+
+const FIELDS: usize = 8;
+
+impl Account {
+    /// A new request whose head is `head_len` bytes.
+    fn begin(&mut self, head_len: usize) {
+        self.time = Some(SystemTime::now());
+        self.received = head_len as u64;
+        self.sent = 0;
+        self.upstream_took = None;
+        self.upstream.clear();
+        self.text.clear();
+        // A connection keeps its buffers, but not at a huge head's size.
+        self.text.shrink_to(4 << 10);
+        self.ends = [0; FIELDS];
+        self.present = 0;
+    }
+
+    /// Appends `field` (fields are appended in [`Field`]'s order).
+    fn put(&mut self, field: Field, value: Option<&str>) {
+        if let Some(v) = value {
+            self.text.push_str(v);
+            self.present |= 1 << field as u8;
+        }
+        let end = self.text.len();
+        self.ends[field as usize..].fill(end);
+    }
+
+    fn get(&self, field: Field) -> Option<&str> {
+        if self.present & (1 << field as u8) == 0 {
+            return None;
+        }
+        let i = field as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..self.ends[i])
+    }
 }
 
 /// What the engine reads of the proxy's settings.
@@ -146,6 +273,9 @@ pub struct Settings {
     pub loop_header: &'static str,
     /// This proxy's token in it.
     pub loop_token: HeaderValue,
+    /// Tracing, with the ratio of new traces sampled (None: off; `traceparent` passes
+    /// as it came).
+    pub trace_ratio: Option<f64>,
 }
 
 /// What the engine needs of its listener.
@@ -179,7 +309,7 @@ enum Read {
 }
 
 /// One client connection's buffers and parse state, reused by all its requests.
-pub struct H1Conn<'f, F, S> {
+pub struct H1Conn<'f, F: Service, S> {
     io: S,
     service: &'f F,
     /// Bytes read from the client: `buf[start..end]` is not consumed yet.
@@ -224,6 +354,19 @@ pub struct H1Conn<'f, F, S> {
     peer: SocketAddr,
     port: u16,
     requests: u64,
+    /// The access log is on ([`Service::logs`]).
+    logs: bool,
+    /// The current request's account for the access log (kept only when `logs`).
+    account: Account,
+    /// Why the current request was answered here, if it was.
+    reason: Option<F::Reason>,
+    /// The current request's id.
+    request_id: RequestId,
+    /// The current request's trace context (when tracing), and its `traceparent`.
+    trace: Option<crate::trace::TraceContext>,
+    traceparent: [u8; crate::trace::TRACEPARENT_LEN],
+    /// Attempts the current request made upstream.
+    attempts: u32,
 }
 
 /// An error relaying bytes, and on which side.
@@ -277,6 +420,13 @@ where
             peer,
             port,
             requests: 0,
+            logs: service.logs(),
+            account: Account::default(),
+            reason: None,
+            request_id: RequestId::new_random(),
+            trace: None,
+            traceparent: [0; crate::trace::TRACEPARENT_LEN],
+            attempts: 0,
         }
     }
 
@@ -301,9 +451,13 @@ where
                     } else {
                         Some(F::BAD_REQUEST)
                     };
+                    let started = clock::now();
+                    self.begin(self.end - self.start);
+                    self.request_id = RequestId::new_random();
                     let _ = self
                         .answer_status(status, reason, "bad request head", true)
                         .await;
+                    self.log(via, None, status, started);
                     return Ok(());
                 }
             };
@@ -377,6 +531,7 @@ where
         let head_at = self.start;
         self.head_at = head_at;
         self.head_request = false;
+        self.begin(len);
         let parsed = {
             let buf = &self.buf[head_at..self.end];
             self.head.parse(buf, len, self.limits)
@@ -392,10 +547,32 @@ where
             };
             let detail = format!("bad request: {e}");
             let _ = self.answer_status(status, reason, &detail, true).await;
+            self.request_id = RequestId::new_random();
+            self.log(via, None, status, started);
             return Next::Close;
         }
         let table = self.service.table();
         let buf = &self.buf[head_at..self.end];
+        let trusted = self.service.trusted(self.peer.ip());
+        self.request_id = RequestId::choose(
+            self.head
+                .headers
+                .iter()
+                .find(|h| h.known == super::Known::RequestId)
+                .map(|h| h.value.of(buf)),
+            trusted,
+        );
+        if let Some(ratio) = self.service.settings().trace_ratio {
+            let incoming = self
+                .head
+                .headers
+                .iter()
+                .find(|h| h.known == super::Known::Traceparent)
+                .map(|h| h.value.of(buf));
+            let ctx = crate::trace::TraceContext::start(incoming, ratio);
+            self.traceparent = ctx.traceparent();
+            self.trace = Some(ctx);
+        }
         let text = |s: super::Span| std::str::from_utf8(s.of(buf)).ok();
         let headers = HeadHeaders {
             head: &self.head,
@@ -416,7 +593,11 @@ where
                 self.head.framing(),
                 BodyFraming::Empty | BodyFraming::Length(0)
             ),
+            request_id: self.request_id.as_str(),
         };
+        if self.logs {
+            keep_words(&mut self.account, &view, &headers);
+        }
         let decision = self.service.decide(&view, via, &table);
         let (route, upgrade, (response_changes, retry, _hold, start)) = match decision {
             Decision::Forward(r) => {
@@ -424,7 +605,6 @@ where
                     && self.head.upgrade
                     && upgrade_allowed(&headers, &self.service.settings().allow_upgrade);
                 let settings = self.service.settings();
-                let trusted = self.service.trusted(self.peer.ip());
                 let target = match &r.forward_path {
                     Some(pq) => pq.as_str().as_bytes(),
                     None => origin_target(&self.head, buf),
@@ -446,6 +626,12 @@ where
                     loop_header: (settings.loop_header, settings.loop_token.as_bytes()),
                     changes: r.header_changes,
                     upstream_host: r.upstream_host,
+                    request_id: self.request_id.as_bytes(),
+                    traceparent: self
+                        .trace
+                        .filter(crate::trace::TraceContext::replaces_client)
+                        .map(|_| &self.traceparent[..]),
+                    drop_tracestate: self.trace.is_some_and(|t| t.parent.is_none()),
                 };
                 let rule = r.timeouts.copied().unwrap_or_default();
                 self.wait = rule.backend.unwrap_or(settings.response_timeout);
@@ -474,19 +660,19 @@ where
                 let close = self.head.close || !self.discardable();
                 let status = self.service.status(reason).as_u16();
                 let _ = self.answer(reason, detail, close).await;
-                self.count(route, status, started);
+                self.count(via, route, status, started);
                 return self.after_answer(len, close).await;
             }
             Decision::Redirect { status, location } => {
                 let close = self.head.close || !self.discardable();
                 let _ = self.redirect(status, &location, close).await;
-                self.count(None, status, started);
+                self.count(via, None, status, started);
                 return self.after_answer(len, close).await;
             }
             Decision::Answer { status, headers } => {
                 let close = self.head.close || !self.discardable();
                 let _ = self.answer_with(status, &headers, close).await;
-                self.count(None, status, started);
+                self.count(via, None, status, started);
                 return self.after_answer(len, close).await;
             }
         };
@@ -498,14 +684,14 @@ where
         {
             let (reason, detail) = self.service.failed(&Failure::DeclaredTooLarge(n));
             let _ = self.answer(reason, detail, true).await;
-            self.count(Some(route), 413, started);
+            self.count(via, Some(route), 413, started);
             return Next::Close;
         }
         self.start = head_at + len;
         let (status, next) = self
             .forward(route, body, upgrade, response_changes.get(), (retry, start))
             .await;
-        self.count(Some(route), status, started);
+        self.count(via, Some(route), status, started);
         next
     }
 
@@ -547,6 +733,7 @@ where
             }
             let n = ((self.end - self.start) as u64).min(left) as usize;
             self.start += n;
+            self.account.received += n as u64;
             left -= n as u64;
         }
         Ok(())
@@ -562,6 +749,7 @@ where
                 let piece = coding
                     .next(&self.buf[self.start..self.end])
                     .map_err(|_| Exchange::ClientGone)?;
+                self.account.received += piece.bytes() as u64;
                 match piece {
                     Piece::Framing(n) | Piece::Data(n) | Piece::Trailer(n) => self.start += n,
                     Piece::End(n) => {
@@ -576,10 +764,53 @@ where
         }
     }
 
-    /// Counts an answered request in the route's (or the unrouted) metrics.
-    fn count(&self, route: Option<&F::Route>, status: u16, started: Instant) {
+    /// Counts an answered request in the route's (or the unrouted) metrics, and logs it.
+    fn count(&self, via: &F::Via, route: Option<&F::Route>, status: u16, started: Instant) {
         let took = clock::now().duration_since(started);
         self.service.count(route, status, took);
+        self.log(via, route, status, started);
+    }
+
+    /// A new request whose head is `len` bytes: nothing of the last one's answer is kept.
+    fn begin(&mut self, len: usize) {
+        self.reason = None;
+        self.trace = None;
+        self.attempts = 0;
+        if self.logs {
+            self.account.begin(len);
+        }
+    }
+
+    /// Logs an answered request, when the access log is on.
+    fn log(&self, via: &F::Via, route: Option<&F::Route>, status: u16, started: Instant) {
+        if !self.logs {
+            return;
+        }
+        let a = &self.account;
+        let served = Served {
+            time: a.time.unwrap_or_else(SystemTime::now),
+            peer: self.peer.ip(),
+            method: a.get(Field::Method).unwrap_or_default(),
+            host: a.get(Field::Host).unwrap_or_default(),
+            path: a.get(Field::Path).unwrap_or_default(),
+            query: a.get(Field::Query),
+            http10: self.head.minor == 0,
+            status,
+            received: a.received,
+            sent: a.sent,
+            took: clock::now().duration_since(started),
+            upstream_took: a.upstream_took,
+            upstream: Some(a.upstream.as_str()).filter(|u| !u.is_empty()),
+            reason: self.reason,
+            request_id: self.request_id.as_str(),
+            trace: self.trace.as_ref(),
+            attempts: self.attempts,
+            referer: a.get(Field::Referer),
+            user_agent: a.get(Field::UserAgent),
+            forwarded_for: a.get(Field::ForwardedFor),
+            traceparent: a.get(Field::Traceparent),
+        };
+        self.service.log(route, via, &served);
     }
 
     /// Forwards the request whose upstream head is in `out` and whose body starts at
@@ -620,6 +851,11 @@ where
                         }
                         Target::None => break,
                     };
+                self.attempts += 1;
+                if self.logs {
+                    self.account.upstream.clear();
+                    write_key(&mut self.account.upstream, &key);
+                }
                 let (mut upstream, reused) = match self.connection(&key, number, upgrade).await {
                     Ok(c) => c,
                     // The rule's deadline cut the connect, not the endpoint: not ejected.
@@ -660,6 +896,7 @@ where
                     Ok(()) => {
                         let took = clock::now().duration_since(sent);
                         self.service.upstream_answered(took);
+                        self.account.upstream_took = Some(took);
                         if let Some(policy) = retry
                             && policy.wants(self.response.status, retried)
                             && self.service.retry(route)
@@ -787,6 +1024,7 @@ where
             return Err(Exchange::Stale);
         }
         self.start += first;
+        self.account.received += first as u64;
         let body_left = match body {
             BodyFraming::Length(n) => n > first as u64,
             BodyFraming::Chunked => true,
@@ -794,13 +1032,13 @@ where
         };
         if body_left && self.head.expect_continue && self.head.minor == 1 {
             let send = Until::After(self.timeouts.send);
-            let go_on = self.timer.within(
-                send,
-                write_flushed(&mut self.io, b"HTTP/1.1 100 Continue\r\n\r\n"),
-            );
+            let go_on = self
+                .timer
+                .within(send, write_flushed(&mut self.io, CONTINUE));
             if !matches!(go_on.await, Ok(Ok(()))) {
                 return Err(Exchange::ClientGone);
             }
+            self.account.sent += CONTINUE.len() as u64;
         }
         let sent = match body {
             BodyFraming::Length(n) => self.relay_length_up(upstream, n - first as u64).await,
@@ -937,6 +1175,7 @@ where
                 .await
                 .map_err(Exchange::Upstream)?;
             self.start += n;
+            self.account.received += n as u64;
             left -= n as u64;
         }
         Ok(())
@@ -957,6 +1196,7 @@ where
                 let piece = coding
                     .next(&self.buf[self.start..self.end])
                     .map_err(|e| Exchange::Refused(Failure::BadBody(e.to_string())))?;
+                self.account.received += piece.bytes() as u64;
                 match piece {
                     Piece::Framing(n) | Piece::Data(n) => self.start += n,
                     Piece::End(n) => {
@@ -1099,7 +1339,10 @@ where
         let send = Until::After(self.timeouts.send);
         let write = write_flushed(&mut self.io, &self.out);
         match self.timer.within(send, write).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.account.sent += self.out.len() as u64;
+                Ok(())
+            }
             _ => Err(Relay::Client),
         }
     }
@@ -1109,7 +1352,10 @@ where
         let send = Until::After(self.timeouts.send);
         let write = write_flushed(&mut self.io, &self.up[from..to]);
         match self.timer.within(send, write).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.account.sent += (to - from) as u64;
+                Ok(())
+            }
             _ => Err(Relay::Client),
         }
     }
@@ -1259,6 +1505,7 @@ where
         detail: String,
         close: bool,
     ) -> std::io::Result<()> {
+        self.reason = Some(reason);
         let (status, body) = self.service.error_page(reason, detail);
         self.local(
             status.as_u16(),
@@ -1397,6 +1644,66 @@ fn origin_target<'b>(head: &RequestHead, buf: &'b [u8]) -> &'b [u8] {
             buf.get(head.path.start as usize..end).unwrap_or_default()
         }
         _ => head.target.of(buf),
+    }
+}
+
+/// Writes where `key` goes (its address or name) into `out`, for the access log.
+fn write_key(out: &mut String, key: &Key) {
+    use std::fmt::Write as _;
+    let _ = match key {
+        Key::Addr(a) => write!(out, "{a}"),
+        Key::Name(a) => write!(out, "{a}"),
+        Key::Secure(s) => {
+            write_key(out, &s.to);
+            Ok(())
+        }
+    };
+}
+
+/// Copies what a log line says of a request out of its head.
+fn keep_words(account: &mut Account, view: &RequestView<'_>, headers: &HeadHeaders<'_>) {
+    account.put(Field::Method, Some(view.method));
+    account.put(Field::Host, view.host);
+    account.put(Field::Path, Some(view.path_or_root()));
+    account.put(Field::Query, view.query);
+    for (field, name) in [
+        (Field::Referer, "referer"),
+        (Field::UserAgent, "user-agent"),
+    ] {
+        let mut found = false;
+        headers.any_value(name, &mut |v| {
+            account.put(field, std::str::from_utf8(v).ok());
+            found = true;
+            true
+        });
+        if !found {
+            account.put(field, None);
+        }
+    }
+    // Every X-Forwarded-For line, as one list (a balancer may add a line of its own).
+    let mut lines = 0;
+    headers.any_value("x-forwarded-for", &mut |v| {
+        if let Ok(v) = std::str::from_utf8(v) {
+            if lines > 0 {
+                account.text.push_str(", ");
+            }
+            account.text.push_str(v);
+            lines += 1;
+        }
+        false
+    });
+    if lines > 0 {
+        account.present |= 1 << Field::ForwardedFor as u8;
+    }
+    account.put(Field::ForwardedFor, None);
+    let mut found = false;
+    headers.any_value("traceparent", &mut |v| {
+        account.put(Field::Traceparent, std::str::from_utf8(v).ok());
+        found = true;
+        true
+    });
+    if !found {
+        account.put(Field::Traceparent, None);
     }
 }
 
@@ -1746,6 +2053,22 @@ mod tests {
         number: Number,
         counted: std::sync::Mutex<Vec<(bool, u16)>>,
         opened: std::sync::atomic::AtomicUsize,
+        logged: std::sync::Mutex<Vec<Line>>,
+    }
+
+    /// What the engine gave the access log of one request.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Line {
+        method: String,
+        path: String,
+        status: u16,
+        received: u64,
+        sent: u64,
+        upstream: Option<String>,
+        upstream_took: bool,
+        reason: Option<u16>,
+        request_id: String,
+        user_agent: Option<String>,
     }
 
     impl Service for One {
@@ -1836,6 +2159,23 @@ mod tests {
         fn tunnels(&self) -> &Tunnels {
             &self.tunnels
         }
+        fn logs(&self) -> bool {
+            true
+        }
+        fn log(&self, _: Option<&()>, _: &(), served: &Served<'_, u16>) {
+            self.logged.lock().unwrap().push(Line {
+                method: served.method.into(),
+                path: served.path.into(),
+                status: served.status,
+                received: served.received,
+                sent: served.sent,
+                upstream: served.upstream.map(Into::into),
+                upstream_took: served.upstream_took.is_some(),
+                reason: served.reason,
+                request_id: served.request_id.into(),
+                user_agent: served.user_agent.map(Into::into),
+            });
+        }
     }
 
     /// The engine serves any [`Service`]: here one with a single route and endpoint, no
@@ -1881,6 +2221,7 @@ mod tests {
                 allow_upgrade: Vec::new(),
                 loop_header: "x-test-loop",
                 loop_token: HeaderValue::from_static("tok"),
+                trace_ratio: None,
             },
             tunnels: Tunnels::new(Duration::from_secs(5)),
             upstream,
@@ -1888,6 +2229,7 @@ mod tests {
             number: Number::of(&key),
             counted: Default::default(),
             opened: Default::default(),
+            logged: Default::default(),
         };
         let (client, proxy_side) = tokio::io::duplex(64 * 1024);
         let limits = Limits {
@@ -1902,22 +2244,27 @@ mod tests {
         let peer: SocketAddr = "192.0.2.7:40000".parse().unwrap();
         let (_drain_tx, mut drain) = tokio::sync::watch::channel(false);
         let conn = H1Conn::new(proxy_side, &service, limits, timeouts, peer, 8080);
-        let client_side = async move {
+        // Each request's bytes each way, as the client counted them.
+        let mut sizes = Vec::new();
+        let client_side = async {
             let mut client = tokio::io::BufReader::new(client);
             let mut answers = Vec::new();
+            let sizes = &mut sizes;
             for path in ["/a", "/missing", "/b"] {
-                let request = format!("GET {path} HTTP/1.1\r\nhost: a.test\r\n\r\n");
+                let request = format!(
+                    "GET {path} HTTP/1.1\r\nhost: a.test\r\nuser-agent: t/1\r\nx-request-id: mine\r\n\r\n"
+                );
                 client
                     .get_mut()
                     .write_all(request.as_bytes())
                     .await
                     .unwrap();
                 let mut status = String::new();
-                client.read_line(&mut status).await.unwrap();
+                let mut read = client.read_line(&mut status).await.unwrap();
                 let mut length = 0;
                 loop {
                     let mut line = String::new();
-                    client.read_line(&mut line).await.unwrap();
+                    read += client.read_line(&mut line).await.unwrap();
                     if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                         length = v.trim().parse().unwrap();
                     }
@@ -1927,6 +2274,7 @@ mod tests {
                 }
                 let mut body = vec![0; length];
                 client.read_exact(&mut body).await.unwrap();
+                sizes.push((request.len() as u64, (read + length) as u64));
                 answers.push((status, String::from_utf8(body).unwrap()));
             }
             answers
@@ -1965,6 +2313,51 @@ mod tests {
             1,
             "one upstream connection, reused"
         );
+        // One log line a request, with the bytes the client counted, the endpoint and
+        // the upstream's time for those forwarded, the reason for the one answered here;
+        // the id sent upstream is the logged one (an untrusted client's is replaced), and
+        // each request has its own.
+        let logged = service.logged.lock().unwrap().clone();
+        assert_eq!(logged.len(), 3, "{logged:?}");
+        for (line, (path, status)) in
+            logged
+                .iter()
+                .zip([("/a", 200), ("/missing", 404), ("/b", 200)])
+        {
+            assert_eq!(
+                (line.method.as_str(), line.path.as_str(), line.status),
+                ("GET", path, status)
+            );
+            assert_eq!(line.user_agent.as_deref(), Some("t/1"));
+            assert_eq!(line.request_id.len(), 32, "{line:?}");
+            assert!(
+                line.request_id.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{line:?}"
+            );
+        }
+        let (received, sent): (Vec<u64>, Vec<u64>) =
+            logged.iter().map(|l| (l.received, l.sent)).unzip();
+        assert_eq!(sizes, received.into_iter().zip(sent).collect::<Vec<_>>());
+        assert_eq!(logged[0].upstream, Some(upstream.to_string()));
+        assert!(logged[0].upstream_took && logged[2].upstream_took);
+        assert_eq!(
+            (logged[1].upstream.as_deref(), logged[1].upstream_took),
+            (None, false)
+        );
+        assert_eq!(
+            logged.iter().map(|l| l.reason).collect::<Vec<_>>(),
+            [None, Some(404), None]
+        );
+        assert_ne!(logged[0].request_id, logged[2].request_id);
+        assert!(
+            first.contains(&format!("x-request-id: {}\r\n", logged[0].request_id)),
+            "{first}"
+        );
+        assert!(
+            second.contains(&format!("x-request-id: {}\r\n", logged[2].request_id)),
+            "{second}"
+        );
+        assert!(!first.contains("mine"), "{first}");
         Number::release(&key);
     }
 }

@@ -93,6 +93,12 @@ pub enum Known {
     HopByHop,
     /// Forwarded, X-Forwarded-For/-Host/-Port/-Proto, X-Real-IP.
     Forwarding,
+    /// X-Request-Id: the proxy sends its own ([`crate::headers::RequestId`]).
+    RequestId,
+    /// traceparent: replaced by this hop's when it traces ([`crate::trace`]).
+    Traceparent,
+    /// tracestate: dropped with a client's trace context this hop could not continue.
+    Tracestate,
 }
 
 impl Known {
@@ -118,6 +124,9 @@ impl Known {
             16 if is("x-forwarded-host") => Known::Forwarding,
             16 if is("x-forwarded-port") => Known::Forwarding,
             17 if is("x-forwarded-proto") => Known::Forwarding,
+            12 if is("x-request-id") => Known::RequestId,
+            11 if is("traceparent") => Known::Traceparent,
+            10 if is("tracestate") => Known::Tracestate,
             _ => Known::Other,
         }
     }

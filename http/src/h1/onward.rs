@@ -1,6 +1,6 @@
 //! The request head sent upstream, written from a parsed client head: the lines kept are
 //! copied as they arrived, and only what the proxy adds is rendered (Host, the forwarding
-//! headers, the loop header, the framing). The rules are those the hyper engine applies
+//! headers, the request id, the loop header, the framing). The rules are those the hyper engine applies
 //! to a `HeaderMap`, in the same order: a Gateway rule's header changes, then hop-by-hop
 //! headers removed (with those `Connection` names, except forwarding headers and Host),
 //! then the forwarding headers ([`crate::headers::add_forwarded`]'s rules), then Host and
@@ -32,6 +32,13 @@ pub struct Onward<'a> {
     pub changes: Option<&'a HeaderChanges>,
     /// A Gateway rule's rewritten host, sent as Host instead of `hop.host`.
     pub upstream_host: Option<&'a str>,
+    /// The request's id, sent as `X-Request-Id` unless a rule sets its own or removes it.
+    pub request_id: &'a [u8],
+    /// This hop's `traceparent`, sent instead of any other (None: as they came).
+    pub traceparent: Option<&'a [u8]>,
+    /// This hop started a new trace (the client sent no valid `traceparent`): the
+    /// client's `tracestate`, which belongs to no trace it continues, is not sent.
+    pub drop_tracestate: bool,
 }
 
 /// One header of the request as changed by a Gateway rule: a line of the client's head
@@ -217,6 +224,8 @@ fn upstream_head(
     let trusted = onward.hop.trusted;
     // Only a head with a `Connection` line can name headers for removal.
     let connection = lines.clone().any(|l| l.known() == Known::Connection);
+    // A rule's X-Request-Id was kept.
+    let mut own_id = false;
     for line in lines.clone() {
         let name = line.name(buf);
         let keep = match line.known() {
@@ -231,11 +240,17 @@ fn upstream_head(
                         .iter()
                         .any(|f| f.as_bytes().eq_ignore_ascii_case(name))
             }
+            // The client's is replaced by the request's id (which keeps a trusted
+            // peer's); a rule's own is sent instead of it.
+            Known::RequestId if matches!(line, Line::Client(_)) => false,
+            Known::Traceparent if onward.traceparent.is_some() => false,
+            Known::Tracestate if onward.drop_tracestate => false,
             _ => !(connection && connection_names(lines.clone(), buf, name)),
         };
         if !keep {
             continue;
         }
+        own_id |= line.known() == Known::RequestId;
         match (line, pieces.as_deref_mut()) {
             // Room for the rendered run before it, itself and the rendered rest.
             (Line::Client(h), Some(pieces)) if pieces.len() + 3 <= MAX_PIECES => {
@@ -253,6 +268,19 @@ fn upstream_head(
         }
     }
     forwarding(out, lines, buf, &onward.hop);
+    let removed = onward
+        .changes
+        .is_some_and(|c| c.remove.contains(&crate::headers::REQUEST_ID));
+    if !own_id && !removed {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(onward.request_id);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(traceparent) = onward.traceparent {
+        out.extend_from_slice(b"traceparent: ");
+        out.extend_from_slice(traceparent);
+        out.extend_from_slice(b"\r\n");
+    }
     out.extend_from_slice(b"host: ");
     out.extend_from_slice(onward.upstream_host.unwrap_or(onward.hop.host).as_bytes());
     out.extend_from_slice(b"\r\n");

@@ -426,12 +426,19 @@ fn response_heads_say_how_their_bodies_end() {
 #[test]
 fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
     use super::onward::{MAX_PIECES, Onward, plan_upstream_head, write_upstream_head};
-    use crate::headers::{HeaderChanges, Hop, add_forwarded, strip_hop_by_hop};
+    use crate::headers::{
+        HeaderChanges, Hop, REQUEST_ID, RequestId, add_forwarded, set_request_id, strip_hop_by_hop,
+    };
     use http::{HeaderMap, HeaderName, HeaderValue};
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-    let pool: [&[u8]; 26] = [
+    let pool: [&[u8]; 31] = [
+        b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"tracestate: vendor=1",
+        b"X-Request-Id: from-the-balancer-1",
+        b"X-Request-Id: not kept",
+        b"Connection: x-request-id",
         b"Host: a.test",
         b"X-Forwarded-For: 10.1.1.1",
         b"X-Forwarded-For: 10.2.2.2, 10.3.3.3",
@@ -469,7 +476,11 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
         HeaderChanges::default(),
         HeaderChanges {
             set: vec![pair("x-keep", "set"), pair("accept", "text/html")],
-            add: vec![pair("x-drop", "added"), pair("x-new", "1")],
+            add: vec![
+                pair("x-drop", "added"),
+                pair("x-new", "1"),
+                pair("x-request-id", "the-rules"),
+            ],
             remove: vec![HeaderName::from_static("x-bin")],
         },
         HeaderChanges {
@@ -481,7 +492,10 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
                 pair("connection", "x-keep"),
                 pair("forwarded", "for=8.8.8.8"),
             ],
-            remove: vec![HeaderName::from_static("x-forwarded-proto")],
+            remove: vec![
+                HeaderName::from_static("x-forwarded-proto"),
+                HeaderName::from_static("x-request-id"),
+            ],
         },
     ];
     let token = HeaderValue::from_static("tok123");
@@ -490,6 +504,8 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
         any::<bool>(),
         any::<bool>(),
         0..rules.len(),
+        any::<bool>(),
+        any::<bool>(),
         any::<bool>(),
     );
     let mut runner = TestRunner::new(Config {
@@ -510,102 +526,130 @@ fn the_upstream_head_has_the_headers_the_hyper_engine_sends() {
     };
     let out = std::cell::RefCell::new(Vec::new());
     runner
-        .run(&strategy, |(picked, trusted, keep_upgrade, rule, v6)| {
-            let out = &mut *out.borrow_mut();
-            let mut raw = b"POST /p?q=1 HTTP/1.1\r\n".to_vec();
-            for i in &picked {
-                raw.extend_from_slice(pool[*i]);
-                raw.extend_from_slice(b"\r\n");
-            }
-            raw.extend_from_slice(b"\r\n");
-            let Ok(head) = parse(&raw) else {
-                // Refused heads are never forwarded.
-                return Ok(());
-            };
-            let client: std::net::IpAddr = if v6 {
-                "2001:db8::7".parse().unwrap()
-            } else {
-                "10.9.9.9".parse().unwrap()
-            };
-            let hop = Hop {
-                client,
-                port: 8080,
-                proto: "http",
-                host: "a.test",
-                trusted,
-            };
-            let changes = Some(&rules[rule]).filter(|c| **c != HeaderChanges::default());
-            let onward = Onward {
-                target: b"/p?q=1",
-                hop,
-                keep_upgrade,
-                loop_header: ("x-holdfast-loop", token.as_bytes()),
-                changes,
-                upstream_host: None,
-            };
-            // Planned for a vectored write, the head is the same bytes.
-            let (mut rendered, mut pieces) = (Vec::new(), Vec::new());
-            plan_upstream_head(&mut rendered, &mut pieces, &head, &raw, &onward);
-            prop_assert!(pieces.len() <= MAX_PIECES, "{pieces:?}");
-            let planned: Vec<u8> = pieces
-                .iter()
-                .flat_map(|p| p.of(&raw, &rendered).iter().copied())
-                .collect();
-            write_upstream_head(out, &head, &raw, &onward);
-            prop_assert_eq!(&planned, &*out, "the planned head is the written head");
-            let out = &out[..];
-            let mut sent = RequestHead::default();
-            let len = HeadEnd::default().find(out);
-            prop_assert_eq!(len, Some(out.len()), "one whole head");
-            sent.parse(out, out.len(), LIMITS).map_err(|e| {
-                TestCaseError::fail(format!("{e}: {:?}", String::from_utf8_lossy(out)))
-            })?;
-            prop_assert_eq!(sent.method.of(out), b"POST");
-            prop_assert_eq!(sent.target.of(out), b"/p?q=1");
-            let ours = to_map(&sent, out);
-
-            let mut theirs = to_map(&head, &raw);
-            if let Some(c) = changes {
-                c.apply(&mut theirs);
-            }
-            strip_hop_by_hop(&mut theirs, keep_upgrade);
-            add_forwarded(&mut theirs, hop);
-            theirs.insert(http::header::HOST, HeaderValue::from_static("a.test"));
-            theirs.append("x-holdfast-loop", token.clone());
-            // hyper's client frames the body itself: the length it was told, or chunked.
-            match head.framing() {
-                BodyFraming::Length(n) => {
-                    theirs.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        .run(
+            &strategy,
+            |(picked, trusted, keep_upgrade, rule, v6, traced, fresh)| {
+                let out = &mut *out.borrow_mut();
+                let mut raw = b"POST /p?q=1 HTTP/1.1\r\n".to_vec();
+                for i in &picked {
+                    raw.extend_from_slice(pool[*i]);
+                    raw.extend_from_slice(b"\r\n");
                 }
-                BodyFraming::Chunked => {
+                raw.extend_from_slice(b"\r\n");
+                let Ok(head) = parse(&raw) else {
+                    // Refused heads are never forwarded.
+                    return Ok(());
+                };
+                let client: std::net::IpAddr = if v6 {
+                    "2001:db8::7".parse().unwrap()
+                } else {
+                    "10.9.9.9".parse().unwrap()
+                };
+                let hop = Hop {
+                    client,
+                    port: 8080,
+                    proto: "http",
+                    host: "a.test",
+                    trusted,
+                };
+                let changes = Some(&rules[rule]).filter(|c| **c != HeaderChanges::default());
+                let sent_id = head
+                    .headers
+                    .iter()
+                    .find(|h| h.known == super::Known::RequestId)
+                    .map(|h| h.value.of(&raw));
+                let id = RequestId::choose(sent_id, trusted);
+                // This hop's traceparent, when it traces.
+                let ours = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+                let traceparent = traced.then_some(&ours[..]);
+                // A trace started here (the client's traceparent absent or invalid).
+                let drop_tracestate = traced && fresh;
+                let onward = Onward {
+                    target: b"/p?q=1",
+                    hop,
+                    keep_upgrade,
+                    loop_header: ("x-holdfast-loop", token.as_bytes()),
+                    changes,
+                    upstream_host: None,
+                    request_id: id.as_bytes(),
+                    traceparent,
+                    drop_tracestate,
+                };
+                // Planned for a vectored write, the head is the same bytes.
+                let (mut rendered, mut pieces) = (Vec::new(), Vec::new());
+                plan_upstream_head(&mut rendered, &mut pieces, &head, &raw, &onward);
+                prop_assert!(pieces.len() <= MAX_PIECES, "{pieces:?}");
+                let planned: Vec<u8> = pieces
+                    .iter()
+                    .flat_map(|p| p.of(&raw, &rendered).iter().copied())
+                    .collect();
+                write_upstream_head(out, &head, &raw, &onward);
+                prop_assert_eq!(&planned, &*out, "the planned head is the written head");
+                let out = &out[..];
+                let mut sent = RequestHead::default();
+                let len = HeadEnd::default().find(out);
+                prop_assert_eq!(len, Some(out.len()), "one whole head");
+                sent.parse(out, out.len(), LIMITS).map_err(|e| {
+                    TestCaseError::fail(format!("{e}: {:?}", String::from_utf8_lossy(out)))
+                })?;
+                prop_assert_eq!(sent.method.of(out), b"POST");
+                prop_assert_eq!(sent.target.of(out), b"/p?q=1");
+                let ours = to_map(&sent, out);
+
+                let mut theirs = to_map(&head, &raw);
+                theirs.remove(REQUEST_ID);
+                if let Some(c) = changes {
+                    c.apply(&mut theirs);
+                }
+                strip_hop_by_hop(&mut theirs, keep_upgrade);
+                add_forwarded(&mut theirs, hop);
+                set_request_id(&mut theirs, &id, changes);
+                if drop_tracestate {
+                    theirs.remove("tracestate");
+                }
+                if let Some(t) = traceparent {
                     theirs.insert(
-                        http::header::TRANSFER_ENCODING,
-                        HeaderValue::from_static("chunked"),
+                        crate::trace::TRACEPARENT,
+                        HeaderValue::from_bytes(t).unwrap(),
                     );
                 }
-                _ => {}
-            }
-            let names: std::collections::BTreeSet<&str> = ours
-                .keys()
-                .chain(theirs.keys())
-                .map(HeaderName::as_str)
-                .collect();
-            for name in names {
-                let a: Vec<&HeaderValue> = ours.get_all(name).iter().collect();
-                let b: Vec<&HeaderValue> = theirs.get_all(name).iter().collect();
-                prop_assert_eq!(
-                    a,
-                    b,
-                    "{} for {:?} (trusted {}, upgrade {}, rule {})",
-                    name,
-                    String::from_utf8_lossy(&raw),
-                    trusted,
-                    keep_upgrade,
-                    rule
-                );
-            }
-            Ok(())
-        })
+                theirs.insert(http::header::HOST, HeaderValue::from_static("a.test"));
+                theirs.append("x-holdfast-loop", token.clone());
+                // hyper's client frames the body itself: the length it was told, or chunked.
+                match head.framing() {
+                    BodyFraming::Length(n) => {
+                        theirs.insert(http::header::CONTENT_LENGTH, HeaderValue::from(n));
+                    }
+                    BodyFraming::Chunked => {
+                        theirs.insert(
+                            http::header::TRANSFER_ENCODING,
+                            HeaderValue::from_static("chunked"),
+                        );
+                    }
+                    _ => {}
+                }
+                let names: std::collections::BTreeSet<&str> = ours
+                    .keys()
+                    .chain(theirs.keys())
+                    .map(HeaderName::as_str)
+                    .collect();
+                for name in names {
+                    let a: Vec<&HeaderValue> = ours.get_all(name).iter().collect();
+                    let b: Vec<&HeaderValue> = theirs.get_all(name).iter().collect();
+                    prop_assert_eq!(
+                        a,
+                        b,
+                        "{} for {:?} (trusted {}, upgrade {}, rule {})",
+                        name,
+                        String::from_utf8_lossy(&raw),
+                        trusted,
+                        keep_upgrade,
+                        rule
+                    );
+                }
+                Ok(())
+            },
+        )
         .unwrap();
 }
 

@@ -1594,3 +1594,241 @@ async fn silent_connections_never_starve_the_probes_of_either_plane() -> anyhow:
     );
     Ok(())
 }
+
+/// `Admin/GetRollout` (with the real grpcurl): an Ingress's generation, whether the
+/// published snapshot reflects it, which proxies serve it, and why the others do not (a
+/// NACK, a version from before the change, a stream that ended).
+#[tokio::test]
+async fn get_rollout_says_which_proxies_serve_an_ingress_generation_and_why_the_others_do_not()
+-> anyhow::Result<()> {
+    let s = setup("rollout").await?;
+    let (cp, mut one, mut two) = two_proxies_serving_a(&s).await?;
+    let rollout = || rollout_of_a(&s, &cp);
+    let first = wait::until("both proxies serving generation 1", T, || async {
+        let r = rollout().map_err(|e| e.to_string())?;
+        Ok((r["proxiesServing"] == 2).then_some(r))
+    })
+    .await?;
+    assert_eq!(first["generation"], "1", "{first}");
+    assert_eq!(first["publishedGeneration"], "1", "{first}");
+    assert_eq!(first["proxiesConnected"], 2, "{first}");
+
+    // A new generation: proxy-1 takes it, proxy-2 refuses it.
+    new_generation_of_a(&s, "/v2").await?;
+    let second = one
+        .wait_for("the second path", T, |snap| routes(snap).len() == 2)
+        .await?;
+    let refused = two.next(T).await?.expect("the new version");
+    two.nack(&refused, "refused by the test").await?;
+    let r = wait::until("generation 2 on proxy-1 only", T, || async {
+        let r = rollout().map_err(|e| e.to_string())?;
+        Ok((r["generation"] == "2" && proxy_2_nacked(&r)).then_some(r))
+    })
+    .await?;
+    assert_eq!(r["publishedGeneration"], "2", "{r}");
+    assert_eq!(r["publishedVersion"], second.version.as_str(), "{r}");
+    assert_eq!(r["proxiesServing"], 1, "{r}");
+    let proxy = |r: &serde_json::Value, id: &str| {
+        r["proxies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} in {r}"))
+    };
+    assert_eq!(proxy(&r, "proxy-1")["serving"], true, "{r}");
+    assert_eq!(
+        proxy(&r, "proxy-2")["reason"],
+        format!("nacked {}: refused by the test", second.version).as_str(),
+        "{r}"
+    );
+
+    // proxy-1's stream ends: listed as disconnected, and no longer counted as serving.
+    drop(one);
+    let r = wait::until("proxy-1 disconnected", T, || async {
+        let r = rollout().map_err(|e| e.to_string())?;
+        Ok((r["proxiesConnected"] == 1).then_some(r))
+    })
+    .await?;
+    let gone = proxy(&r, "proxy-1");
+    assert!(gone.get("connected").is_none_or(|c| c == false), "{r}");
+    assert!(
+        gone["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("disconnected at ")),
+        "{r}"
+    );
+    assert!(r.get("proxiesServing").is_none_or(|n| n == 0), "{r}");
+
+    // Bad questions get clear errors.
+    let missing = json!({ "kind": "Ingress", "namespace": s.ns, "name": "nope" }).to_string();
+    let e = grpcurl(cp.grpc, Some(&missing), &["holdfast.v1.Admin/GetRollout"]).unwrap_err();
+    assert!(e.to_string().contains("NotFound"), "{e}");
+    let bad = json!({ "kind": "Pod", "namespace": s.ns, "name": "a" }).to_string();
+    let e = grpcurl(cp.grpc, Some(&bad), &["holdfast.v1.Admin/GetRollout"]).unwrap_err();
+    assert!(e.to_string().contains("InvalidArgument"), "{e}");
+    Ok(())
+}
+
+/// Ingress `a` (generation 1) served by two proxies, `proxy-1` and `proxy-2`, of a new
+/// control plane; and how to ask that control plane for `a`'s rollout.
+async fn two_proxies_serving_a(
+    s: &Setup,
+) -> anyhow::Result<(ControlPlane, Subscriber, Subscriber)> {
+    s.web_and_ingress("a").await?;
+    let cp = s.control_plane(&[])?;
+    let mut one = Subscriber::connect(&cp.grpc_url(), "proxy-1", None).await?;
+    let mut two = Subscriber::connect(&cp.grpc_url(), "proxy-2", None).await?;
+    for sub in [&mut one, &mut two] {
+        sub.wait_for("the route", T, |snap| routes(snap).len() == 1)
+            .await?;
+    }
+    Ok((cp, one, two))
+}
+
+/// `Admin/GetRollout` of Ingress `a`.
+fn rollout_of_a(s: &Setup, cp: &ControlPlane) -> anyhow::Result<serde_json::Value> {
+    let asked = json!({ "kind": "Ingress", "namespace": s.ns, "name": "a" }).to_string();
+    call(cp.grpc, "holdfast.v1.Admin/GetRollout", &asked)
+}
+
+/// Gives Ingress `a` a new generation: paths `/` and `extra`.
+async fn new_generation_of_a(s: &Setup, extra: &str) -> anyhow::Result<()> {
+    let paths = [("/", "Prefix", "web", 80), (extra, "Prefix", "web", 80)];
+    let changed = objects::ingress_paths("a", &s.class, &s.host("a"), &paths);
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": changed.spec })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Whether `proxy-2`'s row in a rollout says it refused the version.
+fn proxy_2_nacked(r: &serde_json::Value) -> bool {
+    r["proxies"].as_array().into_iter().flatten().any(|p| {
+        p["id"] == "proxy-2"
+            && p["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("nacked"))
+    })
+}
+
+/// The `Programmed` Events on Ingress `name` in the test's namespace: (message, series
+/// count), oldest first.
+async fn programmed_events(s: &Setup, name: &str) -> anyhow::Result<Vec<(String, i32)>> {
+    use k8s_openapi::api::events::v1::Event;
+    let list = Api::<Event>::namespaced(s.client.clone(), &s.ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut found: Vec<_> = list
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("Programmed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect();
+    found.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(found
+        .into_iter()
+        .map(|e| {
+            let count = e.series.as_ref().map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), count)
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn an_ingress_generation_served_by_every_proxy_gets_one_programmed_event_and_a_histogram_sample()
+-> anyhow::Result<()> {
+    let s = setup("programmed").await?;
+    let (cp, mut one, mut two) = two_proxies_serving_a(&s).await?;
+    let rollout = || rollout_of_a(&s, &cp);
+    let samples = "holdfast_object_programmed_seconds_count";
+    wait::until("both proxies serving generation 1", T, || async {
+        let r = rollout().map_err(|e| e.to_string())?;
+        Ok((r["proxiesServing"] == 2).then_some(()))
+    })
+    .await?;
+    // Generation 1 existed before this control plane led: its baseline, not reported.
+    wait::until("the leader tracking Ingress a", T, || async {
+        let tracked = cp
+            .metric_value("holdfast_object_programmed_tracked")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((tracked == 1.0).then_some(()))
+    })
+    .await?;
+    assert_eq!(cp.metric_value(samples).await?, 0.0);
+
+    // Generation 2: proxy-1 serves it, proxy-2 refuses it, so it is not served everywhere.
+    new_generation_of_a(&s, "/v2").await?;
+    one.wait_for("the second path", T, |snap| routes(snap).len() == 2)
+        .await?;
+    let refused = two.next(T).await?.expect("the new version");
+    two.nack(&refused, "refused by the test").await?;
+    wait::until("generation 2 on proxy-1 only", T, || async {
+        let r = rollout().map_err(|e| e.to_string())?;
+        Ok(
+            (r["generation"] == "2" && r["proxiesServing"] == 1 && proxy_2_nacked(&r))
+                .then_some(()),
+        )
+    })
+    .await?;
+    assert!(programmed_events(&s, "a").await?.is_empty());
+    assert_eq!(cp.metric_value(samples).await?, 0.0);
+
+    // proxy-2 leaves: every connected proxy now serves generation 2.
+    drop(two);
+    let events = wait::until("the Programmed Event", T, || async {
+        let e = programmed_events(&s, "a")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((!e.is_empty()).then_some(e))
+    })
+    .await?;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (message, count) = &events[0];
+    assert!(
+        message.starts_with("generation 2 is served by all 1 connected proxies ("),
+        "{message}"
+    );
+    assert_eq!(*count, 1, "{events:?}");
+    assert_eq!(cp.metric_value(samples).await?, 1.0);
+
+    // A metadata-only change (and our own status writes) is no new generation.
+    Api::<Ingress>::namespaced(s.client.clone(), &s.ns)
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
+        )
+        .await?;
+    // Generation 3 is reported once it is served: the only second sample.
+    new_generation_of_a(&s, "/v3").await?;
+    one.wait_for("the third path", T, |snap| {
+        routes(snap).iter().any(|(_, path, _)| path == "/v3")
+    })
+    .await?;
+    let events = wait::until("the second Programmed Event", T, || async {
+        let e = programmed_events(&s, "a")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((e.len() >= 2).then_some(e))
+    })
+    .await?;
+    assert!(
+        events[1]
+            .0
+            .starts_with("generation 3 is served by all 1 connected proxies ("),
+        "{events:?}"
+    );
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(cp.metric_value(samples).await?, 2.0);
+    drop(one);
+    Ok(())
+}

@@ -21,6 +21,7 @@
 //!
 //! Every wait has the one deadline [`holdfast_tests::wait::T`].
 
+mod access_log;
 mod conformance;
 mod control_plane;
 mod data_plane;
@@ -37,7 +38,9 @@ mod ha;
 mod https;
 mod https_e2e;
 mod ingress_nginx;
+mod kubectl_plugin;
 mod local_k8s;
 mod local_k8s_lifecycle;
 mod mtls;
+mod traces;
 mod workloads;
