@@ -92,14 +92,14 @@ phase "data-plane tests on the hyper engine"
 # HTTPS, h2spec, the Gateway API tests and filters, and the conformance suite. The admin
 # test checks which engine the proxy reports serving.
 HOLDFAST_H1_ENGINE=hyper cargo test -p holdfast-tests --test e2e --locked -- \
-  access_log:: traces::a_sampled data_plane:: data_plane_e2e:: https:: https_e2e:: h2spec:: gateway_api:: gateway_filters:: ingress_nginx:: \
+  access_log:: traces::a_sampled proxy_fed_by_test:: proxy_on_cluster:: https_fed_by_test:: https_on_cluster:: h2spec:: gateway_api:: gateway_filters:: ingress_nginx:: \
   conformance::
 phase "AFL++ fuzzing"
 # Coverage-guided fuzzing (AFL++ through the pinned cargo-afl) of the framing tracker, the
 # native engine's HTTP/1.1 parse, the two HTTP/1.1 engines against each other, the path
 # normaliser and matcher, snapshot decoding and the state-file loader, 5 s per target
 # from the committed corpora (proptest runs the same properties in `cargo test`). The
-# 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README, Security).
+# 10-minute runs: data-plane/fuzz/afl.sh --seconds 600 (figures in the README and docs/security.md).
 data-plane/fuzz/afl.sh --seconds 5
 phase "benchmark smoke run"
 # A seconds-long version of every benchmark harness (proxy against nginx and HAProxy with wrk and

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_proto::mtls::{self, Reloading};
+use holdfast_process::tls::{self as mtls, Reloading};
 use http::Extensions;
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};

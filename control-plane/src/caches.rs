@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
+use holdfast_lock::ReadWrite;
 use holdfast_proto::v1::KindProgress;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -215,7 +216,7 @@ impl Caches {
     {
         let kind = kind_name::<K>();
         let i = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
-        let _guard = self.guards[i].read().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.guards[i].read_locked();
         progress.push(KindProgress {
             kind: kind.to_owned(),
             resource_version: self.progress[i].load(Ordering::Acquire),
@@ -710,9 +711,7 @@ impl WatchCtx {
         K: Resource + Clone + 'static,
         K::DynamicType: Eq + std::hash::Hash + Clone,
     {
-        let _guard = self.guards[index]
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let _guard = self.guards[index].write_locked();
         if let Some(event) = event {
             writer.apply_watcher_event(event);
         }

@@ -320,7 +320,7 @@ pub struct GrpcSettings {
     /// Its address (`--grpc-listen`).
     pub listen: SocketAddr,
     /// The mutual-TLS files; None in plaintext mode.
-    pub tls: Option<holdfast_proto::mtls::Files>,
+    pub tls: Option<holdfast_process::tls::Files>,
     /// How often the TLS files are checked for changes.
     pub tls_reload_interval: Duration,
     /// Identities allowed to call Admin.
@@ -625,6 +625,14 @@ fn valid_controller_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/reference.md's table of this binary's flags is made from this definition
+    /// (`HOLDFAST_BLESS=1` rewrites it).
+    #[test]
+    fn the_flag_reference_in_the_docs_is_current() {
+        use clap::CommandFactory;
+        holdfast_process::flags::assert_documented(env!("CARGO_MANIFEST_DIR"), &Args::command());
+    }
 
     fn parse(extra: &[&str]) -> Result<Config, String> {
         let args = Args::try_parse_from(

@@ -20,7 +20,7 @@ use crate::guard::{
     Sizes, Verdict, assess, assess_change, held_name, held_removals, keep_held, removed_routes,
 };
 use crate::metrics::{CertificateLabel, ReasonLabel};
-use crate::state::{Held, Published, Shared};
+use crate::state::{Hold, Published, Shared};
 use crate::translate::{self, ClusterState, Content, Problem, ProblemReason, Since, Translator};
 
 /// A certificate this close to its notAfter gets a warning Event on the Ingresses it
@@ -910,7 +910,7 @@ pub fn offer(
     let routes_held = candidate.route_count();
     hold(
         shared,
-        Held {
+        Hold {
             name,
             routes: held,
             confirmable: true,
@@ -970,7 +970,7 @@ fn hold_oversize(
     }
     hold(
         shared,
-        Held {
+        Hold {
             name: next.version.clone(),
             routes: held,
             confirmable: false,
@@ -990,7 +990,7 @@ fn route_keys_of(p: &Published) -> usize {
 }
 
 /// Records `held`; true (and logged) if it is a new hold.
-fn hold(shared: &Shared, held: Held) -> bool {
+fn hold(shared: &Shared, held: Hold) -> bool {
     let (name, reason) = (held.name.clone(), held.reason.clone());
     let (published, routes) = (held.routes_published, held.routes_held);
     let new = shared.hold(held);
@@ -1045,7 +1045,7 @@ fn guard(published: Option<&Published>, candidate: &Published, max_removal_share
     )
 }
 
-async fn try_confirm(caches: &Caches, shared: &Shared, fresh: &FreshRead, held: &Held) {
+async fn try_confirm(caches: &Caches, shared: &Shared, fresh: &FreshRead, held: &Hold) {
     if !held.confirmable {
         return;
     }

@@ -86,9 +86,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let tls = match &grpc.tls {
         Some(files) => Some(
-            holdfast_proto::mtls::Reloading::new(
+            holdfast_process::tls::Reloading::new(
                 files.clone(),
-                holdfast_proto::mtls::server_config,
+                holdfast_process::tls::server_config,
             )
             .context("loading --tls-cert, --tls-key and --client-ca")?,
         ),

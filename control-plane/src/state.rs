@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
+use holdfast_lock::Lock;
+
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -383,7 +385,7 @@ impl Published {
     /// shared by every stream: from this build's change list when `base` is the content
     /// it was built after (O(change)), else by comparing inventories (O(snapshot)).
     pub fn delta_from_published(&self, base: &Published) -> Option<Bytes> {
-        let mut deltas = lock(&self.deltas);
+        let mut deltas = self.deltas.locked();
         if let Some(known) = deltas.get(&base.version) {
             return known.clone();
         }
@@ -475,7 +477,7 @@ pub struct CacheStatus {
 
 /// A snapshot held back by the bounded-destruction guard.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct Hold {
     /// The name of what is held (`GetStatus` `held.version`, what `ApproveHeldSnapshot`
     /// takes): the held set's name for a removal hold, the snapshot's version for a size
     /// hold.
@@ -504,7 +506,7 @@ pub struct Held {
 #[derive(Debug, Default)]
 struct Status {
     caches: BTreeMap<&'static str, CacheStatus>,
-    held: Option<Held>,
+    held: Option<Hold>,
     problems: Vec<crate::translate::Problem>,
 }
 
@@ -559,11 +561,6 @@ struct Inner {
     departed: Mutex<std::collections::VecDeque<(v1::ProxyStatus, SystemTime)>>,
     next_stream: AtomicU64,
     metrics: Metrics,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these short locks leaves plain data behind; keep going.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
@@ -639,7 +636,7 @@ impl Shared {
             "published snapshot"
         );
         {
-            let mut history = lock(&self.inner.history);
+            let mut history = self.inner.history.locked();
             if history.len() == HISTORY {
                 history.pop_front();
             }
@@ -652,7 +649,9 @@ impl Shared {
 
     /// The published snapshot `version`, if it is among the last [`HISTORY`].
     pub fn recently_published(&self, version: &str) -> Option<Arc<Published>> {
-        lock(&self.inner.history)
+        self.inner
+            .history
+            .locked()
             .iter()
             .rev()
             .find(|p| p.version == version)
@@ -666,7 +665,9 @@ impl Shared {
 
     /// Records the sync state of a kind.
     pub fn set_synced(&self, kind: &'static str, synced: bool) {
-        lock(&self.inner.status)
+        self.inner
+            .status
+            .locked()
             .caches
             .entry(kind)
             .or_default()
@@ -680,7 +681,9 @@ impl Shared {
 
     /// The kinds API discovery says do not exist (see [`CacheStatus::absent`]).
     pub fn absent_kinds(&self) -> Vec<&'static str> {
-        lock(&self.inner.status)
+        self.inner
+            .status
+            .locked()
             .caches
             .iter()
             .filter(|(_, c)| c.absent.is_some())
@@ -696,7 +699,9 @@ impl Shared {
             .cache_absent
             .get_or_create(&KindLabel { kind: kind.into() })
             .set(i64::from(absent.is_some()));
-        lock(&self.inner.status)
+        self.inner
+            .status
+            .locked()
             .caches
             .entry(kind)
             .or_default()
@@ -721,7 +726,9 @@ impl Shared {
                 .get_or_create(&KindLabel { kind: kind.into() })
                 .inc();
         }
-        lock(&self.inner.status)
+        self.inner
+            .status
+            .locked()
             .caches
             .entry(kind)
             .or_default()
@@ -735,12 +742,14 @@ impl Shared {
 
     /// True when every kind's cache is complete and none is re-listing.
     pub fn all_synced(&self) -> bool {
-        lock(&self.inner.status).caches.values().all(|c| c.synced)
+        self.inner.status.locked().caches.values().all(|c| c.synced)
     }
 
     /// Kinds whose cache is not complete.
     pub fn unsynced(&self) -> Vec<&'static str> {
-        lock(&self.inner.status)
+        self.inner
+            .status
+            .locked()
             .caches
             .iter()
             .filter(|(_, c)| !c.synced)
@@ -749,8 +758,8 @@ impl Shared {
     }
 
     /// The held snapshot, if any.
-    pub fn held(&self) -> Option<Held> {
-        lock(&self.inner.status).held.clone()
+    pub fn held(&self) -> Option<Hold> {
+        self.inner.status.locked().held.clone()
     }
 
     /// Holds `held` back. If the same set is already held (same name, or for a size hold
@@ -758,11 +767,11 @@ impl Shared {
     /// its name and `since`, so the name an operator read from `GetStatus` stays
     /// approvable and the confirmation period runs on, while the newest build it would
     /// publish is updated. Returns true if this is a new hold.
-    pub fn hold(&self, held: Held) -> bool {
-        let mut status = lock(&self.inner.status);
+    pub fn hold(&self, held: Hold) -> bool {
+        let mut status = self.inner.status.locked();
         // A size hold is named by its snapshot's version; the same content at a newer
         // cluster revision is the same hold.
-        let same_size_hold = |old: &Held| {
+        let same_size_hold = |old: &Hold| {
             !old.confirmable
                 && !held.confirmable
                 && old.snapshot.content_hash == held.snapshot.content_hash
@@ -784,7 +793,7 @@ impl Shared {
 
     /// Drops any hold (nothing is held back any more).
     pub fn clear_hold(&self) {
-        let mut status = lock(&self.inner.status);
+        let mut status = self.inner.status.locked();
         if status.held.take().is_some() {
             self.inner.metrics.held.set(0);
         }
@@ -793,7 +802,7 @@ impl Shared {
     /// Serialises what decides and publishes: the reconcile loop's offers, approvals and
     /// confirmations (see the lock order at the top of this file).
     pub fn publishing(&self) -> MutexGuard<'_, ()> {
-        lock(&self.inner.publishing)
+        self.inner.publishing.locked()
     }
 
     /// Publishes the newest build of the hold named `name` (the held routes go), if it is
@@ -801,7 +810,7 @@ impl Shared {
     pub fn release_hold_if(&self, name: &str) -> Option<String> {
         let _publishing = self.publishing();
         let held = {
-            let mut status = lock(&self.inner.status);
+            let mut status = self.inner.status.locked();
             if status.held.as_ref().is_none_or(|h| h.name != name) {
                 return None;
             }
@@ -827,7 +836,7 @@ impl Shared {
     pub fn approve(&self, name: &str) -> Result<String, ApproveError> {
         let _publishing = self.publishing();
         let held = {
-            let mut status = lock(&self.inner.status);
+            let mut status = self.inner.status.locked();
             let held = status.held.as_ref().ok_or(ApproveError::NothingHeld)?;
             if held.name != name {
                 return Err(ApproveError::VersionMismatch {
@@ -850,12 +859,12 @@ impl Shared {
 
     /// Records the problems of the last build (for `Admin.GetStatus`).
     pub fn set_problems(&self, problems: Vec<crate::translate::Problem>) {
-        lock(&self.inner.status).problems = problems;
+        self.inner.status.locked().problems = problems;
     }
 
     /// The status for `Admin.GetStatus`.
     pub fn status(&self) -> v1::GetStatusResponse {
-        let status = lock(&self.inner.status);
+        let status = self.inner.status.locked();
         let published = self.published();
         v1::GetStatusResponse {
             ready: published.is_some(),
@@ -917,7 +926,7 @@ impl Shared {
     /// Records that `version` was published at `progress` (a restamp of the same version
     /// raises its progress).
     fn stamp_published(&self, version: &str, progress: &[KindProgress]) {
-        let mut stamps = lock(&self.inner.stamps);
+        let mut stamps = self.inner.stamps.locked();
         if let Some((_, p)) = stamps.iter_mut().rev().find(|(v, _)| v == version) {
             for newer in progress {
                 match p.iter_mut().find(|k| k.kind == newer.kind) {
@@ -936,7 +945,9 @@ impl Shared {
     /// The furthest progress `version` was published at, if it is among the last
     /// [`STAMPS`] versions published.
     pub fn stamp(&self, version: &str) -> Option<Vec<KindProgress>> {
-        lock(&self.inner.stamps)
+        self.inner
+            .stamps
+            .locked()
             .iter()
             .rev()
             .find(|(v, _)| v == version)
@@ -946,7 +957,9 @@ impl Shared {
     /// Proxies whose stream ended within the last hour, and when.
     pub fn departed(&self) -> Vec<(v1::ProxyStatus, SystemTime)> {
         let now = SystemTime::now();
-        lock(&self.inner.departed)
+        self.inner
+            .departed
+            .locked()
             .iter()
             .filter(|(_, at)| now.duration_since(*at).unwrap_or_default() < DEPARTED_FOR)
             .cloned()
@@ -956,25 +969,25 @@ impl Shared {
     /// Registers a proxy stream; returns its id for later updates.
     pub fn add_proxy(&self, status: v1::ProxyStatus) -> u64 {
         let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.proxies).insert(id, status);
+        self.inner.proxies.locked().insert(id, status);
         self.inner.metrics.proxies_connected.inc();
         id
     }
 
     /// Updates a registered proxy stream.
     pub fn update_proxy(&self, id: u64, f: impl FnOnce(&mut v1::ProxyStatus)) {
-        if let Some(p) = lock(&self.inner.proxies).get_mut(&id) {
+        if let Some(p) = self.inner.proxies.locked().get_mut(&id) {
             f(p);
         }
     }
 
     /// Removes a proxy stream.
     pub fn remove_proxy(&self, id: u64) {
-        let Some(status) = lock(&self.inner.proxies).remove(&id) else {
+        let Some(status) = self.inner.proxies.locked().remove(&id) else {
             return;
         };
         self.inner.metrics.proxies_connected.dec();
-        let mut departed = lock(&self.inner.departed);
+        let mut departed = self.inner.departed.locked();
         departed.retain(|(p, _)| p.id != status.id);
         if departed.len() == DEPARTED {
             departed.pop_front();
@@ -984,7 +997,7 @@ impl Shared {
 
     /// Every connected proxy.
     pub fn proxies(&self) -> Vec<v1::ProxyStatus> {
-        lock(&self.inner.proxies).values().cloned().collect()
+        self.inner.proxies.locked().values().cloned().collect()
     }
 }
 

@@ -10,7 +10,7 @@
 //! made it goes on: [`Sink::log`] never waits for the writer.
 //!
 //! Two formats: JSON, one object per line with the field names of [`Record`] (stable:
-//! the README lists them), and nginx's `combined`, for pipelines that parse it.
+//! docs/operating.md lists them), and nginx's `combined`, for pipelines that parse it.
 //! [`Sample`] keeps a ratio of the requests, and every error (a status of 400 or more,
 //! or a local answer with a reason).
 
@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use holdfast_lock::Lock;
 use prometheus_client::metrics::counter::Counter;
 
 /// What one line says of a request.
@@ -203,7 +204,7 @@ impl Sink {
             .name("access-log".into())
             .spawn(move || {
                 write_batches(out, &writer);
-                let mut batch = writer.batch.lock().unwrap_or_else(|e| e.into_inner());
+                let mut batch = writer.batch.locked();
                 batch.ended = true;
                 writer.ended.notify_all();
             })?;
@@ -241,7 +242,7 @@ impl Sink {
     /// Appends one formatted line to the batch, or drops and counts it.
     fn append(&self, line: &[u8]) -> Logged {
         {
-            let mut batch = self.batch.batch.lock().unwrap_or_else(|e| e.into_inner());
+            let mut batch = self.batch.batch.locked();
             // Closed: the writer ended (its sink failed); counted as dropped.
             if batch.lines >= self.batch.capacity
                 || batch.bytes.len() + line.len() > MAX_BATCH_BYTES
@@ -269,7 +270,7 @@ impl Sink {
     /// lines are not lost with the process. True when everything was written.
     pub fn close(&self, within: Duration) -> bool {
         let deadline = std::time::Instant::now() + within;
-        let mut batch = self.batch.batch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = self.batch.batch.locked();
         batch.closed = true;
         self.batch.ready.notify_one();
         while !batch.ended {
@@ -389,7 +390,7 @@ pub fn logged_path<'a>(
 impl Drop for Sink {
     /// The writer writes what is left, then ends.
     fn drop(&mut self) {
-        let mut batch = self.batch.batch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = self.batch.batch.locked();
         batch.closed = true;
         self.batch.ready.notify_one();
     }
@@ -405,7 +406,7 @@ fn write_batches(mut out: Box<dyn Write + Send>, shared: &Shared) {
         // wake-up.
         let round = std::time::Instant::now() + FLUSH_EVERY;
         let closed = {
-            let mut batch = shared.batch.lock().unwrap_or_else(|e| e.into_inner());
+            let mut batch = shared.batch.locked();
             while !batch.closed && batch.lines < half && batch.bytes.len() < MAX_BATCH_BYTES / 2 {
                 let left = round.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
@@ -426,11 +427,7 @@ fn write_batches(mut out: Box<dyn Write + Send>, shared: &Shared) {
         {
             // The sink failed: every later line is dropped and counted.
             tracing::error!(%error, "the access log cannot be written: every later line is dropped (holdfast_proxy_access_log_dropped_total) until the proxy restarts");
-            shared
-                .batch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .closed = true;
+            shared.batch.locked().closed = true;
             return;
         }
         taken.clear();
@@ -729,11 +726,8 @@ mod tests {
 
     impl Write for Kept {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let _open = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-            self.bytes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend_from_slice(buf);
+            let _open = self.gate.locked();
+            self.bytes.locked().extend_from_slice(buf);
             Ok(buf.len())
         }
 

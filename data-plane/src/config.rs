@@ -177,7 +177,7 @@ pub struct Args {
     #[arg(long, env = "HOLDFAST_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// Requests whose path contains `%2F` or `%5C`: `reject` (400) or `keep` (forwarded
-    /// escaped; see the README's path policy for the risk).
+    /// escaped; see the path policy in docs/reference.md for the risk).
     #[arg(
         long,
         env = "HOLDFAST_ESCAPED_SLASHES",
@@ -244,7 +244,7 @@ pub struct Args {
     /// created if missing), or `off`. The proxy's own log is on stderr.
     #[arg(long, env = "HOLDFAST_ACCESS_LOG", default_value = "stdout")]
     pub access_log: String,
-    /// The access log's format: `json` (one object per line, the README's fields) or
+    /// The access log's format: `json` (one object per line, the fields docs/operating.md lists) or
     /// `combined` (nginx's, for pipelines that parse it).
     #[arg(long, env = "HOLDFAST_ACCESS_LOG_FORMAT", default_value = "json")]
     pub access_log_format: crate::access_log::Format,
@@ -362,7 +362,7 @@ pub struct SubscribeSettings {
     /// This proxy's identity (`--node-id`, default the hostname) and zone.
     pub node: Node,
     /// The mutual-TLS files; None with `--insecure-plaintext`.
-    pub tls: Option<holdfast_proto::mtls::Files>,
+    pub tls: Option<holdfast_process::tls::Files>,
     /// The name the control plane's certificate must have (`--control-plane-name`;
     /// default: the URL's host).
     pub server_name: Option<String>,
@@ -661,6 +661,14 @@ pub fn h2_window_slots(max_header_bytes: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/reference.md's table of this binary's flags is made from this definition
+    /// (`HOLDFAST_BLESS=1` rewrites it).
+    #[test]
+    fn the_flag_reference_in_the_docs_is_current() {
+        use clap::CommandFactory;
+        holdfast_process::flags::assert_documented(env!("CARGO_MANIFEST_DIR"), &Args::command());
+    }
 
     fn parse(extra: &[&str]) -> Result<Config, String> {
         let base = [

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use holdfast_lock::Lock;
 use http::header::{CONTENT_TYPE, HOST, TE};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Uri, Version};
@@ -80,7 +81,7 @@ impl<B: SendBody> H2c<B> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, http2::SendRequest<B>>> {
-        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+        self.connections.locked()
     }
 }
 

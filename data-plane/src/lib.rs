@@ -56,6 +56,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arc_swap::ArcSwapOption;
+use holdfast_lock::Lock;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -169,9 +170,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let forwarder = Arc::new(forwarder);
     let tls = match &subscribe.tls {
         Some(files) => {
-            let reloading = holdfast_proto::mtls::Reloading::new(
+            let reloading = holdfast_process::tls::Reloading::new(
                 files.clone(),
-                holdfast_proto::mtls::client_config,
+                holdfast_process::tls::client_config,
             )
             .context("loading --tls-cert, --tls-key and --control-plane-ca")?;
             Some(subscriber::ClientTls {
@@ -269,10 +270,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let hooked = gateway_listeners.clone();
     let draining_gateways = gateway_listeners.clone();
     applier.on_install(Box::new(move |t| {
-        hooked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reconcile(t);
+        hooked.locked().reconcile(t);
     }));
     let retry_table = table.clone();
     let retry = tokio::spawn(async move {
@@ -281,7 +279,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             tick.tick().await;
             // The lock first, then the table: a table installed meanwhile is stored
             // before its hook takes the lock, so this never reconciles an older one.
-            let mut listeners = gateway_listeners.lock().unwrap_or_else(|e| e.into_inner());
+            let mut listeners = gateway_listeners.locked();
             if let Some(t) = retry_table.load_full() {
                 listeners.reconcile(&t);
             }
@@ -305,10 +303,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .unwrap_or_else(tokio::time::Instant::now)
         + listen.shutdown_grace;
     // The Gateway listeners drain as the proxy's own do, within the same grace period.
-    let gateway_tasks = draining_gateways
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take_tasks();
+    let gateway_tasks = draining_gateways.locked().take_tasks();
     for task in gateway_tasks {
         let _ = tokio::time::timeout_at(deadline, task).await;
     }

@@ -15,6 +15,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use holdfast_lock::Lock;
+
 /// Requests in progress at once per client address (nginx's `limit_conn`, which counts
 /// each request in progress, an HTTP/2 stream included, as a connection). Bounded by
 /// itself: an address is tracked only while it has a request in progress.
@@ -44,10 +46,7 @@ impl ConnLimit {
     /// A place for one more request from `client`, held until the permit is dropped;
     /// None when `max` of its requests are in progress.
     pub fn acquire(self: &Arc<Self>, client: IpAddr) -> Option<ConnPermit> {
-        let mut in_progress = self
-            .in_progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut in_progress = self.in_progress.locked();
         let n = in_progress.entry(client).or_insert(0);
         if *n >= self.max {
             return None;
@@ -61,21 +60,14 @@ impl ConnLimit {
 
     /// Requests of `client` in progress.
     pub fn in_progress(&self, client: IpAddr) -> u32 {
-        let in_progress = self
-            .in_progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let in_progress = self.in_progress.locked();
         in_progress.get(&client).copied().unwrap_or(0)
     }
 }
 
 impl Drop for ConnPermit {
     fn drop(&mut self) {
-        let mut in_progress = self
-            .limit
-            .in_progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut in_progress = self.limit.in_progress.locked();
         if let Some(n) = in_progress.get_mut(&self.client) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -141,10 +133,7 @@ impl RateLimit {
             tokens: self.capacity(),
             at: now,
         };
-        let mut buckets = self
-            .buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut buckets = self.buckets.locked();
         let due = buckets.swept.is_none_or(|at| {
             now.saturating_duration_since(at) >= std::time::Duration::from_secs(1)
         });
@@ -176,11 +165,7 @@ impl RateLimit {
 
     /// Addresses tracked now.
     pub fn tracked(&self) -> usize {
-        self.buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .by_client
-            .len()
+        self.buckets.locked().by_client.len()
     }
 }
 

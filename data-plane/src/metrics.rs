@@ -3,9 +3,10 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use holdfast_lock::Lock;
 use holdfast_process::tls::ReloadCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
@@ -51,7 +52,7 @@ pub struct RequestSeries {
 
 impl RequestSeries {
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<SeriesKey, Arc<RouteSeries>>> {
-        self.routes.lock().unwrap_or_else(PoisonError::into_inner)
+        self.routes.locked()
     }
 
     /// The series of `key`, made if it has none: every route with that label counts into
@@ -252,268 +253,120 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
 }
 
-/// Every proxy metric; cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Metrics {
-    /// Requests by route and status class, and the time from a request's head to its
-    /// response's head by matched route (a route's series made on its first response,
-    /// dropped with the route).
-    pub requests: Arc<RequestSeries>,
-    /// The proxy's own error answers (4xx and 5xx it makes itself), by reason.
-    pub errors: Family<ErrorLabels, Counter>,
-    /// Time from sending upstream to the response head.
-    pub upstream_latency: Histogram,
-    /// The state file at start, by outcome (one load per start).
-    pub state_file_loads: Family<LoadLabel, Counter>,
-    /// Cluster revision of the applied snapshot.
-    pub applied_revision: Gauge,
-    /// Unix time (seconds) of the last apply.
-    pub last_apply: Gauge,
-    /// 1 while a control-plane stream is established.
-    pub control_plane_connected: Gauge,
-    /// Snapshots applied.
-    pub applied: Counter,
-    /// Time to apply a snapshot or delta that was applied: validate, compile, persist and
-    /// swap, from the response's arrival.
-    pub apply_duration: Histogram,
-    /// Snapshots rejected (NACKed).
-    pub nacks: Counter,
-    /// Snapshots neither newer nor older than the one served (behind for one kind, ahead
-    /// for another): the served one is kept (and the offer NACKed) until a snapshot
-    /// behind for no kind arrives.
-    pub snapshots_waited: Counter,
-    /// Delta logs folded into a new state file.
-    pub state_compactions: Counter,
-    /// Responses that carried a delta rather than a complete snapshot.
-    pub deltas_received: Counter,
-    /// Bytes of the snapshots and deltas received (their encodings).
-    pub received_bytes: Counter,
-    /// Upstream connection failures (retried or answered 502).
-    pub upstream_connect_errors: Counter,
-    /// Upstream connections opened (the rest of the requests reused an idle one).
-    pub upstream_connections_opened: Counter,
-    /// Access log lines dropped because its writer was behind.
-    pub access_log_dropped: Counter,
-    /// Spans not delivered to the collector (its queue full, or an export failed).
-    pub spans_dropped: Counter,
-    /// Applied snapshots that could not be written to the state file.
-    pub persist_failures: Counter,
-    /// 1 when the served snapshot is in the state file (it survives a restart).
-    pub snapshot_persisted: Gauge,
-    /// Requests answered 503 because their endpoint's connection slots stayed busy.
-    pub upstream_queue_timeouts: Counter,
-    /// Client connections closed at once because --max-connections were open.
-    pub connections_refused: Counter,
-    /// TLS passthrough connections (Gateway TLS listeners), by how they ended.
-    pub passthrough: Family<PassthroughLabel, Counter>,
-    /// Copies of requests for mirrors (RequestMirror filters), by how they ended.
-    pub mirrors: Family<MirrorLabel, Counter>,
-    /// Failed accepts on the client listeners (EMFILE and the like).
-    pub accept_errors: Counter,
-    /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
-    pub tls_handshake_failures: Counter,
-    /// Gateway listeners of the served snapshot that are bound and served.
-    pub gateway_listeners: Gauge,
-    /// Gateway listeners of the served snapshot that could not be bound (yet).
-    pub gateway_listeners_unbound: Gauge,
-    /// Failed attempts to bind a Gateway listener.
-    pub gateway_bind_failures: Counter,
-    /// Retries a rule's policy allowed that the retry budget did not.
-    pub retries_over_budget: Counter,
-    /// Reloads of the control-plane connection's TLS files, and changed files that did
-    /// not load.
-    pub tls_reloads: ReloadCounters,
-    /// 1 for the HTTP/1.1 engine serving the proxy listeners.
-    pub h1_engine: Family<EngineLabel, Gauge>,
+holdfast_process::metrics! {
+    /// Every proxy metric; cheap to clone.
+    #[derive(Clone, Debug)]
+    pub struct Metrics under "holdfast_proxy" {
+        /// Requests by route and status class, and the time from a request's head to its
+        /// response's head by matched route (a route's series made on its first response,
+        /// dropped with the route).
+        requests: Arc<RequestSeries> = Arc::default();
+        /// The proxy's own error answers (4xx and 5xx it makes itself), by reason.
+        errors: Family<ErrorLabels, Counter> = Family::default()
+            => "error_responses", "Error answers the proxy made itself, by reason and status (an upstream's own errors are counted in requests only)";
+        /// Time from sending upstream to the response head.
+        upstream_latency: Histogram = latency_histogram()
+            => "upstream_latency_seconds", "Time to the upstream's response head";
+        /// The state file at start, by outcome (one load per start).
+        state_file_loads: Family<LoadLabel, Counter> = Family::default()
+            => "state_file_loads", "The state file read at start, by outcome: served, none (no file yet) or rejected (corrupt or invalid; not used)";
+        /// Cluster revision of the applied snapshot.
+        applied_revision: Gauge = Gauge::default()
+            => "snapshot_cluster_revision", "Cluster revision of the applied snapshot";
+        /// Unix time (seconds) of the last apply.
+        last_apply: Gauge = Gauge::default()
+            => "snapshot_applied_timestamp_seconds", "Unix time of the last apply";
+        /// 1 while a control-plane stream is established.
+        control_plane_connected: Gauge = Gauge::default()
+            => "control_plane_connected", "1 while a control-plane stream is established";
+        /// Snapshots applied.
+        applied: Counter = Counter::default()
+            => "snapshots_applied", "Snapshots applied";
+        /// Time to apply a snapshot or delta that was applied: validate, compile, persist and
+        /// swap, from the response's arrival.
+        apply_duration: Histogram = Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+            => "snapshot_apply_duration_seconds", "Time to apply a snapshot or delta (validate, compile, persist, swap); applied ones only";
+        /// Snapshots rejected (NACKed).
+        nacks: Counter = Counter::default()
+            => "snapshot_nacks", "Snapshots rejected (NACKed)";
+        /// Snapshots neither newer nor older than the one served (behind for one kind, ahead
+        /// for another): the served one is kept (and the offer NACKed) until a snapshot
+        /// behind for no kind arrives.
+        snapshots_waited: Counter = Counter::default()
+            => "snapshots_waited", "Snapshots behind the served one for one kind and ahead for another: kept the served one (a NACK) until a snapshot behind for no kind arrived";
+        /// Delta logs folded into a new state file.
+        state_compactions: Counter = Counter::default()
+            => "state_compactions", "Delta logs folded into a new state file (the log is replayed over the state file at start)";
+        /// Responses that carried a delta rather than a complete snapshot.
+        deltas_received: Counter = Counter::default()
+            => "deltas_received", "Responses that carried a delta rather than a complete snapshot";
+        /// Bytes of the snapshots and deltas received (their encodings).
+        received_bytes: Counter = Counter::default()
+            => "received_bytes", "Bytes of the snapshots and deltas received from control planes (encoded)";
+        /// Upstream connection failures (retried or answered 502).
+        upstream_connect_errors: Counter = Counter::default()
+            => "upstream_connect_errors", "Upstream connection failures";
+        /// Upstream connections opened (the rest of the requests reused an idle one).
+        upstream_connections_opened: Counter = Counter::default()
+            => "upstream_connections_opened", "Upstream connections opened (other requests reused an idle connection)";
+        /// Access log lines dropped because its writer was behind.
+        access_log_dropped: Counter = Counter::default()
+            => "access_log_dropped", "Access log lines dropped because the log's writer was behind (requests never wait for it)";
+        /// Spans not delivered to the collector (its queue full, or an export failed).
+        spans_dropped: Counter = Counter::default()
+            => "spans_dropped", "Spans not delivered to the OpenTelemetry Collector (the export queue full, or an export failed)";
+        /// Applied snapshots that could not be written to the state file.
+        persist_failures: Counter = Counter::default()
+            => "persist_failures", "Applied snapshots that could not be written to the state file (served anyway)";
+        /// 1 when the served snapshot is in the state file (it survives a restart).
+        snapshot_persisted: Gauge = Gauge::default()
+            => "snapshot_persisted", "1 when the served snapshot is in the state file and survives a restart";
+        /// Requests answered 503 because their endpoint's connection slots stayed busy.
+        upstream_queue_timeouts: Counter = Counter::default()
+            => "upstream_queue_timeouts", "Requests answered 503 because every connection slot of their endpoint stayed busy";
+        /// Client connections closed at once because --max-connections were open.
+        connections_refused: Counter = Counter::default()
+            => "connections_refused", "Client connections closed at once because --max-connections were open";
+        /// TLS passthrough connections (Gateway TLS listeners), by how they ended.
+        passthrough: Family<PassthroughLabel, Counter> = Family::default()
+            => "passthrough_connections", "TLS passthrough connections on Gateway TLS listeners, by how they ended";
+        /// Copies of requests for mirrors (RequestMirror filters), by how they ended.
+        mirrors: Family<MirrorLabel, Counter> = Family::default()
+            => "mirror_requests", "Copies of requests for mirrors (RequestMirror filters), by how they ended";
+        /// Failed accepts on the client listeners (EMFILE and the like).
+        accept_errors: Counter = Counter::default()
+            => "accept_errors", "Failed accepts on the client listeners (EMFILE, ENFILE and the like)";
+        /// TLS handshakes that failed or timed out (unknown SNI, bad client, too slow).
+        tls_handshake_failures: Counter = Counter::default()
+            => "tls_handshake_failures", "TLS handshakes that failed or timed out";
+        /// Gateway listeners of the served snapshot that are bound and served.
+        gateway_listeners: Gauge = Gauge::default()
+            => "gateway_listeners", "Gateway listeners (address and port) of the served snapshot that are bound and served";
+        /// Gateway listeners of the served snapshot that could not be bound (yet).
+        gateway_listeners_unbound: Gauge = Gauge::default()
+            => "gateway_listeners_unbound", "Gateway listeners of the served snapshot that could not be bound (tried again every few seconds)";
+        /// Failed attempts to bind a Gateway listener.
+        gateway_bind_failures: Counter = Counter::default()
+            => "gateway_bind_failures", "Failed attempts to bind a Gateway listener";
+        /// Retries a rule's policy allowed that the retry budget did not.
+        retries_over_budget: Counter = Counter::default()
+            => "retries_over_budget", "Retries a Gateway rule's policy allowed that the retry budget (--retry-budget) did not";
+        /// Reloads of the control-plane connection's TLS files, and changed files that did
+        /// not load.
+        tls_reloads: ReloadCounters = ReloadCounters::default();
+        /// 1 for the HTTP/1.1 engine serving the proxy listeners.
+        h1_engine: Family<EngineLabel, Gauge> = Family::default()
+            => "h1_engine", "The HTTP/1.1 engine serving the proxy listeners (--h1-engine): 1 for the one in use";
+    }
 }
 
 impl Metrics {
     /// Creates the metrics and registers them under `holdfast_proxy_`.
     pub fn new(registry: &mut Registry) -> Self {
-        let m = Metrics {
-            requests: Arc::default(),
-            errors: Family::default(),
-            state_file_loads: Family::default(),
-            upstream_latency: latency_histogram(),
-            applied_revision: Gauge::default(),
-            last_apply: Gauge::default(),
-            control_plane_connected: Gauge::default(),
-            applied: Counter::default(),
-            apply_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-            nacks: Counter::default(),
-            snapshots_waited: Counter::default(),
-            state_compactions: Counter::default(),
-            deltas_received: Counter::default(),
-            received_bytes: Counter::default(),
-            upstream_connect_errors: Counter::default(),
-            upstream_connections_opened: Counter::default(),
-            access_log_dropped: Counter::default(),
-            spans_dropped: Counter::default(),
-            persist_failures: Counter::default(),
-            snapshot_persisted: Gauge::default(),
-            upstream_queue_timeouts: Counter::default(),
-            connections_refused: Counter::default(),
-            passthrough: Family::default(),
-            mirrors: Family::default(),
-            accept_errors: Counter::default(),
-            tls_handshake_failures: Counter::default(),
-            gateway_listeners: Gauge::default(),
-            gateway_listeners_unbound: Gauge::default(),
-            gateway_bind_failures: Counter::default(),
-            retries_over_budget: Counter::default(),
-            tls_reloads: ReloadCounters::default(),
-            h1_engine: Family::default(),
-        };
-        let r = registry.sub_registry_with_prefix("holdfast_proxy");
+        let (m, r) = Self::registered(registry);
         r.register_collector(Box::new(m.requests.clone()));
-        r.register(
-            "h1_engine",
-            "The HTTP/1.1 engine serving the proxy listeners (--h1-engine): 1 for the one in use",
-            m.h1_engine.clone(),
-        );
-        r.register(
-            "state_file_loads",
-            "The state file read at start, by outcome: served, none (no file yet) or rejected (corrupt or invalid; not used)",
-            m.state_file_loads.clone(),
-        );
-        r.register(
-            "error_responses",
-            "Error answers the proxy made itself, by reason and status (an upstream's own errors are counted in requests only)",
-            m.errors.clone(),
-        );
-        r.register(
-            "upstream_latency_seconds",
-            "Time to the upstream's response head",
-            m.upstream_latency.clone(),
-        );
-        r.register(
-            "snapshot_cluster_revision",
-            "Cluster revision of the applied snapshot",
-            m.applied_revision.clone(),
-        );
-        r.register(
-            "snapshot_applied_timestamp_seconds",
-            "Unix time of the last apply",
-            m.last_apply.clone(),
-        );
-        r.register(
-            "control_plane_connected",
-            "1 while a control-plane stream is established",
-            m.control_plane_connected.clone(),
-        );
-        r.register("snapshots_applied", "Snapshots applied", m.applied.clone());
-        r.register(
-            "snapshot_apply_duration_seconds",
-            "Time to apply a snapshot or delta (validate, compile, persist, swap); applied ones only",
-            m.apply_duration.clone(),
-        );
-        r.register(
-            "snapshots_waited",
-            "Snapshots behind the served one for one kind and ahead for another: kept the served one (a NACK) until a snapshot behind for no kind arrived",
-            m.snapshots_waited.clone(),
-        );
-        r.register(
-            "persist_failures",
-            "Applied snapshots that could not be written to the state file (served anyway)",
-            m.persist_failures.clone(),
-        );
-        r.register(
-            "snapshot_persisted",
-            "1 when the served snapshot is in the state file and survives a restart",
-            m.snapshot_persisted.clone(),
-        );
-        r.register(
-            "upstream_queue_timeouts",
-            "Requests answered 503 because every connection slot of their endpoint stayed busy",
-            m.upstream_queue_timeouts.clone(),
-        );
-        r.register(
-            "connections_refused",
-            "Client connections closed at once because --max-connections were open",
-            m.connections_refused.clone(),
-        );
-        r.register(
-            "passthrough_connections",
-            "TLS passthrough connections on Gateway TLS listeners, by how they ended",
-            m.passthrough.clone(),
-        );
-        r.register(
-            "mirror_requests",
-            "Copies of requests for mirrors (RequestMirror filters), by how they ended",
-            m.mirrors.clone(),
-        );
-        r.register(
-            "accept_errors",
-            "Failed accepts on the client listeners (EMFILE, ENFILE and the like)",
-            m.accept_errors.clone(),
-        );
-        r.register(
-            "snapshot_nacks",
-            "Snapshots rejected (NACKed)",
-            m.nacks.clone(),
-        );
-        r.register(
-            "state_compactions",
-            "Delta logs folded into a new state file (the log is replayed over the state file at start)",
-            m.state_compactions.clone(),
-        );
-        r.register(
-            "deltas_received",
-            "Responses that carried a delta rather than a complete snapshot",
-            m.deltas_received.clone(),
-        );
-        r.register(
-            "received_bytes",
-            "Bytes of the snapshots and deltas received from control planes (encoded)",
-            m.received_bytes.clone(),
-        );
-        r.register(
-            "tls_handshake_failures",
-            "TLS handshakes that failed or timed out",
-            m.tls_handshake_failures.clone(),
-        );
-        r.register(
-            "gateway_listeners",
-            "Gateway listeners (address and port) of the served snapshot that are bound and served",
-            m.gateway_listeners.clone(),
-        );
-        r.register(
-            "gateway_listeners_unbound",
-            "Gateway listeners of the served snapshot that could not be bound (tried again every few seconds)",
-            m.gateway_listeners_unbound.clone(),
-        );
-        r.register(
-            "gateway_bind_failures",
-            "Failed attempts to bind a Gateway listener",
-            m.gateway_bind_failures.clone(),
-        );
-        r.register(
-            "retries_over_budget",
-            "Retries a Gateway rule's policy allowed that the retry budget (--retry-budget) did not",
-            m.retries_over_budget.clone(),
-        );
         m.tls_reloads
             .register(r, "tls", "the control-plane connection's");
-        r.register(
-            "upstream_connections_opened",
-            "Upstream connections opened (other requests reused an idle connection)",
-            m.upstream_connections_opened.clone(),
-        );
-        r.register(
-            "access_log_dropped",
-            "Access log lines dropped because the log's writer was behind (requests never wait for it)",
-            m.access_log_dropped.clone(),
-        );
-        r.register(
-            "spans_dropped",
-            "Spans not delivered to the OpenTelemetry Collector (the export queue full, or an export failed)",
-            m.spans_dropped.clone(),
-        );
-        r.register(
-            "upstream_connect_errors",
-            "Upstream connection failures",
-            m.upstream_connect_errors.clone(),
-        );
         m
     }
 

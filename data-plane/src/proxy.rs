@@ -23,6 +23,7 @@ use holdfast_http::headers::{
     BadRequest, Hop, REQUEST_ID, RequestId, add_forwarded, check_framing, set_request_id,
     strip_hop_by_hop,
 };
+use holdfast_lock::Lock;
 use holdfast_process::error_chain;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
@@ -656,7 +657,7 @@ impl<'t> Forwarding<'t> {
 type Exchanged = (Response<Incoming>, Option<Box<Upstream<ReclaimBody>>>);
 
 /// Why one exchange with an upstream failed.
-enum Failed {
+enum ExchangeError {
     /// No connection took the request; its headers come back when it was built (it was
     /// not sent).
     Connect(crate::upstream::ConnectError, Option<HeaderMap>),
@@ -997,7 +998,7 @@ impl Forwarder {
         }
         loop {
             let semaphore = {
-                let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                let mut slots = self.slots.locked();
                 if slots.len() > 4096 {
                     // Endpoints come and go: forget those nobody holds or waits on (the
                     // map is the only owner, so no one can be between cloning and
@@ -1084,13 +1085,13 @@ impl Forwarder {
         upgrade: bool,
         slot: &BodySlot,
         (wait, connect): (Duration, Duration),
-    ) -> Result<Exchanged, Failed> {
+    ) -> Result<Exchanged, ExchangeError> {
         if upgrade {
             let mut send = up.spawn_with_upgrades();
             return match self.timed(send.send_request(request), slot, wait).await {
                 Ok(Ok(response)) => Ok((response, None)),
-                Ok(Err(e)) => Err(Failed::Upstream(e)),
-                Err(()) => Err(Failed::Timeout),
+                Ok(Err(e)) => Err(ExchangeError::Upstream(e)),
+                Err(()) => Err(ExchangeError::Timeout),
             };
         }
         loop {
@@ -1100,7 +1101,10 @@ impl Forwarder {
                     up = match self.connection(key, true, connect).await {
                         Ok(up) => up,
                         Err(e) => {
-                            return Err(Failed::Connect(e, Some(unsent.into_parts().0.headers)));
+                            return Err(ExchangeError::Connect(
+                                e,
+                                Some(unsent.into_parts().0.headers),
+                            ));
                         }
                     };
                     request = unsent;
@@ -1109,10 +1113,13 @@ impl Forwarder {
                     // A new connection the upstream closed at once: nothing was sent.
                     let closed = std::io::Error::other("closed before the request was sent");
                     let e = crate::upstream::ConnectError::Io(closed);
-                    return Err(Failed::Connect(e, Some(unsent.into_parts().0.headers)));
+                    return Err(ExchangeError::Connect(
+                        e,
+                        Some(unsent.into_parts().0.headers),
+                    ));
                 }
-                Ok(Err(Err(e))) => return Err(Failed::Upstream(e)),
-                Err(()) => return Err(Failed::Timeout),
+                Ok(Err(Err(e))) => return Err(ExchangeError::Upstream(e)),
+                Err(()) => return Err(ExchangeError::Timeout),
             }
         }
     }
@@ -1483,11 +1490,11 @@ impl Forwarder {
                             );
                             match self.timed(send.send_request(upstream), &slot, wait).await {
                                 Ok(Ok(response)) => Ok((response, None)),
-                                Ok(Err(e)) => Err(Failed::Upstream(e)),
-                                Err(()) => Err(Failed::Timeout),
+                                Ok(Err(e)) => Err(ExchangeError::Upstream(e)),
+                                Err(()) => Err(ExchangeError::Timeout),
                             }
                         }
-                        Err(e) => Err(Failed::Connect(e, None)),
+                        Err(e) => Err(ExchangeError::Connect(e, None)),
                     }
                 } else {
                     match self.connection(&key, upgrade, connect).await {
@@ -1506,7 +1513,7 @@ impl Forwarder {
                             self.exchange(up, &key, upstream, upgrade, &slot, (wait, connect))
                                 .await
                         }
-                        Err(e) => Err(Failed::Connect(e, None)),
+                        Err(e) => Err(ExchangeError::Connect(e, None)),
                     }
                 };
                 match result {
@@ -1543,11 +1550,11 @@ impl Forwarder {
                         }
                         return Ok(answer);
                     }
-                    Err(Failed::Timeout) => {
+                    Err(ExchangeError::Timeout) => {
                         failure = Failure::Timeout(wait);
                         break;
                     }
-                    Err(Failed::Connect(e, unsent)) => {
+                    Err(ExchangeError::Connect(e, unsent)) => {
                         // Its headers go to the next endpoint.
                         if unsent.is_some() {
                             headers = unsent;
@@ -1566,7 +1573,7 @@ impl Forwarder {
                             break;
                         }
                     }
-                    Err(Failed::Upstream(e)) => {
+                    Err(ExchangeError::Upstream(e)) => {
                         failure = Failure::Upstream {
                             authority: authority.to_string(),
                             source: e.into(),
@@ -1773,12 +1780,7 @@ impl ReclaimBody {
     fn with_slot<T>(&self, f: impl FnOnce(Option<&Incoming>) -> T) -> T {
         match &self.body {
             Some(b) => f(Some(b)),
-            None => f(self
-                .slot
-                .body
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()),
+            None => f(self.slot.body.locked().as_ref()),
         }
     }
 
@@ -1801,12 +1803,7 @@ impl Body for ReclaimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.body.is_none() {
-            this.body = this
-                .slot
-                .body
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
+            this.body = this.slot.body.locked().take();
         }
         let Some(b) = &mut this.body else {
             return Poll::Ready(None);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use holdfast_http::framing::{FrameScanner, Tracker};
 use holdfast_http::headers::{BadRequest, is_upgrade};
 use holdfast_http::inflight::InFlight;
+use holdfast_lock::Lock;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -392,8 +393,7 @@ impl Connection {
             let refused = (req.version() < http::Version::HTTP_2)
                 .then(|| {
                     tracker
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
+                        .locked()
                         .verdict(index, upgrades.load(Ordering::Acquire))
                         .err()
                 })
@@ -404,7 +404,7 @@ impl Connection {
             // An HTTP/2 stream takes a slot of its own (and, with the connection's first
             // one, the receive window's) or is answered 503 at once, its head freed.
             let stream_slot = (req.version() == http::Version::HTTP_2).then(|| {
-                let mut window = h2_window.lock().unwrap_or_else(|e| e.into_inner());
+                let mut window = h2_window.locked();
                 if window.is_none() {
                     *window = InFlight::enter_n_below(&open, window_slots, max_slots);
                 }
@@ -448,8 +448,7 @@ impl Connection {
                         };
                         let late = |tracker: &Mutex<Tracker>| {
                             tracker
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
+                                .locked()
                                 .flagged()
                                 .filter(|(i, _)| *i <= index)
                                 .map(|(_, bad)| bad.clone())
@@ -666,7 +665,7 @@ impl Activity {
     /// A new response body's stall, watched by [`Activity::stalled_for`].
     fn register_body(self: &Arc<Self>) -> BodyStall {
         let since = Arc::new(AtomicU64::new(0));
-        let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bodies = self.bodies.locked();
         bodies.retain(|b| b.strong_count() > 0);
         bodies.push(Arc::downgrade(&since));
         BodyStall {
@@ -677,7 +676,7 @@ impl Activity {
     /// How long the longest-waiting response body has waited for the client to make room
     /// for what it handed over, if one is waiting.
     fn stalled_for(&self) -> Option<Duration> {
-        let bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
+        let bodies = self.bodies.locked();
         let oldest = bodies
             .iter()
             .filter_map(Weak::upgrade)
@@ -749,7 +748,7 @@ struct IdleIo<S> {
 
 impl<S> IdleIo<S> {
     fn read(&mut self, data: &[u8]) {
-        let mut tracker = self.tracker.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tracker = self.tracker.locked();
         if let Some(index) = tracker.awaiting_upgrade() {
             let answer = self.upgrades.load(Ordering::Acquire);
             if answer >> 1 == index + 1 {
@@ -775,11 +774,7 @@ impl<S> IdleIo<S> {
         if data.is_empty() {
             return;
         }
-        let h2 = self
-            .tracker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_h2();
+        let h2 = self.tracker.locked().is_h2();
         if !h2 || self.out.feed(data) {
             self.activity.touch();
         }

@@ -7,7 +7,8 @@
 //!
 //! [`run`] keeps one stream to a control plane open, trying the configured URLs in turn
 //! with capped, jittered exponential backoff, and states the version it serves on every
-//! (re)connect so an unchanged snapshot is not resent. Over mutual TLS each connection
+//! (re)connect so an unchanged snapshot is not resent. What it sends on a stream is a
+//! [`session::Session`]'s, a plain value tested without sockets. Over mutual TLS each connection
 //! uses the client configuration current when it is made ([`ClientTls`]), so renewed
 //! certificates are picked up without dropping an established stream.
 
@@ -17,17 +18,22 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use holdfast_lock::Lock;
 use holdfast_process::error_chain;
+use holdfast_process::tls::Reloading;
 use holdfast_proto::delta::InvalidDelta;
-use holdfast_proto::mtls::Reloading;
 use holdfast_proto::snapshot::{InvalidSnapshot, Stamp, check_not_older};
-use holdfast_proto::v1::{DiscoveryRequest, ErrorDetail, Node, Snapshot, SnapshotDelta};
+use holdfast_proto::v1::{Node, Snapshot, SnapshotDelta};
 use holdfast_proto::{client, delta};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+
+pub mod session;
+
+use session::{Session, Stated};
 
 use crate::metrics::Metrics;
 use crate::persist;
@@ -145,7 +151,7 @@ impl Applier {
     /// Calls `hook` with the table served now (if any) and with each table installed
     /// from now on, before it is ACKed.
     pub fn on_install(&self, mut hook: InstallHook) {
-        let mut slot = self.on_install.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.on_install.locked();
         if let Some(t) = self.table.load_full() {
             hook(&t);
         }
@@ -153,12 +159,7 @@ impl Applier {
     }
 
     fn installed(&self, table: &RouteTable) {
-        if let Some(hook) = self
-            .on_install
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
+        if let Some(hook) = self.on_install.locked().as_mut() {
             hook(table);
         }
     }
@@ -177,8 +178,7 @@ impl Applier {
         self.files.refresh();
         self.note_applied(&table);
         let hashed = delta::Hashed::of(&snapshot);
-        *self.served.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(delta::Held::sharing(snapshot, hashed, &table));
+        *self.served.locked() = Some(delta::Held::sharing(snapshot, hashed, &table));
         let table = Arc::new(table);
         self.table.store(Some(table.clone()));
         self.installed(&table);
@@ -188,8 +188,7 @@ impl Applier {
     /// a stream (empty when nothing is served).
     pub fn inventory(&self) -> Vec<holdfast_proto::v1::ResourceHash> {
         self.served
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .as_ref()
             .map(|held| delta::to_wire(held.inventory()))
             .unwrap_or_default()
@@ -202,7 +201,7 @@ impl Applier {
     /// result is not exactly the snapshot it names, is refused and nothing changes.
     pub fn apply_delta(&self, change: &SnapshotDelta) -> Result<Option<String>, Refused> {
         // Applies happen one at a time (one stream); the lock is held throughout.
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let mut served = self.served.locked();
         let Some(held) = served.as_mut() else {
             return Err(Refused::NoBase {
                 version: change.version.clone(),
@@ -252,8 +251,7 @@ impl Applier {
     /// Why the served snapshot is not in the state file, or "" if it is.
     pub fn persist_error(&self) -> String {
         self.unpersisted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .as_ref()
             .map(|(_, e)| e.clone())
             .unwrap_or_default()
@@ -262,7 +260,7 @@ impl Applier {
     /// Tries again to persist a served snapshot whose write failed. Returns true when
     /// that succeeded now (the control plane should hear it).
     pub fn retry_persist(&self) -> bool {
-        let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.unpersisted.locked();
         let Some((snapshot, _)) = pending.as_ref() else {
             return false;
         };
@@ -287,7 +285,7 @@ impl Applier {
     /// (the newest routes matter more than the file), and the write error is returned
     /// for the ACK: such a snapshot would not survive a restart (invariant 6).
     pub fn apply(&self, snapshot: Snapshot) -> Result<Option<String>, Refused> {
-        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let mut served = self.served.locked();
         // Refused before hashing it whole: a replica that is behind may offer it again.
         self.admissible(
             Stamp::of(&snapshot),
@@ -355,7 +353,7 @@ impl Applier {
         change: Option<&SnapshotDelta>,
         whole: impl Fn() -> Arc<Snapshot>,
     ) -> Option<String> {
-        let mut pending = self.unpersisted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = self.unpersisted.locked();
         // While an earlier write is missing, the log has no base: write it whole.
         let persisted = match change {
             Some(change) if pending.is_none() => self.files.append(change),
@@ -620,23 +618,25 @@ async fn stream_once(
     let mut client = holdfast_proto::v1::route_discovery_client::RouteDiscoveryClient::new(channel)
         .max_decoding_message_size(limit);
     let (tx, rx) = mpsc::channel(4);
-    let (version_info, content_hash) = applier.serving().unwrap_or_default();
     // Each request states the listeners not bound as it is built; a change after that is
     // sent as a repeat of the last request.
     let mut unbound = applier.unbound_listeners.subscribe();
-    let unbound_now = unbound.borrow_and_update().clone();
-    tx.send(DiscoveryRequest {
-        node: Some(node.clone()),
-        version_info,
-        content_hash,
-        persist_error: applier.persist_error(),
-        unbound_listeners: unbound_now.clone(),
-        max_snapshot_bytes: applier.max_snapshot_bytes as u64,
-        accepts_deltas: true,
-        inventory: applier.inventory(),
-        ..Default::default()
-    })
-    .await?;
+    let stated = |unbound: Vec<String>| {
+        let (version, content_hash) = applier.serving().unwrap_or_default();
+        Stated {
+            version,
+            content_hash,
+            persist_error: applier.persist_error(),
+            unbound_listeners: unbound,
+        }
+    };
+    let (mut session, first) = Session::open(
+        node.clone(),
+        applier.max_snapshot_bytes as u64,
+        stated(unbound.borrow_and_update().clone()),
+        applier.inventory(),
+    );
+    tx.send(first).await?;
     let mut inbound = client
         .stream_routes(ReceiverStream::new(rx))
         .await?
@@ -644,22 +644,8 @@ async fn stream_once(
     metrics.control_plane_connected.set(1);
     backoff.reset();
     tracing::info!(control_plane = %url, "connected to control plane");
-    // The last request (the first one, then each ACK or NACK), repeated when a failed
-    // write of the served snapshot succeeds later, so ListProxies is current.
-    let mut last: Option<DiscoveryRequest> = Some(DiscoveryRequest {
-        node: Some(node.clone()),
-        version_info: applier.serving().unwrap_or_default().0,
-        content_hash: applier.serving().unwrap_or_default().1,
-        persist_error: applier.persist_error(),
-        unbound_listeners: unbound_now,
-        ..Default::default()
-    });
     let mut retry = tokio::time::interval(PERSIST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when every offer on this stream was refused as not newer, and the last such
-    // refusal (see `leave_for_another`).
-    let mut waiting_since: Option<std::time::Instant> = None;
-    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         let mut response = tokio::select! {
             message = inbound.message() => match message? {
@@ -667,29 +653,21 @@ async fn stream_once(
                 None => return Ok(()),
             },
             _ = retry.tick() => {
-                if others && leave_for_another(waiting_since, last_refusal, std::time::Instant::now()) {
+                if others && session.leave(std::time::Instant::now()) {
                     tracing::warn!(control_plane = %url, "this control plane has offered nothing newer than the served snapshot for {WAIT_LIMIT:?}; trying another");
                     return Ok(());
                 }
-                if applier.retry_persist()
-                    && let Some(last) = last.as_mut()
-                {
+                if applier.retry_persist() {
                     // Repeated as it now stands (also later, when the listeners change).
-                    last.persist_error = applier.persist_error();
-                    let again = last.clone();
-                    tx.send(again).await?;
+                    tx.send(session.repeat(applier.persist_error(), None)).await?;
                 }
                 continue;
             }
             changed = unbound.changed() => {
                 // The Applier (and so the sender) outlives the stream.
-                if changed.is_ok()
-                    && let Some(last) = last.as_mut()
-                {
-                    last.unbound_listeners = unbound.borrow_and_update().clone();
-                    last.persist_error = applier.persist_error();
-                    let again = last.clone();
-                    tx.send(again).await?;
+                if changed.is_ok() {
+                    let now_unbound = unbound.borrow_and_update().clone();
+                    tx.send(session.repeat(applier.persist_error(), Some(now_unbound))).await?;
                 }
                 continue;
             }
@@ -720,41 +698,20 @@ async fn stream_once(
                 .apply_duration
                 .observe(arrived.elapsed().as_secs_f64());
         }
-        let (version_info, content_hash) = applier.serving().unwrap_or_default();
-        let not_newer = result.as_ref().is_err_and(Refused::is_not_newer);
-        if !not_newer {
-            waiting_since = None;
-        } else {
-            let now = std::time::Instant::now();
-            waiting_since.get_or_insert(now);
-            last_refusal = Some(now);
-        }
-        let error_detail = match result {
-            Ok(_) => None,
-            Err(refused) => {
-                let message = error_chain(&refused);
-                metrics.nacks.inc();
-                tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {version_info}");
-                Some(ErrorDetail { message, not_newer })
-            }
-        };
-        let unbound_now = unbound.borrow_and_update().clone();
-        let request = DiscoveryRequest {
-            node: Some(node.clone()),
-            version_info,
-            response_nonce: nonce,
-            error_detail,
-            content_hash,
-            persist_error: applier.persist_error(),
-            unbound_listeners: unbound_now,
-            // Read from the first request only.
-            accepts_deltas: true,
-            inventory: Vec::new(),
-            // Read from the first request only.
-            max_snapshot_bytes: applier.max_snapshot_bytes as u64,
-        };
-        last = Some(request.clone());
-        tx.send(request).await?;
+        let refused = result.err().map(|refused| {
+            let message = error_chain(&refused);
+            metrics.nacks.inc();
+            let serving = applier.serving().unwrap_or_default().0;
+            tracing::warn!(version = %offered, error = %message, "rejected snapshot (NACK); still serving {serving}");
+            (message, refused.is_not_newer())
+        });
+        let answer = session.answer(
+            nonce,
+            refused,
+            stated(unbound.borrow_and_update().clone()),
+            std::time::Instant::now(),
+        );
+        tx.send(answer).await?;
     }
 }
 

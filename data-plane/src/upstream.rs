@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 pub use holdfast_http::upstream::{ConnectError, IDLE_TIMEOUT, Key, Number, Secure, Stream, open};
+use holdfast_lock::Lock;
 use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
@@ -187,7 +188,7 @@ impl<B: SendBody> Pool<B> {
     pub fn take(&self, key: &Key) -> Option<Box<Upstream<B>>> {
         loop {
             let (mut up, since) = {
-                let mut idle = self.shard().lock().unwrap_or_else(|e| e.into_inner());
+                let mut idle = self.shard().locked();
                 let list = idle.by_key.get_mut(key)?;
                 let popped = list.pop();
                 if list.is_empty() {
@@ -213,7 +214,7 @@ impl<B: SendBody> Pool<B> {
         // Closed after the lock is released.
         let mut stale = Vec::new();
         {
-            let mut guard = self.shard().lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.shard().locked();
             let idle = &mut *guard;
             if now.duration_since(idle.last_sweep) > IDLE_TIMEOUT / 3 {
                 idle.last_sweep = now;
@@ -240,7 +241,7 @@ impl<B: SendBody> Pool<B> {
         self.shards
             .iter()
             .map(|shard| {
-                let idle = shard.lock().unwrap_or_else(|e| e.into_inner());
+                let idle = shard.locked();
                 idle.by_key.values().map(Vec::len).sum::<usize>()
             })
             .sum()

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use holdfast_lock::Lock;
 use http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -129,24 +130,17 @@ impl Numbers {
 impl Number {
     /// `key`'s number, held once more (a compiled backend holds one per endpoint).
     pub fn of(key: &Key) -> Number {
-        Number(NUMBERS.lock().unwrap_or_else(|e| e.into_inner()).hold(key))
+        Number(NUMBERS.locked().hold(key))
     }
 
     /// Gives back one hold of `key`'s number; the last frees it.
     pub fn release(key: &Key) {
-        NUMBERS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .release(key);
+        NUMBERS.locked().release(key);
     }
 
     /// Whether `key` has a number now (no compiled table holds an endpoint without one).
     pub fn is_held(key: &Key) -> bool {
-        NUMBERS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .held
-            .contains_key(key)
+        NUMBERS.locked().held.contains_key(key)
     }
 
     /// The number as an index.

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
-use holdfast_proto::mtls::Pems;
+use holdfast_process::tls::Pems;
 use holdfast_proto::v1::admin_client::AdminClient;
 use holdfast_proto::v1::{
     GetRolloutRequest, GetSnapshotRequest, GetStatusRequest, ListProxiesRequest,
@@ -157,7 +157,7 @@ async fn run(args: Args) -> Result<String> {
         }
     };
     let pems = credentials(&args, &mut kube).await?;
-    let config = holdfast_proto::mtls::client_config_from(&pems)?;
+    let config = holdfast_process::tls::client_config_from(&pems)?;
     let replicas = replicas(&args, &mut kube).await?;
     // Each replica is asked within three quarters of --timeout: one that hangs (a Ready pod
     // on a lost node) is listed as not answering, and the others are still shown.
@@ -357,7 +357,7 @@ async fn credentials(args: &Args, kube: &mut Kube) -> Result<Pems> {
         _ => None,
     };
     if let Some((cert, key, ca)) = files {
-        return Ok(holdfast_proto::mtls::Files { cert, key, ca }.read_all()?);
+        return Ok(holdfast_process::tls::Files { cert, key, ca }.read_all()?);
     }
     let (ns, name) = (&args.control_plane_namespace, &args.credentials_secret);
     let secrets: Api<Secret> = Api::namespaced(kube.client().await?, ns);
@@ -512,4 +512,17 @@ async fn find_pods(args: &Args, kube: &mut Kube) -> Result<Vec<(String, Route)>>
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    /// docs/reference.md's table of the plugin's flags is made from this definition
+    /// (`HOLDFAST_BLESS=1` rewrites it).
+    #[test]
+    fn the_flag_reference_in_the_docs_is_current() {
+        use clap::CommandFactory;
+        holdfast_process::flags::assert_documented(env!("CARGO_MANIFEST_DIR"), &Args::command());
+    }
 }

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use holdfast_lock::Lock;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -125,7 +126,7 @@ impl Limits {
 impl Open {
     /// A slot for `peer`, or None past the caps.
     pub fn enter(self: &Arc<Self>, peer: IpAddr, caps: Caps) -> Option<Slot> {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.counts.locked();
         let (all, by_peer) = &mut *counts;
         let mine = by_peer.entry(peer).or_insert(0);
         let cap = if *mine == 0 {
@@ -157,7 +158,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.open.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.open.counts.locked();
         let (all, by_peer) = &mut *counts;
         *all -= 1;
         if let Some(n) = by_peer.get_mut(&self.peer) {

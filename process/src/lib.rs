@@ -7,17 +7,23 @@
 //! - [`shutdown_signal`]: SIGTERM or Ctrl-C cancels a [`CancellationToken`].
 //! - [`node_name`]: a flag's value, else the kernel's hostname (the pod name), else a
 //!   fallback.
-//! - [`ConfigError`]: a flag value that cannot work; [`tls`]: the mutual-TLS flags both
-//!   planes take and the watcher that reloads their files.
+//! - [`ConfigError`]: a flag value that cannot work; [`tls`]: mutual TLS between the
+//!   planes (configurations from files, reloaded on change; identities from
+//!   certificates) and the flags both planes take for it.
 //! - [`exit_code`], [`usage_error`]: how a binary ends; [`error_chain`]: an error and its
 //!   causes on one line.
 //! - [`out_of_resources`]: the errnos that retrying at once cannot cure.
+//! - [`flags`]: the flag reference of a binary, made from its clap definition, and the
+//!   check that docs/reference.md holds it.
+//! - [`metrics!`]: a plane's metrics declared once, each with its name and help.
 //! - [`otlp`]: spans exported over OTLP/gRPC to an OpenTelemetry Collector, never
 //!   waited for.
 //! - [`admin`]: the admin HTTP listeners (`/healthz`, `/readyz`, `/metrics`, debug pages),
 //!   hardened against slow and greedy clients, and the pages both planes answer alike.
 
 pub mod admin;
+pub mod flags;
+pub mod metrics;
 pub mod otlp;
 pub mod tls;
 

@@ -6,7 +6,7 @@
 //! backend and the default certificate (see [`crate::delta`]).
 //!
 //! 1. Each resource has a *resource hash*: SHA-256 over its kind's tag byte and its
-//!    protobuf encoding ([`crate::delta::resource_hash`]). The encoding holds the
+//!    protobuf encoding ([`resource_hash`]). The encoding holds the
 //!    resource's name, so kind and hash identify the resource and its content.
 //! 2. Each resource hash is expanded into an *element* of `(Z/2^16)^1024`: 2,048 bytes of
 //!    BLAKE3 in extendable-output mode, keyed for this purpose alone (derive-key context
@@ -33,7 +33,10 @@
 //! resource twice (names are unique per kind, and validation refuses duplicates), so the
 //! sum is over a set, not a multiset.
 
+use prost::Message;
 use sha2::{Digest, Sha256};
+
+use crate::v1::{ResourceKind, Snapshot};
 
 /// The BLAKE3 derive-key context of the element function (domain separation: these
 /// bytes are used for nothing else).
@@ -139,6 +142,171 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
     }
     out
+}
+
+/// SHA-256 of `kind`'s tag and `encoded`, a resource's protobuf encoding.
+pub fn resource_hash(kind: ResourceKind, encoded: &[u8]) -> [u8; 32] {
+    let mut sha = Sha256::new();
+    sha.update([kind as u8]);
+    sha.update(encoded);
+    sha.finalize().into()
+}
+
+/// Hashes resources through one reused encoding buffer.
+#[derive(Default)]
+pub(crate) struct Hasher {
+    buf: Vec<u8>,
+}
+
+impl Hasher {
+    /// The hash of resource `m` of kind `kind`.
+    pub(crate) fn hash(&mut self, kind: ResourceKind, m: &impl Message) -> [u8; 32] {
+        self.buf.clear();
+        // A Vec grows, so encoding into it cannot fail.
+        let _ = m.encode(&mut self.buf);
+        resource_hash(kind, &self.buf)
+    }
+}
+
+/// The hash of the default certificate's name (none when it is empty).
+pub(crate) fn default_certificate_hash(name: &str) -> Option<[u8; 32]> {
+    (!name.is_empty()).then(|| resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()))
+}
+
+/// Calls `f` with each resource of `snapshot`: its kind, name and hash.
+pub fn for_each_resource(snapshot: &Snapshot, mut f: impl FnMut(ResourceKind, &str, [u8; 32])) {
+    let mut h = Hasher::default();
+    for resource in resources(snapshot) {
+        let (kind, name, hash) = resource.hashed(&mut h);
+        f(kind, name, hash);
+    }
+}
+
+/// The content sum of `snapshot` (see the module's docs).
+pub fn content_sum(snapshot: &Snapshot) -> ContentSum {
+    hash_all(snapshot).1
+}
+
+/// One resource of a snapshot.
+#[derive(Clone, Copy)]
+enum Resource<'a> {
+    VirtualHost(&'a crate::v1::VirtualHost),
+    Backend(&'a crate::v1::Backend),
+    Certificate(&'a crate::v1::Certificate),
+    DefaultBackend(&'a crate::v1::DefaultBackend),
+    DefaultCertificate(&'a str),
+    GatewayListener(&'a crate::v1::GatewayListener),
+    GatewayHost(&'a crate::v1::GatewayHost),
+}
+
+impl<'a> Resource<'a> {
+    /// Its kind, name and hash.
+    fn hashed(self, h: &mut Hasher) -> (ResourceKind, &'a str, [u8; 32]) {
+        let (kind, name) = match self {
+            Resource::VirtualHost(v) => (ResourceKind::VirtualHost, v.host.as_str()),
+            Resource::Backend(b) => (ResourceKind::Backend, b.name.as_str()),
+            Resource::Certificate(c) => (ResourceKind::Certificate, c.name.as_str()),
+            Resource::DefaultBackend(_) => (ResourceKind::DefaultBackend, ""),
+            Resource::DefaultCertificate(_) => (ResourceKind::DefaultCertificate, ""),
+            Resource::GatewayListener(l) => (ResourceKind::GatewayListener, l.name.as_str()),
+            Resource::GatewayHost(g) => (ResourceKind::GatewayHost, g.name.as_str()),
+        };
+        let hash = match self {
+            Resource::VirtualHost(v) => h.hash(kind, v),
+            Resource::Backend(b) => h.hash(kind, b),
+            Resource::Certificate(c) => h.hash(kind, c),
+            Resource::DefaultBackend(d) => h.hash(kind, d),
+            Resource::DefaultCertificate(name) => resource_hash(kind, name.as_bytes()),
+            Resource::GatewayListener(l) => h.hash(kind, l),
+            Resource::GatewayHost(g) => h.hash(kind, g),
+        };
+        (kind, name, hash)
+    }
+}
+
+/// Resources' kinds, names and hashes.
+pub type Hashes<'a> = Vec<(ResourceKind, &'a str, [u8; 32])>;
+
+/// The hashes of `resources` and their sum.
+fn hash_some<'a>(resources: &[Resource<'a>]) -> (Hashes<'a>, ContentSum) {
+    let (mut h, mut sum) = (Hasher::default(), ContentSum::default());
+    let hashed = resources
+        .iter()
+        .map(|r| {
+            let out = r.hashed(&mut h);
+            sum.add(&out.2);
+            out
+        })
+        .collect();
+    (hashed, sum)
+}
+
+/// Every resource of `snapshot`, in the order of its fields.
+fn resources(snapshot: &Snapshot) -> Vec<Resource<'_>> {
+    let mut resources: Vec<Resource<'_>> = Vec::with_capacity(
+        snapshot.virtual_hosts.len()
+            + snapshot.backends.len()
+            + snapshot.certificates.len()
+            + snapshot.gateway_listeners.len()
+            + snapshot.gateway_hosts.len()
+            + 2,
+    );
+    resources.extend(snapshot.virtual_hosts.iter().map(Resource::VirtualHost));
+    resources.extend(snapshot.backends.iter().map(Resource::Backend));
+    resources.extend(snapshot.certificates.iter().map(Resource::Certificate));
+    resources.extend(
+        snapshot
+            .default_backend
+            .as_ref()
+            .map(Resource::DefaultBackend),
+    );
+    if !snapshot.default_certificate.is_empty() {
+        resources.push(Resource::DefaultCertificate(&snapshot.default_certificate));
+    }
+    resources.extend(
+        snapshot
+            .gateway_listeners
+            .iter()
+            .map(Resource::GatewayListener),
+    );
+    resources.extend(snapshot.gateway_hosts.iter().map(Resource::GatewayHost));
+    resources
+}
+
+/// Every resource of `snapshot` (kind, name, hash) and the sum of their hashes. Most of
+/// the cost is expanding each hash into the sum's lanes, so a large snapshot is hashed
+/// on several threads, whose partial sums add up (the sum does not depend on order).
+pub fn hash_all(snapshot: &Snapshot) -> (Hashes<'_>, ContentSum) {
+    let resources = resources(snapshot);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if threads < 2 || resources.len() < 2_048 {
+        return hash_some(&resources);
+    }
+    let chunk = resources.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = resources
+            .chunks(chunk)
+            .map(|part| {
+                // A thread that cannot be started leaves its part to this one.
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || hash_some(part))
+                    .map_err(|_| part)
+            })
+            .collect();
+        let mut all = Vec::with_capacity(resources.len());
+        let mut sum = ContentSum::default();
+        for part in parts {
+            let (hashed, partial) = match part {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(part) => hash_some(part),
+            };
+            all.extend(hashed);
+            sum.merge(&partial);
+        }
+        (all, sum)
+    })
 }
 
 #[cfg(test)]

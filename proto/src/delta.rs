@@ -1,4 +1,4 @@
-//! Snapshot deltas (issue 13, first part): per-resource hashes, the inventory a proxy
+//! Snapshot deltas: per-resource hashes, the inventory a proxy
 //! states, the delta from an inventory to a snapshot, and applying a delta to a base.
 //!
 //! A snapshot is a set of named resources: virtual hosts (by host), backends and
@@ -17,10 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use prost::Message;
-use sha2::{Digest, Sha256};
-
-use crate::content::ContentSum;
+use crate::content::{ContentSum, Hasher, default_certificate_hash, for_each_resource, hash_all};
 use crate::snapshot::{self, InvalidSnapshot};
 use crate::v1::{ResourceHash, ResourceKind, Snapshot, SnapshotDelta};
 
@@ -30,85 +27,6 @@ pub type Key = (ResourceKind, String);
 /// What a proxy holds: each resource's hash by identity.
 pub type Inventory = BTreeMap<Key, [u8; 32]>;
 
-/// SHA-256 of `kind`'s tag and `encoded`, a resource's protobuf encoding.
-pub fn resource_hash(kind: ResourceKind, encoded: &[u8]) -> [u8; 32] {
-    let mut sha = Sha256::new();
-    sha.update([kind as u8]);
-    sha.update(encoded);
-    sha.finalize().into()
-}
-
-/// Hashes resources through one reused encoding buffer.
-#[derive(Default)]
-struct Hasher {
-    buf: Vec<u8>,
-}
-
-impl Hasher {
-    /// The hash of resource `m` of kind `kind`.
-    fn hash(&mut self, kind: ResourceKind, m: &impl Message) -> [u8; 32] {
-        self.buf.clear();
-        // A Vec grows, so encoding into it cannot fail.
-        let _ = m.encode(&mut self.buf);
-        resource_hash(kind, &self.buf)
-    }
-}
-
-/// The hash of the default certificate's name (none when it is empty).
-fn default_certificate_hash(name: &str) -> Option<[u8; 32]> {
-    (!name.is_empty()).then(|| resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()))
-}
-
-/// Calls `f` with each resource of `snapshot`: its kind, name and hash.
-pub fn for_each_resource(snapshot: &Snapshot, mut f: impl FnMut(ResourceKind, &str, [u8; 32])) {
-    let mut h = Hasher::default();
-    for v in &snapshot.virtual_hosts {
-        f(
-            ResourceKind::VirtualHost,
-            &v.host,
-            h.hash(ResourceKind::VirtualHost, v),
-        );
-    }
-    for b in &snapshot.backends {
-        f(
-            ResourceKind::Backend,
-            &b.name,
-            h.hash(ResourceKind::Backend, b),
-        );
-    }
-    for c in &snapshot.certificates {
-        f(
-            ResourceKind::Certificate,
-            &c.name,
-            h.hash(ResourceKind::Certificate, c),
-        );
-    }
-    if let Some(d) = &snapshot.default_backend {
-        f(
-            ResourceKind::DefaultBackend,
-            "",
-            h.hash(ResourceKind::DefaultBackend, d),
-        );
-    }
-    if let Some(hash) = default_certificate_hash(&snapshot.default_certificate) {
-        f(ResourceKind::DefaultCertificate, "", hash);
-    }
-    for l in &snapshot.gateway_listeners {
-        f(
-            ResourceKind::GatewayListener,
-            &l.name,
-            h.hash(ResourceKind::GatewayListener, l),
-        );
-    }
-    for g in &snapshot.gateway_hosts {
-        f(
-            ResourceKind::GatewayHost,
-            &g.name,
-            h.hash(ResourceKind::GatewayHost, g),
-        );
-    }
-}
-
 /// Every resource of `snapshot` with its hash.
 pub fn inventory(snapshot: &Snapshot) -> Inventory {
     let mut out = Inventory::new();
@@ -116,145 +34,6 @@ pub fn inventory(snapshot: &Snapshot) -> Inventory {
         out.insert((kind, name.to_owned()), hash);
     });
     out
-}
-
-/// The content sum of `snapshot` (see [`crate::content`]).
-pub fn content_sum(snapshot: &Snapshot) -> ContentSum {
-    hash_all(snapshot).1
-}
-
-/// One resource of a snapshot.
-#[derive(Clone, Copy)]
-enum Resource<'a> {
-    VirtualHost(&'a crate::v1::VirtualHost),
-    Backend(&'a crate::v1::Backend),
-    Certificate(&'a crate::v1::Certificate),
-    DefaultBackend(&'a crate::v1::DefaultBackend),
-    DefaultCertificate(&'a str),
-    GatewayListener(&'a crate::v1::GatewayListener),
-    GatewayHost(&'a crate::v1::GatewayHost),
-}
-
-impl<'a> Resource<'a> {
-    /// Its kind, name and hash.
-    fn hashed(self, h: &mut Hasher) -> (ResourceKind, &'a str, [u8; 32]) {
-        match self {
-            Resource::VirtualHost(v) => (
-                ResourceKind::VirtualHost,
-                &v.host,
-                h.hash(ResourceKind::VirtualHost, v),
-            ),
-            Resource::Backend(b) => (
-                ResourceKind::Backend,
-                &b.name,
-                h.hash(ResourceKind::Backend, b),
-            ),
-            Resource::Certificate(c) => (
-                ResourceKind::Certificate,
-                &c.name,
-                h.hash(ResourceKind::Certificate, c),
-            ),
-            Resource::DefaultBackend(d) => (
-                ResourceKind::DefaultBackend,
-                "",
-                h.hash(ResourceKind::DefaultBackend, d),
-            ),
-            Resource::DefaultCertificate(name) => (
-                ResourceKind::DefaultCertificate,
-                "",
-                resource_hash(ResourceKind::DefaultCertificate, name.as_bytes()),
-            ),
-            Resource::GatewayListener(l) => (
-                ResourceKind::GatewayListener,
-                &l.name,
-                h.hash(ResourceKind::GatewayListener, l),
-            ),
-            Resource::GatewayHost(g) => (
-                ResourceKind::GatewayHost,
-                &g.name,
-                h.hash(ResourceKind::GatewayHost, g),
-            ),
-        }
-    }
-}
-
-/// Resources' kinds, names and hashes.
-pub type Hashes<'a> = Vec<(ResourceKind, &'a str, [u8; 32])>;
-
-/// The hashes of `resources` and their sum.
-fn hash_some<'a>(resources: &[Resource<'a>]) -> (Hashes<'a>, ContentSum) {
-    let (mut h, mut sum) = (Hasher::default(), ContentSum::default());
-    let hashed = resources
-        .iter()
-        .map(|r| {
-            let out = r.hashed(&mut h);
-            sum.add(&out.2);
-            out
-        })
-        .collect();
-    (hashed, sum)
-}
-
-/// Every resource of `snapshot` (kind, name, hash) and the sum of their hashes. Most of
-/// the cost is expanding each hash into the sum's lanes, so a large snapshot is hashed
-/// on several threads, whose partial sums add up (the sum does not depend on order).
-pub fn hash_all(snapshot: &Snapshot) -> (Hashes<'_>, ContentSum) {
-    let mut resources: Vec<Resource<'_>> = Vec::with_capacity(
-        snapshot.virtual_hosts.len()
-            + snapshot.backends.len()
-            + snapshot.certificates.len()
-            + snapshot.gateway_listeners.len()
-            + snapshot.gateway_hosts.len()
-            + 2,
-    );
-    resources.extend(snapshot.virtual_hosts.iter().map(Resource::VirtualHost));
-    resources.extend(snapshot.backends.iter().map(Resource::Backend));
-    resources.extend(snapshot.certificates.iter().map(Resource::Certificate));
-    resources.extend(
-        snapshot
-            .default_backend
-            .as_ref()
-            .map(Resource::DefaultBackend),
-    );
-    if !snapshot.default_certificate.is_empty() {
-        resources.push(Resource::DefaultCertificate(&snapshot.default_certificate));
-    }
-    resources.extend(
-        snapshot
-            .gateway_listeners
-            .iter()
-            .map(Resource::GatewayListener),
-    );
-    resources.extend(snapshot.gateway_hosts.iter().map(Resource::GatewayHost));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if threads < 2 || resources.len() < 2_048 {
-        return hash_some(&resources);
-    }
-    let chunk = resources.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = resources
-            .chunks(chunk)
-            .map(|part| {
-                // A thread that cannot be started leaves its part to this one.
-                std::thread::Builder::new()
-                    .spawn_scoped(scope, move || hash_some(part))
-                    .map_err(|_| part)
-            })
-            .collect();
-        let mut all = Vec::with_capacity(resources.len());
-        let mut sum = ContentSum::default();
-        for part in parts {
-            let (hashed, partial) = match part {
-                Ok(handle) => handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(part) => hash_some(part),
-            };
-            all.extend(hashed);
-            sum.merge(&partial);
-        }
-        (all, sum)
-    })
 }
 
 /// The inventory as sent in a `DiscoveryRequest`.

@@ -6,12 +6,12 @@
 //!   bytes shared by every stream.
 //! - [`backend_tls`]: TLS to a backend, from its snapshot entry (both planes).
 //! - [`certificate`]: parsing and checking a TLS certificate and key (both planes).
-//! - [`mtls`]: mutual TLS between the planes (configurations from files, reloaded on
-//!   change; identities from certificates).
-//! - [`content`]: the bytes a snapshot's content hash covers, written in one pass.
-//! - [`delta`]: per-resource hashes, inventories, and snapshot deltas (diff and apply).
+//! - [`content`]: per-resource hashes and the content sum a snapshot's content hash is
+//!   made from.
+//! - [`delta`]: inventories, and snapshot deltas (diff and apply).
 //! - [`snapshot`]: content hash, version and ordering rule, and validation, applied by both
 //!   planes.
+//! - `testing` (the `test-support` feature): `SnapshotBuilder`, snapshots for tests.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors (with `google/protobuf` imports) that
 //!   the control plane registers with server reflection, so `grpcurl list` and `describe`
 //!   work without proto files.
@@ -21,8 +21,9 @@ pub mod certificate;
 pub mod client;
 pub mod content;
 pub mod delta;
-pub mod mtls;
 pub mod snapshot;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod wire;
 
 /// Version 1 of the protocol.

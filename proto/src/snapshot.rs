@@ -155,7 +155,7 @@ pub struct Lag {
 /// hashes (see [`crate::content`] for the construction and why it is collision-resistant).
 /// Certificates and their private keys are resources, so they are covered.
 pub fn content_hash(snapshot: &Snapshot) -> String {
-    crate::delta::content_sum(snapshot).content_hash()
+    crate::content::content_sum(snapshot).content_hash()
 }
 
 /// The version string for a revision and content hash.
@@ -1148,7 +1148,7 @@ mod tests {
     #[test]
     fn the_hash_is_the_sum_of_the_resource_hashes_whatever_their_order() {
         use crate::content::ContentSum;
-        use crate::delta::resource_hash;
+        use crate::content::resource_hash;
         use crate::v1::ResourceKind;
         use prost::Message;
         let s = sample();

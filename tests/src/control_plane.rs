@@ -112,15 +112,15 @@ impl ControlPlane {
     }
 
     /// The value of a metric (first sample whose line starts with `name`), if present.
-    pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
+    pub async fn metric(&self, series: impl Into<crate::metrics::Series>) -> Result<Option<f64>> {
         let (_, body) = self.admin_get("/metrics").await?;
-        Ok(crate::http::metric(&body, name))
+        crate::http::metric(&body, series)
     }
 
     /// The value of a metric that must be there: a missing series is an error.
-    pub async fn metric_value(&self, name: &str) -> Result<f64> {
+    pub async fn metric_value(&self, series: impl Into<crate::metrics::Series>) -> Result<f64> {
         let (_, body) = self.admin_get("/metrics").await?;
-        crate::http::metric_value(&body, name)
+        crate::http::metric_value(&body, series)
     }
 
     /// Restarts the process (same ports) and waits until it listens again.

@@ -27,6 +27,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
+use holdfast_lock::Lock;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -181,9 +182,7 @@ async fn respond(
         let fails = match (param("fail_first"), param("key")) {
             (Some(n), Some(key)) => {
                 let n: u32 = n.parse().unwrap_or(0);
-                let mut seen = FAILED
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut seen = FAILED.locked();
                 let count = seen.entry(key).or_insert(0);
                 *count += 1;
                 *count <= n
@@ -209,9 +208,7 @@ async fn respond(
         .unwrap_or_default()
         .to_owned();
     let recorded = {
-        let mut seen = SEEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = SEEN.locked();
         if let Some(key) = param("seen_key") {
             let entry = seen.entry(key).or_default();
             *entry = (entry.0 + 1, path_and_query, seen_host, names.clone());

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use holdfast_lock::Lock;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Frame type DATA (RFC 9113 §6.1).
@@ -247,7 +248,7 @@ where
         async move {
             let mut first_settings = true;
             while let Some(f) = read_frame(&mut r).await {
-                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let mut seen = seen.locked();
                 match f.kind {
                     SETTINGS if f.flags & 0x1 == 0 && first_settings => {
                         first_settings = false;
@@ -284,7 +285,7 @@ where
     {
         abort.abort();
     }
-    let mut seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut seen = std::mem::take(&mut *seen.locked());
     seen.written = written;
     Ok(seen)
 }

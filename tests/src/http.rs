@@ -8,6 +8,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 
+use crate::metrics::{Scrape, Series};
+
 /// GET `path` with `Host: host` from `addr` on a fresh connection: (status, body).
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Result<(u16, String)> {
     let (status, _, body) = get_full(addr, host, path).await?;
@@ -65,21 +67,14 @@ pub async fn request_with(
         .with_context(|| format!("{method} http://{addr}{path} (Host {host}) timed out"))?
 }
 
-/// The value of the first sample of metric `name` in Prometheus text `body` (a line
-/// starting with `name` followed by a space or `{`), if there is one.
-pub fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+/// The value of the first sample of `series` in Prometheus text `body`, if there is one
+/// ([`crate::metrics`]); text that does not parse is an error.
+pub fn metric(body: &str, series: impl Into<Series>) -> Result<Option<f64>> {
+    Ok(Scrape::parse(body)?.get(&series.into()))
 }
 
 /// Like [`metric`], for a series that must be there: a missing series is an error, never
 /// read as zero (a test comparing counts must not pass because the metric is gone).
-pub fn metric_value(body: &str, name: &str) -> Result<f64> {
-    metric(body, name).with_context(|| format!("no series {name} in /metrics"))
+pub fn metric_value(body: &str, series: impl Into<Series>) -> Result<f64> {
+    Scrape::parse(body)?.value(&series.into())
 }

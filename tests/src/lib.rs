@@ -40,6 +40,7 @@ pub mod grpcurl;
 pub mod h2raw;
 pub mod http;
 pub mod load;
+pub mod metrics;
 pub mod netns;
 pub mod objects;
 pub mod otelcol;

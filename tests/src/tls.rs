@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
+use holdfast_lock::Lock;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{
@@ -392,7 +393,7 @@ impl Planes {
 
     /// A client certificate whose identity is the DNS name `node_id` (issued once).
     pub fn proxy(&self, node_id: &str) -> (PathBuf, PathBuf) {
-        let mut proxies = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut proxies = self.proxies.locked();
         proxies
             .entry(node_id.to_owned())
             .or_insert_with(|| {

@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use holdfast_lock::Lock;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -153,7 +154,7 @@ pub fn desired(
     }
     // Indexed only when some route's dropped rules are read (its generation is new).
     let ports = std::cell::OnceCell::new();
-    let mut memo = DROPPED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut memo = DROPPED.locked();
     memo.0 = memo.0.wrapping_add(1);
     let pass = memo.0;
     for (route, attachments) in by_route {

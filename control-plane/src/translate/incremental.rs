@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use holdfast_proto::content;
 use holdfast_proto::content::ContentSum;
-use holdfast_proto::delta;
 use holdfast_proto::v1::{Certificate, DefaultBackend, ResourceKind};
 
 use super::*;
@@ -183,7 +183,7 @@ pub(super) fn encoded_len(tag: u32, message: &impl prost::Message) -> usize {
 
 /// The resource hash of `message`, of kind `kind`.
 pub(super) fn hash_of(kind: ResourceKind, message: &impl prost::Message) -> [u8; 32] {
-    delta::resource_hash(kind, &message.encode_to_vec())
+    content::resource_hash(kind, &message.encode_to_vec())
 }
 
 impl Translator {
@@ -328,7 +328,7 @@ impl Translator {
         s.sum.replace(s.default_backend.as_ref(), new.as_ref());
         s.default_backend = new;
         let new = (!tls.default_certificate.is_empty()).then(|| {
-            delta::resource_hash(
+            content::resource_hash(
                 ResourceKind::DefaultCertificate,
                 tls.default_certificate.as_bytes(),
             )

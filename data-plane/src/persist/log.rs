@@ -30,6 +30,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use holdfast_lock::Lock;
 use holdfast_process::error_chain;
 use holdfast_proto::delta;
 use holdfast_proto::v1::{Snapshot, SnapshotDelta};
@@ -207,7 +208,7 @@ impl StateFiles {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.files.locked()
     }
 
     /// Reads the files' sizes again (after a load, which may cut the log).
@@ -308,7 +309,7 @@ struct Compaction {
 impl Compaction {
     fn run(self) {
         let result = self.compact();
-        let mut f = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.files.locked();
         f.compacting = false;
         match result {
             Ok(true) => {
@@ -362,12 +363,7 @@ impl Compaction {
 
     /// Ok(false): dropped, because a complete snapshot was written meanwhile.
     fn compact(&self) -> Result<bool, PersistError> {
-        let generation = || {
-            self.files
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .generation
-        };
+        let generation = || self.files.locked().generation;
         let snapshot = match self.replayed() {
             Ok(s) => s,
             // The files were replaced under it by a complete snapshot: nothing to do.
@@ -375,7 +371,7 @@ impl Compaction {
             Err(e) => return Err(e),
         };
         let snapshot_tmp = super::write_temp(&self.dir, &snapshot, &temp_name())?;
-        let mut f = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.files.locked();
         let done = (|| {
             if f.generation != self.generation {
                 return Ok(false);

@@ -8,6 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use holdfast_lock::Lock;
+
 /// The endpoints that failed to connect, and how a request's endpoint is chosen.
 pub(super) struct Balancer {
     /// Endpoints that failed to connect, and until when (ms since `epoch`) they are
@@ -42,13 +44,13 @@ impl Balancer {
         if self.any_ejected.load(Ordering::Relaxed) <= now {
             return false;
         }
-        let ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
+        let ejected = self.ejected.locked();
         ejected.get(addr).is_some_and(|until| *until > now)
     }
 
     fn eject(&self, addr: SocketAddr) {
         let until = self.now_ms() + self.eject_for.as_millis() as u64;
-        let mut ejected = self.ejected.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ejected = self.ejected.locked();
         let now = self.now_ms();
         ejected.retain(|_, u| *u > now);
         ejected.insert(addr, until);

@@ -1,10 +1,12 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::content::{for_each_resource, hash_all};
 use crate::v1::{
     Backend, Certificate, DefaultBackend, Endpoint, GatewayHost, GatewayListener, GatewayRoute,
     ListenerCertificates, MatchKind, Route, VirtualHost, WeightedBackend,
 };
+use prost::Message;
 
 fn route(path: &str, backend: &str) -> Route {
     Route {

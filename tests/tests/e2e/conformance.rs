@@ -139,7 +139,7 @@ async fn the_gateway_api_conformance_suite_passes_gateway_http_grpc_and_tls() ->
             "200ms",
             // Each suite test ends by deleting all its routes, which the guard holds
             // until confirmed: confirm within a second, or the routes of the test before
-            // compete with the next test's (see the README, "Conformance").
+            // compete with the next test's (see docs/reference.md, "Conformance").
             "--hold-confirm-after",
             "1s",
             "--gateway-address-pool",

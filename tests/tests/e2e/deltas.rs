@@ -1,4 +1,4 @@
-//! Delta delivery as a whole (issue 13), as a property: over random sequences of
+//! Delta delivery as a whole, as a property: over random sequences of
 //! Ingress, Service, EndpointSlice and Secret changes, with reconnects, lost ACKs, NACKs
 //! and switches between control-plane replicas injected at random points, every proxy
 //! ends each step serving exactly (same content hash) what a fresh translator builds from

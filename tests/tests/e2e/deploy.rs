@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
+use holdfast_lock::Lock;
 use holdfast_tests::cluster::{LocalCluster, client_from_kubeconfig, run_script};
 use holdfast_tests::control_plane::ControlPlane;
 use holdfast_tests::objects::{self, create};
@@ -37,7 +38,7 @@ static KUSTOMIZE_APPLY: Mutex<()> = Mutex::new(());
 /// and waits until the API server serves their kinds.
 fn install_cert_manager_crds(cluster: &LocalCluster) -> anyhow::Result<()> {
     static INSTALLED: Mutex<bool> = Mutex::new(false);
-    let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut installed = INSTALLED.locked();
     if *installed {
         return Ok(());
     }
@@ -97,7 +98,7 @@ async fn every_manifest_passes_server_side_dry_run() -> anyhow::Result<()> {
     // The Certificates and Issuers are checked against cert-manager's real schemas.
     install_cert_manager_crds(cluster)?;
     let out = {
-        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = KUSTOMIZE_APPLY.locked();
         cluster.kubectl_run(&["apply", "--dry-run=server", "-k", &kustomize_dir()])?
     };
     let kinds: BTreeSet<&str> = out.lines().filter_map(|l| l.split('/').next()).collect();
@@ -600,7 +601,7 @@ async fn the_control_plane_works_with_exactly_the_helm_charts_rbac() -> anyhow::
     // Nothing left over from the kustomization may stand in for what the chart lacks.
     let cluster = LocalCluster::shared();
     {
-        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = KUSTOMIZE_APPLY.locked();
         cluster.kubectl_run(&[
             "delete",
             "--ignore-not-found",
@@ -635,7 +636,7 @@ async fn control_plane_works_with_the_rbac_applied_by(
     let _ = cluster.kubectl_run(&["create", "namespace", "holdfast-system"]);
     install_cert_manager_crds(cluster)?;
     {
-        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = KUSTOMIZE_APPLY.locked();
         cluster.kubectl_run(apply)?;
     }
     let admin = cluster.client().await?;
@@ -743,17 +744,15 @@ async fn control_plane_works_with_the_rbac_applied_by(
     .await?;
     // No list or watch of any kind was refused (403) on the way.
     let (_, page) = cp.admin_get("/metrics").await?;
-    let forbidden: Vec<&str> = page
-        .lines()
-        .filter(|l| l.starts_with("holdfast_watch_forbidden_total{"))
-        .collect();
+    let scrape = holdfast_tests::metrics::Scrape::parse(&page)?;
+    let forbidden = scrape.all(&"holdfast_watch_forbidden_total".into());
     assert_eq!(
         forbidden.len(),
         holdfast_control_plane::state::KINDS.len(),
         "one series per kind: {forbidden:?}"
     );
     assert!(
-        forbidden.iter().all(|l| l.ends_with(" 0")),
+        forbidden.iter().all(|s| s.value == 0.0),
         "a permission was missing: {forbidden:?}"
     );
     Ok(())
@@ -1194,7 +1193,7 @@ async fn the_helm_chart_passes_server_side_dry_run() -> anyhow::Result<()> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), helm_template(&[])?)?;
     let out = {
-        let _serial = KUSTOMIZE_APPLY.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = KUSTOMIZE_APPLY.locked();
         cluster.kubectl_run(&[
             "apply",
             "--dry-run=server",

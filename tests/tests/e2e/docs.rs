@@ -1,6 +1,9 @@
-//! The README, docs/design.md and docs/ingress-nginx.md cite tests by name; a rename must not leave a row pointing
-//! at nothing. This reads both documents and every Rust file of the repository (with
-//! `syn`), and checks each citation against the tests and items that exist.
+//! The README and the pages of docs/ cite tests by name and link to each other; a rename
+//! must not leave a row pointing at nothing, nor a link at a file or heading that is gone.
+//! This reads the documents and every Rust file of the repository (with `syn`), checks
+//! each citation against the tests and items that exist, and each relative link against
+//! the files and headings there are. docs/benchmarks.md is history: its links are checked,
+//! its citations (which name the code of their day) are not.
 //!
 //! What counts as a citation:
 //! - in a table column headed `test` or `tests`, and in docs/design.md's prose after
@@ -17,7 +20,7 @@
 //! `faults::api_server`, …, and another integration test file is its own name (`fuzz`). A
 //! citation matches the end of an item's path, segment by segment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use holdfast_tests::repo_root;
@@ -455,20 +458,157 @@ impl EndsWithSegments for [String] {
     }
 }
 
-/// The citations of README.md, docs/design.md and docs/ingress-nginx.md that name nothing.
+/// The documents whose citations are checked: the README and every page of docs/ but the
+/// benchmark history.
+fn cited_documents() -> Vec<String> {
+    let mut docs: Vec<String> = markdown_files()
+        .into_iter()
+        .map(|path| relative(&path))
+        .filter(|name| name != "docs/benchmarks.md" && !name.starts_with("docs/conformance/"))
+        .collect();
+    docs.sort();
+    docs
+}
+
+/// A path relative to the repository root, with `/` between its parts.
+fn relative(path: &Path) -> String {
+    path.strip_prefix(repo_root())
+        .expect("under the root")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The citations of the cited documents that name nothing.
 fn dangling(items: &[Item]) -> (usize, Vec<Citation>) {
     let mut all = Vec::new();
-    for doc in ["README.md", "docs/design.md", "docs/ingress-nginx.md"] {
-        let text = std::fs::read_to_string(repo_root().join(doc)).expect("the document");
-        all.extend(citations(doc, &text));
+    for doc in cited_documents() {
+        let text = std::fs::read_to_string(repo_root().join(&doc)).expect("the document");
+        all.extend(citations(&doc, &text));
     }
     let total = all.iter().filter(|c| c.test).count();
     let missing = all.into_iter().filter(|c| !resolves(c, items)).collect();
     (total, missing)
 }
 
+/// The README and every Markdown file under docs/, at any depth.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("a readable directory")
+            .map(|e| e.expect("a directory entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = vec![repo_root().join("README.md")];
+    walk(&repo_root().join("docs"), &mut out);
+    out
+}
+
+/// The lines of a Markdown text outside fenced code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
+/// The anchors of a Markdown text's headings, as GitHub makes them: lower case, letters,
+/// digits, `_`, `-` and spaces kept, spaces made `-`; a repeated one gets `-1`, `-2`, ….
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for line in prose(text) {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        let Some(title) = line[hashes..]
+            .strip_prefix(' ')
+            .filter(|_| (1..=6).contains(&hashes))
+        else {
+            continue;
+        };
+        let base: String = title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.entry(base.clone()).or_insert(0);
+        out.insert(if *n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// The targets of a Markdown text's links, `[text](target)`, outside fenced code.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose(text) {
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            if let Some(end) = rest.find(')') {
+                let target = &rest[..end];
+                if !target.is_empty() && !target.contains(char::is_whitespace) {
+                    out.push(target.to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The links of `text` (a document in `dir`) that lead nowhere: to a file that does not
+/// exist, or to a heading a Markdown file does not have. Links with a scheme (`https:`)
+/// are not followed. Returns how many links were checked, and the broken ones.
+fn broken_links(dir: &Path, own: &str, text: &str) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for target in link_targets(text) {
+        let scheme = target.split_once(':').is_some_and(|(s, _)| {
+            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '+')
+        });
+        if scheme {
+            continue;
+        }
+        checked += 1;
+        let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+        let page = if file.is_empty() {
+            Some(own.to_owned())
+        } else {
+            let path = dir.join(file);
+            if !path.exists() {
+                broken.push(format!("{target}: no such file"));
+                continue;
+            }
+            file.ends_with(".md")
+                .then(|| std::fs::read_to_string(&path).expect("a readable document"))
+        };
+        if let (Some(page), false) = (page, anchor.is_empty())
+            && !anchors(&page).contains(anchor)
+        {
+            broken.push(format!("{target}: no such heading"));
+        }
+    }
+    (checked, broken)
+}
+
 #[test]
-fn every_test_the_readme_and_the_design_cite_exists() {
+fn every_test_the_readme_and_the_docs_cite_exists() {
     let items = index();
     let tests = items.iter().filter(|i| i.test).count();
     assert!(tests > 250, "only {tests} tests found: the index is broken");
@@ -560,5 +700,62 @@ fn a_renamed_or_misplaced_test_is_caught() {
             ("one_two".into(), true, Some("a/b.rs".into())),
             ("three_four".into(), true, None),
         ]
+    );
+}
+
+#[test]
+fn every_link_in_the_readme_and_the_docs_resolves() {
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a readable document");
+        let dir = path.parent().expect("a directory");
+        let (n, bad) = broken_links(dir, &text, &text);
+        checked += n;
+        broken.extend(bad.into_iter().map(|b| format!("{}: {b}", relative(&path))));
+    }
+    // Not vacuous: the README alone links to every page of docs/ and to a test per guarantee.
+    assert!(
+        checked > 60,
+        "only {checked} links found: the reader is broken"
+    );
+    assert!(
+        broken.is_empty(),
+        "{} links lead nowhere:\n{broken:#?}",
+        broken.len()
+    );
+}
+
+/// The check itself: a missing file, a missing heading (here or in another page) and a
+/// repeated heading's anchor are told apart from links that resolve.
+#[test]
+fn a_link_to_a_missing_file_or_heading_is_caught() {
+    let own = "# Title\n\n## A `code` heading: here\n\n## Twice\n\n## Twice\n\n```md\n[not a link](nowhere.md)\n```\n";
+    let text = format!(
+        "{own}[ok](docs/design.md) [ok](#a-code-heading-here) [ok](#twice-1) [ok](https://example.com/x) \
+         [ok](tests/run.sh) [bad](docs/nothing.md) [bad](#twice-2) [bad](docs/design.md#no-such-heading)"
+    );
+    let (checked, broken) = broken_links(&repo_root(), &text, &text);
+    assert_eq!(checked, 7);
+    assert_eq!(
+        broken,
+        [
+            "docs/nothing.md: no such file",
+            "#twice-2: no such heading",
+            "docs/design.md#no-such-heading: no such heading",
+        ]
+    );
+}
+
+/// The README is the first screen: what holdfast is, the two commands, the guarantees
+/// and where the rest is; the rest lives in docs/.
+#[test]
+fn the_readme_stays_under_250_lines() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("the README");
+    let lines = readme.lines().count();
+    assert!(lines > 50, "only {lines} lines: the README was not read");
+    assert!(
+        lines < 250,
+        "the README has {lines} lines; move detail into docs/"
     );
 }

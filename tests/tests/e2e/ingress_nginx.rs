@@ -344,7 +344,8 @@ async fn ingress_nginx_annotations_are_served_as_ingress_nginx_documents_them() 
     let post = |host: &str, headers: &str, body: &str| {
         format!("POST / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{headers}\r\n{body}")
     };
-    let raw = |request: String| async move { super::data_plane::raw_head(at, &request).await };
+    let raw =
+        |request: String| async move { super::proxy_fed_by_test::raw_head(at, &request).await };
     let fits = raw(post(&small, "Content-Length: 1024\r\n", &"b".repeat(1024))).await?;
     assert!(fits.starts_with("http/1.1 200"), "{fits}");
     let over = raw(post(&small, "Content-Length: 1025\r\n", "")).await?;
@@ -576,17 +577,17 @@ async fn a_canary_ingress_takes_the_requests_its_header_and_weight_give_it() -> 
     Ok(())
 }
 
-/// The README's migration example, read from the README and created as it is written (the
+/// The migration example of docs/reference.md, read from it and created as it is written (the
 /// IngressClass name aside: the test's own), is served as its comments say.
 #[tokio::test]
-async fn the_readme_migration_example_is_served_unchanged() -> anyhow::Result<()> {
+async fn the_documented_migration_example_is_served_unchanged() -> anyhow::Result<()> {
     use holdfast_tests::objects::{endpoint_slice, service};
     let s = one_proxy("nginxreadme").await?;
     let ns = s.ns.clone();
-    let readme = std::fs::read_to_string(holdfast_tests::repo_root().join("README.md"))?;
+    let readme = std::fs::read_to_string(holdfast_tests::repo_root().join("docs/reference.md"))?;
     let after = readme
         .split_once("**A migration example.**")
-        .ok_or_else(|| anyhow::anyhow!("the README has no migration example"))?
+        .ok_or_else(|| anyhow::anyhow!("docs/reference.md has no migration example"))?
         .1;
     let yaml = after
         .split_once("```yaml\n")
@@ -916,17 +917,13 @@ async fn grpc_call(at: std::net::SocketAddr, host: &str) -> anyhow::Result<(u16,
 /// The sum of `holdfast_proxy_error_responses_total` for `reasons`, None while there is no
 /// such series yet.
 fn errors_for(metrics: &str, reasons: &[&str]) -> Option<f64> {
-    let samples: Vec<f64> = metrics
-        .lines()
-        .filter(|l| l.starts_with("holdfast_proxy_error_responses_total{"))
-        .filter(|l| {
-            reasons
-                .iter()
-                .any(|r| l.contains(&format!("reason=\"{r}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+    let scrape = holdfast_tests::metrics::Scrape::parse(metrics).ok()?;
+    let errors = holdfast_tests::metrics::Series::new("holdfast_proxy_error_responses_total");
+    let sums: Vec<f64> = reasons
+        .iter()
+        .filter_map(|r| scrape.sum(&errors.clone().label("reason", *r)))
         .collect();
-    (!samples.is_empty()).then(|| samples.iter().sum())
+    (!sums.is_empty()).then(|| sums.iter().sum())
 }
 
 /// `proxy-connect-timeout` and `proxy-send-timeout` bound what the proxy's own flags (20 s

@@ -424,7 +424,7 @@ async fn the_serving_certificate_is_rotated_on_disk_while_proxies_stay_connected
         anyhow::Ok(holdfast_tests::tls::serial_of(&der))
     };
     let operator_config = || {
-        holdfast_proto::mtls::client_config(&holdfast_proto::mtls::Files {
+        holdfast_process::tls::client_config(&holdfast_process::tls::Files {
             cert: planes.operator.0.clone(),
             key: planes.operator.1.clone(),
             ca: planes.ca_file.clone(),

@@ -2877,9 +2877,11 @@ async fn recorded(
 async fn an_upstream_sending_interim_heads_without_end_is_cut_at_the_response_timeout()
 -> anyhow::Result<()> {
     // The hyper engine (kept for one release) answers 504 only after about 11 s with a
-    // 1 s timeout: listed in the README under --h1-engine, not run on it.
+    // 1 s timeout: listed in docs/reference.md under --h1-engine, not run on it.
     if std::env::var("HOLDFAST_H1_ENGINE").is_ok_and(|e| e == "hyper") {
-        eprintln!("not run on the hyper engine: it cuts the flood late (README, --h1-engine)");
+        eprintln!(
+            "not run on the hyper engine: it cuts the flood late (docs/reference.md, --h1-engine)"
+        );
         return Ok(());
     }
     let (state, logs) = dirs("interim-flood");
