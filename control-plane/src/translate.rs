@@ -81,10 +81,26 @@ pub mod nginx;
 mod resolve;
 mod rules;
 
-pub use digest::*;
-use incremental::*;
-use resolve::*;
-pub use rules::*;
+use digest::RouteDigest;
+pub use digest::{
+    H2C_APP_PROTOCOL, IngressDigest, IngressReading, InvalidSecret, SecretDigest, ServiceDigest,
+    SliceDigest, digest_ingress, digest_ingress_within, digest_secret, digest_service,
+    digest_slice,
+};
+use incremental::{
+    BACKENDS_TAG, CERTIFICATES_TAG, GATEWAY_HOSTS_TAG, GATEWAY_LISTENERS_TAG, Memo, Summed,
+    VIRTUAL_HOSTS_TAG, addr, encoded_len, parallel_map,
+};
+use resolve::{Backends, HostEntry, build_host, hosts_of, resolve_backend};
+use rules::{
+    BackendRef, PortRef, backend_ref, by_age, by_name, class_is_ours, class_of, ingress_ref,
+    our_classes, service_port_ref, sort_prefix,
+};
+pub use rules::{
+    InvalidBackend, InvalidPath, Speaks, TlsAsked, escape_never_matched, is_ours, match_kind,
+    normalise_path, our_ingresses, sort_ingress_routes, sort_routes, unnormalised,
+    wildcard_over_public_suffix,
+};
 
 /// The annotation that marks the cluster's default IngressClass.
 pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";

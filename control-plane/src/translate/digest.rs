@@ -12,7 +12,11 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::*;
+use super::{
+    BackendRef, ProblemReason, SERVICE_NAME_LABEL, SSL_REDIRECT_ANNOTATION, Speaks,
+    TLS_SECRET_TYPE, backend_ref, class_of, escape_never_matched, ingress_ref, match_kind,
+    normalise_path, sort_prefix, unnormalised, wildcard_over_public_suffix,
+};
 
 /// One path of an Ingress rule, checked and normalised.
 #[derive(Debug, Clone)]

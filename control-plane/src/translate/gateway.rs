@@ -25,7 +25,8 @@ use holdfast_proto::v1::{
     UrlRewrite, WeightedBackend,
 };
 
-use super::*;
+use super::resolve::TlsOut;
+use super::{BackendRef, ClusterState, Options, RouteCounts, Translator, service_port_ref};
 use crate::gateway_api::attach::SecretCheck;
 use crate::gateway_api::routes::{Action, HostKey, PathMatch, PortRoutes};
 use crate::gateway_api::{HttpRoute, RouteKind};
@@ -572,6 +573,7 @@ impl Translator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::PortRef;
 
     #[test]
     fn backend_names_parse_back_into_references() {

@@ -8,7 +8,8 @@ use holdfast_proto::content;
 use holdfast_proto::content::ContentSum;
 use holdfast_proto::v1::{Certificate, DefaultBackend, ResourceKind};
 
-use super::*;
+use super::resolve::TlsOut;
+use super::{Changed, FastMap, FastSet, Translator};
 
 /// The address of an `Arc`'s value: the identity of a digest or cached object.
 pub(super) fn addr<T>(a: &Arc<T>) -> usize {

@@ -10,7 +10,11 @@ use holdfast_proto::v1::{
     VirtualHost,
 };
 
-use super::*;
+use super::{
+    BackendRef, FastMap, FastSet, HostOwnership, IngressDigest, Options, PortRef, Problem,
+    ProblemReason, RouteDigest, SecretDigest, ServiceDigest, SliceDigest, TLS_SECRET_TYPE,
+    Translator, by_age, by_name, sort_prefix, sort_routes,
+};
 
 /// One virtual host as built: the message, the conflicts decided in it, and the
 /// backends its routes use.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use holdfast_proto::v1::{IngressRef, MatchKind, Route};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 
-use super::*;
+use super::{
+    ClusterState, DEFAULT_CLASS_ANNOTATION, IngressDigest, LEGACY_CLASS_ANNOTATION, Options,
+};
 
 /// The Ingress's namespace and name.
 pub(super) fn ingress_ref(ing: &Ingress) -> IngressRef {

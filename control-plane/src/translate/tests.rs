@@ -5,6 +5,7 @@ use std::sync::Arc;
 use holdfast_proto::v1::MatchKind;
 use serde_json::{Value, json};
 
+use super::resolve::refused_address;
 use super::*;
 use crate::gateway_api::HttpRoute;
 
