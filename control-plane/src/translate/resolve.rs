@@ -725,294 +725,412 @@ impl Translator {
         out
     }
 
-    /// [`Self::assign_certificates`] without the bookkeeping of what it changed.
+    /// [`Self::assign_certificates`] without the bookkeeping of what it changed. The
+    /// phases, each a function below: refuse every `spec.tls` when certificates may not be
+    /// sent; each host's Secret from the owner's `spec.tls` entries, then for a routed host
+    /// no entry lists, an entry whose certificate covers it; each Secret's certificate
+    /// (current, or last good); the hosts each covers; and the snapshot's certificates.
     pub(super) fn assign_certificates_afresh(
         &mut self,
         opts: &Options,
         problems: &mut BTreeSet<Problem>,
     ) -> TlsOut {
-        let problem = |src: &IngressRef, reason: ProblemReason, message: String| Problem {
-            namespace: src.namespace.clone(),
-            name: src.name.clone(),
-            reason,
-            message,
-        };
-        // Each host's Secret: the oldest Ingress naming the host decides.
-        let mut tls_ingresses: Vec<&Arc<IngressDigest>> = self.with_tls.values().collect();
+        // The oldest Ingress naming a host decides its Secret.
+        let mut tls_ingresses: Vec<&IngressDigest> = self.with_tls.values().map(|d| &**d).collect();
         tls_ingresses.sort_unstable_by(|a, b| by_age(a, b));
         if !opts.allow_certificates {
-            for d in &tls_ingresses {
-                problems.insert(problem(
-                    &d.source,
-                    ProblemReason::TlsDisabled,
-                    "spec.tls ignored: the control plane serves plaintext gRPC, so it sends no private keys (use mutual TLS, or --allow-plaintext-secrets)".into(),
-                ));
-            }
-            for host in std::mem::take(&mut self.tls_hosts) {
-                if let Some(entry) = self.hosts.get_mut(&host) {
-                    entry.set_tls("", false);
-                }
-            }
+            refuse_certificates(
+                &tls_ingresses,
+                &mut self.tls_hosts,
+                &mut self.hosts,
+                problems,
+            );
             return TlsOut {
                 certificates: Vec::new(),
                 default_certificate: String::new(),
                 users: Vec::new(),
             };
         }
-        // Each host's Secret, from the owner's Ingresses alone: a `spec.tls` entry that
-        // lists the host (the oldest Ingress decides), else (below) one whose certificate
-        // covers it.
-        let mut wanted: BTreeMap<&str, (&str, &IngressDigest)> = BTreeMap::new();
-        // The entries that passed, by namespace (each (Secret, Ingress) once).
-        let mut listed: FastMap<&str, Vec<(&str, &IngressDigest)>> = FastMap::default();
-        let mut seen: FastSet<(&str, *const IngressDigest)> = FastSet::default();
-        for d in &tls_ingresses {
-            for (host, secret) in &d.tls {
-                if opts.host_ownership == HostOwnership::FirstNamespace
-                    && let Some(entry) = self.hosts.get(host.as_str())
-                    && entry.owner != d.source.namespace
-                {
-                    problems.insert(problem(
-                        &d.source,
-                        ProblemReason::HostOwnedByOtherNamespace,
-                        format!(
-                            "spec.tls host {host:?} ignored: the host belongs to namespace {:?}, which named it first; see --host-ownership",
-                            entry.owner
-                        ),
-                    ));
-                    continue;
-                }
-                if seen.insert((secret.as_str(), &***d as *const IngressDigest)) {
-                    listed
-                        .entry(d.source.namespace.as_str())
-                        .or_default()
-                        .push((secret, d));
-                }
-                match wanted.get(host.as_str()) {
-                    None => {
-                        wanted.insert(host, (secret, d));
-                    }
-                    Some((s, w)) if *s != secret.as_str() => {
-                        problems.insert(problem(
-                            &d.source,
-                            ProblemReason::ConflictingTls,
-                            format!(
-                                "spec.tls host {host:?} with Secret {secret:?} ignored: {}/{} (older) serves it with {s:?}",
-                                w.source.namespace, w.source.name
-                            ),
-                        ));
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        // A routed host no entry lists: the owner's first entry (oldest Ingress first)
-        // whose certificate covers it, as ingress-nginx does (`hosts: ['*.shop.test']`
-        // serves the rule host `www.shop.test`).
-        let fallback: Vec<(String, &str, &IngressDigest)> = self
-            .hosts
-            .iter()
-            .filter(|(host, _)| !host.is_empty() && !wanted.contains_key(host.as_str()))
-            .filter_map(|(host, entry)| {
-                let entries = listed.get(entry.owner.as_str())?;
-                let (secret, d) = entries.iter().find(|(secret, _)| {
-                    self.secrets_by_key
-                        .get(*secret)
-                        .and_then(|s| s.certificate.as_ref().ok())
-                        .or_else(|| {
-                            self.last_good
-                                .get(*secret)
-                                .and_then(|s| s.certificate.as_ref().ok())
-                        })
-                        .is_some_and(|c| certificate::covers(&c.dns_names, host))
-                })?;
-                Some((host.clone(), *secret, *d))
-            })
-            .collect();
+        let (mut wanted, listed) =
+            listed_secrets(&tls_ingresses, &self.hosts, opts.host_ownership, problems);
+        let covering = covering_secrets(
+            &self.hosts,
+            &wanted,
+            &listed,
+            &self.secrets_by_key,
+            &self.last_good,
+        );
+        // The entries that serve a host by their certificate alone.
         let mut by_cover: FastSet<(&str, *const IngressDigest)> = FastSet::default();
-        for (host, secret, d) in &fallback {
+        for (host, secret, d) in &covering {
             wanted.insert(host, (secret, d));
             by_cover.insert((secret, *d as *const IngressDigest));
         }
-        // Each Secret in use: its current certificate if good, else its last good one.
-        let mut secrets: BTreeMap<&str, (Vec<&str>, Vec<&IngressRef>)> = BTreeMap::new();
-        for (host, (secret, d)) in &wanted {
-            let e = secrets.entry(secret).or_default();
-            e.0.push(host);
-            if !e.1.contains(&&d.source) {
-                e.1.push(&d.source);
+        let default_secret = opts.default_certificate.as_deref();
+        let chosen = choose_certificates(
+            &wanted,
+            default_secret,
+            &self.secrets_by_key,
+            &mut self.last_good,
+            problems,
+        );
+        let assigned = assign_hosts(
+            &wanted,
+            &chosen,
+            &by_cover,
+            &self.hosts,
+            &self.contributors,
+            problems,
+        );
+        install_certificates(
+            assigned,
+            &tls_ingresses,
+            &wanted,
+            &chosen,
+            default_secret,
+            &mut self.hosts,
+            &mut self.tls_hosts,
+        )
+    }
+}
+
+/// Each host's Secret, by host: the Secret's key and the Ingress whose entry names it.
+type Wanted<'a> = BTreeMap<&'a str, (&'a str, &'a IngressDigest)>;
+
+/// The `spec.tls` entries that passed, by namespace: each (Secret, Ingress) once.
+type Listed<'a> = FastMap<&'a str, Vec<(&'a str, &'a IngressDigest)>>;
+
+/// A problem of the Ingress `src`.
+fn tls_problem(src: &IngressRef, reason: ProblemReason, message: String) -> Problem {
+    Problem {
+        namespace: src.namespace.clone(),
+        name: src.name.clone(),
+        reason,
+        message,
+    }
+}
+
+/// Certificates may not be sent (plaintext gRPC without --allow-plaintext-secrets):
+/// every Ingress with `spec.tls` gets a problem, and no host keeps a certificate.
+fn refuse_certificates(
+    tls_ingresses: &[&IngressDigest],
+    tls_hosts: &mut Vec<String>,
+    hosts: &mut BTreeMap<String, HostEntry>,
+    problems: &mut BTreeSet<Problem>,
+) {
+    for d in tls_ingresses {
+        problems.insert(tls_problem(
+            &d.source,
+            ProblemReason::TlsDisabled,
+            "spec.tls ignored: the control plane serves plaintext gRPC, so it sends no private keys (use mutual TLS, or --allow-plaintext-secrets)".into(),
+        ));
+    }
+    for host in std::mem::take(tls_hosts) {
+        if let Some(entry) = hosts.get_mut(&host) {
+            entry.set_tls("", false);
+        }
+    }
+}
+
+/// Each host's Secret from the owner's Ingresses alone: the `spec.tls` entry that lists
+/// the host (the oldest Ingress decides; another Secret from a younger one is a
+/// conflict), and the entries that passed, by namespace.
+fn listed_secrets<'a>(
+    tls_ingresses: &[&'a IngressDigest],
+    hosts: &BTreeMap<String, HostEntry>,
+    ownership: HostOwnership,
+    problems: &mut BTreeSet<Problem>,
+) -> (Wanted<'a>, Listed<'a>) {
+    let mut wanted: Wanted<'a> = BTreeMap::new();
+    let mut listed: Listed<'a> = FastMap::default();
+    let mut seen: FastSet<(&str, *const IngressDigest)> = FastSet::default();
+    for &d in tls_ingresses {
+        for (host, secret) in &d.tls {
+            if ownership == HostOwnership::FirstNamespace
+                && let Some(entry) = hosts.get(host.as_str())
+                && entry.owner != d.source.namespace
+            {
+                problems.insert(tls_problem(
+                    &d.source,
+                    ProblemReason::HostOwnedByOtherNamespace,
+                    format!(
+                        "spec.tls host {host:?} ignored: the host belongs to namespace {:?}, which named it first; see --host-ownership",
+                        entry.owner
+                    ),
+                ));
+                continue;
+            }
+            if seen.insert((secret.as_str(), d as *const IngressDigest)) {
+                listed
+                    .entry(d.source.namespace.as_str())
+                    .or_default()
+                    .push((secret, d));
+            }
+            match wanted.get(host.as_str()) {
+                None => {
+                    wanted.insert(host, (secret, d));
+                }
+                Some((s, w)) if *s != secret.as_str() => {
+                    problems.insert(tls_problem(
+                        &d.source,
+                        ProblemReason::ConflictingTls,
+                        format!(
+                            "spec.tls host {host:?} with Secret {secret:?} ignored: {}/{} (older) serves it with {s:?}",
+                            w.source.namespace, w.source.name
+                        ),
+                    ));
+                }
+                Some(_) => {}
             }
         }
-        let default_secret = opts.default_certificate.as_deref();
-        if let Some(s) = default_secret {
-            secrets.entry(s).or_default();
+    }
+    (wanted, listed)
+}
+
+/// A routed host no entry lists: the owner's first entry (oldest Ingress first) whose
+/// certificate covers it, as ingress-nginx does (`hosts: ['*.shop.test']` serves the rule
+/// host `www.shop.test`).
+fn covering_secrets<'a>(
+    hosts: &BTreeMap<String, HostEntry>,
+    wanted: &Wanted<'a>,
+    listed: &Listed<'a>,
+    secrets_by_key: &FastMap<String, Arc<SecretDigest>>,
+    last_good: &FastMap<String, Arc<SecretDigest>>,
+) -> Vec<(String, &'a str, &'a IngressDigest)> {
+    hosts
+        .iter()
+        .filter(|(host, _)| !host.is_empty() && !wanted.contains_key(host.as_str()))
+        .filter_map(|(host, entry)| {
+            let entries = listed.get(entry.owner.as_str())?;
+            let (secret, d) = entries.iter().find(|(secret, _)| {
+                secrets_by_key
+                    .get(*secret)
+                    .and_then(|s| s.certificate.as_ref().ok())
+                    .or_else(|| {
+                        last_good
+                            .get(*secret)
+                            .and_then(|s| s.certificate.as_ref().ok())
+                    })
+                    .is_some_and(|c| certificate::covers(&c.dns_names, host))
+            })?;
+            Some((host.clone(), *secret, *d))
+        })
+        .collect()
+}
+
+/// Each Secret in use, and the default certificate's: its current certificate if good,
+/// else its last good one, with a problem for each Ingress using it (or for the Secret,
+/// for the default certificate) when the current one is not used. `last_good` then holds
+/// what was chosen, for the Secrets in use only.
+fn choose_certificates<'a>(
+    wanted: &Wanted<'a>,
+    default_secret: Option<&'a str>,
+    secrets_by_key: &FastMap<String, Arc<SecretDigest>>,
+    last_good: &mut FastMap<String, Arc<SecretDigest>>,
+    problems: &mut BTreeSet<Problem>,
+) -> BTreeMap<&'a str, Arc<SecretDigest>> {
+    let mut secrets: BTreeMap<&'a str, (Vec<&str>, Vec<&IngressRef>)> = BTreeMap::new();
+    for (host, (secret, d)) in wanted {
+        let e = secrets.entry(secret).or_default();
+        e.0.push(host);
+        if !e.1.contains(&&d.source) {
+            e.1.push(&d.source);
         }
-        let mut chosen: BTreeMap<&str, Arc<SecretDigest>> = BTreeMap::new();
-        for (secret, (hosts, users)) in &secrets {
-            let current = self.secrets_by_key.get(*secret);
-            let last = self.last_good.get(*secret);
-            let mut tell = |reason: ProblemReason, message: String| {
-                if users.is_empty() {
-                    // The operator's default certificate: reported under the Secret.
-                    let (namespace, name) = secret.split_once('/').unwrap_or(("", secret));
-                    problems.insert(Problem {
-                        namespace: namespace.to_owned(),
-                        name: name.to_owned(),
-                        reason,
-                        message: format!("--default-certificate: {message}"),
-                    });
-                }
-                for u in users {
-                    problems.insert(problem(u, reason, message.clone()));
-                }
-            };
-            let keeps = if last.is_some() {
-                "its hosts keep the previous certificate"
-            } else {
-                "its hosts get no certificate"
-            };
-            let pick = match current {
-                Some(cur) => match &cur.certificate {
-                    Ok(c) => {
-                        let dropped: Vec<&str> = last
-                            .filter(|l| !Arc::ptr_eq(l, cur))
-                            .and_then(|l| l.certificate.as_ref().ok())
-                            .map(|l| {
-                                hosts
-                                    .iter()
-                                    .copied()
-                                    .filter(|h| {
-                                        certificate::covers(&l.dns_names, h)
-                                            && !certificate::covers(&c.dns_names, h)
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        if dropped.is_empty() {
-                            Some(cur.clone())
-                        } else {
-                            tell(
-                                ProblemReason::InvalidTlsSecret,
-                                format!(
-                                    "Secret {secret:?} now holds a certificate that does not cover {dropped:?}; its hosts keep the previous certificate"
-                                ),
-                            );
-                            last.cloned()
-                        }
-                    }
-                    Err(e) => {
+    }
+    if let Some(s) = default_secret {
+        secrets.entry(s).or_default();
+    }
+    let mut chosen: BTreeMap<&'a str, Arc<SecretDigest>> = BTreeMap::new();
+    for (secret, (hosts, users)) in &secrets {
+        let current = secrets_by_key.get(*secret);
+        let last = last_good.get(*secret);
+        let mut tell = |reason: ProblemReason, message: String| {
+            if users.is_empty() {
+                // The operator's default certificate: reported under the Secret.
+                let (namespace, name) = secret.split_once('/').unwrap_or(("", secret));
+                problems.insert(Problem {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason,
+                    message: format!("--default-certificate: {message}"),
+                });
+            }
+            for u in users {
+                problems.insert(tls_problem(u, reason, message.clone()));
+            }
+        };
+        let keeps = if last.is_some() {
+            "its hosts keep the previous certificate"
+        } else {
+            "its hosts get no certificate"
+        };
+        let pick = match current {
+            Some(cur) => match &cur.certificate {
+                Ok(c) => {
+                    let dropped: Vec<&str> = last
+                        .filter(|l| !Arc::ptr_eq(l, cur))
+                        .and_then(|l| l.certificate.as_ref().ok())
+                        .map(|l| {
+                            hosts
+                                .iter()
+                                .copied()
+                                .filter(|h| {
+                                    certificate::covers(&l.dns_names, h)
+                                        && !certificate::covers(&c.dns_names, h)
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if dropped.is_empty() {
+                        Some(cur.clone())
+                    } else {
                         tell(
                             ProblemReason::InvalidTlsSecret,
-                            format!("Secret {secret:?} {e}; {keeps}"),
+                            format!(
+                                "Secret {secret:?} now holds a certificate that does not cover {dropped:?}; its hosts keep the previous certificate"
+                            ),
                         );
                         last.cloned()
                     }
-                },
-                None => {
+                }
+                Err(e) => {
                     tell(
-                        ProblemReason::MissingTlsSecret,
-                        format!(
-                            "Secret {secret:?} not found (or not of type {TLS_SECRET_TYPE}); {keeps}"
-                        ),
+                        ProblemReason::InvalidTlsSecret,
+                        format!("Secret {secret:?} {e}; {keeps}"),
                     );
                     last.cloned()
                 }
-            };
-            if let Some(p) = pick {
-                self.last_good.insert((*secret).to_owned(), p.clone());
-                chosen.insert(secret, p);
+            },
+            None => {
+                tell(
+                    ProblemReason::MissingTlsSecret,
+                    format!(
+                        "Secret {secret:?} not found (or not of type {TLS_SECRET_TYPE}); {keeps}"
+                    ),
+                );
+                last.cloned()
             }
+        };
+        if let Some(p) = pick {
+            last_good.insert((*secret).to_owned(), p.clone());
+            chosen.insert(secret, p);
         }
-        self.last_good
-            .retain(|k, _| secrets.contains_key(k.as_str()));
+    }
+    last_good.retain(|k, _| secrets.contains_key(k.as_str()));
+    chosen
+}
 
-        // Each host: the chosen certificate, if it covers the host and the host is routed.
-        let mut assigned: Vec<(String, String, bool)> = Vec::new();
-        let mut users: BTreeSet<(String, String, String)> = BTreeSet::new();
-        for (host, (secret, d)) in &wanted {
-            let Some(cert) = chosen.get(secret).and_then(|c| c.certificate.as_ref().ok()) else {
+/// Each wanted host with its chosen certificate, when the certificate covers it and the
+/// host is routed: (host, certificate name, whether plain HTTP is redirected), with a
+/// problem for each that is not.
+fn assign_hosts(
+    wanted: &Wanted<'_>,
+    chosen: &BTreeMap<&str, Arc<SecretDigest>>,
+    by_cover: &FastSet<(&str, *const IngressDigest)>,
+    hosts: &BTreeMap<String, HostEntry>,
+    contributors: &FastMap<String, Vec<Arc<IngressDigest>>>,
+    problems: &mut BTreeSet<Problem>,
+) -> Vec<(String, String, bool)> {
+    let mut assigned: Vec<(String, String, bool)> = Vec::new();
+    for (host, (secret, d)) in wanted {
+        let Some(cert) = chosen.get(secret).and_then(|c| c.certificate.as_ref().ok()) else {
+            continue;
+        };
+        if !certificate::covers(&cert.dns_names, host) {
+            problems.insert(tls_problem(
+                &d.source,
+                ProblemReason::TlsHostNotCovered,
+                format!("the certificate in Secret {secret:?} does not cover host {host:?} (it names {:?}); the host gets no certificate", cert.dns_names),
+            ));
+            continue;
+        }
+        if !hosts.contains_key(*host) {
+            if by_cover.contains(&(*secret, *d as *const IngressDigest)) {
+                // The entry serves other hosts by its certificate.
                 continue;
-            };
-            if !certificate::covers(&cert.dns_names, host) {
-                problems.insert(problem(
-                    &d.source,
-                    ProblemReason::TlsHostNotCovered,
-                    format!("the certificate in Secret {secret:?} does not cover host {host:?} (it names {:?}); the host gets no certificate", cert.dns_names),
-                ));
-                continue;
             }
-            if !self.hosts.contains_key(*host) {
-                if by_cover.contains(&(*secret, *d as *const IngressDigest)) {
-                    // The entry serves other hosts by its certificate.
-                    continue;
-                }
-                problems.insert(problem(
-                    &d.source,
-                    ProblemReason::TlsHostWithoutRules,
-                    format!("spec.tls host {host:?} has no rules of its own in any Ingress of this class; it gets no certificate"),
-                ));
-                continue;
-            }
-            // Per-host settings come from the owner's Ingresses alone.
-            let owner = self.hosts.get(*host).map(|e| e.owner.as_str());
-            let redirect = d.ssl_redirect
-                && self.contributors.get(*host).is_none_or(|list| {
-                    list.iter()
-                        .filter(|c| Some(c.source.namespace.as_str()) == owner)
-                        .all(|c| c.ssl_redirect)
-                });
-            assigned.push(((*host).to_owned(), cert.name.clone(), redirect));
+            problems.insert(tls_problem(
+                &d.source,
+                ProblemReason::TlsHostWithoutRules,
+                format!("spec.tls host {host:?} has no rules of its own in any Ingress of this class; it gets no certificate"),
+            ));
+            continue;
         }
-        let served: FastMap<&str, &str> = assigned
-            .iter()
-            .map(|(h, c, _)| (h.as_str(), c.as_str()))
-            .collect();
-        for d in &tls_ingresses {
-            for (h, s) in &d.tls {
-                if served.get(h.as_str()) == Some(&s.as_str()) {
-                    users.insert((s.clone(), d.source.namespace.clone(), d.source.name.clone()));
-                }
-            }
-        }
-        let kept: FastSet<&str> = served.keys().copied().collect();
-        for host in std::mem::take(&mut self.tls_hosts) {
-            if !kept.contains(host.as_str())
-                && let Some(entry) = self.hosts.get_mut(&host)
-            {
-                entry.set_tls("", false);
+        // Per-host settings come from the owner's Ingresses alone.
+        let owner = hosts.get(*host).map(|e| e.owner.as_str());
+        let redirect = d.ssl_redirect
+            && contributors.get(*host).is_none_or(|list| {
+                list.iter()
+                    .filter(|c| Some(c.source.namespace.as_str()) == owner)
+                    .all(|c| c.ssl_redirect)
+            });
+        assigned.push(((*host).to_owned(), cert.name.clone(), redirect));
+    }
+    assigned
+}
+
+/// Sets each assigned host's certificate and redirect, clears them on the hosts that had
+/// one and lost it, and says what the snapshot carries: the certificates in use (the
+/// default one too) and which Ingresses use each.
+fn install_certificates(
+    assigned: Vec<(String, String, bool)>,
+    tls_ingresses: &[&IngressDigest],
+    wanted: &Wanted<'_>,
+    chosen: &BTreeMap<&str, Arc<SecretDigest>>,
+    default_secret: Option<&str>,
+    hosts: &mut BTreeMap<String, HostEntry>,
+    tls_hosts: &mut Vec<String>,
+) -> TlsOut {
+    let mut users: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let served: FastMap<&str, &str> = assigned
+        .iter()
+        .map(|(h, c, _)| (h.as_str(), c.as_str()))
+        .collect();
+    for d in tls_ingresses {
+        for (h, s) in &d.tls {
+            if served.get(h.as_str()) == Some(&s.as_str()) {
+                users.insert((s.clone(), d.source.namespace.clone(), d.source.name.clone()));
             }
         }
-        drop(kept);
-        drop(served);
-        let mut names: BTreeSet<&str> = BTreeSet::new();
-        for (host, name, redirect) in assigned {
-            if let Some(entry) = self.hosts.get_mut(&host) {
-                entry.set_tls(&name, redirect);
-            }
-            if let Some((secret, _)) = wanted.get(host.as_str()) {
-                names.insert(secret);
-            }
-            self.tls_hosts.push(host);
+    }
+    let kept: FastSet<&str> = served.keys().copied().collect();
+    for host in std::mem::take(tls_hosts) {
+        if !kept.contains(host.as_str())
+            && let Some(entry) = hosts.get_mut(&host)
+        {
+            entry.set_tls("", false);
         }
-        let default_certificate = default_secret
-            .filter(|s| chosen.contains_key(s))
-            .map(str::to_owned)
-            .unwrap_or_default();
-        if !default_certificate.is_empty() {
-            names.insert(default_secret.unwrap_or_default());
+    }
+    drop(kept);
+    drop(served);
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    for (host, name, redirect) in assigned {
+        if let Some(entry) = hosts.get_mut(&host) {
+            entry.set_tls(&name, redirect);
         }
-        let certificates = names
+        if let Some((secret, _)) = wanted.get(host.as_str()) {
+            names.insert(secret);
+        }
+        tls_hosts.push(host);
+    }
+    let default_certificate = default_secret
+        .filter(|s| chosen.contains_key(s))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    if !default_certificate.is_empty() {
+        names.insert(default_secret.unwrap_or_default());
+    }
+    let certificates = names
+        .into_iter()
+        .filter_map(|n| chosen.get(n))
+        .filter_map(|d| d.certificate.as_ref().ok().cloned())
+        .collect();
+    TlsOut {
+        certificates,
+        default_certificate,
+        users: users
             .into_iter()
-            .filter_map(|n| chosen.get(n))
-            .filter_map(|d| d.certificate.as_ref().ok().cloned())
-            .collect();
-        TlsOut {
-            certificates,
-            default_certificate,
-            users: users
-                .into_iter()
-                .map(|(c, namespace, name)| (c, IngressRef { namespace, name }))
-                .collect(),
-        }
+            .map(|(c, namespace, name)| (c, IngressRef { namespace, name }))
+            .collect(),
     }
 }
