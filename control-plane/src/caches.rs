@@ -27,6 +27,7 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use holdfast_lock::ReadWrite;
+use holdfast_process::backoff::Backoff;
 use holdfast_proto::v1::KindProgress;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -480,7 +481,7 @@ where
     let kind = kind_name::<K>();
     let index = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
     let plural = K::plural(&()).into_owned();
-    let mut backoff = Backoff::default();
+    let mut backoff = watch_backoff();
     let mut emptied = false;
     loop {
         match discover(&client, &plural, ctx.settings.discovery_timeout).await {
@@ -542,7 +543,7 @@ async fn watch_kind<K>(
 {
     let kind = kind_name::<K>();
     let index = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
-    let mut backoff = Backoff::default();
+    let mut backoff = watch_backoff();
     'list: loop {
         tracing::debug!(kind, "listing");
         ctx.shared.set_synced(kind, false);
@@ -683,6 +684,15 @@ async fn watch_kind<K>(
 /// only a new list can resume, so the list starts at once, without the delay earlier
 /// failures built up (a cache stays stale no longer than it must). Only a kind whose last
 /// list completed less than a second ago waits, so expiry can never loop without pause.
+/// Delays between failed lists and watches: 0.8 s doubling to 30 s, with jitter (as
+/// kube-runtime's default backoff).
+fn watch_backoff() -> Backoff {
+    Backoff::new(
+        std::time::Duration::from_millis(800),
+        std::time::Duration::from_secs(30),
+    )
+}
+
 async fn relist_after_expiry(listed: std::time::Instant, backoff: &mut Backoff) {
     if listed.elapsed() < std::time::Duration::from_secs(1) {
         backoff.wait().await;
@@ -725,35 +735,6 @@ impl WatchCtx {
         tracing::warn!(kind, error = %message, "watch failed; retrying with backoff");
         self.shared.record_watch_error(kind, message, forbidden);
     }
-}
-
-/// Delays between failed attempts: 0.8 s doubling to 30 s, with jitter (as kube-runtime's
-/// default backoff).
-#[derive(Debug, Default)]
-struct Backoff {
-    attempt: u32,
-}
-
-impl Backoff {
-    async fn wait(&mut self) {
-        let ceiling = (800u64 << self.attempt.min(6)).min(30_000);
-        self.attempt += 1;
-        let jitter = rand_fraction();
-        let delay = ceiling / 2 + (ceiling as f64 / 2.0 * jitter) as u64;
-        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
-/// A number in [0, 1) from the std hasher's random keys (no RNG dependency needed).
-fn rand_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The annotation kubectl apply keeps a whole copy of the object in.

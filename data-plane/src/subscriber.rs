@@ -12,13 +12,13 @@
 //! uses the client configuration current when it is made ([`ClientTls`]), so renewed
 //! certificates are picked up without dropping an established stream.
 
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use holdfast_lock::Lock;
+use holdfast_process::backoff::Backoff;
 use holdfast_process::error_chain;
 use holdfast_process::tls::Reloading;
 use holdfast_proto::delta::InvalidDelta;
@@ -399,46 +399,6 @@ impl Applier {
             gone.iter().for_each(|r| r.counters.retire());
             self.metrics.forget_routes(&old.labels_gone(&table, hosts));
         }
-    }
-}
-
-/// Reconnect delays: capped exponential with full jitter.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    /// First delay.
-    pub base: Duration,
-    /// Largest delay.
-    pub cap: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    /// Starts at `base`, never above `cap`.
-    pub fn new(base: Duration, cap: Duration) -> Self {
-        Backoff {
-            base,
-            cap,
-            attempt: 0,
-        }
-    }
-
-    /// The next delay: uniform in [ceiling/2, ceiling], ceiling = min(cap, base·2^attempt).
-    pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(1u32 << self.attempt.min(16))
-            .min(self.cap);
-        self.attempt = self.attempt.saturating_add(1);
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        let half = ceiling / 2;
-        half + Duration::from_nanos(random % (half.as_nanos().max(1) as u64 + 1))
-    }
-
-    /// After a healthy connection: start over.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
     }
 }
 
@@ -1012,25 +972,5 @@ mod tests {
             !leave_for_another(None, Some(at(30)), at(31)),
             "not waiting"
         );
-    }
-
-    #[test]
-    fn backoff_grows_is_capped_and_jittered() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let delays: Vec<Duration> = (0..10).map(|_| b.next_delay()).collect();
-        assert!(delays[0] >= Duration::from_millis(50) && delays[0] <= Duration::from_millis(100));
-        assert!(delays[3] >= Duration::from_millis(400) && delays[3] <= Duration::from_millis(800));
-        assert!(delays.iter().all(|d| *d <= Duration::from_secs(2)));
-        assert!(delays[9] >= Duration::from_secs(1));
-        let mut again = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let spread: std::collections::HashSet<Duration> = (0..20)
-            .map(|_| {
-                again.reset();
-                again.next_delay()
-            })
-            .collect();
-        assert!(spread.len() > 1, "no jitter");
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 }

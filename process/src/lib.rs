@@ -15,6 +15,7 @@
 //! - [`out_of_resources`]: the errnos that retrying at once cannot cure.
 //! - [`flags`]: the flag reference of a binary, made from its clap definition, and the
 //!   check that docs/reference.md holds it.
+//! - [`backoff::Backoff`]: delays between failed attempts, capped and jittered.
 //! - [`metrics!`]: a plane's metrics declared once, each with its name and help.
 //! - [`otlp`]: spans exported over OTLP/gRPC to an OpenTelemetry Collector, never
 //!   waited for.
@@ -22,6 +23,7 @@
 //!   hardened against slow and greedy clients, and the pages both planes answer alike.
 
 pub mod admin;
+pub mod backoff;
 pub mod flags;
 pub mod metrics;
 pub mod otlp;
