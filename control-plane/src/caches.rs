@@ -680,10 +680,6 @@ async fn watch_kind<K>(
     }
 }
 
-/// After a watch's resourceVersion expired (410 Gone): the API server is answering and
-/// only a new list can resume, so the list starts at once, without the delay earlier
-/// failures built up (a cache stays stale no longer than it must). Only a kind whose last
-/// list completed less than a second ago waits, so expiry can never loop without pause.
 /// Delays between failed lists and watches: 0.8 s doubling to 30 s, with jitter (as
 /// kube-runtime's default backoff).
 fn watch_backoff() -> Backoff {
@@ -693,6 +689,10 @@ fn watch_backoff() -> Backoff {
     )
 }
 
+/// After a watch's resourceVersion expired (410 Gone): the API server is answering and
+/// only a new list can resume, so the list starts at once, without the delay earlier
+/// failures built up (a cache stays stale no longer than it must). Only a kind whose last
+/// list completed less than a second ago waits, so expiry can never loop without pause.
 async fn relist_after_expiry(listed: std::time::Instant, backoff: &mut Backoff) {
     if listed.elapsed() < std::time::Duration::from_secs(1) {
         backoff.wait().await;
