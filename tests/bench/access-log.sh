@@ -17,25 +17,8 @@
 # Needs nginx, wrk and taskset (installed from Debian when missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-DURATION=10 CONNS=50 ROUNDS=5 SMOKE=''
-while (($#)); do
-  case $1 in
-    --smoke) DURATION=1 CONNS=10 ROUNDS=1 SMOKE=--smoke ;;
-    --duration) DURATION=$2; shift ;;
-    --connections) CONNS=$2; shift ;;
-    --rounds) ROUNDS=$2; shift ;;
-    *) echo "access-log.sh: unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
-tests/bench/tools.sh $SMOKE
-if [[ -n $SMOKE ]]; then
-  cargo build -q -p holdfast-data-plane -p holdfast-tests --bins
-  BIN=$(deploy/local/target-dir.sh)/debug
-else
-  cargo build --release -q -p holdfast-data-plane -p holdfast-tests --bins
-  BIN=$(deploy/local/target-dir.sh)/release
-fi
+# shellcheck source=tests/bench/side-by-side.sh
+. tests/bench/side-by-side.sh access-log.sh 5 "$@"
 # shellcheck source=tests/bench/common.sh
 . tests/bench/common.sh
 
